@@ -1,0 +1,1 @@
+"""The policy decision point: pure, deterministic, no I/O and no clock reads."""

@@ -1,0 +1,257 @@
+"""The vocabulary shared by the decision point, the runtime and the wire adapters.
+
+Steps are what an adapter makes of traffic; decisions are what the policy engine
+makes of steps. Both are plain frozen data so a session can be replayed from its
+record: the same (limits, state, step, now) always gives the same decision.
+
+Times are seconds since the epoch as floats, always passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# --- causes (Runtime §6; Core §11.5) -------------------------------------------------
+
+ON_BUDGET_EXHAUSTED = "on_budget_exhausted"
+ON_ITERATION_LIMIT = "on_iteration_limit"
+ON_SUB_AGENT_DENIED = "on_sub_agent_denied"
+ON_DELEGATION_DENIED = "on_delegation_denied"
+ON_OVERSIGHT_TIMEOUT = "on_oversight_timeout"
+ON_TOOL_ERROR = "on_tool_error"
+ON_ANOMALY = "on_anomaly"
+# Not named by the spec: §1.3 says a passport swap is a session-integrity fault
+# resolved through §6; this is the cause name the governor gives it.
+ON_SESSION_INTEGRITY = "on_session_integrity"
+# Not named by the spec either: the governor could not decide (store down,
+# internal error, unparseable traffic that must not pass). Always halts unless
+# the passport declares otherwise.
+ON_GOVERNOR_ERROR = "on_governor_error"
+# A step the oversight procedure (§5) paused: recorded when the pause begins and
+# when a reviewer approves or rejects it.
+ON_OVERSIGHT_TRIGGER = "on_oversight_trigger"
+
+KNOWN_CAUSES = (
+    ON_BUDGET_EXHAUSTED,
+    ON_ITERATION_LIMIT,
+    ON_SUB_AGENT_DENIED,
+    ON_DELEGATION_DENIED,
+    ON_OVERSIGHT_TIMEOUT,
+    ON_TOOL_ERROR,
+    ON_ANOMALY,
+)
+
+
+class Tier(str, enum.Enum):
+    R1 = "R1"  # observe and record, never block
+    R2 = "R2"  # block on §2-§4 hard limits, apply §6
+    R3 = "R3"  # R2 plus §7 anomaly monitoring and §5 oversight escalation
+
+
+class Action(str, enum.Enum):
+    """A §6 response. PERMIT is not a §6 action: it is the absence of one."""
+
+    PERMIT = "permit"
+    HALT = "halt"
+    PAUSE = "pause"
+    FALLBACK = "fallback"
+    CONTINUE = "continue"
+    DENY = "deny"  # the step is refused but the session goes on (e.g. a rejected approval)
+
+
+# --- steps ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """An LLM request about to go upstream."""
+
+    model: str
+    expected_input_tokens: int
+    expected_output_tokens: int
+    tools_offered: tuple[str, ...] = ()
+    persona: str | None = None
+    provider: str = ""  # "openai" | "anthropic" | ...; informational
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Usage observed for a model call, final or cumulative-so-far (streams).
+
+    `final` is False while a stream is still flowing: the engine then checks the
+    running total against the caps (a crossing cuts the stream) without committing.
+    """
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    persona: str | None = None
+    final: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool invocation: an MCP tools/call, or a tool_use/tool_calls an LLM asked for."""
+
+    tool: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    target_path: str | None = None
+    data_classes: tuple[str, ...] = ()  # categories and/or a sensitivity level
+    sensitivity: str | None = None  # public|internal|confidential|restricted
+    persona: str | None = None
+    approval_id: str | None = None  # set when a reviewer released this exact step
+
+
+@dataclass(frozen=True, slots=True)
+class PersonaSpawn:
+    persona: str
+
+
+@dataclass(frozen=True, slots=True)
+class PersonaExit:
+    persona: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delegation:
+    """An A2A call to a separately identified peer (§4.2)."""
+
+    peer_id: str
+    peer_passport: Mapping[str, Any] | None  # admitted (verified) peer passport, or None
+    peer_verified: bool
+    chain_depth: int  # depth of the delegation this step would create (root call = 1)
+    peer_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolError:
+    """An upstream tool failed (MCP error result, tool server 5xx)."""
+
+    tool: str
+    message: str = ""
+    persona: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Wall-clock has moved on; checks wall_clock_sec and max_duration_sec."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassportPresented:
+    """The agent presented passport bytes mid-session (§1.3 anti-swap)."""
+
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    pass
+
+
+Step = (
+    ModelCall
+    | UsageReport
+    | ToolCall
+    | PersonaSpawn
+    | PersonaExit
+    | Delegation
+    | ToolError
+    | Tick
+    | PassportPresented
+    | SessionEnd
+)
+
+
+# --- decisions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Consumption:
+    tokens: int = 0
+    cost_usd: float = 0.0
+    wall_clock_sec: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CounterCharge:
+    """One budget counter a step draws on, with the cap it must stay within.
+
+    The store applies all charges of a decision atomically: either every counter
+    stays within its cap after adding `amount`, or none is changed and the store
+    names the charge that would overshoot. Counter identity is
+    (scope, persona, dimension) within the session (per_session) or within the
+    agent across sessions (per_day, a rolling 24 hours).
+    """
+
+    scope: str  # "per_session" | "per_day"
+    dimension: str  # "tokens" | "cost_usd" | "wall_clock_sec"
+    amount: float
+    cap: float | None  # None: tracked, not capped
+    persona: str | None = None  # None: the parent's aggregate counter
+
+
+CounterKey = tuple[str, str | None, str]  # (scope, persona, dimension)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What a §5 pause asks a reviewer; released only for the step whose digest it names."""
+
+    id: str
+    reason: str
+    step_digest: str  # digest_of({"tool": ..., "arguments": ...})
+    expires_at: float
+    trigger: str
+    monitor_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The PDP's answer for one step.
+
+    action:      PERMIT when nothing fired; otherwise the resolved §6 action.
+    enforced:    False when the tier only observes (R1): the step goes ahead and the
+                 event is recorded with what *would* have happened.
+    cause:       the cause that fired, or None.
+    fail_closed: True when action is HALT because nothing was declared for the cause.
+    details:     dimension, scope, observed, limit, matched rule, persona, ...
+    event:       the record event to append ({cause, action, detail}), or None when
+                 nothing is recorded (a plain permit).
+    charges:     counter charges to reserve atomically before admitting the step
+                 (model calls: the expected consumption; usage: the actual).
+    allowed_tools: for model calls and persona steps, the tools the step may use
+                 (None: no restriction declared).
+    fallback_value / fallback_message: a FALLBACK's substitute.
+    approval:    for PAUSE, the approval request to hold the step on.
+    warnings:    one-time threshold warnings ((dimension, scope, fraction)), for logs
+                 and metrics, never events.
+    """
+
+    action: Action = Action.PERMIT
+    enforced: bool = True
+    cause: str | None = None
+    fail_closed: bool = False
+    details: Mapping[str, Any] = field(default_factory=dict)
+    event: Mapping[str, Any] | None = None
+    charges: tuple[CounterCharge, ...] = ()
+    allowed_tools: frozenset[str] | None = None
+    fallback_value: Any = None
+    fallback_message: str | None = None
+    approval: ApprovalRequest | None = None
+    warnings: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def blocks(self) -> bool:
+        """True when the step must not go ahead as asked."""
+        return self.enforced and self.action not in (Action.PERMIT, Action.CONTINUE)
+
+    @property
+    def halts(self) -> bool:
+        return self.enforced and self.action is Action.HALT
+
+
+PERMIT = Decision()

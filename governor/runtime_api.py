@@ -1,0 +1,72 @@
+"""The one door between the enforcement point (proxy, control plane) and the rest.
+
+The proxy turns traffic into steps (adapters), asks the runtime, and applies the
+answer. The runtime composes the pure decision point, the state store and the
+evidence journal. This module fixes that contract so both sides can be built and
+tested independently; `governor.runtime.Runtime` implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from governor.policy.steps import Decision, Step, UsageReport
+
+
+@dataclass(slots=True)
+class Admission:
+    """The runtime's answer to `admit`: the decision plus what the proxy must hand back.
+
+    `ticket` is opaque to the proxy: it names the reservation and the in-flight slot
+    the step holds, and must be passed to `usage` / `finish` exactly once finished.
+    """
+
+    decision: Decision
+    session: str
+    ticket: Any = None
+    governor_object: dict[str, Any] = field(default_factory=dict)  # machine-readable reason for clients
+
+
+class RuntimeAPI(Protocol):
+    # --- steps ---------------------------------------------------------------------
+    async def admit(self, session: str, step: Step) -> Admission:
+        """Decide a step, reserve its expected consumption, journal any event.
+
+        Never raises: an internal failure is a fail-closed HALT (cause
+        on_governor_error) that is itself recorded. For a PAUSE the returned
+        decision carries `approval`; the caller then awaits `await_approval`.
+        """
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        """Hold until a reviewer answers or the response time runs out.
+
+        Approved: a PERMIT admission for the held step. Rejected: DENY.
+        Timeout: the resolution of on_oversight_timeout (HALT by default).
+        """
+
+    async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
+        """Account usage for an admitted model call (streams: cumulative, final=False).
+
+        Returns PERMIT to go on, or the enforcement decision that cuts the stream.
+        A final report replaces the step's reservation with the actual usage.
+        """
+
+    async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
+        """The step is over (completed, failed or cut): release what it still holds."""
+
+    # --- sessions, approvals, records (control plane) --------------------------------
+    def sessions(self) -> list[dict[str, Any]]: ...
+
+    def session_view(self, session: str) -> dict[str, Any] | None: ...
+
+    def approvals(self) -> list[dict[str, Any]]: ...
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+        """Record and apply a reviewer's answer; KeyError when unknown or already answered."""
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        """Finalize, sign and write the session's record; returns it."""
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        """A freshly signed record of the session so far, bound to `nonce` when given."""
