@@ -74,6 +74,7 @@ class ModelCall:
     tools_offered: tuple[str, ...] = ()
     persona: str | None = None
     provider: str = ""  # "openai" | "anthropic" | ...; informational
+    approval_id: str | None = None  # set when a reviewer released this exact step
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,13 @@ class UsageReport:
 
     `final` is False while a stream is still flowing: the engine then checks the
     running total against the caps (a crossing cuts the stream) without committing.
+
+    `input_tokens` counts every input token, cached ones included; `cached_input_tokens`
+    is the part of it billed at the cached-input price (adapters normalise providers
+    that report cache reads separately). `reserved` is what the model call's admission
+    reserved (its Decision.charges, filled in by the runtime from the ticket): the
+    engine projects counter - reserved + actual, so the counter snapshot may include
+    the outstanding reservation.
     """
 
     model: str
@@ -90,6 +98,7 @@ class UsageReport:
     cached_input_tokens: int = 0
     persona: str | None = None
     final: bool = True
+    reserved: tuple[CounterCharge, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,7 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class PersonaSpawn:
     persona: str
+    approval_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +134,7 @@ class Delegation:
     peer_verified: bool
     chain_depth: int  # depth of the delegation this step would create (root call = 1)
     peer_url: str | None = None
+    approval_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +163,38 @@ class SessionEnd:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    """An admitted model call ("model") or tool call ("tool") is over: its in-flight slot is free."""
+
+    kind: str  # "model" | "tool"
+    persona: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalGranted:
+    """A reviewer approved a paused step (§5); the step is released once, by its digest."""
+
+    approval_id: str
+    reviewer: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRejected:
+    """A reviewer rejected a paused step (§5): that step is denied, the session goes on."""
+
+    approval_id: str
+    reviewer: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalExpired:
+    """No reviewer answered within response_time_minutes (§5.3)."""
+
+    approval_id: str
+
+
 Step = (
     ModelCall
     | UsageReport
@@ -163,6 +206,10 @@ Step = (
     | Tick
     | PassportPresented
     | SessionEnd
+    | StepDone
+    | ApprovalGranted
+    | ApprovalRejected
+    | ApprovalExpired
 )
 
 
@@ -229,6 +276,14 @@ class Decision:
     approval:    for PAUSE, the approval request to hold the step on.
     warnings:    one-time threshold warnings ((dimension, scope, fraction)), for logs
                  and metrics, never events.
+    prior_events: events recorded before `event` by the same step: causes that an
+                 explicit continue overrode, or that R1 only observed, while the step
+                 was still being checked. `events` gives them all, in order.
+    settles:     True when `charges` record consumption that already happened (a final
+                 usage report, elapsed wall-clock): the runtime commits them whatever
+                 the action (they carry no cap), releasing the step's `reserved`
+                 charges. False: `charges` are a reservation to make only when the
+                 step goes ahead (not `blocks`).
     """
 
     action: Action = Action.PERMIT
@@ -243,6 +298,15 @@ class Decision:
     fallback_message: str | None = None
     approval: ApprovalRequest | None = None
     warnings: tuple[tuple[str, str, float], ...] = ()
+    prior_events: tuple[Mapping[str, Any], ...] = ()
+    settles: bool = False
+
+    @property
+    def events(self) -> tuple[Mapping[str, Any], ...]:
+        """Every record event of this decision, in the order to append them."""
+        if self.event is None:
+            return self.prior_events
+        return (*self.prior_events, self.event)
 
     @property
     def blocks(self) -> bool:
