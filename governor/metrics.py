@@ -1,0 +1,152 @@
+"""The governor's Prometheus metrics, all on one registry per `Metrics` object.
+
+Every metric the proxy, the runtime and the control plane update is defined here,
+so names and labels stay consistent and a test can make a fresh, isolated set
+(`Metrics()`) instead of sharing prometheus_client's global registry.
+
+Cardinality: labels take values from small closed sets (causes, actions, budget
+dimensions and scopes, declared personas, wire protocols). The one open-ended
+label is `session`, and only on the per-session budget gauges; `forget_session`
+drops those series when a session ends, so a long-running governor exports the
+live sessions only. Per-day budget gauges are agent-wide and carry `session=""`.
+
+Hot paths make one call per event (`decided`, `upstream`, ...); label children
+are cached so a call is a dict lookup plus an increment.
+"""
+
+from __future__ import annotations
+
+import enum
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from governor.policy.steps import Decision
+
+# Decisions are in-process and pure: microseconds, occasionally a millisecond or two
+# when the store is Redis.
+DECISION_BUCKETS = (
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+    1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+)
+# Upstream calls: LLM completions and tool calls, from milliseconds to minutes.
+UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: object) -> str:
+    """Label text for a cause/action that may be None or an enum."""
+    if value is None:
+        return "none"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
+
+
+class Metrics:
+    """The governor's metric objects, registered on `self.registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.decisions = Counter(
+            "governor_decisions", "Decisions taken, by the cause that fired and the resolved action "
+            "(cause=none, action=permit for a plain permit; enforced=false at R1, where the action "
+            "is what would have happened)", ["cause", "action", "enforced"], registry=r)
+        self.decision_latency = Histogram(
+            "governor_decision_seconds", "Time to decide one step (policy, store reservation, journal)",
+            buckets=DECISION_BUCKETS, registry=r)
+        self.upstream_latency = Histogram(
+            "governor_upstream_seconds", "Upstream response time, by wire protocol",
+            ["protocol"], buckets=UPSTREAM_BUCKETS, registry=r)
+        self.budget_used = Gauge(
+            "governor_budget_used", "Budget consumed, by dimension and scope; session is set for "
+            "per_session only; persona is empty for the parent's aggregate",
+            ["dimension", "scope", "session", "persona"], registry=r)
+        self.budget_limit = Gauge(
+            "governor_budget_limit", "Declared budget cap, by dimension and scope (same labels as "
+            "governor_budget_used)", ["dimension", "scope", "session", "persona"], registry=r)
+        self.pending_approvals = Gauge(
+            "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
+        self.streams_cut = Counter(
+            "governor_streams_cut", "Streaming responses cut mid-flight because a limit fired",
+            ["cause", "protocol"], registry=r)
+        self.records_signed = Counter(
+            "governor_records_signed", "Enforcement records signed (kind=final at session end, "
+            "snapshot on request; nonce=true when bound to a counterparty nonce)",
+            ["kind", "nonce"], registry=r)
+        self.threshold_warnings = Counter(
+            "governor_threshold_warnings", "One-time budget threshold warnings",
+            ["dimension", "scope", "fraction"], registry=r)
+        self._decision_children: dict[tuple[str, str, bool], Counter] = {}
+        self._upstream_children: dict[str, Histogram] = {}
+        self._session_series: dict[str, set[tuple[str, str, str, str]]] = {}
+
+    # --- hot path ----------------------------------------------------------------------
+
+    def decision(self, cause: str | None, action: object, seconds: float, *, enforced: bool = True) -> None:
+        """Count one decision and observe how long it took."""
+        key = (_label(cause), _label(action), enforced)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self.decisions.labels(key[0], key[1], "true" if enforced else "false")
+            self._decision_children[key] = child
+        child.inc()
+        self.decision_latency.observe(seconds)
+
+    def decided(self, decision: Decision, seconds: float) -> None:
+        """`decision` plus the decision's threshold warnings: the one call per step."""
+        self.decision(decision.cause, decision.action, seconds, enforced=decision.enforced)
+        for dimension, scope, fraction in decision.warnings:
+            self.threshold_warning(dimension, scope, fraction)
+
+    def upstream(self, protocol: str, seconds: float) -> None:
+        """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...)."""
+        child = self._upstream_children.get(protocol)
+        if child is None:
+            child = self._upstream_children[protocol] = self.upstream_latency.labels(protocol)
+        child.observe(seconds)
+
+    def stream_cut(self, cause: str | None, protocol: str) -> None:
+        self.streams_cut.labels(_label(cause), protocol).inc()
+
+    def record_signed(self, kind: str, *, nonce: bool = False) -> None:
+        """kind: "final" (session end) or "snapshot" (a record of the session so far)."""
+        self.records_signed.labels(kind, "true" if nonce else "false").inc()
+
+    def threshold_warning(self, dimension: str, scope: str, fraction: float) -> None:
+        self.threshold_warnings.labels(dimension, scope, f"{fraction:g}").inc()
+
+    # --- state gauges ------------------------------------------------------------------
+
+    def budget(self, dimension: str, scope: str, used: float, limit: float | None, *,
+               session: str | None = None, persona: str | None = None) -> None:
+        """Set one budget counter's consumption and cap (cap None: tracked, not capped).
+
+        `session` is used for scope "per_session" only: per-day counters are agent-wide.
+        """
+        session_label = (session or "") if scope == "per_session" else ""
+        labels = (dimension, scope, session_label, persona or "")
+        self.budget_used.labels(*labels).set(used)
+        if limit is not None:
+            self.budget_limit.labels(*labels).set(limit)
+        if session_label:
+            self._session_series.setdefault(session_label, set()).add(labels)
+
+    def forget_session(self, session: str) -> None:
+        """Drop the session's per-session series (call when the session ends)."""
+        for labels in self._session_series.pop(session, ()):
+            for gauge in (self.budget_used, self.budget_limit):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:  # a capless counter has no limit series
+                    pass
+
+    def set_pending_approvals(self, count: int) -> None:
+        self.pending_approvals.set(count)
+
+    # --- exposition --------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+

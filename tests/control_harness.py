@@ -1,0 +1,189 @@
+"""A scripted runtime implementing RuntimeAPI, for testing the control plane and the
+wire adapters apart from the real policy engine.
+
+Decisions come from a script: `rules` maps a step to a Decision (first rule whose
+predicate matches wins; PERMIT otherwise). Pauses are real: a PAUSE admission
+registers an approval that `resolve_approval` answers and `await_approval` waits
+for, with a real timeout. Records are really signed (Ed25519 over JCS) so tests
+can check that a nonce is covered by the signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from governor.canonical import b64url, canonicalize, digest_of
+from governor.policy.steps import (
+    Action, ApprovalRequest, Decision, PERMIT, Step, ToolCall, UsageReport, ON_OVERSIGHT_TIMEOUT,
+    ON_OVERSIGHT_TRIGGER,
+)
+from governor.runtime_api import Admission
+
+Rule = tuple[Callable[[str, Step], bool], Callable[[str, Step], Decision]]
+
+
+def pause_decision(approval_id: str, reason: str = "requires_confirmation", response_time: float = 30.0,
+                   step_digest: str = "") -> Decision:
+    return Decision(
+        action=Action.PAUSE, cause=ON_OVERSIGHT_TRIGGER,
+        approval=ApprovalRequest(id=approval_id, reason=reason, step_digest=step_digest,
+                                 expires_at=time.time() + response_time, trigger=reason),
+        event={"cause": ON_OVERSIGHT_TRIGGER, "action": "pause"})
+
+
+@dataclass
+class _Pending:
+    session: str
+    step: Step
+    request: ApprovalRequest
+    answered: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ScriptedRuntime:
+    def __init__(self, rules: list[Rule] | None = None, *, ready: bool | dict = True,
+                 allowed: dict[str | None, frozenset[str] | None] | None = None) -> None:
+        self.rules = list(rules or [])
+        self.ready_state = ready
+        self.allowed = allowed or {}
+        self.steps: list[tuple[str, Step]] = []
+        self.finished: list[tuple[str, Any, str | None]] = []
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.ended: set[str] = set()
+        self.pending: dict[str, _Pending] = {}
+        self.answers: dict[str, tuple[bool, str]] = {}
+        self.key = Ed25519PrivateKey.generate()
+        self._tickets = 0
+
+    # --- steps -------------------------------------------------------------------------
+
+    def decide(self, session: str, step: Step) -> Decision:
+        for predicate, decision in self.rules:
+            if predicate(session, step):
+                return decision(session, step)
+        return PERMIT
+
+    async def admit(self, session: str, step: Step) -> Admission:
+        self.steps.append((session, step))
+        self.events.setdefault(session, [])
+        if session in self.ended:
+            return Admission(Decision(action=Action.HALT, cause="on_session_integrity"), session,
+                             governor_object={"cause": "on_session_integrity", "action": "halt",
+                                              "message": "session ended"})
+        decision = self.decide(session, step)
+        if decision.event is not None:
+            self.events[session].append(dict(decision.event))
+        if decision.approval is not None:
+            self.pending[decision.approval.id] = _Pending(session, step, decision.approval)
+        self._tickets += 1
+        return Admission(decision, session, ticket=self._tickets, governor_object=self._object(decision))
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        pending = self.pending[approval_id]
+        timeout = max(0.0, pending.request.expires_at - time.time())
+        try:
+            approved = await asyncio.wait_for(asyncio.shield(pending.answered), timeout)
+        except asyncio.TimeoutError:
+            self.pending.pop(approval_id, None)
+            decision = Decision(action=Action.HALT, cause=ON_OVERSIGHT_TIMEOUT, fail_closed=True,
+                                event={"cause": ON_OVERSIGHT_TIMEOUT, "action": "halt"})
+            self.events[session].append(dict(decision.event))
+            self.ended.add(session)
+            return Admission(decision, session, governor_object=self._object(decision))
+        if approved:
+            self._tickets += 1
+            return Admission(PERMIT, session, ticket=self._tickets)
+        decision = Decision(action=Action.DENY, cause=ON_OVERSIGHT_TRIGGER,
+                            event={"cause": ON_OVERSIGHT_TRIGGER, "action": "deny"})
+        return Admission(decision, session, governor_object=self._object(decision))
+
+    async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
+        self.steps.append((session, report))
+        return PERMIT
+
+    async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
+        self.finished.append((session, ticket, error))
+
+    @staticmethod
+    def _object(decision: Decision) -> dict[str, Any]:
+        obj = {"cause": decision.cause, "action": decision.action.value, "enforced": decision.enforced}
+        if decision.approval is not None:
+            obj["approval_id"] = decision.approval.id
+        return obj
+
+    # --- control plane -----------------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        if isinstance(self.ready_state, dict):
+            return self.ready_state
+        return {"ready": self.ready_state, "store": "ok" if self.ready_state else "unreachable"}
+
+    def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        return self.allowed.get(persona)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return [self.session_view(s) for s in sorted(self.events)]
+
+    def session_view(self, session: str) -> dict[str, Any] | None:
+        if session not in self.events:
+            return None
+        return {"session": session, "state": "ended" if session in self.ended else "active",
+                "steps": sum(1 for s, _ in self.steps if s == session),
+                "pending_approvals": [a for a, p in self.pending.items() if p.session == session]}
+
+    def approvals(self) -> list[dict[str, Any]]:
+        return [{"id": a, "session": p.session, "reason": p.request.reason,
+                 "tool": getattr(p.step, "tool", None), "expires_at": p.request.expires_at}
+                for a, p in self.pending.items()]
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+        pending = self.pending.pop(approval_id, None)
+        if pending is None or pending.answered.done():
+            raise KeyError(approval_id)
+        self.answers[approval_id] = (approve, reviewer)
+        pending.answered.set_result(approve)
+        return {"id": approval_id, "decision": "approve" if approve else "reject", "reviewer": reviewer,
+                "session": pending.session}
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        if session not in self.events:
+            raise KeyError(session)
+        self.ended.add(session)
+        return self.record(session)
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        if session not in self.events:
+            raise KeyError(session)
+        body: dict[str, Any] = {"adl_enforcement_record": "1.0", "session": session,
+                                "events": self.events[session],
+                                "outcome": "completed" if session in self.ended else "paused"}
+        if nonce is not None:
+            body["nonce"] = nonce
+        body["signature"] = {"algorithm": "Ed25519", "value": b64url(self.key.sign(canonicalize(body))),
+                             "signed_content": "canonical"}
+        return body
+
+
+def verify_record(runtime: ScriptedRuntime, record: dict[str, Any]) -> bool:
+    """True when the record's signature is the harness key's over the record minus signature."""
+    from cryptography.exceptions import InvalidSignature
+    from governor.canonical import b64url_decode
+
+    body = {k: v for k, v in record.items() if k != "signature"}
+    try:
+        runtime.key.public_key().verify(b64url_decode(record["signature"]["value"]), canonicalize(body))
+    except InvalidSignature:
+        return False
+    return True
+
+
+def tool_is(name: str) -> Callable[[str, Step], bool]:
+    return lambda session, step: isinstance(step, ToolCall) and step.tool == name
+
+
+def step_digest(step: ToolCall) -> str:
+    return digest_of({"tool": step.tool, "arguments": dict(step.arguments)})
