@@ -1,0 +1,200 @@
+"""An in-process store: for tests and single-process runs that need no persistence."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Sequence
+
+import orjson
+
+from governor.policy.steps import CounterCharge, CounterKey
+from governor.store.base import (
+    DAY,
+    Reservation,
+    RollingWindow,
+    StoreUnavailable,
+    UnknownReservation,
+    check_keys,
+    encode_state,
+    first_overshoot,
+    totals_by_key,
+)
+
+_Sub = tuple[str | None, str]  # (persona, dimension) within a session or an agent
+
+
+@dataclass(slots=True)
+class _Held:
+    agent: str
+    session: str
+    bucket: int
+    created: float
+    totals: dict[CounterKey, float]
+
+
+class MemoryStore:
+    """Thread-safe (one lock); everything is lost when the process ends."""
+
+    def __init__(self, window: RollingWindow = DAY) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._closed = False
+        self._session_counters: dict[str, dict[_Sub, float]] = {}
+        self._day_buckets: dict[str, dict[_Sub, dict[int, float]]] = {}  # agent -> sub -> bucket -> value
+        self._held: dict[str, _Held] = {}
+        self._sessions: dict[str, bytes] = {}  # as JSON, like the other backends
+        self._nonces: dict[str, float] = {}
+
+    # --- counters ----------------------------------------------------------------------
+    def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
+        totals = totals_by_key(charges)
+        with self._locked():
+            first_live = self.window.first_live(now)
+            current = {key: self._value(agent, session, key, first_live) for key in totals}
+            overshoot = first_overshoot(charges, totals, current)
+            if overshoot is not None:
+                return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
+            bucket = self.window.bucket_of(now)
+            for key, amount in totals.items():
+                self._apply(agent, session, key, bucket, amount, first_live)
+            rid = uuid.uuid4().hex
+            self._held[rid] = _Held(agent, session, bucket, now, totals)
+            return Reservation(id=rid, ok=True)
+
+    def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
+        actual_totals = None if actual is None else totals_by_key(actual)
+        with self._locked():
+            held = self._held.pop(reservation_id, None)
+            if held is None:
+                raise UnknownReservation(reservation_id)
+            if actual_totals is None:
+                return
+            self._unhold(held)
+            first_live = self.window.first_live(now)
+            for key, amount in actual_totals.items():
+                self._apply(held.agent, held.session, key, held.bucket, amount, first_live)
+
+    def release(self, reservation_id: str) -> bool:
+        with self._locked():
+            held = self._held.pop(reservation_id, None)
+            if held is None:
+                return False
+            self._unhold(held)
+            return True
+
+    def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
+        totals = totals_by_key(charges)
+        with self._locked():
+            first_live, bucket = self.window.first_live(now), self.window.bucket_of(now)
+            for key, amount in totals.items():
+                self._apply(agent, session, key, bucket, amount, first_live)
+
+    def snapshot(
+        self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
+    ) -> dict[CounterKey, float]:
+        if keys is not None:
+            check_keys(keys)
+        with self._locked():
+            first_live = self.window.first_live(now)
+            if keys is not None:
+                return {key: self._value(agent, session, key, first_live) for key in keys}
+            values = {("per_session", p, d): v for (p, d), v in self._session_counters.get(session, {}).items()}
+            day = self._day_buckets.get(agent, {})
+            for p, d in list(day):
+                value = self._value(agent, session, ("per_day", p, d), first_live)
+                if (p, d) in day:  # still has live buckets
+                    values[("per_day", p, d)] = value
+            return values
+
+    def settle_reservations(self, before: float) -> int:
+        with self._locked():
+            stale = [rid for rid, held in self._held.items() if held.created < before]
+            for rid in stale:
+                del self._held[rid]
+            return len(stale)
+
+    def _value(self, agent: str, session: str, key: CounterKey, first_live: int) -> float:
+        scope, persona, dimension = key
+        if scope == "per_session":
+            return self._session_counters.get(session, {}).get((persona, dimension), 0.0)
+        day = self._day_buckets.get(agent, {})
+        buckets = day.get((persona, dimension))
+        if buckets is None:
+            return 0.0
+        for old in [b for b in buckets if b < first_live]:  # prune as we go
+            del buckets[old]
+        if not buckets:
+            del day[(persona, dimension)]
+        return sum(buckets.values(), 0.0)
+
+    def _apply(self, agent: str, session: str, key: CounterKey, bucket: int, amount: float, first_live: int) -> None:
+        scope, persona, dimension = key
+        if scope == "per_session":
+            counters = self._session_counters.setdefault(session, {})
+            counters[(persona, dimension)] = counters.get((persona, dimension), 0.0) + amount
+        elif bucket >= first_live:  # usage dated before the window no longer counts
+            buckets = self._day_buckets.setdefault(agent, {}).setdefault((persona, dimension), {})
+            buckets[bucket] = buckets.get(bucket, 0.0) + amount
+
+    def _unhold(self, held: _Held) -> None:
+        """Take a reservation's amounts off its counters (those still present)."""
+        for (scope, persona, dimension), amount in held.totals.items():
+            if scope == "per_session":
+                counters = self._session_counters.get(held.session)
+                if counters is not None and (persona, dimension) in counters:
+                    counters[(persona, dimension)] -= amount
+            else:
+                buckets = self._day_buckets.get(held.agent, {}).get((persona, dimension), {})
+                if held.bucket in buckets:  # absent: aged out of the window already
+                    buckets[held.bucket] -= amount
+
+    # --- sessions ----------------------------------------------------------------------
+    def save_session(self, session: str, state: dict) -> None:
+        encoded = encode_state(state)
+        with self._locked():
+            self._sessions[session] = encoded
+
+    def load_session(self, session: str) -> dict | None:
+        with self._locked():
+            encoded = self._sessions.get(session)
+        return None if encoded is None else orjson.loads(encoded)
+
+    def list_sessions(self) -> list[str]:
+        with self._locked():
+            return sorted(self._sessions)
+
+    def delete_session(self, session: str) -> bool:
+        with self._locked():
+            for rid in [rid for rid, held in self._held.items() if held.session == session]:
+                del self._held[rid]
+            self._session_counters.pop(session, None)
+            return self._sessions.pop(session, None) is not None
+
+    # --- nonces ------------------------------------------------------------------------
+    def put_nonce(self, nonce: str, expires_at: float, now: float) -> None:
+        with self._locked():
+            for old in [n for n, exp in self._nonces.items() if exp <= now]:
+                del self._nonces[old]
+            self._nonces[nonce] = expires_at
+
+    def take_nonce(self, nonce: str, now: float) -> bool:
+        with self._locked():
+            expires_at = self._nonces.pop(nonce, None)
+            return expires_at is not None and now < expires_at
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _locked(self) -> threading.Lock:
+        if self._closed:
+            raise StoreUnavailable("memory store is closed")
+        return self._lock
