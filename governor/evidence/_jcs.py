@@ -7,10 +7,11 @@ separators=(",", ":"), ensure_ascii=False)` produces the very same bytes as JCS
 whenever three conditions hold, which `_dumps_safe` checks (else the reference
 implementation is used, so the output is always exactly JCS):
 
-* every float is either integral and below 2**53 in magnitude (JCS writes it as
-  an integer: we pass `int(value)`), or non-integral with 1e-4 <= |value| < 1e16,
-  where Python's shortest round-trip `repr` and ECMAScript's Number-to-String
-  agree digit for digit and both use fixed notation;
+* every number is an int of magnitude <= 2**53 (beyond, JCS rounds it to a
+  double), an integral float in that range (JCS writes it as an integer: we pass
+  `int(value)`), or a non-integral float with 1e-4 <= |value| < 1e16, where
+  Python's shortest round-trip `repr` and ECMAScript's Number-to-String agree
+  digit for digit and both use fixed notation;
 * no object key contains a character outside the Basic Multilingual Plane (JCS
   sorts keys by UTF-16 code units, Python by code points: they differ only there);
 * only plain dict / list / tuple / str / int / bool / None / float values.
@@ -40,11 +41,17 @@ class _NeedsReference(Exception):
 def _dumps_safe(value: Any) -> Any:
     """`value`, or a copy with integral floats made ints; raise _NeedsReference if unsafe."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str or kind is bool or value is None:
         return value
+    if kind is int:
+        if -_EXACT_INT <= value <= _EXACT_INT:
+            return value
+        raise _NeedsReference  # JCS numbers are doubles: the reference rounds it
     if kind is float:
-        if value.is_integer() and -_EXACT_INT < value < _EXACT_INT:
-            return int(value)
+        if value.is_integer():
+            if -_EXACT_INT <= value <= _EXACT_INT:
+                return int(value)
+            raise _NeedsReference
         if 1e-4 <= abs(value) < 1e16:
             return value
         raise _NeedsReference

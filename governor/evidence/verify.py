@@ -22,7 +22,7 @@ import jsonschema
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from governor.canonical import b64url_decode, digest_of, sha256_b64url
+from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import DidDocumentError, InputError, RecordVerificationError, SchemaNotFoundError
 from governor.evidence.keys import assertion_keys, key_fingerprint, public_key_bytes
@@ -191,6 +191,8 @@ def _check_signature(record: Mapping[str, Any], keys: list[Ed25519PublicKey], si
         value = b64url_decode(signature["value"])
     except ValueError:
         raise _Fail("signature value is not base64url") from None
+    if b64url(value) != signature["value"]:  # one signature, one spelling: no malleable padding bits
+        raise _Fail("signature value is not canonical base64url (unpadded, zero trailing bits)")
     if len(value) != 64:
         raise _Fail(f"signature value is {len(value)} bytes; an Ed25519 signature is 64")
     for key in keys:
