@@ -155,6 +155,10 @@ class Exchange:
     model: str = ""
     state: dict[str, Any] = field(default_factory=dict)
     decision: Decision | None = None
+    # Headers to set on the request that goes upstream once admitted (e.g. the A2A
+    # delegation depth for the peer's own governor); the agent's ADL-* headers are
+    # always stripped before these are applied.
+    upstream_headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -190,11 +194,12 @@ StreamEvent = UsageReport | ToolCall | ToolError
 
 
 class StreamWatcher(abc.ABC):
-    """An incremental parser for one streamed response.
+    """An incremental parser for one streamed (SSE) response.
 
     Fed the raw chunks exactly as they arrive (event boundaries fall anywhere);
-    it never changes them: the proxy forwards every chunk untouched until the
-    governor cuts the stream, then sends `terminal(...)` and nothing else.
+    it never changes them. The proxy forwards whole SSE events only, untouched,
+    until the governor cuts the stream; then it sends `terminal(...)` and nothing
+    else, so the terminal bytes always start on an event boundary.
     """
 
     @abc.abstractmethod
@@ -208,11 +213,8 @@ class StreamWatcher(abc.ABC):
 
     @abc.abstractmethod
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
-        """Bytes that end the stream protocol-correctly after a cut, carrying the reason.
-
-        Must be valid after any prefix of the stream: the watcher knows whether an
-        SSE event was left half-sent and closes it first.
-        """
+        """Bytes that end the stream protocol-correctly after a cut, carrying the reason
+        (`message` for humans, `governor` the machine-readable object)."""
 
     @property
     @abc.abstractmethod
@@ -331,3 +333,48 @@ def tool_names(tools: Sequence[Any], key_path: Sequence[str]) -> tuple[str, ...]
         if isinstance(value, str):
             names.append(value)
     return tuple(names)
+
+
+def fallback_text(decision: Decision) -> str:
+    """The text a fallback answers with: the declared value (JSON when not a string),
+    else the declared message."""
+    value = decision.fallback_value
+    if isinstance(value, str):
+        return value
+    if value is not None:
+        return orjson.dumps(value).decode()
+    return decision.fallback_message or ""
+
+
+def estimate_tokens(nbytes: int, bytes_per_token: float) -> int:
+    """ceil(nbytes / bytes_per_token): the governor's token estimate for text it has not
+    seen counted by the provider (request prompts, stream text before usage arrives)."""
+    return int(-(-nbytes // bytes_per_token)) if nbytes > 0 else 0
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as a mapping: JSON text is parsed; anything unparseable is kept
+    under "_raw" so the step (and a loop signature) still sees it."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {"_raw": raw}
+        return value if isinstance(value, dict) else {"_value": value}
+    return {} if raw is None else {"_value": raw}
+
+
+# Argument names taken as the path a tool call targets (oversight's path_matches).
+TARGET_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "url", "uri", "target")
+
+
+def target_path(arguments: Mapping[str, Any]) -> str | None:
+    for key in TARGET_PATH_KEYS:
+        value = arguments.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None

@@ -1,0 +1,141 @@
+"""Ending a flow that is already in transit: the one place that reaches into mitmproxy's layers.
+
+mitmproxy can kill a flow only from inside an event hook (mitmproxy#4711), and a
+stream callback is synchronous, while the governor's verdict on a stream (a cap
+crossed, a wall-clock limit, a denied tool call) arrives asynchronously. So the
+proxy ends in-transit flows from the *server side*, which keeps the client side
+entirely in mitmproxy's hands and therefore protocol-correct:
+
+* `end_stream(flow)` — mid-body cut. The HTTP/1 reader of the upstream
+  connection is told that end-of-file ends the body, and the upstream connection
+  is closed: the upstream sees the disconnect (generation stops), mitmproxy sees a
+  normal end of message, calls the stream callback one last time (which emits the
+  adapter's terminal event) and finishes the client's response with correct
+  framing, so the client's keep-alive connection stays usable.
+
+* `answer(flow, raw)` — no response headers yet (a hung upstream). The upstream
+  reader is handed a complete HTTP/1.1 response (the governor's error in the
+  provider's format) as if the upstream had sent it, and the upstream connection
+  is closed. The client gets a clean error response on its kept-alive connection.
+
+Both need the HTTP/1 client layer of the flow's upstream connection. When it
+cannot be found (an HTTP/2 upstream, a changed mitmproxy), they fall back to
+closing the upstream connection, which ends the client's response abruptly but
+still stops generation (fail closed), and return False so the caller can log it.
+The tests in tests/test_proxy_transit.py pin this behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+import h11
+from h11._receivebuffer import ReceiveBuffer
+from mitmproxy import ctx, http
+from mitmproxy.proxy import events, layer
+from mitmproxy.proxy.layers.http import HttpLayer
+from mitmproxy.proxy.layers.http._http1 import Http1Client
+
+logger = logging.getLogger(__name__)
+
+
+class _EndAtEOF:
+    """A body reader for a cut body: swallows whatever the upstream still sends, and
+    reports end-of-message when the connection closes."""
+
+    def __call__(self, buf: ReceiveBuffer) -> None:
+        del buf[: len(buf)]
+        return None
+
+    def read_eof(self) -> h11.EndOfMessage:
+        return h11.EndOfMessage()
+
+
+def _handler(flow: http.HTTPFlow) -> Any | None:
+    proxyserver = ctx.master.addons.get("proxyserver") if ctx.master else None
+    if proxyserver is None:
+        return None
+    return proxyserver.connections.get(flow.client_conn.id)
+
+
+def _layers(root: layer.Layer) -> Iterator[layer.Layer]:
+    seen: set[int] = set()
+    todo: list[Any] = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        for attr in ("layer", "child_layer"):
+            child = getattr(node, attr, None)
+            if isinstance(child, layer.Layer):
+                todo.append(child)
+        # Mode layers (HttpProxy) hand their events straight to a child they keep
+        # only as the bound method that replaced their own _handle_event.
+        delegate = getattr(getattr(node, "_handle_event", None), "__self__", None)
+        if isinstance(delegate, layer.Layer):
+            todo.append(delegate)
+        if isinstance(node, HttpLayer):
+            todo.extend(node.connections.values())
+            todo.extend(node.streams.values())
+
+
+def _http1_client(handler: Any, flow: http.HTTPFlow) -> Http1Client | None:
+    for node in _layers(handler.layer):
+        if isinstance(node, Http1Client) and node.conn is flow.server_conn:
+            return node
+    return None
+
+
+def _close_upstream(handler: Any, flow: http.HTTPFlow) -> None:
+    if flow.server_conn in handler.transports and flow.server_conn.connected:
+        handler.close_connection(flow.server_conn)
+
+
+def end_stream(flow: http.HTTPFlow) -> bool:
+    """Cut a streaming response now: stop the upstream, end the client's response cleanly.
+
+    Returns True when the clean path was taken, False when only the upstream
+    connection could be closed (or the flow is no longer live).
+    """
+    handler = _handler(flow)
+    if handler is None or not flow.live:
+        return False
+    client = _http1_client(handler, flow)
+    clean = client is not None and client.state == client.read_body
+    if clean:
+        assert client is not None
+        client.body_reader = _EndAtEOF()  # type: ignore[assignment]
+        client.buf = ReceiveBuffer()
+    else:
+        logger.warning("governor: cannot end %s cleanly; closing the upstream connection", flow.request.url)
+    _close_upstream(handler, flow)
+    return clean
+
+
+def answer(flow: http.HTTPFlow, raw_response: bytes) -> bool:
+    """Answer a flow still waiting for its upstream's response headers with raw_response
+    (a complete HTTP/1.1 response with Content-Length and Connection: close), and
+    close the upstream connection. False when the flow is not in that state."""
+    handler = _handler(flow)
+    if handler is None or not flow.live or flow.response is not None:
+        return False
+    client = _http1_client(handler, flow)
+    if client is None or client.state != client.read_headers or not client.request_done:
+        logger.warning("governor: cannot answer %s in transit; closing the upstream connection", flow.request.url)
+        _close_upstream(handler, flow)
+        return False
+    read_headers = client.read_headers
+    client.buf = ReceiveBuffer()
+    client.buf += raw_response
+
+    def on_close(event: events.Event) -> layer.CommandGenerator[None]:
+        # The upstream connection closing is the cue to parse the response we planted.
+        client.state = read_headers
+        yield from read_headers(events.DataReceived(client.conn, b""))
+
+    client.state = on_close
+    _close_upstream(handler, flow)
+    return True
