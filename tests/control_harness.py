@@ -187,3 +187,111 @@ def tool_is(name: str) -> Callable[[str, Step], bool]:
 
 def step_digest(step: ToolCall) -> str:
     return digest_of({"tool": step.tool, "arguments": dict(step.arguments)})
+
+
+# --- a loopback A2A peer ---------------------------------------------------------------
+
+
+def peer_passport(key, *, name: str = "summarizer", domain: str = "peer.example.com",
+                  scopes: tuple[str, ...] = ("papers:read",), tokens: tuple[int, int] = (1000, 5000),
+                  identifier: str | None = None) -> dict[str, Any]:
+    """A signed ADL passport for a peer agent."""
+    from governor.passport import sign_passport
+
+    document = {
+        "adl_spec": "0.4.0", "name": name, "description": f"peer agent {name}", "version": "1.0.0",
+        "id": identifier or f"https://{domain}/agents/{name}",
+        "data_classification": {"sensitivity": "internal"},
+        "lifecycle": {"status": "active"},
+        "security": {"authentication": {"type": "api_key", "scopes": list(scopes)}},
+        "permissions": {"resource_limits": {"budget": {
+            "tokens": {"per_session": tokens[0], "per_day": tokens[1]}}}},
+    }
+    return sign_passport(document, key)
+
+
+class A2APeer:
+    """An aiohttp A2A JSON-RPC server that also serves its ADL discovery document,
+    its passports and (optionally) its A2A agent card. Counts GETs per path."""
+
+    def __init__(self, passports: dict[str, dict[str, Any]], *, card_name: str | None = None,
+                 discovery: dict[str, Any] | None = None) -> None:
+        from aiohttp import web
+
+        self.passports = passports  # file name -> document
+        self.card_name = card_name
+        self.discovery = discovery
+        self.hits: dict[str, int] = {}
+        self.received: list[tuple[dict[str, str], Any]] = []
+        app = web.Application()
+        app.router.add_get("/.well-known/adl-agents", self._discovery)
+        app.router.add_get("/.well-known/agent-card.json", self._card)
+        app.router.add_get("/passports/{file}", self._passport)
+        app.router.add_post("/a2a", self._rpc)
+        self.app = app
+        self.runner = None
+        self.url = ""
+
+    async def start(self) -> "A2APeer":
+        from aiohttp import web
+
+        self.runner = web.AppRunner(self.app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def _hit(self, request) -> None:
+        self.hits[request.path] = self.hits.get(request.path, 0) + 1
+
+    async def _discovery(self, request):
+        from aiohttp import web
+
+        self._hit(request)
+        if self.discovery is not None:
+            return web.json_response(self.discovery)
+        return web.json_response({"adl_discovery": "1.0", "agents": [
+            {"id": doc["id"], "name": doc["name"], "adl_document": f"/passports/{file}"}
+            for file, doc in self.passports.items()]})
+
+    async def _card(self, request):
+        from aiohttp import web
+
+        self._hit(request)
+        if self.card_name is None:
+            raise web.HTTPNotFound()
+        return web.json_response({"name": self.card_name, "url": f"{self.url}/a2a", "version": "1.0.0"})
+
+    async def _passport(self, request):
+        from aiohttp import web
+
+        self._hit(request)
+        document = self.passports.get(request.match_info["file"])
+        if document is None:
+            raise web.HTTPNotFound()
+        return web.json_response(document)
+
+    async def _rpc(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.received.append((dict(request.headers), body))
+        text = "".join(p.get("text", "") for p in body["params"]["message"]["parts"])
+        reply = {"kind": "message", "role": "agent", "messageId": f"reply-{len(self.received)}",
+                 "parts": [{"kind": "text", "text": f"done: {text}"}]}
+        payload = {"jsonrpc": "2.0", "id": body["id"], "result": reply}
+        if body["method"] == "message/stream":
+            import orjson
+
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+            await resp.write_eof()
+            return resp
+        return web.json_response(payload)
