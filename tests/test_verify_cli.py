@@ -157,6 +157,40 @@ def test_passport_binding_json_and_yaml(tmp_path, capsys, keydir, key):
     assert code == 1 and "INVALID: step 4 (passport binding)" in out and "different passport version" in out
 
 
+TRICKY_YAML = textwrap.dedent("""\
+    adl_spec: "0.2.0"
+    name: tricky
+    description: YAML 1.1 would change these values
+    version: 1.0.0
+    data_classification: {sensitivity: internal}
+    flags: [yes, no, on, off, y, n, True, false, ~, null]
+    numbers: [0777, 0o17, 0x1F, 1_000, 1:20, 1e3, .5, +12, -0]
+    times: [2026-01-01T00:00:00Z, 2026-01-01, "12:30"]
+""")
+
+
+def test_passport_is_read_exactly_as_the_passport_room_reads_it(tmp_path):
+    """Step 4 compares digests: the verifier must load YAML to the governor's very value."""
+    from governor.evidence import load_passport
+    from governor.passport.loader import load_passport as passport_room_load
+
+    (tmp_path / "p.yaml").write_text(TRICKY_YAML)
+    ours = load_passport(tmp_path / "p.yaml")
+    assert ours == passport_room_load(tmp_path / "p.yaml")
+    assert ours["flags"][:4] == ["yes", "no", "on", "off"] and ours["numbers"][0] == 777
+    assert ours["times"][0] == "2026-01-01T00:00:00Z" and ours["numbers"][4] == "1:20"
+    from governor.passport.pin import passport_digest as pinned_digest
+
+    example = shared_path("adl", "examples", "production.yaml")
+    assert passport_digest(load_passport(example)) == pinned_digest(passport_room_load(example))
+    assert passport_digest(ours) == pinned_digest(passport_room_load(tmp_path / "p.yaml"))
+    (tmp_path / "dup.yaml").write_text("a: 1\na: 2\n")
+    from governor.evidence import InputError
+
+    with pytest.raises(InputError, match="duplicate key"):
+        load_passport(tmp_path / "dup.yaml")
+
+
 def test_passport_digest_of_an_official_example(tmp_path, capsys, keydir, key):
     example = shared_path("adl", "examples", "production.yaml")
     from governor.evidence import load_passport

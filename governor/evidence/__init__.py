@@ -40,6 +40,7 @@ from governor.evidence.keys import (
     public_key_from_did_document,
     write_key_files,
 )
+from governor.evidence.passport_file import load_passport
 from governor.evidence.record import (
     SessionHeader,
     SessionRecord,
@@ -56,7 +57,6 @@ from governor.evidence.verify import (
     StepResult,
     VerificationReport,
     check_chain,
-    load_passport,
     load_record,
     passport_digest,
     verify_record,

@@ -24,7 +24,8 @@ from governor.evidence.keys import (
     load_public_key,
     write_key_files,
 )
-from governor.evidence.verify import VerificationReport, load_passport, load_record, verify_record
+from governor.evidence.passport_file import load_passport
+from governor.evidence.verify import VerificationReport, load_record, verify_record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -30,11 +30,11 @@ from governor.evidence.record import parse_iso, record_header
 from governor.evidence.signing import SIGNATURE_ALGORITHM, SIGNED_CONTENT, signing_input
 
 SCHEMA_FILE = "enforcement-record.schema.json"
-# Source checkout or editable install: <repo>/schemas. Installed package: the
-# packaging step copies the schema to governor/data/schemas (package data).
+# Source checkout or editable install: <repo>/schemas. A built wheel: governor/data
+# (package data), where a symlink to the schema makes setuptools ship a copy.
 SCHEMA_LOCATIONS = (
     Path(__file__).resolve().parents[2] / "schemas" / SCHEMA_FILE,
-    Path(__file__).resolve().parents[1] / "data" / "schemas" / SCHEMA_FILE,
+    Path(__file__).resolve().parents[1] / "data" / SCHEMA_FILE,
 )
 
 STEP_NAMES = {1: "schema", 2: "governor key", 3: "signature", 4: "passport binding", 5: "nonce", 6: "hash chain"}
@@ -414,34 +414,3 @@ def load_record(path: Path | str) -> Any:
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     return parse_record(data, str(path))
-
-
-def load_passport(path: Path | str) -> dict[str, Any]:
-    """A passport document from JSON or YAML (YAML timestamps kept as text, so its bytes are unchanged)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        document = json.loads(data)
-    except ValueError:
-        document = _load_yaml(data, path)
-    if not isinstance(document, dict):
-        raise InputError(f"{path} is not a passport: not a JSON or YAML object")
-    return document
-
-
-def _load_yaml(data: bytes, path: Path | str) -> Any:
-    import yaml  # only for YAML passports
-
-    class StringTimestampLoader(yaml.SafeLoader):
-        pass
-
-    StringTimestampLoader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    try:
-        return yaml.load(data, Loader=StringTimestampLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is neither JSON nor YAML: {exc}") from None
