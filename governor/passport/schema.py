@@ -95,7 +95,7 @@ def validate(document: Any, *, strict: bool = False) -> list[SchemaIssue]:
 
 
 def check_limits(document: Mapping[str, Any]) -> list[SchemaIssue]:
-    """Coherence of the declared limits, for a schema-valid document."""
+    """Coherence of the declared limits, for a schema-valid document; sorted by path."""
     issues: list[SchemaIssue] = []
     permissions = document.get("permissions", {})
     limits = permissions.get("resource_limits", {})
@@ -119,7 +119,7 @@ def check_limits(document: Mapping[str, Any]) -> list[SchemaIssue]:
     cost = document.get("anomaly_baseline", {}).get("cost_per_session_usd", {})
     if "min" in cost and "max" in cost and cost["min"] > cost["max"]:
         issues.append(SchemaIssue("$.anomaly_baseline.cost_per_session_usd", "min is greater than max"))
-    return issues
+    return sorted(issues, key=lambda issue: (issue.path, issue.message))
 
 
 def _check_budget(budget: Mapping[str, Any] | None, path: str, issues: list[SchemaIssue]) -> None:
