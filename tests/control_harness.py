@@ -192,7 +192,7 @@ def step_digest(step: ToolCall) -> str:
 # --- a loopback A2A peer ---------------------------------------------------------------
 
 
-def peer_passport(key, *, name: str = "summarizer", domain: str = "peer.example.com",
+def peer_passport(key, *, name: str = "summarizer", domain: str = "127.0.0.1",
                   scopes: tuple[str, ...] = ("papers:read",), tokens: tuple[int, int] = (1000, 5000),
                   identifier: str | None = None) -> dict[str, Any]:
     """A signed ADL passport for a peer agent."""

@@ -84,7 +84,7 @@ async def test_discovered_and_verified_peer_is_a_verified_delegation(peers, key)
     [step] = await adapter.steps(exchange)
     assert isinstance(step, Delegation)
     assert step.peer_id == doc["id"] and step.peer_verified is True
-    assert step.peer_passport["security"]["authentication"]["scopes"] == ("papers:read",)
+    assert step.peer_passport["security"]["authentication"]["scopes"] == ["papers:read"]
     assert step.chain_depth == 1 and step.peer_url == f"{peer.url}/a2a"
     assert exchange.state["request_headers"] == {DEPTH_HEADER: "1"}
 
@@ -143,6 +143,17 @@ async def test_a_passport_that_fails_admission_is_unverified(peers, key, tamper,
     [step] = await adapter.steps(adapter.open(peer_view(peer, send()), session="s", persona=None))
     assert step.peer_verified is False and step.peer_passport is None
     assert fragment in (await r.resolve(f"{peer.url}/a2a")).reason  # cached: same answer, with the reason
+
+
+@pytest.mark.parametrize("identifier, fragment", [
+    ("https://example.com/agents/summarizer", "of domain example.com"),  # another domain's identity
+    ("urn:adl:agent:example:summarizer:1.0.0", "names no domain"),
+])
+async def test_a_peer_speaks_only_for_its_own_domain(peers, key, identifier, fragment):
+    peer = await peers({"summarizer.json": peer_passport(key, identifier=identifier)})
+    identity = await resolver(peers).resolve(f"{peer.url}/a2a")
+    assert not identity.verified and identity.passport is None
+    assert f"the peer at 127.0.0.1 claims identity {identifier!r}" in identity.reason and fragment in identity.reason
 
 
 async def test_unsigned_peer_passport_is_refused_by_default(peers):

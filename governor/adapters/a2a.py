@@ -13,7 +13,10 @@ sees the step (`PeerResolver`), from, in order:
      §6.4): its one entry, or when it lists several, the entry whose `name` is the
      `name` of the peer's A2A agent card (`/.well-known/agent-card.json`, then
      `/.well-known/agent.json`); the passport is fetched from the entry's
-     `adl_document`, and its `id` must equal the entry's `id`.
+     `adl_document`, its `id` must equal the entry's `id`, and that identity's
+     domain (the https id's host, or the did:web domain) must be the peer's host
+     or a parent of it: a self-signed passport proves nothing about who may use
+     an identity, so a peer only speaks for its own domain.
 The passport is then verified with the admission code (signature, schema,
 expiry, lifecycle). Anything that fails leaves the step unverified
 (`Delegation(peer_verified=False)`), which the policy denies (fail closed), and
@@ -43,7 +46,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -53,6 +56,8 @@ from governor.adapters import jsonrpc
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamWatcher,
 )
+from governor.passport import AdmissionConfig, Retrieval, admit, parse_passport
+from governor.passport.admission import identity_domain
 from governor.policy.steps import Decision, Delegation, Step
 
 DELEGATING = frozenset({"message/send", "message/stream", "tasks/send", "tasks/sendSubscribe"})
@@ -136,8 +141,6 @@ class PeerResolver:
     # --- sources -----------------------------------------------------------------------
 
     async def _from_file(self, path: Path, url: str) -> PeerIdentity:
-        from governor.passport.loader import parse_passport
-
         try:
             raw = await asyncio.to_thread(path.read_bytes)
             document = parse_passport(raw, source=str(path))
@@ -151,8 +154,6 @@ class PeerResolver:
             discovery = await self._get_json(origin + DISCOVERY_PATH)
             entry = await self._entry(discovery, origin)
             source = urljoin(origin + "/", entry["adl_document"])
-            from governor.passport.loader import parse_passport
-
             document = parse_passport(await self._get(source), source=source)
         except PeerError as exc:
             return PeerIdentity(url, None, False, str(exc), "discovery")
@@ -162,6 +163,14 @@ class PeerResolver:
             return PeerIdentity(entry["id"], None, False,
                                 f"passport id {document.get('id')!r} is not the discovered id {entry['id']!r}",
                                 "discovery")
+        host = (urlsplit(url).hostname or "").lower()
+        domain = identity_domain(document)
+        if not domain or not (host == domain or host.endswith("." + domain)):
+            # An inline key proves nothing about who may use an identity: a peer may
+            # only claim one of its own domain (a static map entry is the operator's word).
+            return PeerIdentity(entry["id"], None, False,
+                                f"the peer at {host} claims identity {entry['id']!r}, "
+                                + (f"of domain {domain}" if domain else "which names no domain"), "discovery")
         return self._admit(document, source, url, "discovery")
 
     async def _entry(self, discovery: Any, origin: str) -> dict[str, Any]:
@@ -313,17 +322,15 @@ class A2AAdapter(Adapter):
         return Reply.json(200, payload)
 
 
-def admission_verifier(base: Any = None, *, clock: Callable[[], float] = time.time,
+def admission_verifier(base: AdmissionConfig | None = None, *, clock: Callable[[], float] = time.time,
                        requesting_agent: Mapping[str, Any] | None = None) -> Verifier:
     """The governor's passport admission (Trust §1.1) as a peer verifier.
 
     `base` is an `AdmissionConfig` (its `now` is replaced by `clock()` at each
     admission); by default a peer's passport must be signed. `requesting_agent`
     (this agent's passport) enables the §1.1.9 caller-sensitivity check.
-    Returns the pinned passport's frozen view; raises PeerError saying which step failed.
+    Returns the admitted document (a plain copy); raises PeerError saying which step failed.
     """
-    from governor.passport import AdmissionConfig, Retrieval, admit
-
     base = base if base is not None else AdmissionConfig(now=clock(), require_signature=True)
 
     def verify(document: Mapping[str, Any], source: str) -> Mapping[str, Any]:
@@ -335,7 +342,7 @@ def admission_verifier(base: Any = None, *, clock: Callable[[], float] = time.ti
             step = report.step(report.blocked_at_section or "")
             why = f"{step.title}: {step.message}" if step is not None else "not verified"
             raise PeerError(f"Trust §{report.blocked_at_section} {why}")
-        return report.pinned.frozen
+        return report.pinned.document  # plain lists and dicts, as the policy engine reads them
 
     return verify
 
