@@ -83,6 +83,17 @@ def test_document_for_another_identifier_is_refused():
         assertion_keys({"assertionMethod": []})
 
 
+def test_https_identifier_is_published_under_its_did_web():
+    key = generate_key()
+    document = did_document("https://gov.example:8443/governor", key.public_key())
+    assert document["id"] == "did:web:gov.example%3A8443:governor"
+    assert document["alsoKnownAs"] == ["https://gov.example:8443/governor"]
+    assert document["assertionMethod"] == ["did:web:gov.example%3A8443:governor#key-1"]
+    assert raw(public_key_from_did_document(document, "https://gov.example:8443/governor")) == raw(key)
+    with pytest.raises(DidDocumentError):
+        assertion_keys(document, "https://gov.example/governor")  # same host, another port
+
+
 def test_identifiers():
     assert did_web_for_https("https://gov.example/a/b") == "did:web:gov.example:a:b"
     assert did_web_for_https("https://gov.example:8443/g") == "did:web:gov.example%3A8443:g"
@@ -92,7 +103,8 @@ def test_identifiers():
     assert not identifiers_match("did:web:evil.example:g", "https://gov.example/g")
     for good in (DEFAULT_IDENTIFIER, "https://gov.example/governor", "did:web:gov.example"):
         assert check_identifier(good) == good
-    for bad in ("http://gov.example", "did:key:z6Mk", "did:web:", "https://", "did:web:a b", "https://g.example/#f"):
+    for bad in ("http://gov.example", "did:key:z6Mk", "did:web:", "https://", "did:web:a b", "https://g.example/#f",
+                "https://g.example/?q=1", "https://user@g.example/"):
         with pytest.raises(ValueError):
             check_identifier(bad)
 
@@ -131,7 +143,7 @@ def test_ensure_governor_key_creates_once_then_reuses(tmp_path):
     renamed, new_id = ensure_governor_key(tmp_path, "https://gov.example/governor")
     assert raw(renamed) == raw(key) and new_id == "https://gov.example/governor"
     document = json.loads((tmp_path / "keys" / "did.json").read_text())
-    assert document["id"] == new_id
+    assert document["id"] == "did:web:gov.example:governor" and document["alsoKnownAs"] == [new_id]
     assert ensure_governor_key(tmp_path)[1] == new_id  # remembered through the DID document
 
 

@@ -302,3 +302,22 @@ def test_keys_in_a_did_document_match_the_signing_key(key):
     from governor.evidence import public_key_from_did_document
 
     assert public_key_bytes(public_key_from_did_document(document, GOVERNOR)) == public_key_bytes(key)
+
+
+def test_raise_for_failure_names_the_step(record, key):
+    from governor.evidence import RecordVerificationError
+
+    verify_record(record, public_key=key.public_key()).raise_for_failure()  # valid: no error
+    edited = copy.deepcopy(record)
+    edited["session"] = "other"
+    with pytest.raises(RecordVerificationError) as caught:
+        verify_record(edited, public_key=key.public_key()).raise_for_failure()
+    assert caught.value.step.number == 3
+    assert str(caught.value).startswith("invalid enforcement record: step 3 (signature)")
+
+
+def test_inconsistent_nonce_arguments_are_usage_errors(record, key):
+    with pytest.raises(ValueError, match="go together"):
+        verify_record(record, public_key=key.public_key(), expected_nonce="n", nonce_ttl=5)
+    with pytest.raises(ValueError, match="needs the expected nonce"):
+        verify_record(record, public_key=key.public_key(), nonce_issued_at="2026-01-01T00:00:00Z", nonce_ttl=5)

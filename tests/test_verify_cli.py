@@ -16,7 +16,7 @@ import yaml
 from governor.cli import main
 from governor.evidence import did_document, load_private_key, passport_digest, sign_record, write_record
 from tests.conftest import REPO, shared_path
-from tests.test_evidence_record import START, signed_record
+from tests.test_evidence_record import signed_record
 
 
 @pytest.fixture
@@ -118,6 +118,16 @@ def test_resigned_record_with_broken_chain_fails_at_step_6(tmp_path, capsys, key
     code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", resigned), "--key", str(keydir / "governor-pub.pem"))
     assert code == 1
     assert "INVALID: step 6 (hash chain): event 2: prev_hash does not match the hash of event 1" in out
+
+
+def test_https_governor_resolved_through_its_did_web_document(tmp_path, capsys):
+    out_dir = tmp_path / "k"
+    code, out, _ = run(capsys, "keygen", "--out", str(out_dir), "--id", "https://gov.example/governor")
+    assert code == 0 and "https://gov.example/governor/did.json" in out and "identifier    https://gov.example/governor" in out
+    key = load_private_key(out_dir / "governor-key.pem")
+    path = write(tmp_path, "r.json", signed_record(key, governor="https://gov.example/governor"))
+    code, out, _ = run(capsys, "verify", path, "--did-document", str(out_dir / "did.json"))
+    assert code == 0 and "https://gov.example/governor resolved through its DID document" in out
 
 
 def test_did_document_for_another_governor(tmp_path, capsys, key):

@@ -90,10 +90,10 @@ def canonical_with_events(record: Mapping[str, Any], event_bytes: Sequence[bytes
     items + `]`, so the record's bytes can be assembled from its events' bytes
     (which the hash chain needs anyway) instead of canonicalizing them twice.
     """
+    if not all(type(key) is str and key.isascii() for key in record):  # never in a schema-valid record
+        return canonical(record)
     members = []
-    for key in sorted(record):
-        if type(key) is not str or not key.isascii():  # never in a schema-valid record
-            return canonical(record)
+    for key in sorted(record):  # ASCII: code-point order is UTF-16 order
         if key == "events":
             value = b"[" + b",".join(event_bytes) + b"]"
         else:

@@ -17,6 +17,7 @@ from governor.evidence.errors import InputError, SchemaNotFoundError
 from governor.evidence.keys import (
     DEFAULT_IDENTIFIER,
     check_identifier,
+    did_for,
     did_web_document_url,
     key_fingerprint,
     load_did_document,
@@ -78,10 +79,7 @@ def run_keygen(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write into {args.out}: {exc.strerror or exc}") from None
     key = load_private_key(files.private_key)
-    publish = (
-        did_web_document_url(args.identifier) if args.identifier.startswith("did:web:")
-        else f"a URL you serve for {args.identifier}"
-    )
+    publish = did_web_document_url(did_for(args.identifier))
     print(f"private key   {files.private_key}  (mode 0600: keep it secret)")
     print(f"public key    {files.public_key}  ({key_fingerprint(key)})")
     print(f"DID document  {files.did_document}  (publish it at {publish})")

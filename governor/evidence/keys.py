@@ -45,17 +45,15 @@ def check_identifier(identifier: str) -> str:
         host = identifier[len("did:web:"):].split(":", 1)[0]
         if host and "/" not in identifier and "#" not in identifier:
             return identifier
-    elif identifier.startswith("https://"):
-        parts = urlsplit(identifier)
-        if parts.hostname and not parts.fragment:
-            return identifier
+    elif identifier.startswith("https://") and did_web_for_https(identifier):
+        return identifier
     raise ValueError(f"governor identifier must be an HTTPS URI or a did:web, got {identifier!r}")
 
 
 def did_web_for_https(uri: str) -> str | None:
     """The did:web naming the same place as an HTTPS URI (https://h:8443/a/b -> did:web:h%3A8443:a:b)."""
     parts = urlsplit(uri)
-    if parts.scheme != "https" or not parts.hostname or parts.query or parts.fragment:
+    if parts.scheme != "https" or not parts.hostname or parts.username or parts.query or parts.fragment:
         return None
     segments = [quote(unquote(s), safe="") for s in parts.path.split("/") if s]
     return ":".join(["did:web", quote(parts.netloc, safe="")] + segments)
@@ -152,29 +150,49 @@ def _base58_decode(text: str) -> bytes:
     return b"\0" * (len(text) - len(text.lstrip("1"))) + body
 
 
+def did_for(identifier: str) -> str:
+    """The did:web under which an identifier's DID document is published."""
+    return identifier if identifier.startswith("did:web:") else did_web_for_https(check_identifier(identifier))
+
+
 def did_document(identifier: str, public_key: Ed25519PublicKey | Ed25519PrivateKey) -> dict[str, Any]:
     """A DID document publishing the governor key as its assertionMethod.
 
-    The key is given as publicKeyMultibase (Ed25519VerificationKey2020) and, for
-    resolvers that read the ADL test vectors' form, as standard base64 publicKeyBase64.
+    Its id is the did:web (for an HTTPS identifier, the did:web naming the same
+    place, with the HTTPS URI in alsoKnownAs). The key is given as
+    publicKeyMultibase (Ed25519VerificationKey2020) and, for resolvers that read
+    the ADL test vectors' form, as standard base64 publicKeyBase64.
     """
     check_identifier(identifier)
+    did = did_for(identifier)
     raw = public_key_bytes(public_key)
-    method_id = identifier + KEY_FRAGMENT
-    return {
+    method_id = did + KEY_FRAGMENT
+    document: dict[str, Any] = {
         "@context": ["https://www.w3.org/ns/did/v1", "https://w3id.org/security/suites/ed25519-2020/v1"],
-        "id": identifier,
-        "verificationMethod": [
-            {
-                "id": method_id,
-                "type": "Ed25519VerificationKey2020",
-                "controller": identifier,
-                "publicKeyMultibase": "z" + _base58_encode(_ED25519_MULTICODEC + raw),
-                "publicKeyBase64": base64.b64encode(raw).decode("ascii"),
-            }
-        ],
-        "assertionMethod": [method_id],
+        "id": did,
     }
+    if did != identifier:
+        document["alsoKnownAs"] = [identifier]
+    document["verificationMethod"] = [
+        {
+            "id": method_id,
+            "type": "Ed25519VerificationKey2020",
+            "controller": did,
+            "publicKeyMultibase": "z" + _base58_encode(_ED25519_MULTICODEC + raw),
+            "publicKeyBase64": base64.b64encode(raw).decode("ascii"),
+        }
+    ]
+    document["assertionMethod"] = [method_id]
+    return document
+
+
+def document_identifier(document: Mapping[str, Any]) -> str | None:
+    """The governor identifier a DID document was written for (its HTTPS alias, else its id)."""
+    aliases = [a for a in document.get("alsoKnownAs") or () if isinstance(a, str) and a.startswith("https://")]
+    for alias in aliases:
+        if identifiers_match(document.get("id"), alias):
+            return alias
+    return document.get("id") if isinstance(document.get("id"), str) else None
 
 
 def _method_key(method: Mapping[str, Any]) -> Ed25519PublicKey | None:
@@ -329,7 +347,7 @@ def ensure_governor_key(data_dir: Path | str, identifier: str | None = None) -> 
     current = None
     if files.did_document.exists():
         document = load_did_document(files.did_document)
-        current = document.get("id") if isinstance(document.get("id"), str) else None
+        current = document_identifier(document)
         try:
             if public_key_bytes(public_key_from_did_document(document)) != public_key_bytes(key):
                 current = None  # stale document for another key: rewrite it

@@ -20,10 +20,10 @@ import os
 import re
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from governor.canonical import sha256_b64url
 from governor.evidence._jcs import canonical
@@ -137,7 +137,7 @@ class SessionHeader:
     session: str
     tier: str
     start: str
-    limits: Mapping[str, Any] | None = field(default=None)
+    limits: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("governor", "subject_id", "passport_digest", "session"):
@@ -213,33 +213,22 @@ def record_header(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("events", "signature")}
 
 
-def chain_events(header: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[bytes]]:
-    """Events with seq and prev_hash per §8.4, and the JCS bytes of each.
+def chain_events(header: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Events with seq and prev_hash per §8.4.
 
     events[0].prev_hash = b64url(SHA-256(JCS(header))); events[i].prev_hash =
-    b64url(SHA-256(JCS(events[i-1]))). The bytes are returned so that signing can
-    reuse them rather than canonicalize every event a second time.
+    b64url(SHA-256(JCS(events[i-1]))), where events[i-1] is the chained event,
+    its own prev_hash included.
     """
     prev = sha256_b64url(canonical(dict(header)))
-    chained: list[dict] = []
-    pieces: list[bytes] = []
+    chained: list[dict[str, Any]] = []
     for seq, event in enumerate(events):
         linked = {"seq": seq, "cause": event["cause"], "action": event["action"], "at": event["at"], "prev_hash": prev}
         if "detail" in event:
             linked["detail"] = event["detail"]
-        piece = canonical(linked)
-        prev = sha256_b64url(piece)
+        prev = sha256_b64url(canonical(linked))
         chained.append(linked)
-        pieces.append(piece)
-    return chained, pieces
-
-
-def assemble(header: Mapping[str, Any], events: list[dict], signature: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    record = dict(header)
-    record["events"] = events
-    if signature is not None:
-        record["signature"] = dict(signature)
-    return {k: record[k] for k in RECORD_MEMBERS if k in record}
+    return chained
 
 
 class SessionRecord:
@@ -279,8 +268,8 @@ class SessionRecord:
         header = self.header.record_header(outcome=outcome, end=end, iat=iat, nonce=nonce)
         with self._lock:
             events = list(self._events)
-        chained, _ = chain_events(header, events)
-        return assemble(header, chained)
+        record = {**header, "events": chain_events(header, events)}
+        return {k: record[k] for k in RECORD_MEMBERS if k in record}
 
 
 # --- files ----------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def _check_schema(record: Any) -> str:
 # --- step 2 ---------------------------------------------------------------------------
 
 
-def resolve_governor_keys(
+def _resolve_governor_keys(
     governor: str, public_key: Ed25519PublicKey | None = None, did_document: Mapping[str, Any] | None = None
 ) -> tuple[list[Ed25519PublicKey], str]:
     """The keys a record by `governor` may be signed with, and how they were found (§8.2)."""
@@ -345,7 +345,7 @@ def verify_record(
     keys: list[Ed25519PublicKey] = []
 
     def step2() -> str:
-        found, message = resolve_governor_keys(record["governor"], public_key, did_document)
+        found, message = _resolve_governor_keys(record["governor"], public_key, did_document)
         keys.extend(found)
         return message
 
