@@ -543,3 +543,11 @@ def test_config_validates_its_clock_and_mode():
     frozen = AdmissionConfig(now=NOW, did_documents={"a": {}})
     with pytest.raises(TypeError):
         frozen.did_documents["b"] = {}  # type: ignore[index]
+
+
+def test_schema_validators_are_built_once_per_mode():
+    from governor.passport.schema import validator
+
+    assert validator() is validator()
+    assert validator(strict=True) is validator(strict=True)
+    assert validator() is not validator(strict=True)
