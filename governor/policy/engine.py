@@ -336,7 +336,7 @@ def _count(run: _Run, limit_name: str, observed: int, limit: int | None) -> Deci
     return None
 
 
-def _clock(run: _Run, settle: bool) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
+def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
     """Wall-clock: max_duration_sec and the wall_clock_sec caps, projected to `now`."""
     limits, state, now = run.limits, run.state, run.now
     if not settle and not limits.clock_checked:
@@ -346,9 +346,12 @@ def _clock(run: _Run, settle: bool) -> tuple[Decision | None, tuple[CounterCharg
     for name, live in state.personas_live.items():
         if live > 0:
             meters = meters + limits.clock_meters.get(name, ())
-    charges = tuple(CounterCharge(m.scope, WALL_CLOCK, elapsed_since, None, m.persona) for m in meters) if settle else ()
+    charges: tuple[CounterCharge, ...] = ()
+    if settle:  # elapsed time is consumption that happened: committed whatever is decided
+        charges = tuple(CounterCharge(m.scope, WALL_CLOCK, elapsed_since, None, m.persona) for m in meters)
+        run.settles, run.charges = True, charges
     warnings: list[tuple[str, str, float]] = []
-    if not limits.clock_checked:
+    if not check or not limits.clock_checked:
         return None, charges, warnings
     enforce = limits.enforce_hard
     if limits.max_duration_sec is not None:
@@ -649,14 +652,12 @@ def _tool_error(run: _Run, step: ToolError) -> Decision:
 
 
 def _tick(run: _Run, step: Tick) -> Decision:
-    d, charges, warnings = _clock(run, settle=True)
-    run.settles, run.charges = True, charges
+    d, _, warnings = _clock(run, settle=True)
     return d or run.finish(warnings=tuple(warnings))
 
 
 def _session_end(run: _Run, step: SessionEnd) -> Decision:
-    _, charges, _ = _clock(run, settle=True)
-    run.settles, run.charges = True, charges
+    _clock(run, settle=True, check=False)  # the last interval settles; nothing left to stop
     baseline = run.limits.baseline
     if baseline is not None and baseline.cost_min is not None:
         deviation = anomaly.cost_deviation(baseline, run.state, run.state.counters.get(SESSION_COST, 0.0), at_end=True)
