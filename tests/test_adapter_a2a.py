@@ -86,7 +86,7 @@ async def test_discovered_and_verified_peer_is_a_verified_delegation(peers, key)
     assert step.peer_id == doc["id"] and step.peer_verified is True
     assert step.peer_passport["security"]["authentication"]["scopes"] == ["papers:read"]
     assert step.chain_depth == 1 and step.peer_url == f"{peer.url}/a2a"
-    assert exchange.state["request_headers"] == {DEPTH_HEADER: "1"}
+    assert exchange.upstream_headers == {DEPTH_HEADER: "1"}
 
 
 async def test_resolution_is_cached_per_origin(peers, key):
@@ -203,7 +203,7 @@ async def test_depth_is_incoming_plus_one_never_below_the_floor(header, floor, e
     exchange = adapter.open(view(send(), headers=headers), session="s", persona=None)
     [step] = await adapter.steps(exchange)
     assert step.chain_depth == expected
-    assert exchange.state["request_headers"][DEPTH_HEADER] == str(expected)
+    assert exchange.upstream_headers[DEPTH_HEADER] == str(expected)
 
 
 @pytest.mark.parametrize("header", ["-1", "two", "", "1.5"])

@@ -29,9 +29,9 @@ Depth: the `ADL-Delegation-Depth` request header is the depth of the delegation
 the calling agent is itself serving (0 for a root agent; absent = 0). The
 governor never trusts it downwards: the configured floor
 (`AdapterConfig.extra["delegation_depth"]`, the depth this deployment is known
-to run at) wins when higher. This call's depth is that + 1; the adapter asks
-the proxy to forward it to the peer in the same header
-(`exchange.state["request_headers"]`), so the peer's governor can continue the count.
+to run at) wins when higher. This call's depth is that + 1, and the request goes
+to the peer carrying it in the same header (`Exchange.upstream_headers`; the
+agent's own ADL-* headers are stripped), so the peer's governor continues the count.
 
 A refusal is a JSON-RPC error with the request's id, code -32050 and
 `error.data.governor`, HTTP 200; for `message/stream` it is sent as a one-event
@@ -278,7 +278,7 @@ class A2AAdapter(Adapter):
             exchange.state["peer_url"] = f"{request.scheme}://{request.host}{port}{request.route}"
             depth = _depth(request, self._depth_floor) + 1
             exchange.state["delegation_depth"] = depth
-            exchange.state["request_headers"] = {DEPTH_HEADER: str(depth)}
+            exchange.upstream_headers[DEPTH_HEADER] = str(depth)
         return exchange
 
     async def steps(self, exchange: Exchange) -> list[Step]:

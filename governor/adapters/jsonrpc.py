@@ -11,11 +11,11 @@ clients (the `mcp` and `a2a` SDKs) raise on HTTP errors without reading the body
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import orjson
 
+from governor.adapters import sse
 from governor.adapters.base import Exchange, Reply, StreamEvent, StreamWatcher, describe
 
 GOVERNOR_ERROR_CODE = -32050
@@ -74,87 +74,24 @@ def error_reply(status: int, message: str, governor: Mapping[str, Any] | None,
     return Reply.json(200, payload)
 
 
-# --- server-sent events ----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class SSEEvent:
-    event: str
-    data: str
-    id: str | None = None
-
+# --- server-sent events (framing in governor.adapters.sse) ------------------------------
 
 _LINE_END = re.compile(rb"\r\n|\n|\r")
-EVENT_SEPARATOR = re.compile(rb"(?:\r\n|\n|\r){2}")
+EVENT_SEPARATOR = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")  # a line end, then an empty line
 
 
-class SSEParser:
-    """Incremental text/event-stream parser (WHATWG rules: any line ending, `:` comments,
-    multi-line data joined by newlines). Reports complete events only."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._data: list[bytes] = []
-        self._event = b""
-        self._id: bytes | None = None
-        self._fields = False
-
-    @property
-    def mid_event(self) -> bool:
-        """True when part of an event has arrived but not its end."""
-        return bool(self._buffer) or self._fields
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk
-        events: list[SSEEvent] = []
-        pos = 0
-        while (match := _LINE_END.search(self._buffer, pos)) is not None:
-            if match.group() == b"\r" and match.end() == len(self._buffer):
-                break  # maybe the first half of \r\n
-            line = self._buffer[pos:match.start()]
-            pos = match.end()
-            if not line:
-                if self._fields:
-                    events.append(self._dispatch())
-                continue
-            if line.startswith(b":"):
-                continue
-            name, _, value = line.partition(b":")
-            if value.startswith(b" "):
-                value = value[1:]
-            self._fields = True
-            if name == b"data":
-                self._data.append(value)
-            elif name == b"event":
-                self._event = value
-            elif name == b"id":
-                self._id = value
-        self._buffer = self._buffer[pos:]
-        return events
-
-    def _dispatch(self) -> SSEEvent:
-        event = SSEEvent(self._event.decode("utf-8", "replace") or "message",
-                         b"\n".join(self._data).decode("utf-8", "replace"),
-                         None if self._id is None else self._id.decode("utf-8", "replace"))
-        self._data, self._event, self._id, self._fields = [], b"", None, False
-        return event
-
-
-def parse_events(body: bytes) -> list[SSEEvent]:
+def parse_events(body: bytes) -> list[sse.SSEEvent]:
     """Every event of a complete SSE body (a last event without its blank line included)."""
-    return SSEParser().feed(body + b"\n\n")
+    decoder = sse.SSEDecoder()
+    return decoder.feed(body) + decoder.close()
 
 
-def json_messages(events: list[SSEEvent]) -> list[Any]:
+def json_messages(events: list[sse.SSEEvent]) -> list[Any]:
     """The JSON payloads of `message` events (other events and unparseable data skipped)."""
     out = []
     for event in events:
-        if event.event != "message" or not event.data:
-            continue
-        try:
-            out.append(orjson.loads(event.data))
-        except orjson.JSONDecodeError:
-            continue
+        if event.event in (None, "message") and (payload := event.json()) is not None:
+            out.append(payload)
     return out
 
 
@@ -168,9 +105,8 @@ def body_messages(headers: Mapping[str, str], body: bytes) -> list[Any]:
         return []
 
 
-def sse_event(payload: Any, event_id: str | None = None) -> bytes:
-    head = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
-    return head + b"event: message\ndata: " + orjson.dumps(payload) + b"\n\n"
+def sse_event(payload: Any) -> bytes:
+    return sse.encode(payload, "message")
 
 
 def is_sse(headers: Mapping[str, str]) -> bool:
@@ -183,9 +119,10 @@ def replace_sse_response(body: bytes, rpc_id: Any, response: dict[str, Any]) -> 
     pos = 0
     for separator in EVENT_SEPARATOR.finditer(body):
         block = body[pos:separator.start()]
-        events = parse_events(block)
-        if response_for(json_messages(events), rpc_id) is not None:
-            out.append(sse_event(response, events[0].id)[:-2])  # without its blank line
+        if response_for(json_messages(parse_events(block)), rpc_id) is not None:
+            # the event's own id/retry lines are kept; only its data is replaced
+            kept = [line for line in _LINE_END.split(block) if line.startswith((b"id:", b"retry:"))]
+            out.append(b"".join(line + b"\n" for line in kept) + sse_event(response)[:-2])  # without its blank line
         else:
             out.append(block)
         out.append(separator.group())
@@ -203,13 +140,21 @@ class RpcStreamWatcher(StreamWatcher):
     """
 
     def __init__(self, rpc_id: Any, on_response: Callable[[dict[str, Any]], list[StreamEvent]] | None = None) -> None:
-        self._parser = SSEParser()
+        self._decoder = sse.SSEDecoder()
+        self._tail = b""  # bytes after the last complete event
         self._rpc_id = rpc_id
         self._on_response = on_response
         self._answered = False
 
     def feed(self, chunk: bytes) -> list[StreamEvent]:
-        events = self._parser.feed(chunk)
+        self._tail += chunk
+        self._tail = self._tail[sse.last_boundary(self._tail):]
+        return self._seen(self._decoder.feed(chunk))
+
+    def close(self) -> list[StreamEvent]:
+        return self._seen(self._decoder.close())
+
+    def _seen(self, events: list[sse.SSEEvent]) -> list[StreamEvent]:
         if self._answered or self._rpc_id is None or not events:
             return []
         response = response_for(json_messages(events), self._rpc_id)
@@ -218,12 +163,9 @@ class RpcStreamWatcher(StreamWatcher):
         self._answered = True
         return self._on_response(response) if self._on_response is not None else []
 
-    def close(self) -> list[StreamEvent]:
-        return []
-
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
         # A half-sent event is ended first (the client drops it as unparseable).
-        prefix = b"\n\n" if self._parser.mid_event else b""
+        prefix = b"\n\n" if self._tail.strip(b"\r\n") else b""
         if self._answered or self._rpc_id is None:
             return prefix
         return prefix + sse_event(error(self._rpc_id, GOVERNOR_ERROR_CODE, message, {"governor": dict(governor)}))
