@@ -1,0 +1,228 @@
+"""The runtime: policy + SQLite store + durable journal, composed, on the bundled example passport."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from governor.evidence import generate_key, recover_journal, verify_record
+from governor.evidence.record import journal_path
+from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
+from governor.policy import (
+    Action,
+    ModelCall,
+    PassportPresented,
+    Tier,
+    ToolCall,
+    UsageReport,
+    compile_limits,
+    load_pricing,
+)
+from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR, ON_OVERSIGHT_TIMEOUT, ON_SESSION_INTEGRITY
+from governor.runtime import Runtime
+from governor.store import SQLiteStore, StoreUnavailable
+
+REPO = Path(__file__).resolve().parent.parent
+NOW = 1_790_000_000.0  # 2026-09-21: inside the example passport's validity
+
+
+class Clock:
+    def __init__(self, t: float = NOW) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    report = admit(load_passport(example_passport_path()), AdmissionConfig(now=NOW))
+    assert report.verified, report.to_dict()
+    return report
+
+
+def make_runtime(pinned, data_dir: Path, clock: Clock, tier: Tier = Tier.R2, store=None, key=None) -> Runtime:
+    limits = compile_limits(pinned.pinned.document, tier=tier, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
+                            passport_digest=pinned.digest)
+    return Runtime(limits=limits, store=store or SQLiteStore(data_dir / "state.db"), data_dir=data_dir,
+                   key=key or generate_key(), governor_id="did:web:localhost:governor",
+                   agent_id=pinned.pinned.id, clock=clock)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def runtime(pinned, tmp_path, clock):
+    rt = make_runtime(pinned, tmp_path, clock)
+    yield rt
+    rt.store.close()
+
+
+async def model_step(rt: Runtime, session: str, tokens_in: int, tokens_out: int, expected_out: int = 1000):
+    admission = await rt.admit(session, ModelCall(model="gpt-4o-mini", expected_input_tokens=tokens_in,
+                                                  expected_output_tokens=expected_out))
+    if admission.decision.blocks:
+        return admission
+    await rt.usage(session, admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=tokens_in,
+                                                          output_tokens=tokens_out))
+    await rt.finish(session, admission.ticket)
+    return admission
+
+
+async def test_budget_exhaustion_halts_records_and_refuses_everything_after(runtime, clock):
+    # tokens per_session cap is 20000; each step reserves 3000 and uses 2500
+    blocked = None
+    for i in range(20):
+        clock.t += 1
+        admission = await model_step(runtime, "s", 2000, 500, expected_out=1000)
+        if admission.decision.blocks:
+            blocked = admission
+            break
+    assert blocked is not None
+    # max_iterations (12) is declared with a fallback; tokens run out first: 8 x 2500 = 20000
+    obj = blocked.governor_object
+    assert obj["cause"] == ON_BUDGET_EXHAUSTED and obj["action"] == "halt"
+    assert obj["dimension"] == "tokens" and obj["scope"] == "per_session" and obj["limit"] == 20000
+    view = runtime.session_view("s")
+    used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
+    assert used[("tokens", "per_session", None)] == 2500 * i  # actual usage replaced the reservations
+    after = await runtime.admit("s", ToolCall(tool="search_papers", arguments={"query": "x"}))
+    assert after.decision.halts and after.governor_object["cause"] == ON_BUDGET_EXHAUSTED
+    record = await runtime.end_session("s")
+    assert record["outcome"] == "halted"
+    assert [e["cause"] for e in record["events"]] == [ON_BUDGET_EXHAUSTED]
+    assert verify_record(record, public_key=runtime.key.public_key()).ok
+
+
+async def test_requires_confirmation_pauses_and_approval_releases_only_that_step(runtime, clock):
+    step = ToolCall(tool="delete_note", arguments={"path": "/workspace/notes/old.md"})
+    admission = await runtime.admit("s", step)
+    assert admission.decision.action is Action.PAUSE and admission.decision.blocks
+    approval_id = admission.decision.approval.id
+    assert [a["id"] for a in runtime.approvals()] == [approval_id]
+    waiter = asyncio.create_task(runtime.await_approval("s", approval_id))
+    await asyncio.sleep(0)
+    answer = await runtime.resolve_approval(approval_id, True, "lab-lead")
+    assert answer["outcome"] == "approved"
+    released = await waiter
+    assert not released.decision.blocks
+    # the approval was used once: the same step again pauses afresh
+    again = await runtime.admit("s", step)
+    assert again.decision.action is Action.PAUSE and again.decision.approval.id != approval_id
+    with pytest.raises(KeyError):
+        await runtime.resolve_approval(approval_id, True, "lab-lead")
+    record = runtime.record("s")
+    reviews = [e for e in record["events"] if e.get("detail", {}).get("review") == "approved"]
+    assert reviews and reviews[0]["detail"]["reviewer"] == "lab-lead" and reviews[0]["action"] == "continue"
+    assert verify_record(record, public_key=runtime.key.public_key()).ok
+
+
+async def test_rejected_step_is_denied_and_session_goes_on(runtime):
+    admission = await runtime.admit("s", ToolCall(tool="send_email", arguments={"to": "a@b", "subject": "s", "body": "b"}))
+    approval_id = admission.decision.approval.id
+    waiter = asyncio.create_task(runtime.await_approval("s", approval_id))
+    await asyncio.sleep(0)
+    await runtime.resolve_approval(approval_id, False, "lab-lead")
+    answered = await waiter
+    assert answered.decision.blocks and not answered.decision.halts
+    ok = await runtime.admit("s", ToolCall(tool="search_papers", arguments={"query": "governance"}))
+    assert not ok.decision.blocks
+
+
+async def test_oversight_timeout_fails_closed_when_undeclared(runtime, clock):
+    admission = await runtime.admit("s", ToolCall(tool="delete_note", arguments={"path": "/workspace/notes/x"}))
+    clock.t += 15 * 60 + 1  # response_time_minutes: 15
+    await runtime.sweep()
+    assert runtime.approvals() == []
+    view = runtime.session_view("s")
+    assert view["state"] == "halted" and view["halt_cause"] == ON_OVERSIGHT_TIMEOUT
+    record = runtime.record("s")
+    timeout = record["events"][-1]
+    assert timeout["cause"] == ON_OVERSIGHT_TIMEOUT and timeout["action"] == "halt"
+    assert timeout["detail"]["fail_closed"] is True
+    assert admission.decision.approval.id == timeout["detail"]["approval_id"]
+
+
+async def test_store_down_fails_closed_and_is_recorded(runtime):
+    await model_step(runtime, "s", 100, 100)
+    runtime.store.close()  # the state store is gone
+    with pytest.raises(StoreUnavailable):
+        runtime.store.snapshot("a", "s", NOW, ())
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10))
+    assert admission.decision.halts and admission.decision.fail_closed
+    assert admission.governor_object["cause"] == ON_GOVERNOR_ERROR
+    events = recover_journal(journal_path(runtime.data_dir, "s")).events
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "halt"
+
+
+async def test_passport_swap_is_a_session_integrity_fault(runtime, pinned):
+    same = await runtime.admit("s", PassportPresented(pinned.digest))
+    assert not same.decision.blocks
+    swapped = await runtime.admit("s", PassportPresented("x" * 43))
+    assert swapped.decision.halts and swapped.governor_object["cause"] == ON_SESSION_INTEGRITY
+    assert swapped.decision.fail_closed  # the example passport declares nothing for it
+
+
+async def test_restart_resumes_counters_state_and_journal(pinned, tmp_path, clock):
+    key = generate_key()
+    first = make_runtime(pinned, tmp_path, clock, key=key)
+    for _ in range(3):
+        clock.t += 1
+        await model_step(first, "s", 1000, 1000)
+    await first.admit("s", PassportPresented(pinned.digest))
+    paused = await first.admit("s", ToolCall(tool="delete_note", arguments={"path": "/workspace/notes/a"}))
+    assert paused.decision.action is Action.PAUSE
+    await first.close(end_sessions=False)  # a crash would leave the same files
+    first.store.close()
+
+    second = make_runtime(pinned, tmp_path, clock, key=key)
+    clock.t += 1
+    await model_step(second, "s", 1000, 1000)
+    view = second.session_view("s")
+    used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
+    assert used[("tokens", "per_session", None)] == 8000 and used[("tokens", "per_day", None)] == 8000
+    assert view["iterations"] == 4
+    record = await second.end_session("s")
+    assert verify_record(record, public_key=key.public_key()).ok
+    assert record["events"][0]["action"] == "pause"  # the pause journaled before the restart
+    second.store.close()
+
+
+async def test_concurrent_steps_never_overshoot_a_cap(runtime):
+    # 40 concurrent model calls, each reserving 1500 tokens, against a 20000-token session cap
+    async def one(i):
+        admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=500,
+                                                       expected_output_tokens=1000))
+        return admission
+
+    admissions = await asyncio.gather(*(one(i) for i in range(40)))
+    admitted = [a for a in admissions if not a.decision.blocks]
+    # the session halts at the first exhaustion; whatever was admitted fits the cap
+    assert 1500 * len(admitted) <= 20000
+    view = runtime.session_view("s")
+    used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
+    assert used[("tokens", "per_session", None)] <= 20000
+
+
+async def test_record_is_bound_to_a_nonce(runtime):
+    await model_step(runtime, "s", 10, 10)
+    record = runtime.record("s", nonce="n-123")
+    assert record["nonce"] == "n-123"
+    assert verify_record(record, public_key=runtime.key.public_key(), expected_nonce="n-123").ok
+    assert not verify_record(record, public_key=runtime.key.public_key(), expected_nonce="other").ok
+
+
+async def test_r1_observes_and_never_blocks(pinned, tmp_path, clock):
+    rt = make_runtime(pinned, tmp_path, clock, tier=Tier.R1)
+    for _ in range(12):
+        admission = await model_step(rt, "s", 2000, 2000)
+        assert not admission.decision.blocks
+    record = rt.record("s")
+    assert record["tier"] == "R1"
+    assert any(e["cause"] == ON_BUDGET_EXHAUSTED for e in record["events"])
+    rt.store.close()
