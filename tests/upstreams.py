@@ -248,7 +248,9 @@ class MockLLM:
                     await asyncio.sleep(b.chunk_delay)
             await resp.write_eof()
             log.completed = True
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
+            log.disconnected = True  # the client (the governor, after a cut) went away
+        except asyncio.CancelledError:
             log.disconnected = True
             raise
         finally:

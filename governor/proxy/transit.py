@@ -45,7 +45,7 @@ class _EndAtEOF:
     reports end-of-message when the connection closes."""
 
     def __call__(self, buf: ReceiveBuffer) -> None:
-        del buf[: len(buf)]
+        buf.maybe_extract_at_most(len(buf))
         return None
 
     def read_eof(self) -> h11.EndOfMessage:

@@ -1,0 +1,679 @@
+"""The enforcement point: the mitmproxy addon that governs every request the agent sends.
+
+Thin by design: adapters turn a flow into steps and decisions back into bytes,
+the runtime decides; this addon only sequences them over mitmproxy's hooks:
+
+  request          session/persona from ADL-* headers (stripped), anti-swap check,
+                   adapter selection, admit each step (a PAUSE holds the request
+                   here until a reviewer answers), refuse in the provider's format
+                   or rewrite and forward.
+  responseheaders  a stream the adapter understands is relayed event by event
+                   (StreamRelay), anything else governed is buffered.
+  response         plain answers: usage, tool calls the model asks for, finish;
+                   streams: final usage and release.
+  error            the exchange failed: release what it holds.
+
+A supervisor task per governed exchange ticks wall-clock (Tick steps), enforces
+the upstream timeout (no headers, or a stream gone silent) and applies cuts,
+which `transit` carries out on the flow in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from mitmproxy import http
+
+from governor.adapters import IGNORE, AdapterRegistry
+from governor.adapters import sse
+from governor.adapters.base import (
+    Adapter,
+    BadRequest,
+    Exchange,
+    Reply,
+    RequestView,
+    StreamWatcher,
+    describe,
+    governor_object,
+    status_for,
+)
+from governor.canonical import b64url_decode, sha256_b64url
+from governor.policy.steps import (
+    Action,
+    Decision,
+    ModelCall,
+    PassportPresented,
+    Step,
+    Tick,
+    ToolCall,
+    ToolError,
+    UsageReport,
+)
+from governor.proxy import transit
+from governor.runtime_api import Admission, RuntimeAPI
+
+log = logging.getLogger("governor.proxy")
+
+SESSION_HEADER = "ADL-Session"
+PERSONA_HEADER = "ADL-Persona"
+PASSPORT_HEADER = "ADL-Passport"
+GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
+ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
+METADATA_KEY = "governor"
+UNKNOWN = "unknown"
+
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 429: "Too Many Requests",
+                502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyPolicy:
+    """How the enforcement point behaves (the `governor run` options)."""
+
+    default_session: str
+    unknown_traffic: str = "forward"  # "forward" (logged and counted) | "deny"
+    upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
+    tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
+    max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this: 413
+
+
+def presented_digest(value: str) -> str:
+    """The digest of a passport presented in an ADL-Passport header.
+
+    `sha256=<digest>`: the digest itself (as `governor passport digest` prints it);
+    anything else: base64url of the passport document (JSON or YAML), digested as the
+    pin is. Bytes that are not a passport digest to themselves, which never equals a pin.
+    """
+    value = value.strip()
+    if value.startswith("sha256="):
+        return value[len("sha256="):]
+    from governor.passport import PassportError, parse_passport, passport_digest
+
+    try:
+        raw = b64url_decode(value)
+    except (ValueError, UnicodeError):
+        return sha256_b64url(value.encode())
+    try:
+        return passport_digest(parse_passport(raw, source=PASSPORT_HEADER))
+    except PassportError:
+        return sha256_b64url(raw)
+
+
+@dataclass(eq=False)
+class Flight:
+    """One governed exchange in flight."""
+
+    exchange: Exchange
+    admissions: list[Admission]
+    usage_ticket: Any = None  # the ModelCall admission's ticket, None when the exchange has no model call
+    started: float = field(default_factory=time.monotonic)
+    last_activity: float = field(default_factory=time.monotonic)
+    relay: "StreamRelay | None" = None
+    supervisor: asyncio.Task | None = None
+    refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
+    finished: bool = False
+
+
+class StreamRelay:
+    """The `flow.response.stream` callable of a governed stream.
+
+    Synchronous (mitmproxy calls it per chunk): it forwards whole SSE events as they
+    arrive, hands the watcher's findings to the governor (which checks them
+    asynchronously) and, once the governor cut the stream, forwards nothing more
+    but the adapter's terminal event. It never returns b"" for a chunk (mitmproxy
+    would frame it as the chunked-encoding terminator and corrupt the connection).
+    """
+
+    def __init__(self, governor: "Governor", flow: http.HTTPFlow, flight: Flight, watcher: StreamWatcher) -> None:
+        self.governor = governor
+        self.flow = flow
+        self.flight = flight
+        self.watcher = watcher
+        self.held = b""  # the incomplete tail of the last event, forwarded once complete
+        self.terminal: bytes | None = None
+        self.ended = False
+        self.final_events: list[Any] = []
+        self.latest_usage: UsageReport | None = None
+        self.checked_usage: UsageReport | None = None
+        self.checking = False
+        self.pending_steps: list[Step] = []
+        self.admitting = False
+
+    def __call__(self, data: bytes) -> list[bytes]:
+        if data == b"":
+            return self.end()
+        self.flight.last_activity = time.monotonic()
+        if self.terminal is not None:
+            return []
+        try:
+            events = self.watcher.feed(data)
+        except Exception:  # a watcher bug must not break the relay: log, keep counting nothing
+            log.exception("governor: stream watcher failed on %s", self.flow.request.url)
+            events = []
+        if events:
+            self.governor.stream_events(self, events)
+            if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
+                return []
+        buf = self.held + data
+        cut = sse.last_boundary(buf)
+        self.held = buf[cut:]
+        return [buf[:cut]] if cut else []
+
+    def cut(self, message: str, governor_obj: Mapping[str, Any]) -> bool:
+        """Stop forwarding and arrange for the terminal event; False when already over."""
+        if self.ended or self.terminal is not None:
+            return False
+        try:
+            self.terminal = self.watcher.terminal(message, governor_obj)
+        except Exception:
+            log.exception("governor: stream watcher could not build a terminal event")
+            self.terminal = b""
+        self.held = b""
+        return True
+
+    def end(self) -> list[bytes]:
+        """The upstream message ended (naturally, or because the governor cut it)."""
+        self.ended = True
+        try:
+            self.final_events = self.watcher.close()
+        except Exception:
+            log.exception("governor: stream watcher failed at end of stream")
+            self.final_events = []
+        if self.terminal is not None:
+            return [self.terminal] if self.terminal else []
+        tail, self.held = self.held, b""
+        return [tail] if tail else []
+
+
+class Governor:
+    """The mitmproxy addon. One instance per proxy; all per-flow state lives in flow.metadata."""
+
+    def __init__(
+        self,
+        runtime: RuntimeAPI,
+        registry: AdapterRegistry,
+        policy: ProxyPolicy,
+        *,
+        metrics: Any = None,
+        origin: Any = None,
+    ) -> None:
+        self.runtime = runtime
+        self.registry = registry
+        self.policy = policy
+        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.origin = origin  # governor.control.origin.ProxyOrigin, optional
+        self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
+        self.tasks: set[asyncio.Task] = set()
+
+    # --- mitmproxy hooks ---------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        try:
+            await self._request(flow)
+        except Exception:  # fail closed: never forward what could not be governed
+            log.exception("governor: internal error on %s", flow.request.url)
+            self._fail_closed(flow, "internal error while governing the request")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        response = flow.response
+        assert response is not None
+        if flight is None:
+            response.stream = True  # ungoverned traffic: relay as it comes, never buffer
+            return
+        flight.last_activity = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started)
+        exchange = flight.exchange
+        try:
+            watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
+        except Exception:
+            log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
+            watcher = None
+        if watcher is not None:
+            flight.relay = StreamRelay(self, flow, flight, watcher)
+            response.stream = flight.relay
+            if flight.refusal is not None:  # decided while we waited for the headers
+                self._cut(flow, flight, *flight.refusal)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is None or flight.finished:
+            return
+        try:
+            if flight.relay is not None:
+                await self._stream_finished(flow, flight)
+            else:
+                await self._plain_response(flow, flight)
+        except Exception:
+            log.exception("governor: internal error on the response of %s", flow.request.url)
+            if flight.relay is None:
+                self._replace(flow, flight.exchange.adapter, Decision(action=Action.HALT, cause="on_governor_error",
+                                                                      fail_closed=True), flight.exchange.session)
+        finally:
+            await self._finish(flight, self._upstream_error(flow))
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is None or flight.finished:
+            return
+        try:
+            if flight.relay is not None and flight.usage_ticket is not None:
+                relay = flight.relay
+                if not relay.ended:
+                    relay.end()
+                await self._stream_finished(flow, flight)
+        except Exception:
+            log.exception("governor: internal error while closing %s", flow.request.url)
+        finally:
+            message = flow.error.msg if flow.error else "exchange failed"
+            await self._finish(flight, message)
+
+    def server_connected(self, data: Any) -> None:
+        if self.origin is not None:
+            self.origin.connected(data.server.sockname)
+
+    def server_disconnected(self, data: Any) -> None:
+        if self.origin is not None:
+            self.origin.disconnected(data.server.sockname)
+
+    def server_connect(self, data: Any) -> None:
+        address = data.server.address
+        if self.origin is not None and address and self.origin.refuses_connect(address[0], address[1]):
+            data.server.error = "the governor does not connect to its own control plane"
+
+    def done(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    # --- request -----------------------------------------------------------------------
+
+    async def _request(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        headers = request.headers
+        session = headers.get(SESSION_HEADER) or self.policy.default_session
+        persona = headers.get(PERSONA_HEADER) or None
+        presented = headers.get(PASSPORT_HEADER)
+        view = RequestView(
+            request.method, request.host, request.path, headers.copy(), request.raw_content,
+            port=request.port, scheme=request.scheme,
+        )
+        for name in {k for k in headers.keys() if k.lower().startswith(GOVERNOR_HEADER_PREFIX)}:
+            del headers[name]
+        if self.origin is not None:
+            headers[self.origin.header] = self.origin.marker
+            if self.origin.refuses_connect(request.host, request.port):
+                flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
+                return
+
+        selected = self.registry.select(view)
+        adapter = selected if isinstance(selected, Adapter) else None
+
+        if presented is not None:
+            admission = await self._admit(session, PassportPresented(presented_digest(presented)))
+            await self._release(admission.ticket)
+            if admission.decision.blocks:
+                self._refuse(flow, adapter, admission, session)
+                return
+
+        if selected == IGNORE:
+            return
+        if adapter is None:
+            self._unknown(flow, session)
+            return
+        if "content-encoding" in headers:
+            try:
+                view.content = request.content or b""
+            except ValueError:
+                self._bad_request(flow, adapter, session, "request body cannot be decoded (content-encoding)")
+                return
+        if len(view.content) > self.policy.max_body_bytes:
+            self._bad_request(flow, adapter, session,
+                              f"request body of {len(view.content)} bytes exceeds the governor's limit of "
+                              f"{self.policy.max_body_bytes} bytes", status=413)
+            return
+        try:
+            exchange = adapter.open(view, session=session, persona=persona)
+        except BadRequest as exc:
+            self._bad_request(flow, adapter, session, exc.message, status=exc.status)
+            return
+
+        admissions: list[Admission] = []
+        usage_ticket = None
+        main: Decision | None = None
+        for step in await adapter.steps(exchange):
+            admission = await self._admit(session, step)
+            admissions.append(admission)
+            if admission.decision.blocks:
+                for held in admissions:
+                    await self._release(held.ticket, error="refused")
+                self._refuse(flow, adapter, admission, session, exchange)
+                return
+            if isinstance(step, ModelCall) and main is None:
+                usage_ticket = admission.ticket
+                main = admission.decision
+        exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
+
+        if exchange.decision is not None:
+            body = adapter.rewrite_request(exchange, exchange.decision)
+            if body is not None:
+                request.content = body
+        if exchange.stream:
+            headers["accept-encoding"] = "identity"  # the stream is parsed as it flows
+        for name, value in exchange.upstream_headers.items():
+            headers[name] = value
+        flight = Flight(exchange, admissions, usage_ticket)
+        flow.metadata[METADATA_KEY] = flight
+        flight.supervisor = self._spawn(self._supervise(flow, flight))
+
+    async def _admit(self, session: str, step: Step) -> Admission:
+        """Admit one step; a PAUSE is held right here until the reviewer's answer (or the
+        timeout's resolution) comes back."""
+        admission = await self.runtime.admit(session, step)
+        decision = admission.decision
+        if decision.action is Action.PAUSE and decision.enforced and decision.approval is not None:
+            log.info("governor: holding %s in session %s for approval %s",
+                     type(step).__name__, session, decision.approval.id)
+            held = admission
+            admission = await self.runtime.await_approval(session, decision.approval.id)
+            if held.ticket is not None and held.ticket is not admission.ticket:
+                await self._release(session, held.ticket)
+        return admission
+
+    async def _release(self, session: str, ticket: Any, error: str | None = None) -> None:
+        if ticket is None:
+            return
+        try:
+            await self.runtime.finish(session, ticket, error=error)
+        except Exception:
+            log.exception("governor: runtime.finish failed in session %s", session)
+
+    # --- answering instead of the upstream ---------------------------------------------
+
+    def _refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
+                       exchange: Exchange | None) -> Reply:
+        if decision.action is Action.FALLBACK and adapter is not None and exchange is not None:
+            return adapter.fallback_response(exchange, decision, gov)
+        status = status_for(decision)
+        if adapter is None:
+            return _generic_error(status, describe(gov), gov)
+        return adapter.error_response(status, describe(gov), gov, exchange)
+
+    def _refuse(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
+                exchange: Exchange | None = None) -> None:
+        decision = admission.decision
+        gov = {**governor_object(decision, session), **admission.governor_object}
+        reply = self._refusal_reply(adapter, decision, gov, exchange)
+        flow.response = _response(reply, decision.action.value)
+        log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
+                 flow.request.pretty_url, session, decision.cause)
+
+    def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
+                 gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
+        gov = gov or governor_object(decision, session)
+        flow.response = _response(self._refusal_reply(adapter, decision, gov, exchange), decision.action.value)
+
+    def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
+                     status: int = 400) -> None:
+        gov = {"cause": None, "action": "deny", "reason": message, "session": session}
+        flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
+        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
+
+    def _unknown(self, flow: http.HTTPFlow, session: str) -> None:
+        host = flow.request.host
+        if self.policy.unknown_traffic == "deny":
+            message = f"no adapter governs {flow.request.method} {host}{flow.request.path.split('?', 1)[0]}"
+            gov = {"cause": None, "action": "deny", "reason": f"unknown traffic: {message}", "session": session}
+            flow.response = _response(_generic_error(403, f"governor: {gov['reason']}", gov), "deny")
+            return
+        count = self.unknown_seen.get(host, 0)
+        self.unknown_seen[host] = count + 1
+        if count == 0:
+            log.info("governor: forwarding ungoverned traffic to %s (no adapter matched %s %s)",
+                     host, flow.request.method, flow.request.path.split("?", 1)[0])
+
+    def _fail_closed(self, flow: http.HTTPFlow, message: str) -> None:
+        gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
+               "session": flow.request.headers.get(SESSION_HEADER) or self.policy.default_session}
+        flight: Flight | None = flow.metadata.pop(METADATA_KEY, None)
+        if flight is not None:
+            self._spawn(self._finish(flight, message))
+        flow.response = _response(_generic_error(503, f"governor: {message}", gov), "deny")
+
+    # --- responses ---------------------------------------------------------------------
+
+    async def _plain_response(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        response = flow.response
+        assert response is not None
+        exchange = flight.exchange
+        adapter = exchange.adapter
+        session = exchange.session
+        if flight.refusal is not None:
+            if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
+                decision, gov = flight.refusal
+                self._replace(flow, adapter, decision, session, gov, exchange)
+            return
+        try:
+            body = response.content or b""
+        except ValueError:
+            body = response.raw_content or b""
+        observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        if observation.usage is not None and flight.usage_ticket is not None:
+            decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
+            if decision.blocks:
+                self._replace(flow, adapter, decision, session, exchange=exchange)
+                return
+        for step in observation.steps:
+            admission = await self._admit(session, step)
+            await self._release(session, admission.ticket)
+            if admission.decision.blocks:
+                decision = admission.decision
+                gov = {**governor_object(decision, session), **admission.governor_object}
+                self._replace(flow, adapter, decision, session, gov, exchange)
+                return
+        if observation.replace_body is not None:
+            response.content = observation.replace_body
+
+    async def _stream_finished(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        relay = flight.relay
+        assert relay is not None
+        final: UsageReport | None = None
+        for event in relay.final_events:
+            if isinstance(event, UsageReport):
+                final = event
+            else:
+                relay.pending_steps.append(event)
+        relay.final_events = []
+        self._admit_stream_steps_soon(flow, flight, relay)
+        if final is not None and flight.usage_ticket is not None:
+            await self.runtime.usage(flight.exchange.session, flight.usage_ticket, final)
+
+    # --- streams -----------------------------------------------------------------------
+
+    def stream_events(self, relay: StreamRelay, events: list[Any]) -> None:
+        """Called by the relay (synchronously) with what its watcher saw in a chunk."""
+        flight = relay.flight
+        for event in events:
+            if isinstance(event, UsageReport):
+                relay.latest_usage = event
+            elif isinstance(event, (ToolCall, ToolError)):
+                relay.pending_steps.append(event)
+        if (relay.latest_usage is not relay.checked_usage and not relay.checking
+                and flight.usage_ticket is not None):
+            relay.checking = True
+            self._spawn(self._check_usage(relay.flow, flight, relay))
+        self._admit_stream_steps_soon(relay.flow, flight, relay)
+
+    async def _check_usage(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        session = flight.exchange.session
+        try:
+            while (relay.latest_usage is not relay.checked_usage and not relay.ended
+                   and relay.terminal is None):
+                report = relay.checked_usage = relay.latest_usage
+                assert report is not None
+                decision = await self.runtime.usage(session, flight.usage_ticket, report)
+                if decision.blocks:
+                    self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
+                    return
+        except Exception:
+            log.exception("governor: usage check failed in session %s; cutting the stream", session)
+            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+        finally:
+            relay.checking = False
+
+    def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        if relay.pending_steps and not relay.admitting:
+            relay.admitting = True
+            self._spawn(self._admit_stream_steps(flow, flight, relay))
+
+    async def _admit_stream_steps(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        """Tool calls the model asks for in a stream, admitted in order. The stream is not
+        held meanwhile: a refusal cuts it if it is still flowing, and is recorded either way."""
+        session = flight.exchange.session
+        try:
+            while relay.pending_steps:
+                step = relay.pending_steps.pop(0)
+                admission = await self._admit(session, step)
+                await self._release(session, admission.ticket)
+                if admission.decision.blocks:
+                    decision = admission.decision
+                    gov = {**governor_object(decision, session), **admission.governor_object}
+                    self._enforce_in_flight(flow, flight, decision, gov)
+        except Exception:
+            log.exception("governor: admitting a streamed tool call failed in session %s", session)
+            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+        finally:
+            relay.admitting = False
+
+    # --- in flight: ticks, timeouts, cuts ----------------------------------------------
+
+    async def _supervise(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        interval = self.policy.tick_interval
+        timeout = self.policy.upstream_timeout
+        session = flight.exchange.session
+        try:
+            while not flight.finished:
+                idle_left = flight.last_activity + timeout - time.monotonic()
+                await asyncio.sleep(max(0.0, min(interval, idle_left) if interval > 0 else idle_left))
+                if flight.finished or flight.refusal is not None or (flight.relay and flight.relay.ended):
+                    return
+                if time.monotonic() - flight.last_activity >= timeout:
+                    self._upstream_timeout(flow, flight, timeout)
+                    return
+                if interval > 0:
+                    admission = await self.runtime.admit(session, Tick())
+                    await self._release(session, admission.ticket)
+                    if admission.decision.blocks and not flight.finished:
+                        decision = admission.decision
+                        gov = {**governor_object(decision, session), **admission.governor_object}
+                        self._enforce_in_flight(flow, flight, decision, gov)
+                        return
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("governor: supervisor failed in session %s", session)
+            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+
+    def _enforce_in_flight(self, flow: http.HTTPFlow, flight: Flight, decision: Decision,
+                           gov: dict[str, Any]) -> None:
+        """Apply a refusal to an exchange already forwarded upstream."""
+        if flight.finished or flight.refusal is not None:
+            return
+        flight.refusal = (decision, gov)
+        if flight.relay is not None:
+            self._cut(flow, flight, decision, gov)
+        elif flow.response is None:
+            reply = self._refusal_reply(flight.exchange.adapter, decision, gov, flight.exchange)
+            transit.answer(flow, _raw(reply, decision.action.value))
+        # else: a plain response is being read; the response hook replaces it.
+
+    def _cut(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:
+        relay = flight.relay
+        assert relay is not None
+        if relay.cut(describe(gov), gov):
+            log.info("governor: cutting the stream of %s in session %s (%s)", flow.request.pretty_url,
+                     flight.exchange.session, gov.get("cause") or gov.get("reason"))
+            if self.metrics is not None:
+                self.metrics.stream_cut(gov.get("cause"), flight.exchange.adapter.name)
+            transit.end_stream(flow)
+
+    def _upstream_timeout(self, flow: http.HTTPFlow, flight: Flight, timeout: float) -> None:
+        exchange = flight.exchange
+        phase = "sent no response" if flow.response is None else "went silent"
+        reason = f"upstream {phase} for {timeout:g}s; the request was aborted"
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
+        decision = Decision(action=Action.DENY)
+        flight.refusal = (decision, gov)
+        log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
+        if flight.relay is not None:
+            self._cut(flow, flight, decision, gov)
+        elif flow.response is None:
+            reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
+            transit.answer(flow, _raw(reply, "deny"))
+
+    async def _finish(self, flight: Flight, error: str | None) -> None:
+        if flight.finished:
+            return
+        flight.finished = True
+        if flight.supervisor is not None and flight.supervisor is not asyncio.current_task():
+            flight.supervisor.cancel()
+        for admission in flight.admissions:
+            await self._release(flight.exchange.session, admission.ticket, error)
+
+    def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is not None and flight.refusal is not None:
+            gov = flight.refusal[1]
+            return f"governor: {gov.get('cause') or gov.get('reason')}"
+        if flow.response is not None and flow.response.status_code >= 400:
+            return f"upstream answered {flow.response.status_code}"
+        return None
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _governor_error() -> Decision:
+    return Decision(action=Action.HALT, cause="on_governor_error", fail_closed=True)
+
+
+def _governor_error_object(session: str) -> dict[str, Any]:
+    return {"cause": "on_governor_error", "action": "halt", "fail_closed": True, "session": session,
+            "reason": "the governor could not decide"}
+
+
+def _generic_error(status: int, message: str, gov: Mapping[str, Any]) -> Reply:
+    """A refusal for traffic no adapter speaks: OpenAI's error shape, the most widely understood."""
+    return Reply.json(status, {"error": {"message": message, "type": "governor_error",
+                                         "code": gov.get("cause"), "governor": dict(gov)}})
+
+
+def _plain_error(status: int, message: str) -> http.Response:
+    return _response(_generic_error(status, message, {"cause": None, "action": "deny", "reason": message}), "deny")
+
+
+def _response(reply: Reply, action: str) -> http.Response:
+    headers = {**reply.headers, ACTION_HEADER: action}
+    if reply.status >= 400:
+        headers["x-should-retry"] = "false"  # SDKs would otherwise retry a refusal (429, 503)
+    return http.Response.make(reply.status, reply.body, headers)
+
+
+def _raw(reply: Reply, action: str) -> bytes:
+    """A complete HTTP/1.1 response, as an upstream would have sent it."""
+    head = [f"HTTP/1.1 {reply.status} {_STATUS_TEXT.get(reply.status, 'Error')}"]
+    headers = {**reply.headers, ACTION_HEADER: action, "content-length": str(len(reply.body))}
+    if reply.status >= 400:
+        headers["x-should-retry"] = "false"
+    head += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + reply.body
