@@ -395,7 +395,8 @@ def _budget(
     for m in meters:
         if m.cap is None:
             continue
-        current = counters.get(m.key, 0.0) - reserved.get(m.key, 0.0)
+        held = reserved.get(m.key, 0.0)
+        current = counters.get(m.key, 0.0) - held
         amount = tokens if m.dimension == TOKENS else cost
         if amount is None:  # unpriced model: unknown cost counts as unbounded
             detail = {
@@ -404,7 +405,8 @@ def _budget(
             }
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         projected = current + amount
-        if projected > m.cap:
+        # usage within its reservation was admitted already; only an overshoot is news
+        if projected > m.cap and amount > held:
             detail = {
                 "dimension": m.dimension, "scope": m.scope, "persona": m.persona,
                 "observed": current, "projected": projected, "limit": m.cap,

@@ -475,7 +475,7 @@ def compile_limits(
         tier=tier,
         config=config,
         pricing=pricing,
-        passport_digest=passport_digest or digest_of(document),
+        passport_digest=passport_digest or _digest(document),
         passport_id=document.get("id") if isinstance(document.get("id"), str) else None,
         degradation=degradation_map,
         meters=meters,
@@ -512,6 +512,13 @@ def compile_limits(
     )
     object.__setattr__(limits, "summary", _summary(limits, budget, oversight))
     return limits
+
+
+def _digest(document: Mapping[str, Any]) -> str:
+    try:
+        return digest_of(document)
+    except (TypeError, ValueError) as exc:
+        raise LimitsError(f"passport document is not JSON (cannot canonicalize it): {exc}") from exc
 
 
 def _summary(limits: Limits, budget: Mapping[tuple[str, str], float], oversight: Mapping[str, Any]) -> dict[str, Any]:
