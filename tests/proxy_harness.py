@@ -69,6 +69,7 @@ class ScriptedRuntime:
         self.approval_steps: dict[str, tuple[str, Step]] = {}
         self._tickets = itertools.count(1)
         self.fail_usage = False  # make usage() raise (fail-closed tests)
+        self.allowed_tools: frozenset[str] | None = None  # what permitted model calls may offer
 
     # --- helpers for tests ---
     def book(self, session: str) -> SessionBook:
@@ -121,7 +122,8 @@ class ScriptedRuntime:
                 if projected > self.token_cap:
                     book.halted = budget_decision(projected, self.token_cap)
                     return Admission(book.halted, session)
-        return Admission(PERMIT, session, self._ticket(session, amount))
+        decision = Decision(allowed_tools=self.allowed_tools) if isinstance(step, ModelCall) else PERMIT
+        return Admission(decision, session, self._ticket(session, amount))
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
         approved = await self.pending[approval_id]

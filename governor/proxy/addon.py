@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from governor.adapters import IGNORE, AdapterRegistry
 from governor.adapters import sse
@@ -208,6 +208,12 @@ class Governor:
         self.origin = origin  # governor.control.origin.ProxyOrigin, optional
         self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
         self.tasks: set[asyncio.Task] = set()
+        self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
+
+    def load(self, loader: Any) -> None:
+        # ctx.master is the master adding us right now; remember its proxyserver rather than
+        # reading the process-global ctx later.
+        self.proxyserver = ctx.master.addons.get("proxyserver")
 
     # --- mitmproxy hooks ---------------------------------------------------------------
 
@@ -315,7 +321,7 @@ class Governor:
 
         if presented is not None:
             admission = await self._admit(session, PassportPresented(presented_digest(presented)))
-            await self._release(admission.ticket)
+            await self._release(session, admission.ticket)
             if admission.decision.blocks:
                 self._refuse(flow, adapter, admission, session)
                 return
@@ -350,7 +356,7 @@ class Governor:
             admissions.append(admission)
             if admission.decision.blocks:
                 for held in admissions:
-                    await self._release(held.ticket, error="refused")
+                    await self._release(session, held.ticket, error="refused")
                 self._refuse(flow, adapter, admission, session, exchange)
                 return
             if isinstance(step, ModelCall) and main is None:
@@ -588,7 +594,7 @@ class Governor:
             self._cut(flow, flight, decision, gov)
         elif flow.response is None:
             reply = self._refusal_reply(flight.exchange.adapter, decision, gov, flight.exchange)
-            transit.answer(flow, _raw(reply, decision.action.value))
+            transit.answer(self.proxyserver, flow, _raw(reply, decision.action.value))
         # else: a plain response is being read; the response hook replaces it.
 
     def _cut(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:
@@ -599,7 +605,7 @@ class Governor:
                      flight.exchange.session, gov.get("cause") or gov.get("reason"))
             if self.metrics is not None:
                 self.metrics.stream_cut(gov.get("cause"), flight.exchange.adapter.name)
-            transit.end_stream(flow)
+            transit.end_stream(self.proxyserver, flow)
 
     def _upstream_timeout(self, flow: http.HTTPFlow, flight: Flight, timeout: float) -> None:
         exchange = flight.exchange
@@ -613,7 +619,7 @@ class Governor:
             self._cut(flow, flight, decision, gov)
         elif flow.response is None:
             reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
-            transit.answer(flow, _raw(reply, "deny"))
+            transit.answer(self.proxyserver, flow, _raw(reply, "deny"))
 
     async def _finish(self, flight: Flight, error: str | None) -> None:
         if flight.finished:

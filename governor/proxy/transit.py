@@ -6,14 +6,16 @@ crossed, a wall-clock limit, a denied tool call) arrives asynchronously. So the
 proxy ends in-transit flows from the *server side*, which keeps the client side
 entirely in mitmproxy's hands and therefore protocol-correct:
 
-* `end_stream(flow)` — mid-body cut. The HTTP/1 reader of the upstream
+`proxyserver` is the master's Proxyserver addon (which holds the live connections).
+
+* `end_stream(proxyserver, flow)` — mid-body cut. The HTTP/1 reader of the upstream
   connection is told that end-of-file ends the body, and the upstream connection
   is closed: the upstream sees the disconnect (generation stops), mitmproxy sees a
   normal end of message, calls the stream callback one last time (which emits the
   adapter's terminal event) and finishes the client's response with correct
   framing, so the client's keep-alive connection stays usable.
 
-* `answer(flow, raw)` — no response headers yet (a hung upstream). The upstream
+* `answer(proxyserver, flow, raw)` — no response headers yet (a hung upstream). The upstream
   reader is handed a complete HTTP/1.1 response (the governor's error in the
   provider's format) as if the upstream had sent it, and the upstream connection
   is closed. The client gets a clean error response on its kept-alive connection.
@@ -32,7 +34,7 @@ from typing import Any, Iterator
 
 import h11
 from h11._receivebuffer import ReceiveBuffer
-from mitmproxy import ctx, http
+from mitmproxy import http
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.http._http1 import Http1Client
@@ -52,11 +54,9 @@ class _EndAtEOF:
         return h11.EndOfMessage()
 
 
-def _handler(flow: http.HTTPFlow) -> Any | None:
-    proxyserver = ctx.master.addons.get("proxyserver") if ctx.master else None
-    if proxyserver is None:
-        return None
-    return proxyserver.connections.get(flow.client_conn.id)
+def _handler(proxyserver: Any, flow: http.HTTPFlow) -> Any | None:
+    """The connection handler serving the flow's client (mitmproxy's Proxyserver addon keeps them)."""
+    return proxyserver.connections.get(flow.client_conn.id) if proxyserver is not None else None
 
 
 def _layers(root: layer.Layer) -> Iterator[layer.Layer]:
@@ -94,13 +94,13 @@ def _close_upstream(handler: Any, flow: http.HTTPFlow) -> None:
         handler.close_connection(flow.server_conn)
 
 
-def end_stream(flow: http.HTTPFlow) -> bool:
+def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
     """Cut a streaming response now: stop the upstream, end the client's response cleanly.
 
     Returns True when the clean path was taken, False when only the upstream
     connection could be closed (or the flow is no longer live).
     """
-    handler = _handler(flow)
+    handler = _handler(proxyserver, flow)
     if handler is None or not flow.live:
         return False
     client = _http1_client(handler, flow)
@@ -115,11 +115,11 @@ def end_stream(flow: http.HTTPFlow) -> bool:
     return clean
 
 
-def answer(flow: http.HTTPFlow, raw_response: bytes) -> bool:
+def answer(proxyserver: Any, flow: http.HTTPFlow, raw_response: bytes) -> bool:
     """Answer a flow still waiting for its upstream's response headers with raw_response
     (a complete HTTP/1.1 response with Content-Length and Connection: close), and
     close the upstream connection. False when the flow is not in that state."""
-    handler = _handler(flow)
+    handler = _handler(proxyserver, flow)
     if handler is None or not flow.live or flow.response is not None:
         return False
     client = _http1_client(handler, flow)
