@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import fields, replace
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from governor import degradation as _degradation
@@ -91,9 +90,6 @@ from governor.policy.steps import (
     UsageReport,
 )
 
-_NO_DETAILS: Mapping[str, Any] = MappingProxyType({})
-_NO_RESERVATION: Mapping[Any, float] = MappingProxyType({})
-
 STEP_KINDS: dict[type, str] = {
     ModelCall: "model_call",
     UsageReport: "usage_report",
@@ -136,8 +132,8 @@ def step_digest(step: Step) -> str:
 
 
 def loop_signature(tool: str, arguments: Mapping[str, Any]) -> str:
-    """§3 signature: tool name + SHA-256 of JCS(arguments)."""
-    return tool + "#" + b64url(hashlib.sha256(canonical_bytes(arguments)).digest())
+    """§3 signature: tool name + hex SHA-256 of JCS(arguments)."""
+    return tool + "#" + hashlib.sha256(canonical_bytes(arguments)).hexdigest()
 
 
 def approval_id(session: str, seq: int, digest_value: str) -> str:
@@ -295,7 +291,7 @@ class _Run:
                 return PERMIT
             return Decision(
                 charges=charges, allowed_tools=allowed_tools, warnings=warnings,
-                details=details or _NO_DETAILS, settles=self.settles,
+                details=details or {}, settles=self.settles,
             )
         if self.continued is not None:
             cause, detail = self.continued
@@ -374,28 +370,29 @@ def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None
                 "observed": current, "projected": projected, "limit": m.cap,
             }
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
-        _warn(run, m, projected, warnings)
+        if m.warn_at is not None and projected >= m.warn_at:
+            _warn(run, m, projected, warnings)
     return None, charges, warnings
 
 
 def _warn(run: _Run, meter: Meter, projected: float, warnings: list[tuple[str, str, float]]) -> None:
-    if meter.persona is None and meter.cap is not None:
-        fraction = projected / meter.cap
-        if fraction >= run.limits.config.warn_fraction and (meter.dimension, meter.scope) not in run.state.warned:
-            warnings.append((meter.dimension, meter.scope, round(fraction, 4)))
+    """Once per (dimension, scope) of the parent's caps: advance() remembers it in the state."""
+    if (meter.dimension, meter.scope) not in run.state.warned:
+        warnings.append((meter.dimension, meter.scope, round(projected / meter.cap, 4)))  # type: ignore[operator]
 
 
 def _budget(
-    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float], model: str
+    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str
 ) -> tuple[Decision | None, list[tuple[str, str, float]]]:
     """§2 projection of tokens and cost against every declared cap."""
     counters = run.state.counters
     enforce = run.limits.enforce_hard
     warnings: list[tuple[str, str, float]] = []
     for m in meters:
-        if m.cap is None:
+        cap = m.cap
+        if cap is None:
             continue
-        held = reserved.get(m.key, 0.0)
+        held = reserved.get(m.key, 0.0) if reserved else 0.0
         current = counters.get(m.key, 0.0) - held
         amount = tokens if m.dimension == TOKENS else cost
         if amount is None:  # unpriced model: unknown cost counts as unbounded
@@ -406,7 +403,7 @@ def _budget(
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         projected = current + amount
         # usage within its reservation was admitted already; only an overshoot is news
-        if projected > m.cap and amount > held:
+        if projected > cap and amount > held:
             detail = {
                 "dimension": m.dimension, "scope": m.scope, "persona": m.persona,
                 "observed": current, "projected": projected, "limit": m.cap,
@@ -415,7 +412,8 @@ def _budget(
                 detail["actual"] = True
                 detail["final"] = run.step.final  # type: ignore[attr-defined]
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-        _warn(run, m, projected, warnings)
+        if m.warn_at is not None and projected >= m.warn_at:
+            _warn(run, m, projected, warnings)
     if cost is None and run.limits.cost_governed:
         # cost is governed elsewhere (an oversight trigger, the anomaly cost range)
         detail = {"dimension": COST, "scope": "per_session", "reason": "unpriced_model", "model": model}
@@ -423,8 +421,9 @@ def _budget(
     return None, warnings
 
 
-def _session_cost(run: _Run, cost: float | None, reserved: Mapping[Any, float]) -> float:
-    return run.state.counters.get(SESSION_COST, 0.0) - reserved.get(SESSION_COST, 0.0) + (cost or 0.0)
+def _session_cost(run: _Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:
+    held = reserved.get(SESSION_COST, 0.0) if reserved else 0.0
+    return run.state.counters.get(SESSION_COST, 0.0) - held + (cost or 0.0)
 
 
 def _cost_checks(run: _Run, session_cost: float) -> Decision | None:
@@ -483,10 +482,10 @@ def _model_call(run: _Run, step: ModelCall) -> Decision:
     tokens = step.expected_input_tokens + step.expected_output_tokens
     cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
     meters = limits.meters.get(step.persona, limits.meters[None])
-    d, warnings = _budget(run, meters, tokens, cost, _NO_RESERVATION, step.model)
+    d, warnings = _budget(run, meters, tokens, cost, None, step.model)
     if d is not None:
         return d
-    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, _NO_RESERVATION))) is not None:
+    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, None))) is not None:
         return d
     warnings.extend(clock_warnings)
     return run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
@@ -497,7 +496,7 @@ def _usage(run: _Run, step: UsageReport) -> Decision:
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
     cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
-    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else _NO_RESERVATION
+    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
     if step.final:
         run.settles = True
         run.charges = _charges(run, meters, tokens, cost, False)

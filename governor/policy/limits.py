@@ -80,6 +80,7 @@ class Meter:
     dimension: str
     cap: float | None
     key: CounterKey
+    warn_at: float | None = None  # the parent's warning threshold (cap * warn_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,14 +230,17 @@ def _budget_caps(budget: Any, where: str) -> dict[tuple[str, str], float]:
     return caps
 
 
-def _meters(caps: Mapping[tuple[str, str], float], persona: str | None, dimensions: tuple[str, ...], all_scopes: bool) -> tuple[Meter, ...]:
+def _meters(
+    caps: Mapping[tuple[str, str], float], persona: str | None, dimensions: tuple[str, ...], all_scopes: bool, warn_fraction: float
+) -> tuple[Meter, ...]:
     out = []
     for dimension in dimensions:
         for scope in SCOPES:
             cap = caps.get((dimension, scope))
             if cap is None and not all_scopes:
                 continue
-            out.append(Meter(scope, persona, dimension, cap, (scope, persona, dimension)))
+            warn_at = cap * warn_fraction if cap is not None and persona is None else None
+            out.append(Meter(scope, persona, dimension, cap, (scope, persona, dimension), warn_at))
     return tuple(out)
 
 
@@ -264,7 +268,7 @@ def _tool_sets(tools: Any) -> tuple[frozenset[str], frozenset[str], dict[str, in
     return frozenset(names), frozenset(confirm), sensitivity, categories
 
 
-def _personas(sub_agents: Any, parent_tools: frozenset[str]) -> dict[str, Persona]:
+def _personas(sub_agents: Any, parent_tools: frozenset[str], warn_fraction: float) -> dict[str, Persona]:
     if sub_agents is None:
         return {}
     if not isinstance(sub_agents, list):
@@ -288,8 +292,8 @@ def _personas(sub_agents: Any, parent_tools: frozenset[str]) -> dict[str, Person
             where,
             tools,
             _positive(entry.get("max_parallel"), f"{where}.max_parallel", integer=True),  # type: ignore[arg-type]
-            _meters(caps, name, (TOKENS, COST), False),
-            _meters(caps, name, (WALL_CLOCK,), False),
+            _meters(caps, name, (TOKENS, COST), False, warn_fraction),
+            _meters(caps, name, (WALL_CLOCK,), False, warn_fraction),
         )
     return personas
 
@@ -432,12 +436,13 @@ def compile_limits(
 
     budget = _budget_caps(resource_limits.get("budget"), "permissions.resource_limits.budget")
     parent_tools, confirm_tools, tool_sensitivity, tool_categories = _tool_sets(document.get("tools"))
-    personas = _personas(permissions.get("sub_agents"), parent_tools)
+    personas = _personas(permissions.get("sub_agents"), parent_tools, config.warn_fraction)
     triggers, free_text = _triggers(oversight)
     baseline = _baseline(document.get("anomaly_baseline"))
 
-    meters: dict[str | None, tuple[Meter, ...]] = {None: _meters(budget, None, (TOKENS, COST), True)}
-    clock_meters: dict[str | None, tuple[Meter, ...]] = {None: _meters(budget, None, (WALL_CLOCK,), True)}
+    warn = config.warn_fraction
+    meters: dict[str | None, tuple[Meter, ...]] = {None: _meters(budget, None, (TOKENS, COST), True, warn)}
+    clock_meters: dict[str | None, tuple[Meter, ...]] = {None: _meters(budget, None, (WALL_CLOCK,), True, warn)}
     for persona in personas.values():
         meters[persona.name] = meters[None] + persona.meters
         clock_meters[persona.name] = persona.clock_meters

@@ -41,7 +41,7 @@ def _plain(value: Any) -> bool:
 
 def canonical_bytes(value: Any) -> bytes:
     """JCS bytes of `value` (a Mapping at the top is read as an object)."""
-    if isinstance(value, Mapping) and type(value) is not dict:
+    if type(value) is not dict and isinstance(value, Mapping):
         value = dict(value)
     if _plain(value):
         try:
