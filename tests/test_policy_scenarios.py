@@ -26,7 +26,7 @@ from governor.policy import (
     compile_limits,
 )
 from tests.conftest import shared_path
-from tests.test_policy_support import PRICING, T0, Driver, budget, full_passport, passport, tools, with_runtime
+from tests.test_policy_support import PRICING, T0, Driver, full_passport, passport, tools, with_runtime
 
 
 # --- §1.3 anti-swap ------------------------------------------------------------------

@@ -172,7 +172,7 @@ class _Run:
         self.charges: tuple[CounterCharge, ...] = ()
         self.settles = False
 
-    def release(self, approval_ref: str | None, detail_sink: dict[str, Any] | None = None) -> None:
+    def release(self, approval_ref: str | None) -> None:
         """A step carrying a granted approval for exactly this step skips the cause that paused it."""
         if approval_ref is None:
             return
