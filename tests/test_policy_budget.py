@@ -138,8 +138,8 @@ def test_s2_persona_draws_down_parent_aggregate_and_its_own_share():
     assert keys[("per_session", "helper", "tokens")] == 1000.0  # and the persona's own share
     # the share binds the persona...
     refused = driver.run(ModelCall("gpt-4o", 300, 300, persona="helper"))
-    assert refused.cause == ON_BUDGET_EXHAUSTED and refused.details["persona"] == "helper"
-    assert refused.details["observed"] == 600.0
+    assert refused.cause == ON_BUDGET_EXHAUSTED and refused.details["budget_share"] == "helper"
+    assert refused.details["persona"] == "helper" and refused.details["observed"] == 600.0
 
 
 def test_s2_persona_does_not_get_a_fresh_budget():
@@ -150,8 +150,8 @@ def test_s2_persona_does_not_get_a_fresh_budget():
     driver = Driver(doc)
     driver.call("gpt-4o", 400, 400)  # the parent used 800
     refused = driver.run(ModelCall("gpt-4o", 150, 150, persona="helper"))
-    assert refused.cause == ON_BUDGET_EXHAUSTED
-    assert refused.details["persona"] is None  # the parent's aggregate cap is the ceiling
+    assert refused.cause == ON_BUDGET_EXHAUSTED and refused.details["persona"] == "helper"
+    assert "budget_share" not in refused.details  # the parent's aggregate cap is the ceiling
 
 
 def test_s2_wall_clock_is_charged_on_tick_and_enforced():

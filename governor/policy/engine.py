@@ -189,6 +189,9 @@ class _Run:
             return None
         resolution = first if first is not None else self.limits.degradation.get(cause, _degradation.FAIL_CLOSED)
         detail["step"] = self.kind
+        persona = getattr(self.step, "persona", None)
+        if persona is not None:  # §8.3: attribute the conduct to the persona that produced it
+            detail.setdefault("persona", persona)
         detail["fail_closed"] = resolution.fail_closed
         if resolution.declared_by is not None:
             detail["declared_by"] = resolution.declared_by
@@ -365,10 +368,9 @@ def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None
         current = counters.get(m.key, 0.0)
         projected = current + elapsed_since
         if projected > m.cap:
-            detail = {
-                "dimension": WALL_CLOCK, "scope": m.scope, "persona": m.persona,
-                "observed": current, "projected": projected, "limit": m.cap,
-            }
+            detail = {"dimension": WALL_CLOCK, "scope": m.scope, "observed": current, "projected": projected, "limit": m.cap}
+            if m.persona is not None:
+                detail["budget_share"] = m.persona
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
         if m.warn_at is not None and projected >= m.warn_at:
             _warn(run, m, projected, warnings)
@@ -397,17 +399,16 @@ def _budget(
         amount = tokens if m.dimension == TOKENS else cost
         if amount is None:  # unpriced model: unknown cost counts as unbounded
             detail = {
-                "dimension": COST, "scope": m.scope, "persona": m.persona, "reason": "unpriced_model",
-                "model": model, "observed": current, "limit": m.cap,
+                "dimension": COST, "scope": m.scope, "reason": "unpriced_model", "model": model,
+                "observed": current, "limit": cap,
             }
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         projected = current + amount
         # usage within its reservation was admitted already; only an overshoot is news
         if projected > cap and amount > held:
-            detail = {
-                "dimension": m.dimension, "scope": m.scope, "persona": m.persona,
-                "observed": current, "projected": projected, "limit": m.cap,
-            }
+            detail = {"dimension": m.dimension, "scope": m.scope, "observed": current, "projected": projected, "limit": cap}
+            if m.persona is not None:  # the persona's own budget_share, not the parent's aggregate
+                detail["budget_share"] = m.persona
             if type(run.step) is UsageReport:
                 detail["actual"] = True
                 detail["final"] = run.step.final  # type: ignore[attr-defined]
@@ -805,7 +806,7 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
     )
 
 
-def _governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseException) -> Decision:
+def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseException) -> Decision:
     """The governor could not decide: recorded, and resolved through §6 (halt unless declared)."""
     resolution = limits.degradation.get(ON_GOVERNOR_ERROR, _degradation.FAIL_CLOSED)
     action = resolution.action if resolution.action is not Action.PAUSE else Action.HALT
@@ -832,6 +833,9 @@ def _governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExc
     )
 
 
+_governor_error = governor_error  # the name governor.runtime imported first
+
+
 def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:
     """The PDP's decision for `step` at time `now` (seconds since the epoch)."""
     try:
@@ -840,7 +844,7 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
         handler = _HANDLERS[type(step)]
         return handler(_Run(limits, state, step, now), step)
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
-        return _governor_error(limits, state, step, exc)
+        return governor_error(limits, state, step, exc)
 
 
 # --- the state transition --------------------------------------------------------------
