@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -74,7 +75,7 @@ _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 
 class ProxyPolicy:
     """How the enforcement point behaves (the `governor run` options)."""
 
-    default_session: str
+    default_session: str | None = None  # None: the runtime's (one per process), else one generated here
     unknown_traffic: str = "forward"  # "forward" (logged and counted) | "deny"
     upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
     tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
@@ -209,6 +210,13 @@ class Governor:
         self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
         self.tasks: set[asyncio.Task] = set()
         self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
+        self._own_session = f"session-{uuid.uuid4().hex[:12]}"
+
+    def session_of(self, headers: Any) -> str:
+        """ADL-Session names the session; without it: the configured default, else the
+        runtime's default session (one per process), else one of our own."""
+        return (headers.get(SESSION_HEADER) or self.policy.default_session
+                or getattr(self.runtime, "default_session", None) or self._own_session)
 
     def load(self, loader: Any) -> None:
         # ctx.master is the master adding us right now; remember its proxyserver rather than
@@ -301,7 +309,7 @@ class Governor:
     async def _request(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         headers = request.headers
-        session = headers.get(SESSION_HEADER) or self.policy.default_session
+        session = self.session_of(headers)
         persona = headers.get(PERSONA_HEADER) or None
         presented = headers.get(PASSPORT_HEADER)
         view = RequestView(
@@ -444,7 +452,7 @@ class Governor:
 
     def _fail_closed(self, flow: http.HTTPFlow, message: str) -> None:
         gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
-               "session": flow.request.headers.get(SESSION_HEADER) or self.policy.default_session}
+               "session": self.session_of(flow.request.headers)}
         flight: Flight | None = flow.metadata.pop(METADATA_KEY, None)
         if flight is not None:
             self._spawn(self._finish(flight, message))

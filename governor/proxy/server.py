@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from governor.runtime_api import RuntimeAPI
 log = logging.getLogger("governor.proxy")
 
 CA_FILE = "mitmproxy-ca-cert.pem"
+DEFAULT_PRICING = Path(__file__).resolve().parent.parent.parent / "policies" / "pricing.yaml"
 
 
 class StartupError(Exception):
@@ -64,6 +64,9 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
+    store: str | None = None  # state store URL/path; None: SQLite in the data directory
+    governor_id: str = "did:web:localhost:governor"  # the record's governor identifier
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
@@ -159,12 +162,12 @@ def master_options(settings: Settings) -> dict[str, Any]:
 async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metrics: Any = None) -> Running:
     """Start the proxy (and the control plane when settings.control is set) in this loop."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    if runtime is None:
-        runtime = build_runtime(settings)
     if metrics is None:
         from governor.metrics import Metrics
 
         metrics = Metrics()
+    if runtime is None:
+        runtime = build_runtime(settings, metrics)
     origin = None
     control_runner = None
     control_address = None
@@ -183,7 +186,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         control_address = tuple(control_runner.addresses[0][:2])
 
     policy = ProxyPolicy(
-        default_session=settings.session or f"session-{uuid.uuid4().hex[:12]}",
+        default_session=settings.session,
         unknown_traffic=settings.unknown_traffic,
         upstream_timeout=settings.upstream_timeout,
         tick_interval=settings.tick_interval,
@@ -215,22 +218,42 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner)
 
 
-def build_runtime(settings: Settings) -> RuntimeAPI:
-    """The real runtime: the passport admitted and pinned, SQLite state and the governor key
-    in the data directory. Refuses (StartupError with the report) a passport that fails admission."""
+def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
+    """The real runtime: the passport admitted and pinned, the policy compiled, SQLite state
+    (or settings.store), the governor's key in the data directory (created on first run).
+    Refuses (StartupError, with the admission report) a passport that fails admission."""
     from datetime import datetime, timezone
 
-    from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
+    from governor.evidence.keys import generate_key, load_private_key, private_key_pem
+    from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
+    from governor.policy import compile_limits, load_pricing
+    from governor.runtime import Runtime
+    from governor.store import open_store
 
     path = settings.passport or example_passport_path()
-    document = load_passport(path)
-    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
-    if not report.verified:
-        raise StartupError(f"passport {path} refused at admission", report)
     try:
-        from governor.runtime import Runtime  # type: ignore[import-not-found]
-    except ModuleNotFoundError as exc:
-        if exc.name != "governor.runtime":
-            raise
-        raise StartupError("governor.runtime is not available in this build") from None
-    return Runtime.from_settings(report.pinned, settings)  # type: ignore[attr-defined]
+        document = load_passport(path)
+    except PassportError as exc:
+        raise StartupError(f"passport {path}: {exc}") from None
+    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
+    if not report.verified or report.pinned is None:
+        raise StartupError(f"passport {path} refused at admission", report)
+    pricing = settings.pricing or DEFAULT_PRICING
+    try:
+        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
+                                passport_digest=report.digest)
+    except Exception as exc:  # LimitsError, PricingError: say which file and why
+        raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    key_file = settings.data_dir / "governor-key.pem"
+    if key_file.exists():
+        key = load_private_key(key_file)
+    else:
+        key = generate_key()
+        key_file.write_bytes(private_key_pem(key))
+        key_file.chmod(0o600)
+    store = open_store(settings.store or settings.data_dir / "state.db")
+    runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
+                      governor_id=settings.governor_id, agent_id=report.pinned.id, metrics=metrics,
+                      session_idle_sec=settings.session_idle)
+    runtime.start()
+    return runtime
