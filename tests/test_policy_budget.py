@@ -271,3 +271,19 @@ def test_s2_counter_keys_name_everything_the_projection_reads():
     keys = set(limits.counter_keys(ModelCall("gpt-4o", 1, 1, persona="helper")))
     assert {("per_session", None, "tokens"), ("per_day", None, "cost_usd"), ("per_day", "helper", "cost_usd"),
             ("per_day", None, "wall_clock_sec")} <= keys
+
+
+def test_s2_persona_wall_clock_counts_while_an_instance_is_live():
+    doc = passport(permissions={
+        "resource_limits": {"budget": {"wall_clock_sec": {"per_session": 10_000}}},
+        "sub_agents": [{"name": "helper", "budget_share": {"wall_clock_sec": {"per_session": 60}}}],
+    })
+    driver = Driver(doc)
+    driver.run(Tick(), now=T0 + 100)  # no helper alive yet: only the parent's clock runs
+    assert ("per_session", "helper", "wall_clock_sec") not in driver.counters
+    driver.run(PersonaSpawn("helper"), now=T0 + 100)
+    driver.run(Tick(), now=T0 + 140)
+    assert driver.counters[("per_session", "helper", "wall_clock_sec")] == 40.0
+    assert driver.counters[("per_session", None, "wall_clock_sec")] == 140.0  # the aggregate
+    over = driver.run(Tick(), now=T0 + 161)
+    assert over.halts and over.details["budget_share"] == "helper" and over.details["projected"] == 61.0
