@@ -59,7 +59,7 @@ from governor.policy import (
     advance,
     decide,
 )
-from governor.policy.engine import _governor_error as governor_error
+from governor.policy.engine import governor_error
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission

@@ -245,3 +245,40 @@ def test_s4_2_r1_records_what_the_admission_would_be():
 def test_s4_2_bad_identifier_pattern_refuses_the_passport():
     with pytest.raises(LimitsError, match="whole segment"):
         Driver(passport(permissions={"delegation": {"match": ["https://x/agents/a**"]}}))
+
+
+# --- the agent's own declared tools (Core §8.1) --------------------------------------
+
+
+def test_s4_1_agent_never_calls_a_tool_it_did_not_declare():
+    from governor.policy import ON_TOOL_DENIED
+
+    driver = Driver(passport(tools=tools("search", "read_file")))
+    denied = driver.run(ToolCall(tool="shell", arguments={"cmd": "rm -rf /"}))
+    assert denied.halts and denied.cause == ON_TOOL_DENIED and denied.fail_closed
+    assert denied.details["reason"] == "tool_not_declared"
+    assert denied.event["cause"] == ON_TOOL_DENIED and denied.event["action"] == "halt"
+    after = driver.run(ToolCall(tool="search", arguments={}))  # after the halt, nothing goes ahead
+    assert after.halts and after.details["halt_cause"] == ON_TOOL_DENIED
+
+
+def test_s4_1_undeclared_tool_resolves_the_declared_response():
+    from governor.policy import ON_TOOL_DENIED
+
+    document = with_runtime(passport(tools=tools("search")), degradation={
+        "on_tool_denied": {"action": "fallback", "value": {"error": "tool_not_declared"}}})
+    driver = Driver(document)
+    refused = driver.run(ToolCall(tool="shell", arguments={}))
+    assert refused.action is Action.FALLBACK and refused.cause == ON_TOOL_DENIED and not refused.halts
+    assert refused.fallback_value == {"error": "tool_not_declared"}
+    assert not driver.run(ToolCall(tool="search", arguments={"q": "x"})).blocks  # the session goes on
+
+
+def test_s4_1_undeclared_tool_is_only_observed_at_r1():
+    driver = Driver(passport(tools=tools("search")), tier=Tier.R1)
+    observed = driver.run(ToolCall(tool="shell", arguments={}))
+    assert not observed.blocks and observed.event["detail"]["observed_only"] is True
+
+
+def test_s4_1_a_passport_without_tools_names_none_to_refuse():
+    assert not Driver(passport()).run(ToolCall(tool="anything", arguments={})).blocks

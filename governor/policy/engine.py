@@ -67,6 +67,7 @@ from governor.policy.steps import (
     ON_OVERSIGHT_TRIGGER,
     ON_SESSION_INTEGRITY,
     ON_SUB_AGENT_DENIED,
+    ON_TOOL_DENIED,
     ON_TOOL_ERROR,
     PERMIT,
     Action,
@@ -545,6 +546,11 @@ def _tool_call(run: _Run, step: ToolCall) -> Decision:
             )
             if d is not None:
                 return d
+    elif limits.parent_tools and tool not in limits.parent_tools:
+        # the agent's own declared tool surface (Core §8.1); a passport without tools[] names none
+        detail = {"tool": tool, "reason": "tool_not_declared", "declared_tools": sorted(limits.parent_tools)}
+        if (d := run.fire(ON_TOOL_DENIED, detail, enforce)) is not None:
+            return d
     if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
         return d
     if (d := _count(run, "tool_invocation.max_concurrent", state.tools_in_flight, limits.tool_max_concurrent)) is not None:

@@ -29,6 +29,10 @@ ON_SESSION_INTEGRITY = "on_session_integrity"
 # internal error, unparseable traffic that must not pass). Always halts unless
 # the passport declares otherwise.
 ON_GOVERNOR_ERROR = "on_governor_error"
+# Not named by the spec: a call to a tool outside the passport's declared tools[]
+# (Core §8.1), by the agent itself. §4.1 forbids granting a persona "a tool the parent
+# itself lacks"; the same holds for the parent. Resolved through §6: halt unless declared.
+ON_TOOL_DENIED = "on_tool_denied"
 # A step the oversight procedure (§5) paused: recorded when the pause begins and
 # when a reviewer approves or rejects it.
 ON_OVERSIGHT_TRIGGER = "on_oversight_trigger"
