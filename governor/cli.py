@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "governor.evidence.cli",  # keygen, verify
     "governor.passport.cli",  # passport verify|digest|sign
     "governor.proxy.cli",  # run, demo
+    "governor.demo.cli",  # demo
 )
 
 
