@@ -65,6 +65,7 @@ PASSPORT_HEADER = "ADL-Passport"
 GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
 ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
 METADATA_KEY = "governor"
+SESSION_KEY = "governor.session"
 UNKNOWN = "unknown"
 
 _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 429: "Too Many Requests",
@@ -226,11 +227,16 @@ class Governor:
     # --- mitmproxy hooks ---------------------------------------------------------------
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        admitted: list[Admission] = []  # released if governing the request fails half-way
         try:
-            await self._request(flow)
+            await self._request(flow, admitted)
         except Exception:  # fail closed: never forward what could not be governed
             log.exception("governor: internal error on %s", flow.request.url)
-            self._fail_closed(flow, "internal error while governing the request")
+            session = flow.metadata.get(SESSION_KEY) or self.session_of(flow.request.headers)
+            flow.metadata.pop(METADATA_KEY, None)
+            for admission in admitted:
+                await self._release(session, admission.ticket, error="governor error")
+            self._fail_closed(flow, session, "internal error while governing the request")
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
@@ -306,10 +312,11 @@ class Governor:
 
     # --- request -----------------------------------------------------------------------
 
-    async def _request(self, flow: http.HTTPFlow) -> None:
+    async def _request(self, flow: http.HTTPFlow, admitted: list[Admission]) -> None:
         request = flow.request
         headers = request.headers
         session = self.session_of(headers)
+        flow.metadata[SESSION_KEY] = session
         persona = headers.get(PERSONA_HEADER) or None
         presented = headers.get(PASSPORT_HEADER)
         view = RequestView(
@@ -356,7 +363,7 @@ class Governor:
             self._bad_request(flow, adapter, session, exc.message, status=exc.status)
             return
 
-        admissions: list[Admission] = []
+        admissions = admitted
         usage_ticket = None
         main: Decision | None = None
         for step in await adapter.steps(exchange):
@@ -365,6 +372,7 @@ class Governor:
             if admission.decision.blocks:
                 for held in admissions:
                     await self._release(session, held.ticket, error="refused")
+                admissions.clear()
                 self._refuse(flow, adapter, admission, session, exchange)
                 return
             if isinstance(step, ModelCall) and main is None:
@@ -450,12 +458,9 @@ class Governor:
             log.info("governor: forwarding ungoverned traffic to %s (no adapter matched %s %s)",
                      host, flow.request.method, flow.request.path.split("?", 1)[0])
 
-    def _fail_closed(self, flow: http.HTTPFlow, message: str) -> None:
+    def _fail_closed(self, flow: http.HTTPFlow, session: str, message: str) -> None:
         gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
-               "session": self.session_of(flow.request.headers)}
-        flight: Flight | None = flow.metadata.pop(METADATA_KEY, None)
-        if flight is not None:
-            self._spawn(self._finish(flight, message))
+               "session": session}
         flow.response = _response(_generic_error(503, f"governor: {message}", gov), "deny")
 
     # --- responses ---------------------------------------------------------------------
