@@ -39,6 +39,7 @@ from governor.evidence import key_fingerprint
 from governor.evidence.keys import public_key_pem
 from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
 from governor.passport.cli import format_report
+from governor.proxy.server import Running, Settings, StartupError, serve
 
 LOOPBACK = "127.0.0.1"
 DEADLINE_SEC = 50.0  # the demo finishes by itself; past this something is wrong
@@ -174,13 +175,13 @@ class Demo:
             agent = await stack.enter_async_context(
                 ScriptedAgent(proxy=running.proxy_url, llm_url=llm.url, tools_url=tools.url, session=self.session))
             await self.work(agent, llm, tools, control)
-            await self.end_session(running, control)
+            await self.end_session(control)
             self.term.say("   Stopping the governor, the mock LLM and the tool server.")
         await self.verify_offline()
 
     # 1 ---------------------------------------------------------------------------------
 
-    async def start_governor(self, stack: contextlib.AsyncExitStack) -> Any:
+    async def start_governor(self, stack: contextlib.AsyncExitStack) -> Running:
         term = self.term
         term.heading(1, "Starting the governor on embedded defaults")
         term.say("   The bundled example passport goes through admission (Trust §1.1):")
@@ -195,8 +196,6 @@ class Demo:
         term.field("limits", f"{budget['tokens']['per_session']:,} tokens and {_usd(budget['cost_usd']['per_session'])} "
                              f"per session, {iterations} iterations, delete_note and send_email need approval")
         await term.pause(0.6)
-
-        from governor.proxy.server import Settings, StartupError, serve  # mitmproxy: loaded only when needed
 
         data_dir = self.workdir / "data"
         settings = Settings(passport=self.passport, listen=(LOOPBACK, 0), control=(LOOPBACK, 0), data_dir=data_dir,
@@ -353,7 +352,7 @@ class Demo:
 
     # 5-6 -------------------------------------------------------------------------------
 
-    async def end_session(self, running: Any, control: aiohttp.ClientSession) -> None:
+    async def end_session(self, control: aiohttp.ClientSession) -> None:
         term = self.term
         term.heading(5, "The session ends: its signed enforcement record")
         async with control.post(f"/v1/sessions/{self.session}/end") as response:
@@ -397,25 +396,28 @@ async def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="governor-demo-"))
     started = time.monotonic()
     term.say(term.style("governor demo: a scripted agent under the governor, on loopback only", "1"))
+    failure = None
     try:
         await asyncio.wait_for(Demo(term, workdir).run(), DEADLINE_SEC)
     except DemoFailed as exc:
-        term.freeze()
-        term.say()
-        term.say(term.bad(f"demo FAILED: {exc}"))
-        return 1
+        failure = str(exc)
     except TimeoutError:
-        term.freeze()
-        term.say()
-        term.say(term.bad(f"demo FAILED: it did not finish within {DEADLINE_SEC:g}s"))
-        return 1
+        failure = f"it did not finish within {DEADLINE_SEC:g}s"
+    except (aiohttp.ClientError, OSError) as exc:  # a loopback connection failed: say which, no traceback
+        failure = f"{type(exc).__name__}: {exc}"
     finally:
-        if options.keep:
-            term.say()
-            term.say(f"Kept the demo's files in {workdir}")
-            term.say(f"  governor verify {workdir / 'record.json'} --key {workdir / 'governor-public.pem'}")
-        else:
+        if not options.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+    term.freeze()
+    if failure is not None:
+        term.say()
+        term.say(term.bad(f"demo FAILED: {failure}"))
+    if options.keep:
+        term.say()
+        term.say(f"Kept the demo's files in {workdir}")
+        term.say(f"  governor verify {workdir / 'record.json'} --key {workdir / 'governor-public.pem'}")
+    if failure is not None:
+        return 1
     term.say()
     term.say(f"Done in {time.monotonic() - started:.1f}s. Next: `governor run` governs your own agent "
              "(set the environment shown in step 1).")
