@@ -295,3 +295,18 @@ async def test_runtime_failures_fail_closed(env):
     status, _, body = await exchange(running, mock, CHAT, chat(stream=True), {"ADL-Session": "broken"})
     error = next(e["error"] for e in sse_events(body) if "error" in e)
     assert error["governor"]["cause"] == "on_governor_error" and error["governor"]["fail_closed"] is True
+
+
+async def test_a_runtime_that_raises_at_admission_fails_closed(env):
+    running, mock, runtime = env
+
+    def explode(session, step):
+        raise RuntimeError("policy crashed")
+
+    runtime.rules.append((lambda s, step: isinstance(step, ModelCall), explode))
+    status, headers, body = await exchange(running, mock, MESSAGES, message(), {"ADL-Session": "crash"})
+    assert status == 503 and headers["x-should-retry"] == "false"
+    governor = orjson.loads(body)["error"]["governor"]
+    assert governor == {"cause": "on_governor_error", "action": "deny", "fail_closed": True,
+                        "reason": "internal error while governing the request", "session": "crash"}
+    assert mock.requests == []

@@ -14,6 +14,7 @@ the governor's; its confdir is the data directory, where it creates its CA
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,7 +193,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         tick_interval=settings.tick_interval,
         max_body_bytes=settings.max_body_bytes,
     )
-    registry = AdapterRegistry.default(settings.adapters, settings.routes)
+    adapter_config = settings.adapters
+    if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
+        # the MCP adapter filters tools/list answers by what the session (persona) may use
+        adapter_config = dataclasses.replace(
+            adapter_config, extra={**adapter_config.extra, "allowed_tools": runtime.allowed_tools})
+    registry = AdapterRegistry.default(adapter_config, settings.routes)
     addon = Governor(runtime, registry, policy, metrics=metrics, origin=origin)
     started = _Started()
     master = Master(options.Options())
