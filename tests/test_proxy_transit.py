@@ -152,3 +152,39 @@ async def test_stalled_stream_is_cut_with_a_terminal_event(env):
     assert "went silent" in orjson.loads(events[-2].removeprefix(b"data: "))["error"]["message"]
     await asyncio.wait_for(mock.streams[0].done.wait(), 5)
     assert mock.streams[0].disconnected
+
+
+async def test_wall_clock_limit_cuts_a_stream_between_chunks(env):
+    import dataclasses
+
+    from governor.policy.steps import Action, Decision, Tick
+
+    running, mock, runtime = env
+    policy = running.addon.policy
+    running.addon.policy = dataclasses.replace(policy, tick_interval=0.2)
+    clock_ran_out = Decision(action=Action.HALT, cause="on_budget_exhausted",
+                             details={"dimension": "wall_clock_sec", "scope": "per_session", "observed": 901,
+                                      "limit": 900})
+    state = {"ticks": 0}
+
+    def tick(session, step):
+        state["ticks"] += 1
+        return clock_ran_out if state["ticks"] >= 3 else Decision()
+
+    runtime.rules.append((lambda s, step: isinstance(step, Tick), tick))
+    mock.script(Behaviour(chunks=40, chunk_delay=0.05))
+    try:
+        c = await asyncio.to_thread(client, running, mock)
+        try:
+            await asyncio.to_thread(c.send, "POST", CHAT, chat_body(True), {"ADL-Session": "clock"})
+            status, _, body = await asyncio.to_thread(c.read_response)
+        finally:
+            c.close()
+    finally:
+        running.addon.policy = policy
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    governor = orjson.loads(events[-2].removeprefix(b"data: "))["error"]["governor"]
+    assert governor["dimension"] == "wall_clock_sec" and governor["limit"] == 900
+    await asyncio.wait_for(mock.streams[0].done.wait(), 5)
+    assert mock.streams[0].disconnected and not mock.streams[0].completed
