@@ -125,8 +125,12 @@ class RequestView:
         return self._json
 
     def json_or_none(self) -> Any:
-        """The parsed body, or None when absent or not JSON (for body-shape matching)."""
+        """The parsed body, or None when absent or not JSON (for body-shape matching).
+        Bodies declared as something other than JSON are not even parsed."""
         if not self.content:
+            return None
+        content_type = self.content_type
+        if content_type and "json" not in content_type:
             return None
         try:
             return self.json()

@@ -13,9 +13,10 @@ the runtime decides; this addon only sequences them over mitmproxy's hooks:
                    streams: final usage and release.
   error            the exchange failed: release what it holds.
 
-A supervisor task per governed exchange ticks wall-clock (Tick steps), enforces
-the upstream timeout (no headers, or a stream gone silent) and applies cuts,
-which `transit` carries out on the flow in flight.
+While a session has exchanges in flight, one ticker per session admits Tick steps
+(wall-clock limits); a supervisor per exchange enforces the upstream timeout (no
+headers, or a stream gone silent). Their refusals, and those of usage checks on
+a stream, are applied to the flow in flight by `transit`.
 """
 
 from __future__ import annotations
@@ -212,6 +213,8 @@ class Governor:
         self.tasks: set[asyncio.Task] = set()
         self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
         self._own_session = f"session-{uuid.uuid4().hex[:12]}"
+        self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
+        self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -391,6 +394,7 @@ class Governor:
         flight = Flight(exchange, admissions, usage_ticket)
         flow.metadata[METADATA_KEY] = flight
         flight.supervisor = self._spawn(self._supervise(flow, flight))
+        self._track(flow, flight)
 
     async def _admit(self, session: str, step: Step) -> Admission:
         """Admit one step; a PAUSE is held right here until the reviewer's answer (or the
@@ -571,31 +575,51 @@ class Governor:
     # --- in flight: ticks, timeouts, cuts ----------------------------------------------
 
     async def _supervise(self, flow: http.HTTPFlow, flight: Flight) -> None:
-        interval = self.policy.tick_interval
+        """The upstream timeout of one exchange: no headers, or a stream gone silent."""
         timeout = self.policy.upstream_timeout
-        session = flight.exchange.session
         try:
             while not flight.finished:
-                idle_left = flight.last_activity + timeout - time.monotonic()
-                await asyncio.sleep(max(0.0, min(interval, idle_left) if interval > 0 else idle_left))
+                await asyncio.sleep(max(0.0, flight.last_activity + timeout - time.monotonic()))
                 if flight.finished or flight.refusal is not None or (flight.relay and flight.relay.ended):
                     return
                 if time.monotonic() - flight.last_activity >= timeout:
                     self._upstream_timeout(flow, flight, timeout)
                     return
-                if interval > 0:
-                    admission = await self.runtime.admit(session, Tick())
-                    await self._release(session, admission.ticket)
-                    if admission.decision.blocks and not flight.finished:
-                        decision = admission.decision
-                        gov = {**governor_object(decision, session), **admission.governor_object}
-                        self._enforce_in_flight(flow, flight, decision, gov)
-                        return
         except asyncio.CancelledError:
             pass
-        except Exception:
-            log.exception("governor: supervisor failed in session %s", session)
-            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+
+    def _track(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        """Count the exchange as in flight for its session's wall-clock ticker."""
+        session = flight.exchange.session
+        live = self.in_flight.setdefault(session, {})
+        live[flight] = flow
+        if self.policy.tick_interval > 0 and session not in self.tickers:
+            self.tickers[session] = self._spawn(self._tick(session))
+
+    async def _tick(self, session: str) -> None:
+        """While a session has exchanges in flight, admit a Tick every tick_interval: the
+        runtime charges wall-clock and checks its limits, and a refusal cuts (or answers)
+        every exchange of the session still in flight."""
+        try:
+            while self.in_flight.get(session):
+                await asyncio.sleep(self.policy.tick_interval)
+                if not self.in_flight.get(session):
+                    return
+                try:
+                    admission = await self.runtime.admit(session, Tick())
+                    await self._release(session, admission.ticket)
+                    decision = admission.decision
+                    gov = {**governor_object(decision, session), **admission.governor_object}
+                except Exception:
+                    log.exception("governor: wall-clock check failed in session %s", session)
+                    decision, gov = _governor_error(), _governor_error_object(session)
+                if decision.blocks:
+                    for flight, flow in list(self.in_flight.get(session, {}).items()):
+                        self._enforce_in_flight(flow, flight, decision, gov)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.tickers.pop(session, None)
 
     def _enforce_in_flight(self, flow: http.HTTPFlow, flight: Flight, decision: Decision,
                            gov: dict[str, Any]) -> None:
@@ -640,6 +664,11 @@ class Governor:
         flight.finished = True
         if flight.supervisor is not None and flight.supervisor is not asyncio.current_task():
             flight.supervisor.cancel()
+        live = self.in_flight.get(flight.exchange.session)
+        if live is not None:
+            live.pop(flight, None)
+            if not live:
+                del self.in_flight[flight.exchange.session]
         for admission in flight.admissions:
             await self._release(flight.exchange.session, admission.ticket, error)
 
