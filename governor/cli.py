@@ -20,7 +20,7 @@ import sys
 COMMAND_MODULES = (
     "governor.evidence.cli",  # keygen, verify
     "governor.passport.cli",  # passport verify|digest|sign
-    "governor.proxy.cli",  # run, demo
+    "governor.proxy.cli",  # run
     "governor.demo.cli",  # demo
 )
 
@@ -57,4 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m governor.cli`: run the imported module's main, so the areas'
+    # `governor.cli.UsageError` is the class caught here (not a `__main__` twin).
+    from governor.cli import main as _main
+
+    sys.exit(_main())

@@ -135,6 +135,11 @@ def pricing_from_mapping(data: Any, source: str = "pricing") -> PricingTable:
     return PricingTable(families, _price(f"{source}: default", "default", default) if default is not None else None)
 
 
+def default_pricing_path() -> Path:
+    """The bundled pricing table (policies/pricing.yaml, shipped in the package as governor/data)."""
+    return (Path(__file__).resolve().parent.parent / "data" / "pricing.yaml").resolve()
+
+
 def load_pricing(path: str | Path) -> PricingTable:
     """Read a pricing table (YAML or JSON) once; PricingError says what is wrong."""
     path = Path(path)
