@@ -295,3 +295,31 @@ class A2APeer:
             await resp.write_eof()
             return resp
         return web.json_response(payload)
+
+
+# --- the real runtime on a test passport -----------------------------------------------
+
+
+def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
+                 tick_interval_sec: float = 1.0):
+    """A started `governor.runtime.Runtime` for `document` (signed here with a fresh key
+    and admitted as the governor would), SQLite state in `data_dir`, tier R2.
+    Returns (runtime, the signed passport)."""
+    from governor.evidence.keys import generate_key
+    from governor.passport import AdmissionConfig, admit, sign_passport
+    from governor.policy import compile_limits, load_pricing
+    from governor.policy.steps import Tier
+    from governor.runtime import Runtime
+    from governor.store import open_store
+    from tests.conftest import REPO
+
+    passport = sign_passport(document, Ed25519PrivateKey.generate())
+    report = admit(passport, AdmissionConfig(now=time.time()))
+    assert report.verified, report.to_dict()
+    limits = compile_limits(report.pinned.document, tier=Tier.R2,
+                            pricing=load_pricing(REPO / "policies" / "pricing.yaml"), passport_digest=report.digest)
+    runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
+                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id, metrics=metrics,
+                      clock=clock, tick_interval_sec=tick_interval_sec)
+    runtime.start()
+    return runtime, passport

@@ -242,6 +242,15 @@ def test_streaming_refusal_is_a_one_event_stream():
     assert orjson.loads(event.data)["error"]["data"]["governor"]["cause"] == "on_delegation_denied"
 
 
+def test_an_object_fallback_value_is_a_data_part():
+    adapter = A2AAdapter()
+    exchange = adapter.open(view(send(rpc_id=3)), session="s", persona=None)
+    decision = Decision(action=Action.FALLBACK, cause="on_delegation_denied", fallback_value={"error": "denied"},
+                        fallback_message="not that agent")
+    payload = orjson.loads(adapter.fallback_response(exchange, decision, {}).body)
+    assert payload["result"]["parts"] == [{"kind": "data", "data": {"error": "denied"}}]
+
+
 @pytest.mark.parametrize("method", ["message/send", "message/stream"])
 def test_fallback_is_an_agent_message(method):
     adapter = A2AAdapter()

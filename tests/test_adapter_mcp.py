@@ -250,6 +250,14 @@ def test_unreadable_request_refusal_has_null_id_and_the_status():
     assert reply.status == 400 and payload["id"] is None and payload["error"]["code"] == -32600
 
 
+def test_fallback_message_stands_in_when_no_value_is_declared():
+    adapter = MCPAdapter()
+    exchange = adapter.open(view(call("search", {"q": "x"}, rpc_id=5)), session="s", persona=None)
+    decision = Decision(action=Action.FALLBACK, cause="on_tool_error", fallback_message="try later")
+    result = orjson.loads(adapter.fallback_response(exchange, decision, {}).body)["result"]
+    assert result["content"] == [{"type": "text", "text": "try later"}] and "structuredContent" not in result
+
+
 def test_fallback_is_a_successful_tool_result_with_the_declared_value():
     adapter = MCPAdapter()
     exchange = adapter.open(view(call("search", {"q": "x"}, rpc_id=4)), session="s", persona=None)
@@ -258,6 +266,6 @@ def test_fallback_is_a_successful_tool_result_with_the_declared_value():
     payload = orjson.loads(adapter.fallback_response(exchange, decision, {"cause": "on_budget_exhausted"}).body)
     assert payload["id"] == 4
     result = payload["result"]
-    assert result["isError"] is False and result["content"][0]["text"] == "search unavailable"
+    assert result["isError"] is False and orjson.loads(result["content"][0]["text"]) == {"hits": []}
     assert result["structuredContent"] == {"hits": []}
     assert result["_meta"]["governor"]["cause"] == "on_budget_exhausted"

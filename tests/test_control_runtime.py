@@ -4,24 +4,18 @@ record at session end, and the metrics the runtime feeds."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 import aiohttp
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.control import control_url, create_app, start_control
 from governor.evidence import verify_record
-from governor.evidence.keys import generate_key
 from governor.metrics import Metrics
-from governor.passport import AdmissionConfig, admit, sign_passport
-from governor.policy import compile_limits, load_pricing
-from governor.policy.steps import ToolCall, Tier
+from governor.policy.steps import ToolCall
 from governor.runtime import Runtime
-from governor.store import open_store
-from tests.conftest import REPO
+from tests.control_harness import real_runtime
 
 PASSPORT = {
     "adl_spec": "0.4.0", "name": "notes-agent", "description": "keeps research notes", "version": "1.0.0",
@@ -35,15 +29,8 @@ PASSPORT = {
 
 @pytest.fixture
 async def world(tmp_path):
-    passport = sign_passport(PASSPORT, Ed25519PrivateKey.generate())
-    report = admit(passport, AdmissionConfig(now=time.time()))
-    assert report.verified
-    limits = compile_limits(report.pinned.document, tier=Tier.R2,
-                            pricing=load_pricing(REPO / "policies" / "pricing.yaml"), passport_digest=report.digest)
     metrics = Metrics()
-    runtime = Runtime(limits=limits, store=open_store(tmp_path / "state.db"), data_dir=tmp_path, key=generate_key(),
-                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id, metrics=metrics)
-    runtime.start()
+    runtime, passport = real_runtime(PASSPORT, tmp_path, metrics=metrics)
     app = create_app(runtime, reviewer_tokens=["reviewer-token-abcdefghijklmnop"], metrics=metrics, nonce_ttl=60)
     runner = await start_control(app, "127.0.0.1", 0)
     http = aiohttp.ClientSession()

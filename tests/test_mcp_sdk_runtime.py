@@ -14,20 +14,13 @@ import time
 
 import aiohttp
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.shared.exceptions import McpError
 
 from governor.adapters.base import AdapterConfig
 from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
-from governor.evidence.keys import generate_key
 from governor.metrics import Metrics
-from governor.passport import AdmissionConfig, admit, sign_passport
-from governor.policy import compile_limits, load_pricing
-from governor.policy.steps import Tier
 from governor.proxy.server import Settings, serve
-from governor.runtime import Runtime
-from governor.store import open_store
-from tests.conftest import REPO
+from tests.control_harness import real_runtime
 from tests.test_mcp_sdk import REVIEWER, NotesServer, _answer_when_pending, mcp_session
 
 
@@ -65,17 +58,9 @@ class JumpingClock:
 
 @pytest.fixture
 async def world(tmp_path):
-    passport = sign_passport(PASSPORT, Ed25519PrivateKey.generate())
-    report = admit(passport, AdmissionConfig(now=time.time()))
-    assert report.verified, report.to_dict()
-    limits = compile_limits(report.pinned.document, tier=Tier.R2, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
-                            passport_digest=report.digest)
     clock = JumpingClock()
     metrics = Metrics()
-    runtime = Runtime(limits=limits, store=open_store(tmp_path / "state.db"), data_dir=tmp_path, key=generate_key(),
-                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id, metrics=metrics,
-                      clock=clock, tick_interval_sec=0.05)
-    runtime.start()
+    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05)
     server = NotesServer().start()
     settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="notes-1",

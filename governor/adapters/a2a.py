@@ -308,14 +308,13 @@ class A2AAdapter(Adapter):
                                    stream=exchange is not None and exchange.stream)
 
     def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
+        """A §6 fallback: the peer's answer replaced by an agent message holding the declared
+        value (an object value as a data part) or message, the governor object in metadata."""
         value = decision.fallback_value
-        text = decision.fallback_message or ("" if value is None else
-                                             value if isinstance(value, str) else orjson.dumps(value).decode())
-        message: dict[str, Any] = {"kind": "message", "role": "agent", "messageId": str(uuid.uuid4()),
-                                   "parts": [{"kind": "text", "text": text}],
-                                   "metadata": {"governor": dict(governor)}}
-        if isinstance(value, dict):
-            message["parts"].append({"kind": "data", "data": value})
+        part = {"kind": "data", "data": value} if isinstance(value, dict) else \
+            {"kind": "text", "text": jsonrpc.fallback_text(decision)}
+        message = {"kind": "message", "role": "agent", "messageId": str(uuid.uuid4()), "parts": [part],
+                   "metadata": {"governor": dict(governor)}}
         payload = jsonrpc.result(exchange.state.get("rpc_id"), message)
         if exchange.stream:
             return Reply(200, jsonrpc.SSE_HEADERS, jsonrpc.sse_event(payload))

@@ -17,6 +17,7 @@ import orjson
 
 from governor.adapters import sse
 from governor.adapters.base import Exchange, Reply, StreamEvent, StreamWatcher, describe
+from governor.policy.steps import Decision
 
 GOVERNOR_ERROR_CODE = -32050
 INVALID_REQUEST = -32600
@@ -72,6 +73,15 @@ def error_reply(status: int, message: str, governor: Mapping[str, Any] | None,
     if stream:
         return Reply(200, SSE_HEADERS, sse_event(payload))
     return Reply.json(200, payload)
+
+
+def fallback_text(decision: Decision) -> str:
+    """A §6 fallback's substitute as text: the declared value (JSON when not a string),
+    else the declared message."""
+    value = decision.fallback_value
+    if value is None:
+        return decision.fallback_message or ""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 # --- server-sent events (framing in governor.adapters.sse) ------------------------------

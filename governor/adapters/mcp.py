@@ -190,15 +190,12 @@ class MCPAdapter(Adapter):
         return jsonrpc.error_reply(status, message, governor, exchange)
 
     def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
-        """A §6 fallback for a tools/call: a successful tool result holding the declared
-        message (or value), with the governor object in `_meta`."""
-        value = decision.fallback_value
-        text = decision.fallback_message or ("" if value is None else
-                                             value if isinstance(value, str) else orjson.dumps(value).decode())
-        result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False,
-                                  "_meta": {"governor": dict(governor)}}
-        if isinstance(value, dict):
-            result["structuredContent"] = value
+        """A §6 fallback for a tools/call: a successful tool result holding the declared value
+        (or message), an object value also as structuredContent, the governor object in `_meta`."""
+        result: dict[str, Any] = {"content": [{"type": "text", "text": jsonrpc.fallback_text(decision)}],
+                                  "isError": False, "_meta": {"governor": dict(governor)}}
+        if isinstance(decision.fallback_value, dict):
+            result["structuredContent"] = decision.fallback_value
         return Reply.json(200, jsonrpc.result(exchange.state.get("rpc_id"), result))
 
     @staticmethod
