@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from governor.policy.steps import CounterCharge
-from governor.store import Store, StoreUnavailable, UnknownReservation
-from tests.store_backends import redis_url, store  # noqa: F401  (fixtures)
+from governor.store import RollingWindow, Store, StoreUnavailable, UnknownReservation
+from tests.store_backends import BACKENDS, open_backend, redis_url, store  # noqa: F401  (fixtures)
 
 T0 = 1_699_999_980.0  # a bucket boundary (divisible by 60)
 DAY_SEC = 86400.0
@@ -246,9 +248,28 @@ def test_a_day_cap_frees_up_as_usage_ages_out(store: Store):
     assert store.reserve("agent", "s2", [charge("per_day", "tokens", 200, 1000)], T0 + DAY_SEC + 60).ok
 
 
-def test_committed_usage_is_dated_at_its_reservation(store: Store):
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_usage_leaves_the_day_bucket_by_bucket(request: pytest.FixtureRequest, tmp_path: Path, kind: str):
+    """A token every 20 s for 20 minutes, then 20 minutes of silence, in a 10-minute window."""
+    store = open_backend(kind, tmp_path, request, RollingWindow(length=600.0, bucket=60.0))
+    try:
+        added: list[float] = []
+        for step in range(120):
+            t = T0 + 20 * step
+            if step < 60:
+                store.add("agent", "s1", [charge("per_day", "tokens", 1)], t)
+                added.append(t)
+            live = sum(1 for a in added if (a // 60 + 1) * 60 + 600 > t)  # its bucket overlaps the window
+            assert store.snapshot("agent", "s1", t, [DAY_TOKENS]) == {DAY_TOKENS: live}, step
+        assert live == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("commit_after", [600.0, DAY_SEC])
+def test_committed_usage_is_dated_at_its_reservation(store: Store, commit_after: float):
     r = store.reserve("agent", "s1", [charge("per_day", "tokens", 100)], T0)
-    store.commit(r.id, [charge("per_day", "tokens", 150)], T0 + 600)
+    store.commit(r.id, [charge("per_day", "tokens", 150)], T0 + commit_after)
     assert store.snapshot("agent", "s1", T0 + DAY_SEC, [DAY_TOKENS]) == {DAY_TOKENS: 150}
     assert store.snapshot("agent", "s1", T0 + DAY_SEC + 60, [DAY_TOKENS]) == {DAY_TOKENS: 0}
 
