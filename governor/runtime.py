@@ -316,7 +316,7 @@ class Runtime:
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
             new_ticket = Ticket(kind, getattr(step, "persona", None), decision.charges if reservation else (),
-                                reservation, in_flight=kind != "other")
+                                reservation, in_flight=kind != "other" and getattr(step, "origin", "agent") != "model")
         elif reservation is not None:  # a reservation nobody will settle
             self._release_quietly(reservation)
         return decision, new_ticket

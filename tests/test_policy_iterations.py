@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hashlib
 
 import pytest
 
 from governor.canonical import canonicalize
 from governor.policy import (
+    ApprovalGranted,
     ON_ITERATION_LIMIT,
     Action,
     ModelCall,
@@ -178,3 +181,39 @@ def test_s3_bad_window_refuses_the_passport(bad):
 
 def test_s3_loop_window_defaults_when_omitted():
     assert Driver(_doc(loop_detection={})).limits.loop_window == PolicyConfig().default_loop_window
+
+
+# --- tool calls a model response announced (ToolCall.origin) ---------------------------
+
+
+def test_s3_an_announced_tool_call_is_counted_once_when_the_agent_executes_it():
+    driver = Driver(with_runtime(passport(tools=tools("search")), tool_invocation={"max_tool_calls_per_session": 2}))
+    announced = driver.run(ToolCall(tool="search", arguments={"q": "a"}, origin="model"))
+    assert not announced.blocks and driver.state.tool_calls == 1 and driver.state.in_flight == 0
+    executed = driver.run(ToolCall(tool="search", arguments={"q": "a"}))  # the agent runs it via MCP
+    assert not executed.blocks and executed.details.get("announced") is True
+    assert driver.state.tool_calls == 1 and driver.state.in_flight == 1 and driver.state.announced == {}
+    # a second execution of the same call is a new call: counted (2 of 2), then the cap fires
+    assert not driver.run(ToolCall(tool="search", arguments={"q": "a"})).blocks
+    assert driver.state.tool_calls == 2
+    assert driver.run(ToolCall(tool="search", arguments={"q": "b"})).cause == ON_ITERATION_LIMIT
+
+
+def test_s5_an_announced_call_approved_once_is_not_reviewed_again_when_executed():
+    driver = Driver(passport(tools=tools("delete_note", delete_note={"requires_confirmation": True})))
+    step = ToolCall(tool="delete_note", arguments={"path": "/n/x"}, origin="model")
+    paused = driver.run(step)
+    assert paused.action is Action.PAUSE
+    driver.run(ApprovalGranted(paused.approval.id, "lead"))
+    assert not driver.run(replace(step, approval_id=paused.approval.id)).blocks  # the model's response goes out
+    executed = driver.run(ToolCall(tool="delete_note", arguments={"path": "/n/x"}))  # the agent's MCP call
+    assert not executed.blocks and executed.details.get("announced") is True
+    # other arguments are another call: reviewed afresh
+    assert driver.run(ToolCall(tool="delete_note", arguments={"path": "/n/y"})).action is Action.PAUSE
+
+
+def test_s3_announced_calls_survive_state_persistence():
+    driver = Driver(passport(tools=tools("search")))
+    driver.run(ToolCall(tool="search", arguments={"q": "a"}, origin="model"))
+    restored = type(driver.state).from_dict(driver.state.to_dict())
+    assert restored == driver.state and restored.announced

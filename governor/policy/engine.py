@@ -535,6 +535,9 @@ def _tool_call(run: _Run, step: ToolCall) -> Decision:
     enforce = limits.enforce_hard
     run.release(step.approval_id)
     tool = step.tool
+    if step.origin == "agent" and state.announced and state.announced.get(loop_signature(tool, step.arguments)):
+        # the execution of a call a model response announced and the governor admitted then
+        return run.finish(details={"tool": tool, "announced": True})
     if step.persona is not None:
         persona = limits.personas.get(step.persona)
         if persona is None:
@@ -911,11 +914,29 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
         if kind is ModelCall:
             changes["iterations"] = state.iterations + 1
             changes["in_flight"] = state.in_flight + 1
+        elif kind is ToolCall and decision.details.get("announced"):
+            # executing an announced call: now in flight, already counted and gated
+            signature = loop_signature(step.tool, step.arguments)  # type: ignore[union-attr]
+            announced = dict(state.announced)
+            if announced.get(signature, 0) > 1:
+                announced[signature] -= 1
+            else:
+                announced.pop(signature, None)
+            changes["announced"] = announced
+            changes["in_flight"] = state.in_flight + 1
+            changes["tools_in_flight"] = state.tools_in_flight + 1
         elif kind is ToolCall:
             tool = step.tool  # type: ignore[union-attr]
             changes["tool_calls"] = state.tool_calls + 1
-            changes["in_flight"] = state.in_flight + 1
-            changes["tools_in_flight"] = state.tools_in_flight + 1
+            if step.origin == "model":  # type: ignore[union-attr]
+                # runs at the agent, outside the governor's view: counted, not in flight here
+                signature = loop_signature(tool, step.arguments)  # type: ignore[union-attr]
+                announced = dict(state.announced)
+                announced[signature] = announced.get(signature, 0) + 1
+                changes["announced"] = announced
+            else:
+                changes["in_flight"] = state.in_flight + 1
+                changes["tools_in_flight"] = state.tools_in_flight + 1
             counts = dict(state.tool_counts)
             counts[tool] = counts.get(tool, 0) + 1
             changes["tool_counts"] = counts

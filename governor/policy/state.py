@@ -57,6 +57,9 @@ class SessionState:
     warned: frozenset[tuple[str, str]] = frozenset()  # (dimension, scope) warnings given
     approvals: Mapping[str, Approval] = field(default_factory=dict)
     released_triggers: frozenset[str] = frozenset()  # session-level triggers a reviewer approved
+    # tool calls a model response announced and the governor admitted, by loop signature,
+    # not yet executed through the governor (see ToolCall.origin)
+    announced: Mapping[str, int] = field(default_factory=dict)
     wall_clock_at: float | None = None  # elapsed wall-clock charged up to this time
     halted: bool = False
     halt_cause: str | None = None
@@ -93,6 +96,7 @@ class SessionState:
             "warned": [list(w) for w in sorted(self.warned)],
             "approvals": {k: a.to_dict() for k, a in sorted(self.approvals.items())},
             "released_triggers": sorted(self.released_triggers),
+            "announced": dict(sorted(self.announced.items())),
             "wall_clock_at": self.wall_clock_at,
             "halted": self.halted,
             "halt_cause": self.halt_cause,
@@ -119,6 +123,7 @@ class SessionState:
             warned=frozenset((str(d), str(s)) for d, s in data["warned"]),
             approvals={str(k): Approval(**v) for k, v in data["approvals"].items()},
             released_triggers=frozenset(str(t) for t in data["released_triggers"]),
+            announced={str(k): int(v) for k, v in data.get("announced", {}).items()},
             wall_clock_at=None if data["wall_clock_at"] is None else float(data["wall_clock_at"]),
             halted=bool(data["halted"]),
             halt_cause=data["halt_cause"],

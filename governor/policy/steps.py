@@ -116,6 +116,12 @@ class ToolCall:
     sensitivity: str | None = None  # public|internal|confidential|restricted
     persona: str | None = None
     approval_id: str | None = None  # set when a reviewer released this exact step
+    # "agent": the agent invokes the tool through the governor (MCP tools/call) now.
+    # "model": an LLM response asks the agent to run it (tool_calls / tool_use). It is
+    # counted and gated there; when the agent then executes that same call (same tool,
+    # same canonical arguments) through the governor, the execution consumes the
+    # admission instead of being counted and reviewed a second time.
+    origin: str = "agent"
 
 
 @dataclass(frozen=True, slots=True)
