@@ -98,7 +98,7 @@ def _tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | Non
     if not isinstance(name, str) or not name:
         return None
     args = parse_arguments(arguments)
-    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona)
+    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona, origin="model")
 
 
 class OpenAIAdapter(Adapter):
