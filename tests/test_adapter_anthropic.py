@@ -61,7 +61,7 @@ def test_observe_counts_cache_reads_and_writes_as_input():
                   "cache_read_input_tokens": 13}})
     observation = ADAPTER.observe_response(exchange, 200, {}, body)
     assert observation.usage == UsageReport(model="m", input_tokens=29, output_tokens=7, cached_input_tokens=13)
-    assert observation.steps == [ToolCall(tool="read_note", arguments={"path": "/n"}, target_path="/n")]
+    assert observation.steps == [ToolCall(tool="read_note", arguments={"path": "/n"}, target_path="/n", origin="model")]
 
 
 def stream() -> bytes:
@@ -96,7 +96,7 @@ def test_stream_usage_is_cumulative_whatever_the_chunking(cuts):
         events += watcher.feed(data[a:b])
     events += watcher.close()
     assert [e for e in events if isinstance(e, ToolCall)] == [
-        ToolCall(tool="write_note", arguments={"path": "/n/b"}, target_path="/n/b")]
+        ToolCall(tool="write_note", arguments={"path": "/n/b"}, target_path="/n/b", origin="model")]
     # 12 output tokens: the LAST cumulative figure, never 1 + 5 + 12
     assert events[-1] == UsageReport(model="claude-x", input_tokens=100, output_tokens=12, cached_input_tokens=60)
     assert all(not e.final for e in events[:-1] if isinstance(e, UsageReport))

@@ -108,8 +108,8 @@ def test_observe_plain_responses():
     assert observation.usage == UsageReport(model="m-2024", input_tokens=10, output_tokens=5,
                                             cached_input_tokens=4, persona="p")
     assert observation.steps == [
-        ToolCall(tool="read_note", arguments={"path": "/n/a.md"}, target_path="/n/a.md", persona="p"),
-        ToolCall(tool="bad_args", arguments={"_raw": "{oops"}, persona="p")]
+        ToolCall(tool="read_note", arguments={"path": "/n/a.md"}, target_path="/n/a.md", persona="p", origin="model"),
+        ToolCall(tool="bad_args", arguments={"_raw": "{oops"}, persona="p", origin="model")]
     assert ADAPTER.observe_response(chat, 200, {}, b"<html>").usage is None
     assert ADAPTER.observe_response(chat, 500, {}, body).usage is None
 
@@ -161,7 +161,7 @@ def test_chat_watcher_is_indifferent_to_chunk_boundaries(cuts):
     exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": []})
     watcher, events = run_watcher(ADAPTER, exchange, chunks)
     tools = [e for e in events if isinstance(e, ToolCall)]
-    assert tools == [ToolCall(tool="search_papers", arguments={"query": "llm"}, persona="p")]
+    assert tools == [ToolCall(tool="search_papers", arguments={"query": "llm"}, persona="p", origin="model")]
     final = events[-1]
     assert final == UsageReport(model="m", input_tokens=7, output_tokens=9, cached_input_tokens=2, persona="p")
     running = [e for e in events[:-1] if isinstance(e, UsageReport)]
