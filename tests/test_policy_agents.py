@@ -282,3 +282,13 @@ def test_s4_1_undeclared_tool_is_only_observed_at_r1():
 
 def test_s4_1_a_passport_without_tools_names_none_to_refuse():
     assert not Driver(passport()).run(ToolCall(tool="anything", arguments={})).blocks
+
+
+def test_s4_2_scopes_subset_holds_for_a_frozen_peer_passport():
+    # a pinned passport's read-only view carries tuples, not lists: still checked
+    from governor.passport import PinnedPassport
+
+    driver = Driver(_delegating(attenuation={"scopes_subset": True}))
+    frozen = PinnedPassport(_peer(scopes=("read", "admin"))).frozen
+    decision = _delegate(driver, passport_doc=frozen)
+    assert decision.details["reason"] == "attenuation_failed"

@@ -31,7 +31,7 @@ def _peer_scopes(passport: Mapping[str, Any]) -> set[str]:
     security = passport.get("security")
     authentication = security.get("authentication") if isinstance(security, Mapping) else None
     scopes = authentication.get("scopes") if isinstance(authentication, Mapping) else None
-    return {s for s in scopes if isinstance(s, str)} if isinstance(scopes, list) else set()
+    return {s for s in scopes if isinstance(s, str)} if isinstance(scopes, (list, tuple)) else set()
 
 
 def _peer_budget(passport: Mapping[str, Any]) -> dict[tuple[str, str], float]:
