@@ -188,3 +188,41 @@ async def test_wall_clock_limit_cuts_a_stream_between_chunks(env):
     assert governor["dimension"] == "wall_clock_sec" and governor["limit"] == 900
     await asyncio.wait_for(mock.streams[0].done.wait(), 5)
     assert mock.streams[0].disconnected and not mock.streams[0].completed
+
+
+async def test_a_streamed_tool_call_is_held_until_admitted(env):
+    from tests.proxy_harness import pause_rule
+
+    running, mock, runtime = env
+    runtime.rules.append(pause_rule(lambda s, step: type(step).__name__ == "ToolCall", "stream-ap"))
+    mock.script(Behaviour(chunks=3, tool_calls=(("delete_file", {"path": "/x"}),)))
+    c = await asyncio.to_thread(client, running, mock)
+    try:
+        await asyncio.to_thread(c.send, "POST", CHAT, chat_body(True), {"ADL-Session": "held"})
+        reading = asyncio.ensure_future(asyncio.to_thread(c.read_response))
+        await runtime.wait_for(lambda: "stream-ap" in runtime.pending)
+        await asyncio.wait_for(mock.streams[0].done.wait(), 5)
+        await asyncio.sleep(0.3)
+        assert mock.streams[0].completed  # the upstream is done...
+        assert not reading.done()  # ...but the client has not seen the end: the tool call awaits review
+        runtime.resolve("stream-ap", True)
+        status, _, body = await reading
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n") and b"delete_file" in body
+        # rejected: the held stream ends with the refusal instead
+        runtime.rules[0] = pause_rule(lambda s, step: type(step).__name__ == "ToolCall", "stream-ap2")
+        mock.script(Behaviour(chunks=3, tool_calls=(("delete_file", {"path": "/y"}),)))
+        await asyncio.to_thread(c.send, "POST", CHAT, chat_body(True), {"ADL-Session": "held"})
+        reading = asyncio.ensure_future(asyncio.to_thread(c.read_response))
+        await runtime.wait_for(lambda: "stream-ap2" in runtime.pending)
+        runtime.resolve("stream-ap2", False)
+        status, _, body = await reading
+        events = [e for e in body.split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]"
+        assert orjson.loads(events[-2].removeprefix(b"data: "))["error"]["governor"]["action"] == "deny"
+        assert b'"finish_reason":"tool_calls"' not in body  # the clean end never reached the client
+        # and the connection is still good
+        await asyncio.to_thread(c.send, "POST", CHAT, chat_body(False), {"ADL-Session": "held-next"})
+        status, _, _ = await asyncio.to_thread(c.read_response)
+        assert status == 200
+    finally:
+        c.close()

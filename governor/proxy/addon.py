@@ -145,6 +145,10 @@ class StreamRelay:
         self.checking = False
         self.pending_steps: list[Step] = []
         self.admitting = False
+        self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
+        self.held_steps: set[int] = set()  # ids of the steps holding the stream
+        self.kept = b""  # whole events kept back while holds > 0
+        self.gate: transit.Gate | None = None
 
     def __call__(self, data: bytes) -> list[bytes]:
         if data == b"":
@@ -164,11 +168,31 @@ class StreamRelay:
         buf = self.held + data
         cut = sse.last_boundary(buf)
         self.held = buf[cut:]
-        return [buf[:cut]] if cut else []
+        out = buf[:cut]
+        if self.holds:
+            self.kept += out
+            return []
+        if self.kept:
+            out, self.kept = self.kept + out, b""
+        return [out] if out else []
+
+    def hold(self) -> None:
+        """Keep output back (and the upstream's end) until `unhold` balances this."""
+        self.holds += 1
+        if self.gate is None:
+            self.gate = self.governor.gate(self.flow)
+
+    def unhold(self) -> None:
+        self.holds -= 1
+        if self.holds == 0 and self.terminal is None:
+            self.flight.last_activity = time.monotonic()
+            if self.gate is not None:
+                gate, self.gate = self.gate, None
+                gate.release()
 
     def cut(self, message: str, governor_obj: Mapping[str, Any]) -> bool:
         """Stop forwarding and arrange for the terminal event; False when already over."""
-        if self.ended or self.terminal is not None:
+        if self.terminal is not None or (self.ended and not self.holds):
             return False
         try:
             self.terminal = self.watcher.terminal(message, governor_obj)
@@ -186,9 +210,14 @@ class StreamRelay:
         except Exception:
             log.exception("governor: stream watcher failed at end of stream")
             self.final_events = []
+        if self.terminal is None and self.holds:
+            # the upstream ended while a tool call it asked for was still being admitted
+            # and its end could not be withheld: fail closed, do not deliver it
+            self.cut("governor: the stream ended before its tool calls were admitted",
+                     _governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
-        tail, self.held = self.held, b""
+        tail, self.held, self.kept = self.kept + self.held, b"", b""
         return [tail] if tail else []
 
 
@@ -525,6 +554,9 @@ class Governor:
                 relay.latest_usage = event
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
+                if isinstance(event, ToolCall) and not relay.ended:
+                    relay.held_steps.add(id(event))
+                    relay.hold()
         if (relay.latest_usage is not relay.checked_usage and not relay.checking
                 and flight.usage_ticket is not None):
             relay.checking = True
@@ -554,18 +586,23 @@ class Governor:
             self._spawn(self._admit_stream_steps(flow, flight, relay))
 
     async def _admit_stream_steps(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
-        """Tool calls the model asks for in a stream, admitted in order. The stream is not
-        held meanwhile: a refusal cuts it if it is still flowing, and is recorded either way."""
+        """Tool calls the model asks for in a stream, admitted in order. From the chunk that
+        completes a tool call, output (and the upstream's end) is kept back until the call
+        is admitted (a pause holds it for the reviewer); a refusal cuts the stream."""
         session = flight.exchange.session
         try:
             while relay.pending_steps:
                 step = relay.pending_steps.pop(0)
                 admission = await self._admit(session, step)
                 await self._release(session, admission.ticket)
+                held = id(step) in relay.held_steps
+                relay.held_steps.discard(id(step))
                 if admission.decision.blocks:
                     decision = admission.decision
                     gov = {**governor_object(decision, session), **admission.governor_object}
                     self._enforce_in_flight(flow, flight, decision, gov)
+                elif held:
+                    relay.unhold()
         except Exception:
             log.exception("governor: admitting a streamed tool call failed in session %s", session)
             self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
@@ -580,7 +617,13 @@ class Governor:
         try:
             while not flight.finished:
                 await asyncio.sleep(max(0.0, flight.last_activity + timeout - time.monotonic()))
-                if flight.finished or flight.refusal is not None or (flight.relay and flight.relay.ended):
+                if flight.finished or flight.refusal is not None:
+                    return
+                relay = flight.relay
+                if relay is not None and relay.holds:  # waiting for us (an admission), not for the upstream
+                    flight.last_activity = time.monotonic()
+                    continue
+                if relay is not None and relay.ended:
                     return
                 if time.monotonic() - flight.last_activity >= timeout:
                     self._upstream_timeout(flow, flight, timeout)
@@ -620,6 +663,9 @@ class Governor:
             pass
         finally:
             self.tickers.pop(session, None)
+
+    def gate(self, flow: http.HTTPFlow) -> transit.Gate | None:
+        return transit.gate(self.proxyserver, flow)
 
     def _enforce_in_flight(self, flow: http.HTTPFlow, flight: Flight, decision: Decision,
                            gov: dict[str, Any]) -> None:

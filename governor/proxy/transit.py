@@ -15,6 +15,10 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   adapter's terminal event) and finishes the client's response with correct
   framing, so the client's keep-alive connection stays usable.
 
+* `gate(proxyserver, flow)` — hold the end of a streamed body (a tool call the
+  model asked for awaits admission): the upstream's end-of-message is kept until
+  the gate is released, so the client never sees a clean end before the verdict.
+
 * `answer(proxyserver, flow, raw)` — no response headers yet (a hung upstream). The upstream
   reader is handed a complete HTTP/1.1 response (the governor's error in the
   provider's format) as if the upstream had sent it, and the upstream connection
@@ -92,6 +96,58 @@ def _http1_client(handler: Any, flow: http.HTTPFlow) -> Http1Client | None:
 def _close_upstream(handler: Any, flow: http.HTTPFlow) -> None:
     if flow.server_conn in handler.transports and flow.server_conn.connected:
         handler.close_connection(flow.server_conn)
+
+
+class Gate:
+    """Withholds the end of an upstream body until released.
+
+    Installed as the upstream reader's body reader while a streamed tool call waits
+    for admission: data still flows (the relay keeps it back), but the upstream's
+    end-of-message is kept until `release()`. Released after the end was withheld,
+    the gate closes the upstream connection, whose end-of-file then delivers it.
+    """
+
+    def __init__(self, handler: Any, flow: http.HTTPFlow, inner: Any) -> None:
+        self.handler = handler
+        self.flow = flow
+        self.inner = inner
+        self.released = False
+        self.withheld = False  # the upstream's end-of-message arrived and is kept
+
+    def __call__(self, buf: ReceiveBuffer) -> Any:
+        if self.withheld:
+            buf.maybe_extract_at_most(len(buf))
+            return None
+        event = self.inner(buf)
+        if isinstance(event, h11.EndOfMessage) and not self.released:
+            self.withheld = True
+            return None
+        return event
+
+    def read_eof(self) -> Any:
+        if self.withheld:
+            return h11.EndOfMessage()
+        return self.inner.read_eof()
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        if self.withheld:
+            _close_upstream(self.handler, self.flow)
+
+
+def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
+    """Install a Gate on the flow's upstream body (None when it cannot be done)."""
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live:
+        return None
+    client = _http1_client(handler, flow)
+    if client is None or client.state != client.read_body:
+        return None
+    installed = Gate(handler, flow, client.body_reader)
+    client.body_reader = installed  # type: ignore[assignment]
+    return installed
 
 
 def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
