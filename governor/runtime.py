@@ -264,7 +264,8 @@ class Runtime:
     async def _apply(self, live: _Session, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
         """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
         now = self.clock()
-        live.last_activity = now
+        if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
+            live.last_activity = now
         if live.ended:
             return _ended(live), None
         state = live.state
@@ -491,16 +492,9 @@ class Runtime:
             return None
         state = live.state
         try:
-            counters = self.store.snapshot(self.agent_id, session, self.clock())
-            store_error = None
+            budgets, store_error = self._budgets(session), None
         except StoreError as exc:
-            counters, store_error = {}, str(exc)
-        budgets = []
-        for key in sorted(set(counters) | set(self._caps), key=lambda k: (k[0], k[1] or "", k[2])):
-            scope, persona, dimension = key
-            used, cap = counters.get(key, 0.0), self._caps.get(key)
-            budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
-            self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
+            budgets, store_error = [], str(exc)
         view = {
             "session": session,
             "state": "ended" if live.ended else "halted" if state.halted else "paused" if live.pending else "active",
@@ -518,6 +512,17 @@ class Runtime:
         if store_error:
             view["store_error"] = store_error
         return view
+
+    def _budgets(self, session: str) -> list[dict[str, Any]]:
+        """Every counter in use or capped, against its cap; refreshes the budget gauges."""
+        counters = self.store.snapshot(self.agent_id, session, self.clock())
+        budgets = []
+        for key in sorted(set(counters) | set(self._caps), key=lambda k: (k[0], k[1] or "", k[2])):
+            scope, persona, dimension = key
+            used, cap = counters.get(key, 0.0), self._caps.get(key)
+            budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
+            self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
+        return budgets
 
     # --- the sweeper -------------------------------------------------------------------
 
@@ -543,6 +548,8 @@ class Runtime:
                     await self._apply(live, Tick(), None)
             if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
                 await self.end_session(live.id)
+            else:
+                self._budgets(live.id)  # keep the budget gauges current for scrapers
 
 
 # --- helpers ---------------------------------------------------------------------------

@@ -226,3 +226,18 @@ async def test_r1_observes_and_never_blocks(pinned, tmp_path, clock):
     assert record["tier"] == "R1"
     assert any(e["cause"] == ON_BUDGET_EXHAUSTED for e in record["events"])
     rt.store.close()
+
+
+async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime, clock):
+    await model_step(runtime, "s", 1000, 500)
+    await runtime.sweep()
+    text = runtime.metrics.exposition().decode()
+    assert 'governor_budget_used{dimension="tokens",persona="",scope="per_session",session="s"} 1500.0' in text
+    assert 'governor_budget_limit{dimension="tokens",persona="",scope="per_day",session=""} 200000.0' in text
+    runtime.session_idle_sec = 60
+    for _ in range(61):  # a minute of sweeps with no traffic: the ticks are not activity
+        clock.t += 1
+        await runtime.sweep()
+    assert runtime.session_view("s")["state"] == "ended"
+    assert (runtime.data_dir / "records" / "s.json").exists()
+    assert 'session="s"' not in runtime.metrics.exposition().decode()  # per-session series dropped
