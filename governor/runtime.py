@@ -492,7 +492,7 @@ class Runtime:
             return None
         state = live.state
         try:
-            budgets, store_error = self._budgets(session), None
+            budgets, store_error = self._budgets(session, gauges=not live.ended), None
         except StoreError as exc:
             budgets, store_error = [], str(exc)
         view = {
@@ -513,15 +513,17 @@ class Runtime:
             view["store_error"] = store_error
         return view
 
-    def _budgets(self, session: str) -> list[dict[str, Any]]:
-        """Every counter in use or capped, against its cap; refreshes the budget gauges."""
+    def _budgets(self, session: str, *, gauges: bool = True) -> list[dict[str, Any]]:
+        """Every counter in use or capped, against its cap; refreshes the budget gauges
+        (not for an ended session: its per-session series were dropped)."""
         counters = self.store.snapshot(self.agent_id, session, self.clock())
         budgets = []
         for key in sorted(set(counters) | set(self._caps), key=lambda k: (k[0], k[1] or "", k[2])):
             scope, persona, dimension = key
             used, cap = counters.get(key, 0.0), self._caps.get(key)
             budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
-            self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
+            if gauges:
+                self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
         return budgets
 
     # --- the sweeper -------------------------------------------------------------------
