@@ -67,7 +67,6 @@ GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's,
 ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
 METADATA_KEY = "governor"
 SESSION_KEY = "governor.session"
-UNKNOWN = "unknown"
 
 _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 429: "Too Many Requests",
                 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -304,8 +303,9 @@ class Governor:
         except Exception:
             log.exception("governor: internal error on the response of %s", flow.request.url)
             if flight.relay is None:
-                self._replace(flow, flight.exchange.adapter, Decision(action=Action.HALT, cause="on_governor_error",
-                                                                      fail_closed=True), flight.exchange.session)
+                session = flight.exchange.session
+                self._replace(flow, flight.exchange.adapter, _governor_error(), session,
+                              _governor_error_object(session), flight.exchange)
         finally:
             await self._finish(flight, self._upstream_error(flow))
 
