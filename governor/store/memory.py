@@ -26,6 +26,36 @@ _Sub = tuple[str | None, str]  # (persona, dimension) within a session or an age
 
 
 @dataclass(slots=True)
+class _DayCounter:
+    """A per_day counter: its buckets and their running total.
+
+    Expired buckets are dropped (and taken off the total) once each, when the
+    window has moved past `oldest`, so reading the rolling sum costs O(1).
+    """
+
+    buckets: dict[int, float]
+    total: float
+    oldest: int  # no bucket is older than this
+
+    def live(self, first_live: int) -> float:
+        if self.oldest < first_live:
+            for b in [b for b in self.buckets if b < first_live]:
+                self.total -= self.buckets.pop(b)
+            self.oldest = first_live
+        return self.total
+
+    def add(self, bucket: int, amount: float) -> None:
+        self.buckets[bucket] = self.buckets.get(bucket, 0.0) + amount
+        self.total += amount
+        self.oldest = min(self.oldest, bucket)
+
+    def take(self, bucket: int, amount: float) -> None:
+        if bucket in self.buckets:  # absent: aged out of the window, no longer counted
+            self.buckets[bucket] -= amount
+            self.total -= amount
+
+
+@dataclass(slots=True)
 class _Held:
     agent: str
     session: str
@@ -42,7 +72,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._closed = False
         self._session_counters: dict[str, dict[_Sub, float]] = {}
-        self._day_buckets: dict[str, dict[_Sub, dict[int, float]]] = {}  # agent -> sub -> bucket -> value
+        self._day_counters: dict[str, dict[_Sub, _DayCounter]] = {}
         self._held: dict[str, _Held] = {}
         self._sessions: dict[str, bytes] = {}  # as JSON, like the other backends
         self._nonces: dict[str, float] = {}
@@ -101,10 +131,9 @@ class MemoryStore:
             if keys is not None:
                 return {key: self._value(agent, session, key, first_live) for key in keys}
             values = {("per_session", p, d): v for (p, d), v in self._session_counters.get(session, {}).items()}
-            day = self._day_buckets.get(agent, {})
-            for p, d in list(day):
-                value = self._value(agent, session, ("per_day", p, d), first_live)
-                if (p, d) in day:  # still has live buckets
+            for (p, d), counter in self._day_counters.get(agent, {}).items():
+                value = counter.live(first_live)
+                if counter.buckets:
                     values[("per_day", p, d)] = value
             return values
 
@@ -119,15 +148,8 @@ class MemoryStore:
         scope, persona, dimension = key
         if scope == "per_session":
             return self._session_counters.get(session, {}).get((persona, dimension), 0.0)
-        day = self._day_buckets.get(agent, {})
-        buckets = day.get((persona, dimension))
-        if buckets is None:
-            return 0.0
-        for old in [b for b in buckets if b < first_live]:  # prune as we go
-            del buckets[old]
-        if not buckets:
-            del day[(persona, dimension)]
-        return sum(buckets.values(), 0.0)
+        counter = self._day_counters.get(agent, {}).get((persona, dimension))
+        return 0.0 if counter is None else counter.live(first_live)
 
     def _apply(self, agent: str, session: str, key: CounterKey, bucket: int, amount: float, first_live: int) -> None:
         scope, persona, dimension = key
@@ -135,8 +157,12 @@ class MemoryStore:
             counters = self._session_counters.setdefault(session, {})
             counters[(persona, dimension)] = counters.get((persona, dimension), 0.0) + amount
         elif bucket >= first_live:  # usage dated before the window no longer counts
-            buckets = self._day_buckets.setdefault(agent, {}).setdefault((persona, dimension), {})
-            buckets[bucket] = buckets.get(bucket, 0.0) + amount
+            counters = self._day_counters.setdefault(agent, {})
+            counter = counters.get((persona, dimension))
+            if counter is None:
+                counter = counters[(persona, dimension)] = _DayCounter({}, 0.0, bucket)
+            counter.live(first_live)
+            counter.add(bucket, amount)
 
     def _unhold(self, held: _Held) -> None:
         """Take a reservation's amounts off its counters (those still present)."""
@@ -146,9 +172,9 @@ class MemoryStore:
                 if counters is not None and (persona, dimension) in counters:
                     counters[(persona, dimension)] -= amount
             else:
-                buckets = self._day_buckets.get(held.agent, {}).get((persona, dimension), {})
-                if held.bucket in buckets:  # absent: aged out of the window already
-                    buckets[held.bucket] -= amount
+                counter = self._day_counters.get(held.agent, {}).get((persona, dimension))
+                if counter is not None:
+                    counter.take(held.bucket, amount)
 
     # --- sessions ----------------------------------------------------------------------
     def save_session(self, session: str, state: dict) -> None:

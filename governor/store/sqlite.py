@@ -55,6 +55,12 @@ CREATE TABLE day_buckets (
     value REAL NOT NULL,
     PRIMARY KEY (agent, persona, dimension, bucket)
 ) WITHOUT ROWID;
+-- per per_day counter: the sum of its bucket rows, and a bound below which it has none
+CREATE TABLE day_totals (
+    agent TEXT NOT NULL, persona TEXT NOT NULL, dimension TEXT NOT NULL, total REAL NOT NULL,
+    oldest INTEGER NOT NULL,
+    PRIMARY KEY (agent, persona, dimension)
+) WITHOUT ROWID;
 CREATE TABLE reservations (
     id TEXT PRIMARY KEY, agent TEXT NOT NULL, session TEXT NOT NULL, bucket INTEGER NOT NULL,
     created REAL NOT NULL,
@@ -68,23 +74,30 @@ CREATE INDEX nonces_by_expiry ON nonces (expires_at);
 """
 
 _SESSION_VALUE = "SELECT value FROM session_counters WHERE session = ? AND persona = ? AND dimension = ?"
-_DAY_VALUE = (
-    "SELECT TOTAL(value) FROM day_buckets WHERE agent = ? AND persona = ? AND dimension = ? AND bucket >= ?"
-)
 _SESSION_ADD = (
     "INSERT INTO session_counters (session, persona, dimension, value) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (session, persona, dimension) DO UPDATE SET value = value + excluded.value"
 )
+_SESSION_TAKE = "UPDATE session_counters SET value = value - ? WHERE session = ? AND persona = ? AND dimension = ?"
+
+# per_day statements take (agent, persona, dimension) first
+_DAY_KEY = "agent = ? AND persona = ? AND dimension = ?"
+_DAY_TOTAL = f"SELECT total, oldest FROM day_totals WHERE {_DAY_KEY}"
+_DAY_EXPIRE = f"DELETE FROM day_buckets WHERE {_DAY_KEY} AND bucket < ? RETURNING value"
+_DAY_EXPIRED_SUM = f"SELECT TOTAL(value) FROM day_buckets WHERE {_DAY_KEY} AND bucket < ?"
+_DAY_HAS_LIVE = f"SELECT 1 FROM day_buckets WHERE {_DAY_KEY} AND bucket >= ? LIMIT 1"
+_DAY_SET_TOTAL = f"UPDATE day_totals SET total = ?, oldest = ? WHERE {_DAY_KEY}"
 _DAY_ADD = (
     "INSERT INTO day_buckets (agent, persona, dimension, bucket, value) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (agent, persona, dimension, bucket) DO UPDATE SET value = value + excluded.value"
 )
-_DAY_PRUNE = "DELETE FROM day_buckets WHERE agent = ? AND persona = ? AND dimension = ? AND bucket < ?"
-_SESSION_TAKE = "UPDATE session_counters SET value = value - ? WHERE session = ? AND persona = ? AND dimension = ?"
-_DAY_TAKE = (
-    "UPDATE day_buckets SET value = value - ? WHERE agent = ? AND persona = ? AND dimension = ? AND bucket = ?"
+_DAY_ADD_TOTAL = (
+    "INSERT INTO day_totals (agent, persona, dimension, total, oldest) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (agent, persona, dimension) DO UPDATE "
+    "SET total = total + excluded.total, oldest = MIN(oldest, excluded.oldest)"
 )
-
+_DAY_TAKE = f"UPDATE day_buckets SET value = value - ? WHERE {_DAY_KEY} AND bucket = ?"
+_DAY_TAKE_TOTAL = f"UPDATE day_totals SET total = total - ? WHERE {_DAY_KEY}"
 
 class SQLiteStore:
     """A store in the SQLite file at `path` (created with its directory's permissions)."""
@@ -187,7 +200,7 @@ class SQLiteStore:
         totals = totals_by_key(charges)
         first_live, bucket = self.window.first_live(now), self.window.bucket_of(now)
         with self._write() as conn:
-            current = {key: self._value(conn, agent, session, key, first_live) for key in totals}
+            current = {key: self._live_value(conn, agent, session, key, first_live) for key in totals}
             overshoot = first_overshoot(charges, totals, current)
             if overshoot is not None:
                 return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
@@ -232,22 +245,23 @@ class SQLiteStore:
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
     ) -> dict[CounterKey, float]:
+        """Read-only (expired buckets are left for the next write to drop)."""
         first_live = self.window.first_live(now)
         if keys is not None:
             check_keys(keys)
-            with self._read() as conn:
-                return {key: self._value(conn, agent, session, key, first_live) for key in keys}
         with self._read() as conn:
-            session_rows = conn.execute(
-                "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
-            ).fetchall()
-            day_rows = conn.execute(
-                "SELECT persona, dimension, TOTAL(value) FROM day_buckets WHERE agent = ? AND bucket >= ? "
-                "GROUP BY persona, dimension",
-                (agent, first_live),
-            ).fetchall()
-        values = {("per_session", p or None, d): v for p, d, v in session_rows}
-        values.update({("per_day", p or None, d): v for p, d, v in day_rows})
+            if keys is not None:
+                return {key: self._value(conn, agent, session, key, first_live) for key in keys}
+            values = {
+                ("per_session", p or None, d): v
+                for p, d, v in conn.execute(
+                    "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
+                )
+            }
+            for p, d in conn.execute("SELECT persona, dimension FROM day_totals WHERE agent = ?", (agent,)).fetchall():
+                if conn.execute(_DAY_HAS_LIVE, (agent, p, d, first_live)).fetchone():
+                    values[("per_day", p or None, d)] = self._value(conn, agent, session, ("per_day", p or None, d),
+                                                                    first_live)
         return values
 
     def settle_reservations(self, before: float) -> int:
@@ -256,23 +270,55 @@ class SQLiteStore:
 
     @staticmethod
     def _value(conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, first_live: int) -> float:
+        """A counter's value at first_live, without writing."""
+        scope, persona, dimension = key
+        persona = persona or _AGGREGATE
+        if scope == "per_session":
+            row = conn.execute(_SESSION_VALUE, (session, persona, dimension)).fetchone()
+            return row[0] if row else 0.0
+        row = conn.execute(_DAY_TOTAL, (agent, persona, dimension)).fetchone()
+        if row is None:
+            return 0.0
+        total, oldest = row
+        if oldest < first_live:
+            total -= conn.execute(_DAY_EXPIRED_SUM, (agent, persona, dimension, first_live)).fetchone()[0]
+        return total
+
+    @classmethod
+    def _live_value(
+        cls, conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, first_live: int
+    ) -> float:
+        """A counter's value at first_live, dropping the per_day buckets that left the window.
+
+        Each bucket is dropped once, so keeping the rolling sum costs O(1) per step
+        instead of a sum over a day of buckets.
+        """
         scope, persona, dimension = key
         if scope == "per_session":
-            row = conn.execute(_SESSION_VALUE, (session, persona or _AGGREGATE, dimension)).fetchone()
-            return row[0] if row else 0.0
-        return conn.execute(_DAY_VALUE, (agent, persona or _AGGREGATE, dimension, first_live)).fetchone()[0]
+            return cls._value(conn, agent, session, key, first_live)
+        day_key = (agent, persona or _AGGREGATE, dimension)
+        row = conn.execute(_DAY_TOTAL, day_key).fetchone()
+        if row is None:
+            return 0.0
+        total, oldest = row
+        if oldest < first_live:
+            total -= sum(v for (v,) in conn.execute(_DAY_EXPIRE, (*day_key, first_live)).fetchall())
+            conn.execute(_DAY_SET_TOTAL, (total, first_live, *day_key))
+        return total
 
-    @staticmethod
+    @classmethod
     def _apply(
-        conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, bucket: int, amount: float, first_live: int
+        cls, conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, bucket: int, amount: float,
+        first_live: int,
     ) -> None:
         scope, persona, dimension = key
         persona = persona or _AGGREGATE
         if scope == "per_session":
             conn.execute(_SESSION_ADD, (session, persona, dimension, amount))
         elif bucket >= first_live:  # usage dated before the window no longer counts
+            cls._live_value(conn, agent, session, key, first_live)
             conn.execute(_DAY_ADD, (agent, persona, dimension, bucket, amount))
-            conn.execute(_DAY_PRUNE, (agent, persona, dimension, first_live))
+            conn.execute(_DAY_ADD_TOTAL, (agent, persona, dimension, amount, bucket))
 
     @staticmethod
     def _take_reservation(
@@ -293,8 +339,8 @@ class SQLiteStore:
             persona = persona or _AGGREGATE
             if scope == "per_session":
                 conn.execute(_SESSION_TAKE, (amount, session, persona, dimension))
-            else:
-                conn.execute(_DAY_TAKE, (amount, agent, persona, dimension, bucket))
+            elif conn.execute(_DAY_TAKE, (amount, agent, persona, dimension, bucket)).rowcount:
+                conn.execute(_DAY_TAKE_TOTAL, (amount, agent, persona, dimension))
 
     # --- sessions ----------------------------------------------------------------------
     def save_session(self, session: str, state: dict) -> None:
