@@ -148,7 +148,8 @@ def main() -> int:
             store = open_store()
             try:
                 row = sequential(store, ops)
-                row[f"ops_per_sec_{args.threads}_threads"] = concurrent(store, args.threads, max(50, ops // args.threads))
+                per_thread = max(50, ops // args.threads)
+                row[f"ops_per_sec_{args.threads}_threads"] = concurrent(store, args.threads, per_thread)
             finally:
                 store.close()
             rows[name] = row

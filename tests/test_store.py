@@ -186,7 +186,8 @@ def test_per_session_is_not_shared_across_sessions(store: Store):
 def test_names_with_separators_do_not_collide(store: Store):
     names = [("a", "s", "p"), ("a:b", "s:x", "p|q"), ("1:a", "s|x", "q"), ("a", "s", "p|q")]
     for i, (agent, session, persona) in enumerate(names, start=1):
-        store.add(agent, session, [charge("per_day", "tokens", i, None, persona), charge("per_session", "tokens", i)], T0)
+        usage = [charge("per_day", "tokens", i, None, persona), charge("per_session", "tokens", i)]
+        store.add(agent, session, usage, T0)
     for i, (agent, session, persona) in enumerate(names, start=1):
         day = store.snapshot(agent, session, T0, [("per_day", persona, "tokens")])
         assert day == {("per_day", persona, "tokens"): i}

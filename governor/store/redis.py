@@ -15,13 +15,15 @@ Layout, under a key prefix (default "governor:"):
   r:<id>, sr:<session>, rt         a reservation; a session's reservations; all by time
   st:<session>, sessions           saved session state; the set of saved sessions
   n:<nonce>                        a nonce's expiry
-(persona "" is the parent's aggregate.) Per-day keys expire a bucket past the
-window after their last write. The scripts derive key names from their
-arguments, so this runs on a single Redis primary (with replicas or Sentinel),
-not on Redis Cluster.
+(persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
+so no two names collide.) Per-day keys expire two buckets past the window after
+their last write. The scripts derive key names from their arguments, so this
+runs on a single Redis primary (with replicas or Sentinel), not on Redis Cluster.
 
-No command is retried: after a timeout a retried reserve or add could count
-twice. Any failure raises StoreUnavailable within the socket timeout.
+No command is retried: a retried reserve or add could count twice. Any failure
+raises StoreUnavailable within the socket timeout. A reserve that timed out may
+still have run on the server: its reservation is then orphaned and keeps
+counting until `settle_reservations` forgets it (the store errs on counting).
 """
 
 from __future__ import annotations

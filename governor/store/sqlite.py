@@ -99,6 +99,7 @@ _DAY_ADD_TOTAL = (
 _DAY_TAKE = f"UPDATE day_buckets SET value = value - ? WHERE {_DAY_KEY} AND bucket = ?"
 _DAY_TAKE_TOTAL = f"UPDATE day_totals SET total = total - ? WHERE {_DAY_KEY}"
 
+
 class SQLiteStore:
     """A store in the SQLite file at `path` (created with its directory's permissions)."""
 
@@ -333,7 +334,9 @@ class SQLiteStore:
         return agent, session, bucket, _decode_totals(totals)
 
     @staticmethod
-    def _unhold(conn: sqlite3.Connection, agent: str, session: str, bucket: int, totals: dict[CounterKey, float]) -> None:
+    def _unhold(
+        conn: sqlite3.Connection, agent: str, session: str, bucket: int, totals: dict[CounterKey, float]
+    ) -> None:
         """Take a reservation's amounts off its counters (rows pruned meanwhile stay gone)."""
         for (scope, persona, dimension), amount in totals.items():
             persona = persona or _AGGREGATE
