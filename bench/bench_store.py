@@ -31,12 +31,23 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, summarize  # noqa: E402
 from governor.policy.steps import CounterCharge  # noqa: E402
 from governor.store import MemoryStore, SQLiteStore, Store  # noqa: E402
 
+RESULTS = ROOT / "bench" / "results"
 NOW = 1_795_000_000.0
 BIG = 1e15  # caps that never refuse: every reservation takes the full path
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    """n, p50, p90, p99 (nearest rank), mean and max, in microseconds to 0.1."""
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 1)
+
+    return {"n": len(ordered), "p50": rank(50), "p90": rank(90), "p99": rank(99),
+            "mean": round(sum(ordered) / len(ordered), 1), "max": round(ordered[-1], 1)}
 
 
 def expected(tokens: int) -> list[CounterCharge]:
@@ -78,9 +89,9 @@ def sequential(store: Store, ops: int) -> dict[str, Any]:
             store.snapshot(agent, session, now, keys)
             snapshots.append((time.perf_counter_ns() - began) / 1000)
     return {
-        "reserve_commit_us": summarize(pairs, 1),
+        "reserve_commit_us": summarize(pairs),
         "ops_per_sec_1_thread": round(1e6 * len(pairs) / sum(pairs)),
-        "snapshot_us": summarize(snapshots, 1),
+        "snapshot_us": summarize(snapshots),
     }
 
 
