@@ -127,8 +127,11 @@ class Runtime:
         session_idle_sec: float = 900.0,
         tick_interval_sec: float = 1.0,
         journal_sync: bool = True,
+        pinned: Any = None,
     ) -> None:
         self.limits = limits
+        self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
+        self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
         self.store = store
         self.data_dir = Path(data_dir)
         self.key = key
@@ -415,6 +418,15 @@ class Runtime:
                     "expires_at": iso_utc(pending.expires_at),
                 })
         return out
+
+    def halted(self, session: str) -> str | None:
+        """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""
+        live = self._sessions.get(session)
+        if live is None:
+            return None
+        if live.state.halted:
+            return live.state.halt_cause or ON_GOVERNOR_ERROR
+        return "session_ended" if live.ended else None
 
     # --- tools a session may use (MCP tools/list filtering) ----------------------------
 

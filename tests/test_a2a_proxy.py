@@ -32,20 +32,39 @@ async def peers():
         await peer.stop()
 
 
-async def _governor(document, tmp_path):
+async def _governor(document, tmp_path, **settings):
     runtime, _ = real_runtime(document, tmp_path)
     resolver = PeerResolver(admission_verifier())
     settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
-                        adapters=AdapterConfig(extra={"a2a_peers": resolver}))
+                        adapters=AdapterConfig(extra={"a2a_peers": resolver}), **settings)
     return await serve(settings, runtime), resolver
 
 
 @pytest.fixture
 async def governor(tmp_path):
-    running, resolver = await _governor(OURS, tmp_path)
+    # the peer resolver serve() builds itself, as `governor run` has it
+    runtime, _ = real_runtime(OURS, tmp_path)
+    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path), runtime)
     yield running
     await running.stop()
-    await resolver.close()
+
+
+async def test_a_statically_mapped_peer_is_verified_from_its_file_without_discovery(tmp_path, peers):
+    import json
+
+    peer = peers["summarizer"]
+    document = peer.passports["summarizer.json"]
+    passport_file = tmp_path / "summarizer-passport.json"
+    passport_file.write_text(json.dumps(document))
+    runtime, _ = real_runtime(OURS, tmp_path)
+    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+                                   peers={peer.url: str(passport_file)}), runtime)
+    try:
+        resp = await _delegate(running, peer, "static-1")
+    finally:
+        await running.stop()
+    assert resp.status_code == 200 and len(peer.received) == 1
+    assert peer.hits.get("/.well-known/adl-agents", 0) == 0  # the map answered, nothing was fetched
 
 
 async def _delegate(running, peer: A2APeer, session: str, method: str = "message/send", headers=None) -> httpx.Response:

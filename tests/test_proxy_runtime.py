@@ -154,3 +154,39 @@ print(json.dumps({"plain": r.usage.total_tokens, "streamed": s[-1].usage.total_t
     assert out == {"plain": 50, "streamed": 35,
                    "refused": {"type": "RateLimitError", "status": 429, "cause": "on_budget_exhausted"}}
     assert tokens_used(running, "sdk") == 85
+
+
+async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
+    running, mock = env
+    # ungoverned (no adapter matches) while the session runs: forwarded
+    client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
+    try:
+        await asyncio.to_thread(client.send, "GET", "/health", b"", {"ADL-Session": "ungoverned"})
+        before, _, _ = await asyncio.to_thread(client.read_response)
+    finally:
+        client.close()
+    assert before != 403
+    status, _, _ = await send(running, mock, CHAT, chat(max_tokens=30000), "ungoverned")
+    assert status == 429 and running.runtime.session_view("ungoverned")["state"] == "halted"
+    client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
+    try:
+        await asyncio.to_thread(client.send, "GET", "/health", b"", {"ADL-Session": "ungoverned"})
+        status, _, body = await asyncio.to_thread(client.read_response)
+    finally:
+        client.close()
+    assert status == 403
+    assert orjson.loads(body)["error"]["governor"]["cause"] == "on_budget_exhausted"
+
+
+async def test_run_keeps_the_governor_key_where_auditors_find_it(env):
+    from governor.evidence import load_did_document, load_public_key, verify_record
+
+    running, mock = env
+    keys = running.settings.data_dir / "keys"
+    assert (keys / "governor-key.pem").stat().st_mode & 0o077 == 0
+    did = load_did_document(keys / "did.json")
+    assert did["id"] == running.runtime.governor_id
+    await send(running, mock, CHAT, chat(), "audited")
+    record = await running.runtime.end_session("audited")
+    assert verify_record(record, public_key=load_public_key(keys / "governor-pub.pem")).ok
+    assert verify_record(record, did_document=did).ok

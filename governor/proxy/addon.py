@@ -480,6 +480,12 @@ class Governor:
 
     def _unknown(self, flow: http.HTTPFlow, session: str) -> None:
         host = flow.request.host
+        halted = getattr(self.runtime, "halted", None)
+        cause = halted(session) if halted is not None else None
+        if cause is not None:  # after a halt the session refuses everything, ungoverned traffic too
+            gov = {"cause": cause, "action": "halt", "reason": "the session is halted", "session": session}
+            flow.response = _response(_generic_error(403, f"governor: session halted ({cause})", gov), "halt")
+            return
         if self.policy.unknown_traffic == "deny":
             message = f"no adapter governs {flow.request.method} {host}{flow.request.path.split('?', 1)[0]}"
             gov = {"cause": None, "action": "deny", "reason": f"unknown traffic: {message}", "session": session}

@@ -34,6 +34,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
     "store": ("GOVERNOR_STORE", "state store: a path (SQLite), sqlite://PATH, redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
+    "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
+           "default: the key's did.json, else did:web:localhost:governor)"),
 }
 
 
@@ -95,7 +97,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     config_path = given("config")
     file = _load_config(Path(config_path)) if config_path else {}
     known = set(OPTIONS) | {"routes", "upstream_insecure", "tick_interval", "max_body_bytes", "default_output_tokens",
-                            "bytes_per_token", "inject_stream_usage", "governor_id", "control_token"}
+                            "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
+                            "peers", "delegation_depth"}
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -147,8 +150,20 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.tick_interval = float(file["tick_interval"])
     if "max_body_bytes" in file:
         settings.max_body_bytes = int(file["max_body_bytes"])
-    if "governor_id" in file:
-        settings.governor_id = str(file["governor_id"])
+    if (identifier := value("id") or file.get("governor_id")) is not None:
+        settings.governor_id = str(identifier)
+    peers = file.get("peers") or {}
+    if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
+        raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")
+    for prefix, passport_file in peers.items():
+        if not Path(passport_file).is_file():
+            raise UsageError(f"config {config_path}: peers[{prefix!r}]: no such file {passport_file}")
+    settings.peers = dict(peers)
+    if "delegation_depth" in file:
+        depth = file["delegation_depth"]
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise UsageError(f"config {config_path}: delegation_depth must be a whole number >= 0")
+        settings.delegation_depth = depth
     try:
         settings.routes = tuple(Route.parse(r) for r in file.get("routes") or ())
         settings.adapters = AdapterConfig(
@@ -169,10 +184,30 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
 
 
 def instructions(running: Any) -> str:
-    lines = ["governor running", f"  proxy:          {running.proxy_url} (mode {running.settings.mode})"]
+    settings, runtime = running.settings, running.runtime
+    data = settings.data_dir.resolve()
+    lines = ["governor running"]
+    report, pinned = getattr(runtime, "admission", None), getattr(runtime, "pinned", None)
+    if report is not None and pinned is not None:
+        lines.append(f"  passport:       {pinned.name} {pinned.version} ({settings.passport or 'bundled example'})")
+        lines.append(f"                  digest {report.digest}")
+        lines += [f"                  warning: {step.section} {step.message}" for step in report.warnings]
+    limits = getattr(runtime, "limits", None)
+    lines.append(f"  tier:           {limits.tier.value if limits is not None else settings.tier.value}")
+    lines.append(f"  proxy:          {running.proxy_url} (mode {settings.mode})")
     if running.control_url:
         lines.append(f"  control plane:  {running.control_url}")
-    lines.append(f"  data:           {running.settings.data_dir.resolve()}")
+        lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
+                     if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
+                     "paused steps can only time out"))
+    lines.append(f"  data:           {data}")
+    if getattr(runtime, "governor_id", None):
+        lines.append(f"  governor id:    {runtime.governor_id}")
+        from governor.evidence.keys import KeyFiles
+
+        keys = KeyFiles(data / "keys")
+        lines.append(f"  records:        {data / 'records'}")
+        lines.append(f"  verify with:    governor verify RECORD --key {keys.public_key}  (or --did-document {keys.did_document})")
     lines.append("Set in the agent's environment:")
     lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
     lines.append("Name sessions and personas with the ADL-Session / ADL-Persona request headers. Ctrl-C stops.")

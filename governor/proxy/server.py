@@ -33,7 +33,6 @@ from governor.runtime_api import RuntimeAPI
 log = logging.getLogger("governor.proxy")
 
 CA_FILE = "mitmproxy-ca-cert.pem"
-DEFAULT_PRICING = Path(__file__).resolve().parent.parent.parent / "policies" / "pricing.yaml"
 
 
 class StartupError(Exception):
@@ -67,7 +66,9 @@ class Settings:
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
     store: str | None = None  # state store URL/path; None: SQLite in the data directory
-    governor_id: str = "did:web:localhost:governor"  # the record's governor identifier
+    governor_id: str | None = None  # the record's governor identifier; None: the key's did.json, else did:web:localhost:governor
+    peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
+    delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
@@ -89,6 +90,7 @@ class Running:
     control_address: tuple[str, int] | None
     _master_task: asyncio.Task
     _control_runner: Any = None
+    _peers: Any = None  # the A2A PeerResolver serve() built (closed on stop)
 
     @property
     def proxy_url(self) -> str:
@@ -128,6 +130,9 @@ class Running:
         if self._control_runner is not None:
             await self._control_runner.cleanup()
             self._control_runner = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
         close = getattr(self.runtime, "close", None)
         if close is not None:
             result = close()
@@ -198,6 +203,16 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         # the MCP adapter filters tools/list answers by what the session (persona) may use
         adapter_config = dataclasses.replace(
             adapter_config, extra={**adapter_config.extra, "allowed_tools": runtime.allowed_tools})
+    peers = None
+    if "a2a_peers" not in adapter_config.extra:
+        # A2A: a peer's passport is verified with the admission code before §4.2 is evaluated
+        from governor.adapters.a2a import PeerResolver, admission_verifier
+
+        pinned = getattr(runtime, "pinned", None)
+        verifier = admission_verifier(requesting_agent=pinned.document if pinned is not None else None)
+        peers = PeerResolver(verifier, static=settings.peers)
+        adapter_config = dataclasses.replace(adapter_config, extra={
+            **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
     registry = AdapterRegistry.default(adapter_config, settings.routes)
     addon = Governor(runtime, registry, policy, metrics=metrics, origin=origin)
     started = _Started()
@@ -218,10 +233,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
             await task
         if control_runner is not None:
             await control_runner.cleanup()
+        if peers is not None:
+            await peers.close()
         raise StartupError(f"the proxy could not listen on {settings.listen[0]}:{settings.listen[1]} "
                            f"(mode {settings.mode}); see the log above")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
-    return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner)
+    return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers)
 
 
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
@@ -230,9 +247,10 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     Refuses (StartupError, with the admission report) a passport that fails admission."""
     from datetime import datetime, timezone
 
-    from governor.evidence.keys import generate_key, load_private_key, private_key_pem
+    from governor.evidence import EvidenceError, ensure_governor_key
     from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
     from governor.policy import compile_limits, load_pricing
+    from governor.policy.pricing import default_pricing_path
     from governor.runtime import Runtime
     from governor.store import open_store
 
@@ -244,22 +262,24 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
     if not report.verified or report.pinned is None:
         raise StartupError(f"passport {path} refused at admission", report)
-    pricing = settings.pricing or DEFAULT_PRICING
+    pricing = settings.pricing or default_pricing_path()
     try:
         limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
-    key_file = settings.data_dir / "governor-key.pem"
-    if key_file.exists():
-        key = load_private_key(key_file)
-    else:
-        key = generate_key()
-        key_file.write_bytes(private_key_pem(key))
-        key_file.chmod(0o600)
-    store = open_store(settings.store or settings.data_dir / "state.db")
+    try:  # <data-dir>/keys: private key (0600), public key, did.json for auditors (§8.2)
+        key, governor_id = ensure_governor_key(settings.data_dir, settings.governor_id)
+    except (EvidenceError, OSError, ValueError) as exc:
+        raise StartupError(f"governor key in {settings.data_dir / 'keys'}: {exc}") from None
+    location = settings.store or settings.data_dir / "state.db"
+    try:
+        store = open_store(location)
+    except Exception as exc:  # StoreError, a bad URL: nothing can be decided without state
+        raise StartupError(f"state store {location}: {exc}") from None
     runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
-                      governor_id=settings.governor_id, agent_id=report.pinned.id, metrics=metrics,
-                      session_idle_sec=settings.session_idle)
+                      governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
+                      session_idle_sec=settings.session_idle, pinned=report.pinned)
+    runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
     return runtime
