@@ -62,7 +62,7 @@ from governor.policy import (
 from governor.policy.engine import governor_error
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
-from governor.runtime_api import Admission
+from governor.runtime_api import Admission, governor_object
 from governor.store import Store, StoreError
 
 log = logging.getLogger("governor.runtime")
@@ -71,11 +71,6 @@ log = logging.getLogger("governor.runtime")
 # fresh snapshot; the projection then reports the exhaustion. More rounds than this
 # means the counters keep moving under us: fail closed rather than spin.
 MAX_DECIDE_ROUNDS = 4
-
-# Keys of Decision.details that clients and the record's readers care about.
-_OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
-                "tool", "peer", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause")
-
 
 @dataclass(slots=True)
 class Ticket:
@@ -333,7 +328,7 @@ class Runtime:
 
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
         return Admission(decision=decision, session=session, ticket=ticket,
-                         governor_object=governor_object(session, decision))
+                         governor_object=governor_object(decision, session))
 
     # --- oversight (§5) ----------------------------------------------------------------
 
@@ -577,27 +572,6 @@ def _caps_by_key(limits: Limits) -> dict[tuple, float]:
                 if meter.cap is not None:
                     caps[meter.key] = meter.cap
     return caps
-
-
-def governor_object(session: str, decision: Decision) -> dict[str, Any]:
-    """The machine-readable reason a client gets with a refusal (and the control plane shows)."""
-    obj: dict[str, Any] = {
-        "session": session,
-        "cause": decision.cause,
-        "action": decision.action.value,
-        "enforced": decision.enforced,
-        "fail_closed": decision.fail_closed,
-    }
-    details = decision.details
-    for key in _OBJECT_KEYS:
-        if key in details and details[key] is not None:
-            obj[key] = details[key]
-    if decision.approval is not None:
-        obj["approval_id"] = decision.approval.id
-        obj["expires_at"] = iso_utc(decision.approval.expires_at)
-    if decision.fallback_message:
-        obj["message"] = decision.fallback_message
-    return obj
 
 
 def _ended(live: _Session) -> Decision:

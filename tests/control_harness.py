@@ -22,7 +22,7 @@ from governor.policy.steps import (
     Action, ApprovalRequest, Decision, PERMIT, Step, ToolCall, UsageReport, ON_OVERSIGHT_TIMEOUT,
     ON_OVERSIGHT_TRIGGER,
 )
-from governor.runtime_api import Admission
+from governor.runtime_api import Admission, governor_object
 
 Rule = tuple[Callable[[str, Step], bool], Callable[[str, Step], Decision]]
 
@@ -80,7 +80,7 @@ class ScriptedRuntime:
         if decision.approval is not None:
             self.pending[decision.approval.id] = _Pending(session, step, decision.approval)
         self._tickets += 1
-        return Admission(decision, session, ticket=self._tickets, governor_object=self._object(decision))
+        return Admission(decision, session, ticket=self._tickets, governor_object=governor_object(decision, session))
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
         pending = self.pending[approval_id]
@@ -93,13 +93,13 @@ class ScriptedRuntime:
                                 event={"cause": ON_OVERSIGHT_TIMEOUT, "action": "halt"})
             self.events[session].append(dict(decision.event))
             self.ended.add(session)
-            return Admission(decision, session, governor_object=self._object(decision))
+            return Admission(decision, session, governor_object=governor_object(decision, session))
         if approved:
             self._tickets += 1
             return Admission(PERMIT, session, ticket=self._tickets)
         decision = Decision(action=Action.DENY, cause=ON_OVERSIGHT_TRIGGER,
                             event={"cause": ON_OVERSIGHT_TRIGGER, "action": "deny"})
-        return Admission(decision, session, governor_object=self._object(decision))
+        return Admission(decision, session, governor_object=governor_object(decision, session))
 
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
         self.steps.append((session, report))
@@ -107,13 +107,6 @@ class ScriptedRuntime:
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         self.finished.append((session, ticket, error))
-
-    @staticmethod
-    def _object(decision: Decision) -> dict[str, Any]:
-        obj = {"cause": decision.cause, "action": decision.action.value, "enforced": decision.enforced}
-        if decision.approval is not None:
-            obj["approval_id"] = decision.approval.id
-        return obj
 
     # --- control plane -----------------------------------------------------------------
 

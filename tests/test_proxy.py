@@ -145,7 +145,7 @@ async def test_anthropic_refusal_is_in_anthropic_format(env):
     assert status == 403 and headers["x-should-retry"] == "false" and headers["adl-governor-action"] == "deny"
     data = orjson.loads(body)
     assert data["type"] == "error" and data["error"]["type"] == "permission_error"
-    assert data["governor"] == {"cause": "on_sub_agent_denied", "action": "deny", "fail_closed": False,
+    assert data["governor"] == {"cause": "on_sub_agent_denied", "action": "deny", "enforced": True, "fail_closed": False,
                                 "session": "deny", "persona": "ghost"}
 
 

@@ -241,3 +241,15 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
     assert runtime.session_view("s")["state"] == "ended"
     assert (runtime.data_dir / "records" / "s.json").exists()
     assert 'session="s"' not in runtime.metrics.exposition().decode()  # per-session series dropped
+
+
+def test_the_refusal_reason_states_the_comparison_the_decision_made():
+    from governor.adapters.base import describe
+    from governor.policy import Decision
+    from governor.runtime_api import governor_object
+
+    decision = Decision(action=Action.HALT, cause=ON_BUDGET_EXHAUSTED, details={
+        "dimension": "tokens", "scope": "per_session", "observed": 20000.0, "projected": 21096.0, "limit": 20000.0})
+    obj = governor_object(decision, "s")
+    assert obj["observed"] == 20000 and isinstance(obj["observed"], int) and obj["session"] == "s"
+    assert "projected 21096 > limit 20000 (used 20000)" in describe(obj)

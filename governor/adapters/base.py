@@ -44,6 +44,8 @@ from governor.policy.steps import (
     UsageReport,
 )
 
+from governor.runtime_api import governor_object  # noqa: F401  (one builder for every client-facing reason)
+
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
 
 
@@ -292,26 +294,6 @@ def status_for(decision: Decision) -> int:
     return 403
 
 
-def governor_object(decision: Decision, session: str) -> dict[str, Any]:
-    """The machine-readable reason clients receive, built from a decision.
-
-    Used when the runtime's Admission carries none (stream cuts get a bare Decision).
-    """
-    details = decision.details or {}
-    obj: dict[str, Any] = {
-        "cause": decision.cause,
-        "action": decision.action.value,
-        "fail_closed": decision.fail_closed,
-        "session": session,
-    }
-    for key in ("dimension", "scope", "observed", "limit", "persona", "tool", "rule", "reason"):
-        if key in details:
-            obj[key] = details[key]
-    if decision.action is Action.FALLBACK and decision.fallback_message:
-        obj["message"] = decision.fallback_message
-    return obj
-
-
 def describe(governor: Mapping[str, Any]) -> str:
     """A one-line human reason for an error message, from a governor object."""
     cause = governor.get("cause") or "governor"
@@ -319,7 +301,10 @@ def describe(governor: Mapping[str, Any]) -> str:
     if "dimension" in governor:
         scope = governor.get("scope")
         parts.append(f"{governor['dimension']}{' ' + scope if scope else ''}")
-    if "observed" in governor and "limit" in governor:
+    if "projected" in governor and "limit" in governor:
+        parts.append(f"projected {governor['projected']} > limit {governor['limit']}"
+                     + (f" (used {governor['observed']})" if "observed" in governor else ""))
+    elif "observed" in governor and "limit" in governor:
         parts.append(f"observed {governor['observed']} > limit {governor['limit']}")
     if governor.get("reason"):
         parts.append(str(governor["reason"]))

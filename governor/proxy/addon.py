@@ -461,7 +461,7 @@ class Governor:
     def _refuse(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
                 exchange: Exchange | None = None) -> None:
         decision = admission.decision
-        gov = {**governor_object(decision, session), **admission.governor_object}
+        gov = admission.governor_object or governor_object(decision, session)
         reply = self._refusal_reply(adapter, decision, gov, exchange)
         flow.response = _response(reply, decision.action.value)
         log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
@@ -530,7 +530,7 @@ class Governor:
             await self._release(session, admission.ticket)
             if admission.decision.blocks:
                 decision = admission.decision
-                gov = {**governor_object(decision, session), **admission.governor_object}
+                gov = admission.governor_object or governor_object(decision, session)
                 self._replace(flow, adapter, decision, session, gov, exchange)
                 return
         if observation.replace_body is not None:
@@ -605,7 +605,7 @@ class Governor:
                 relay.held_steps.discard(id(step))
                 if admission.decision.blocks:
                     decision = admission.decision
-                    gov = {**governor_object(decision, session), **admission.governor_object}
+                    gov = admission.governor_object or governor_object(decision, session)
                     self._enforce_in_flight(flow, flight, decision, gov)
                 elif held:
                     relay.unhold()
@@ -658,7 +658,7 @@ class Governor:
                     admission = await self.runtime.admit(session, Tick())
                     await self._release(session, admission.ticket)
                     decision = admission.decision
-                    gov = {**governor_object(decision, session), **admission.governor_object}
+                    gov = admission.governor_object or governor_object(decision, session)
                 except Exception:
                     log.exception("governor: wall-clock check failed in session %s", session)
                     decision, gov = _governor_error(), _governor_error_object(session)
