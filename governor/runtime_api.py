@@ -85,7 +85,16 @@ class RuntimeAPI(Protocol):
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         """The step is over (completed, failed or cut): release what it still holds."""
 
+    def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        """The tools the session (persona) may use; None: no restriction declared (MCP tools/list)."""
+
+    def halted(self, session: str) -> str | None:
+        """The cause that halted the session, or None: the proxy refuses ungoverned traffic of a halted session."""
+
     # --- sessions, approvals, records (control plane) --------------------------------
+    async def ready(self) -> dict[str, Any]:
+        """{"ready": bool, ...}: the store answers and a passport is pinned (/readyz)."""
+
     def sessions(self) -> list[dict[str, Any]]: ...
 
     def session_view(self, session: str) -> dict[str, Any] | None: ...
