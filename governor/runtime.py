@@ -103,6 +103,7 @@ class _Session:
     last_activity: float = 0.0
     ended: bool = False
     final_record: dict[str, Any] | None = None
+    unsaved: bool = False  # state changed since it was last persisted
 
 
 class Runtime:
@@ -166,6 +167,8 @@ class Runtime:
                     except Exception:  # a session that cannot end is finalized from its journal later
                         log.exception("could not end session %s on shutdown", session.id)
         for session in self._sessions.values():
+            if session.unsaved:
+                self._save(session)
             session.journal.close()
 
     @property
@@ -307,10 +310,11 @@ class Runtime:
                 self._release_quietly(reservation)
             return _unrecorded_failure(step, exc), None
         live.state = advance(self.limits, state, step, decision, now)
-        try:
-            self.store.save_session(live.id, live.state.to_dict())
-        except StoreError:  # the next step's snapshot will fail closed if the store stays down
-            log.exception("session %s: could not save session state", live.id)
+        live.unsaved = True
+        if decision.events or decision.blocks or type(step) is SessionEnd:
+            # enforcement changed the session: persist now. Plain permits are persisted by
+            # the sweeper within a tick (budget counters and the journal are durable per step).
+            self._save(live)
         new_ticket = None
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
@@ -319,6 +323,13 @@ class Runtime:
         elif reservation is not None:  # a reservation nobody will settle
             self._release_quietly(reservation)
         return decision, new_ticket
+
+    def _save(self, live: _Session) -> None:
+        try:
+            self.store.save_session(live.id, live.state.to_dict())
+            live.unsaved = False
+        except StoreError:  # the next step's snapshot will fail closed if the store stays down
+            log.exception("session %s: could not save session state", live.id)
 
     def _release_quietly(self, reservation: str) -> None:
         try:
@@ -558,6 +569,8 @@ class Runtime:
             if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
                 await self.end_session(live.id)
             else:
+                if live.unsaved:
+                    self._save(live)
                 self._budgets(live.id)  # keep the budget gauges current for scrapers
 
 

@@ -321,3 +321,20 @@ def test_inconsistent_nonce_arguments_are_usage_errors(record, key):
         verify_record(record, public_key=key.public_key(), expected_nonce="n", nonce_ttl=5)
     with pytest.raises(ValueError, match="needs the expected nonce"):
         verify_record(record, public_key=key.public_key(), nonce_issued_at="2026-01-01T00:00:00Z", nonce_ttl=5)
+
+
+def test_nonce_issued_within_the_records_millisecond_is_fresh(key):
+    from datetime import datetime, timedelta, timezone
+
+    from tests.test_evidence_record import START, signed_record
+
+    record = signed_record(key, nonce="n-1")  # iat = START + 61, stated to the millisecond
+    iat = datetime.fromtimestamp(START + 61, tz=timezone.utc)
+    same_ms = iat + timedelta(microseconds=400)  # the nonce was issued later in that millisecond
+    report = verify_record(record, public_key=key.public_key(), expected_nonce="n-1",
+                           nonce_issued_at=same_ms, nonce_ttl=timedelta(seconds=60))
+    assert report.ok, report.first_failure
+    later = iat + timedelta(milliseconds=2)  # a record from before the challenge is still refused
+    report = verify_record(record, public_key=key.public_key(), expected_nonce="n-1",
+                           nonce_issued_at=later, nonce_ttl=timedelta(seconds=60))
+    assert report.first_failure.number == 5

@@ -247,7 +247,9 @@ def _check_nonce(
         iat = parse_iso(record["iat"])
     except ValueError as exc:
         raise _Fail(f"iat: {exc}") from None
-    if iat < issued_at:
+    # records state iat to the millisecond, truncated: compare the nonce's issue time at
+    # that precision, or a record issued in the same millisecond would look older
+    if iat < issued_at.replace(microsecond=issued_at.microsecond // 1000 * 1000):
         raise _Fail(f"the record was issued at {record['iat']}, before the nonce was issued ({issued_at.isoformat()})")
     if iat > issued_at + ttl:
         raise _Fail(
