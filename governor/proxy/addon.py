@@ -112,6 +112,7 @@ class Flight:
     exchange: Exchange
     admissions: list[Admission]
     usage_ticket: Any = None  # the ModelCall admission's ticket, None when the exchange has no model call
+    model_call: ModelCall | None = None  # the model call admitted with that ticket (what it reserved)
     started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
     relay: "StreamRelay | None" = None
@@ -397,6 +398,7 @@ class Governor:
 
         admissions = admitted
         usage_ticket = None
+        model_call: ModelCall | None = None
         main: Decision | None = None
         for step in await adapter.steps(exchange):
             admission = await self._admit(session, step)
@@ -409,6 +411,7 @@ class Governor:
                 return
             if isinstance(step, ModelCall) and main is None:
                 usage_ticket = admission.ticket
+                model_call = step
                 main = admission.decision
         exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
 
@@ -420,7 +423,7 @@ class Governor:
             headers["accept-encoding"] = "identity"  # the stream is parsed as it flows
         for name, value in exchange.upstream_headers.items():
             headers[name] = value
-        flight = Flight(exchange, admissions, usage_ticket)
+        flight = Flight(exchange, admissions, usage_ticket, model_call)
         flow.metadata[METADATA_KEY] = flight
         flight.supervisor = self._spawn(self._supervise(flow, flight))
         self._track(flow, flight)
@@ -557,7 +560,8 @@ class Governor:
         flight = relay.flight
         for event in events:
             if isinstance(event, UsageReport):
-                relay.latest_usage = event
+                if not _within_admission(event, flight.model_call):
+                    relay.latest_usage = event
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
                 if isinstance(event, ToolCall) and not relay.ended:
@@ -741,6 +745,19 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _within_admission(report: UsageReport, call: ModelCall | None) -> bool:
+    """A running usage figure no larger, term by term, than the model call was admitted with.
+
+    The runtime reserved exactly that expectation, and the decision point does not re-judge
+    usage within its reservation (same model, so no dearer cost either); asking it on every
+    chunk of a stream would cost a decision and a store round trip per chunk for nothing.
+    Only figures past the expectation are checked while streaming; the final one always is."""
+    return (call is not None and not report.final and report.model == call.model
+            and report.persona == call.persona
+            and report.input_tokens <= call.expected_input_tokens
+            and report.output_tokens <= call.expected_output_tokens)
 
 
 def _governor_error() -> Decision:
