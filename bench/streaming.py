@@ -100,6 +100,10 @@ def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 3)
 
 
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.3f}"
+
+
 def report(result: dict[str, Any]) -> str:
     rows = []
     for path in PATHS:
@@ -109,10 +113,10 @@ def report(result: dict[str, Any]) -> str:
     out = [table(rows, ["path", "TTFT p50 ms", "TTFT p99 ms", "gap p50 ms", "gap p99 ms", "gap max ms",
                         "stream p50 ms", "streams"])]
     v = result["verdicts"]
-    out.append(f"governor TTFT p50 over bare: +{result['ttft_p50_added_over_bare_ms']} ms (target <= "
+    out.append(f"governor TTFT p50 over bare: {_signed(result['ttft_p50_added_over_bare_ms'])} ms (target <= "
                f"{TTFT_TARGET_MS} ms) {v['ttft_p50_added_over_bare_ms']}; gap p50 over the upstream's: "
-               f"+{result['gap_p50_added_over_direct_ms']} ms, p99 +{result['gap_p99_added_over_direct_ms']} ms "
-               f"{v['gap_p50_added_over_direct_ms']}")
+               f"{_signed(result['gap_p50_added_over_direct_ms'])} ms, p99 "
+               f"{_signed(result['gap_p99_added_over_direct_ms'])} ms {v['gap_p50_added_over_direct_ms']}")
     return "\n".join(out)
 
 
