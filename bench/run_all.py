@@ -15,7 +15,7 @@ Runs, in this order (about 5 minutes; --quick about 1.5):
 
 Prints a table per part and the verdict per target, writes every number to
 bench/results/summary.json (and each part's own JSON beside it), and regenerates
-bench/README-results.md. Exits 0 when everything ran (whatever the verdicts), 1 when a
+bench/README-results.md (only when no part was skipped). Exits 0 when everything ran (whatever the verdicts), 1 when a
 part failed to run.
 """
 
@@ -56,10 +56,10 @@ def script(name: str, args: list[str], result_file: str, timeout: float = 300) -
 
 def run_parts(parts: list[str], quick: bool) -> tuple[dict[str, Any], dict[str, str]]:
     steps: dict[str, Callable[[], dict[str, Any]]] = {
-        "overhead": lambda: _show(overhead, overhead.run(rounds=2 if quick else 4, duration=1.0 if quick else 2.5,
+        "overhead": lambda: _show(overhead, "overhead.json", overhead.run(rounds=2 if quick else 4, duration=1.0 if quick else 2.5,
                                                          warmup=0.2 if quick else 0.3)),
-        "streaming": lambda: _show(streaming, streaming.run(rounds=2, streams=3 if quick else 8)),
-        "budget": lambda: _show(budget_accuracy, budget_accuracy.run(64)),
+        "streaming": lambda: _show(streaming, "streaming.json", streaming.run(rounds=2, streams=3 if quick else 8)),
+        "budget": lambda: _show(budget_accuracy, "budget_accuracy.json", budget_accuracy.run(64)),
         "decision": lambda: script("bench_decision.py", ["--decisions", "30000" if quick else "120000"], "decision.json"),
         "evidence": lambda: script("bench_evidence.py", ["--events", "10000", "--runs", "2" if quick else "5"],
                                    "evidence.json"),
@@ -80,8 +80,9 @@ def run_parts(parts: list[str], quick: bool) -> tuple[dict[str, Any], dict[str, 
     return results, failures
 
 
-def _show(module: Any, result: dict[str, Any]) -> dict[str, Any]:
+def _show(module: Any, name: str, result: dict[str, Any]) -> dict[str, Any]:
     print(module.report(result), flush=True)
+    write_result(name, result)
     return result
 
 
@@ -232,8 +233,11 @@ def main() -> int:
     print(table([[v["target"], v["measured"], v["verdict"]] for v in summary["verdicts"]],
                 ["target", "measured", "verdict"]))
     path = write_result("summary.json", summary)
-    (BENCH / "README-results.md").write_text(readme(summary))
-    print(f"wrote {path} and {BENCH / 'README-results.md'} ({summary['wall_seconds']:.0f} s)")
+    if args.skip:  # the README's table is the whole suite's; a partial run leaves it alone
+        print(f"wrote {path} ({summary['wall_seconds']:.0f} s); README-results.md kept (parts were skipped)")
+    else:
+        (BENCH / "README-results.md").write_text(readme(summary))
+        print(f"wrote {path} and {BENCH / 'README-results.md'} ({summary['wall_seconds']:.0f} s)")
     return 1 if failures else 0
 
 
