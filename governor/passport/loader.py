@@ -1,4 +1,4 @@
-"""Reading passport bytes into a plain JSON value, and writing it back.
+"""Reading passport bytes into a plain JSON value (governor.documents), and writing it back.
 
 A passport is signed over its JCS bytes, so loading must not change any value:
 YAML is read with the YAML 1.2 core schema (timestamps, `yes`/`no`, `0777` and
@@ -12,165 +12,25 @@ the JSON path of the offending value.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.composer import Composer
-from yaml.constructor import ConstructorError, SafeConstructor
-from yaml.parser import Parser
-from yaml.reader import Reader
-from yaml.resolver import BaseResolver
-from yaml.scanner import Scanner
 
+from governor.documents import JSON, YAML, DocumentError, first_non_json_value, parse_document, type_name
 from governor.passport.errors import PassportError, PassportLoadError
 
-JSON = "json"
-YAML = "yaml"
-_SAFE_INTEGER = 2**53 - 1  # I-JSON: beyond this JCS (IEEE doubles) would alter the value
-
-
-# --- YAML 1.2 core schema --------------------------------------------------------------
-
-
-class _Yaml12CoreResolver(BaseResolver):
-    """Implicit types of the YAML 1.2 core schema: null, bool, int, float; all else str."""
-
-
-_Yaml12CoreResolver.add_implicit_resolver(
-    "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
-)
-_Yaml12CoreResolver.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-# int before float: the resolver takes the first match, and "12" matches both.
-_Yaml12CoreResolver.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-    list("-+0123456789"),
-)
-_Yaml12CoreResolver.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
-)
-
-
-class _PassportConstructor(SafeConstructor):
-    """SafeConstructor with YAML 1.2 integers, string keys only and no duplicate keys."""
-
-    def construct_yaml_int(self, node: yaml.Node) -> int:
-        text = str(self.construct_scalar(node))
-        if text.startswith("0o"):
-            return int(text[2:], 8)
-        if text.startswith("0x"):
-            return int(text[2:], 16)
-        return int(text, 10)
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[str, Any]:
-        if not isinstance(node, yaml.MappingNode):
-            raise ConstructorError(None, None, f"expected a mapping, found {node.id}", node.start_mark)
-        mapping: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                raise ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found a non-string key {key!r} (JSON object keys are strings)", key_node.start_mark,
-                )
-            if key in mapping:
-                raise ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark,
-                )
-            mapping[key] = self.construct_object(value_node, deep=deep)
-        return mapping
-
-
-_PassportConstructor.add_constructor("tag:yaml.org,2002:int", _PassportConstructor.construct_yaml_int)
-
-
-class _PassportYamlLoader(Reader, Scanner, Parser, Composer, _PassportConstructor, _Yaml12CoreResolver):
-    def __init__(self, stream: str) -> None:
-        Reader.__init__(self, stream)
-        Scanner.__init__(self)
-        Parser.__init__(self)
-        Composer.__init__(self)
-        _PassportConstructor.__init__(self)
-        _Yaml12CoreResolver.__init__(self)
-
-
-# --- JSON -------------------------------------------------------------------------------
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise PassportLoadError(f"duplicate key {key!r} in a JSON object")
-        obj[key] = value
-    return obj
-
-
-def _reject_constant(name: str) -> Any:
-    raise PassportLoadError(f"{name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise PassportLoadError(f"number {text} is out of range for a JSON number")
-    return value
-
-
-# --- public ------------------------------------------------------------------------------
+__all__ = ["JSON", "YAML", "dump_passport", "first_non_json_value", "format_for_path", "load_passport",
+           "parse_passport", "type_name"]
 
 
 def parse_passport(data: bytes | str, *, format: str | None = None, source: str = "passport") -> dict[str, Any]:
     """Parse passport text (JSON or YAML; sniffed when `format` is None) into a JSON object."""
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise PassportLoadError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    else:
-        text = data
-    if format is None:
-        format = JSON if text.lstrip().startswith(("{", "[")) else YAML
-    if format == JSON:
-        try:
-            value = json.loads(
-                text,
-                object_pairs_hook=_object_without_duplicates,
-                parse_constant=_reject_constant,
-                parse_float=_finite_float,
-            )
-        except json.JSONDecodeError as exc:
-            raise PassportLoadError(
-                f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
-        except PassportLoadError as exc:
-            raise PassportLoadError(f"{source}: {exc}") from None
-    elif format == YAML:
-        try:
-            value = yaml.load(text, Loader=_PassportYamlLoader)  # noqa: S506 - safe constructor
-        except yaml.YAMLError as exc:
-            raise PassportLoadError(f"{source}: invalid YAML: {_one_line(exc)}") from None
-    else:
-        raise ValueError(f"unknown passport format {format!r}")
-    if not isinstance(value, dict):
-        kind = "empty document" if value is None else f"a JSON {type_name(value)}"
-        raise PassportLoadError(f"{source}: a passport must be a JSON object (mapping), got {kind}")
-    problem = first_non_json_value(value)
-    if problem:
-        raise PassportLoadError(f"{source}: {problem}")
-    return value
+    try:
+        return parse_document(data, format=format, source=source, what="passport")
+    except DocumentError as exc:
+        raise PassportLoadError(str(exc)) from None
 
 
 def load_passport(source: str | os.PathLike[str] | bytes, *, format: str | None = None) -> dict[str, Any]:
@@ -210,47 +70,3 @@ def dump_passport(document: dict[str, Any], format: str = JSON) -> bytes:
     if parse_passport(text, format=YAML) != document:
         raise PassportError("the document does not survive a YAML round trip; write it as JSON")
     return text.encode("utf-8")
-
-
-def first_non_json_value(value: Any, path: str = "$") -> str | None:
-    """Describe the first value JSON/JCS cannot carry exactly, with its JSON path; None if all can."""
-    if value is None or isinstance(value, (bool, str)):
-        return None
-    if isinstance(value, int):
-        if abs(value) > _SAFE_INTEGER:
-            return f"{path}: integer {value} is beyond 2**53 and would change under JCS"
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path}: {value} is not a JSON number"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path}: key {key!r} is not a string"
-            problem = first_non_json_value(item, f"{path}{_member(key)}")
-            if problem:
-                return problem
-        return None
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            problem = first_non_json_value(item, f"{path}[{index}]")
-            if problem:
-                return problem
-        return None
-    return f"{path}: a {type(value).__name__} is not a JSON value"
-
-
-def type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _member(key: str) -> str:
-    return f".{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key) else f"[{json.dumps(key)}]"
-
-
-def _one_line(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-    return f"{problem}{where}" + (f" ({context})" if context else "")
