@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/budget_accuracy.py [--requests 64]
 
-One `governor run` (tier R3) on a bench passport whose per-session caps are 4,100 tokens
-and a cost cap sized to about 16 requests of the priciest scenario. Each scenario is its
-own session (ADL-Session), and sends `--requests` chat completions all at once (every
-connection opened first, then every request written in the same instant):
+One `governor run` (tier R3) on a bench passport whose per-session caps fit 20 requests'
+tokens and 16 requests' cost of the priciest scenario (half a request of headroom each).
+Each scenario is its own session (ADL-Session), and sends `--requests` chat completions
+all at once (every connection opened first, then every request written in the same instant):
 
   tokens         gpt-4o-mini, plain: the token cap binds (about 20 fit)
   cost           o1-pro, plain: the cost cap binds first (about 16 fit)
@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     HOST,
+    scratch,
     Governor,
     Role,
     chat_body,
@@ -71,11 +71,14 @@ def caps() -> dict[str, float]:
 
 
 def run(requests: int = 64, log=print) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="governor-bench-budget-"))
     limit = caps()
-    passport = write_passport(work / "passport.json", caps=limit)
     scenarios: dict[str, Any] = {}
-    with Role("upstream") as upstream, Governor(passport, work / "governor") as governor, Role("load") as load:
+    with (
+        scratch("budget") as work,
+        Role("upstream") as upstream,
+        Governor(write_passport(work / "passport.json", caps=limit), work / "governor") as governor,
+        Role("load") as load,
+    ):
         for name, model, stream in SCENARIOS:
             session = f"budget-{name}-{uuid.uuid4().hex[:8]}"
             body, reserve_tokens, reserve_cost = per_request(model, stream)

@@ -30,12 +30,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
@@ -129,6 +130,13 @@ def machine() -> dict[str, Any]:
         "load_average_at_start": load,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A temporary directory for one benchmark's passport and data directories, removed after."""
+    with tempfile.TemporaryDirectory(prefix=f"governor-bench-{name}-") as tmp:
+        yield Path(tmp)
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:

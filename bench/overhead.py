@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     HOST,
+    scratch,
     Governor,
     Role,
     chat_body,
@@ -62,13 +62,12 @@ def workload_key(kind: str, concurrency: int) -> str:
 
 def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) -> dict[str, Any]:
     """Measure, and return the results (also what run_all puts in the summary)."""
-    work = Path(tempfile.mkdtemp(prefix="governor-bench-overhead-"))
-    passport = write_passport(work / "passport.json")
     segments: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with (
+        scratch("overhead") as work,
         Role("upstream") as upstream,
         Role("bare", "--data-dir", str(work / "bare")) as bare,
-        Governor(passport, work / "governor") as governor,
+        Governor(write_passport(work / "passport.json"), work / "governor") as governor,
         Role("load") as load,
     ):
         via = {"direct": (None, None), "bare": (f"{HOST}:{bare.port}", bare.pid),

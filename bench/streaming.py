@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     HOST,
+    scratch,
     Governor,
     Role,
     chat_body,
@@ -44,14 +44,13 @@ GAP_TOLERANCE_MS = 1.0  # governor gap p50 minus direct gap p50, at most
 
 
 def run(rounds: int = 2, streams: int = 8, chunks: int = 200, gap_ms: float = 5.0, log=print) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="governor-bench-streaming-"))
-    passport = write_passport(work / "passport.json")
     samples: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "gaps": [], "total": []} for p in PATHS}
     statuses: dict[str, dict[str, int]] = {p: {} for p in PATHS}
     with (
+        scratch("streaming") as work,
         Role("upstream") as upstream,
         Role("bare", "--data-dir", str(work / "bare")) as bare,
-        Governor(passport, work / "governor") as governor,
+        Governor(write_passport(work / "passport.json"), work / "governor") as governor,
         Role("load") as load,
     ):
         via = {"direct": None, "bare": f"{HOST}:{bare.port}", "governor": f"{HOST}:{governor.port}"}
