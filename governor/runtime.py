@@ -353,20 +353,26 @@ class Runtime:
         self.metrics.set_pending_approvals(self._pending_count())
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
-        live = self._sessions.get(session)
-        pending = live.pending.get(approval_id) if live is not None else None
-        if live is None or pending is None:
-            decision = _unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
-            return self._admission(session, decision, None)
-        timeout = max(0.0, pending.expires_at - self.clock())
-        try:
-            approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
-        except TimeoutError:
-            answered = await self._expire(live, approval_id)
-            approved = False
-        if approved:
-            return await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
-        return answered
+        while True:
+            live = self._sessions.get(session)
+            pending = live.pending.get(approval_id) if live is not None else None
+            if live is None or pending is None:
+                decision = _unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
+                return self._admission(session, decision, None)
+            timeout = max(0.0, pending.expires_at - self.clock())
+            try:
+                approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
+            except TimeoutError:
+                answered = await self._expire(live, approval_id)
+                approved = False
+            if approved:
+                answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
+            decision = answered.decision
+            if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
+                return answered
+            # released from one pause into another (a second trigger, an anomaly, a declared
+            # re-review on timeout): the request stays held for that review too
+            approval_id = decision.approval.id
 
     async def _expire(self, live: _Session, approval_id: str) -> Admission:
         """§5.3: nobody answered in time; resolve on_oversight_timeout (halt by default)."""

@@ -264,3 +264,28 @@ def test_s5_decide_does_not_mutate_the_state():
     before = state.to_dict()
     decide(driver.limits, state, ToolCall("send_email", {}), T0)
     assert state.to_dict() == before
+
+
+def test_s5_a_step_held_twice_is_not_asked_about_a_cause_already_approved():
+    # confirmation, then (R3) an anomaly: two reviews of the same step, never the first one again
+    from dataclasses import replace as _replace
+
+    from governor.policy import ApprovalGranted, Tier, ToolCall
+    from tests.test_policy_support import Driver, passport, tools
+
+    document = passport(tools=tools("send_email", send_email={"requires_confirmation": True}),
+                        anomaly_baseline={"expected_tools": [{"name": "search", "share": 1.0}]})
+    document["runtime"] = {"degradation": {"on_anomaly": {"action": "pause"}}}
+    driver = Driver(document, tier=Tier.R3)
+    step = ToolCall(tool="send_email", arguments={"to": "a"})
+    causes = []
+    for _ in range(4):
+        decision = driver.run(step)
+        if decision.approval is None:
+            break
+        causes.append(decision.cause)
+        driver.run(ApprovalGranted(decision.approval.id, "lead"))
+        step = _replace(step, approval_id=decision.approval.id)
+    assert causes == ["on_oversight_trigger", "on_anomaly"] and not decision.blocks
+    # both grants are used up: the same step again is reviewed afresh
+    assert driver.run(_replace(step, approval_id=None)).cause == "on_oversight_trigger"

@@ -163,7 +163,7 @@ class _Run:
         self.step = step
         self.now = now
         self.kind = STEP_KINDS[type(step)]
-        self.bypass: str | None = None  # the cause a granted approval released this step from
+        self.bypass: frozenset[str] = frozenset()  # causes reviewers released this exact step from
         self.released_by: str | None = None
         self.events: list[dict[str, Any]] = []
         self.observed: tuple[Action, str, dict[str, Any]] | None = None
@@ -178,15 +178,19 @@ class _Run:
         if approval_ref is None:
             return
         approval = self.state.approvals.get(approval_ref)
-        if approval is not None and approval.status == GRANTED and approval.step_digest == step_digest(self.step):
-            self.bypass = approval.cause
+        digest_value = step_digest(self.step)
+        if approval is not None and approval.status == GRANTED and approval.step_digest == digest_value:
+            # every review already granted for this exact step counts: a step held by one
+            # cause, approved, then held by another is not asked about the first again
+            self.bypass = frozenset(a.cause for a in self.state.approvals.values()
+                                    if a.status == GRANTED and a.step_digest == digest_value)
             self.released_by = approval_ref
-            if approval.cause == ON_BUDGET_EXHAUSTED:
+            if ON_BUDGET_EXHAUSTED in self.bypass:
                 self.budget_open = True
 
     def fire(self, cause: str, detail: dict[str, Any], enforce: bool, first: _degradation.Resolution | None = None) -> Decision | None:
         """§6 for a fired cause: a Decision that stops the step, or None to go on checking."""
-        if cause == self.bypass:
+        if cause in self.bypass:
             return None
         resolution = first if first is not None else self.limits.degradation.get(cause, _degradation.FAIL_CLOSED)
         detail["step"] = self.kind
@@ -225,7 +229,7 @@ class _Run:
 
     def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
         """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
-        if self.bypass == ON_OVERSIGHT_TRIGGER:
+        if ON_OVERSIGHT_TRIGGER in self.bypass:
             return None
         limits = self.limits
         detail["step"] = self.kind
@@ -909,8 +913,12 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
         approval_ref = getattr(step, "approval_id", None)
         released = decision.details.get("released_by")
         if approval_ref is not None and released == approval_ref and kind not in (ApprovalGranted, ApprovalRejected, ApprovalExpired):
+            # the step went ahead: every grant for it is used up (each releases it once)
             approvals = dict(state.approvals) if approvals is None else approvals
-            approvals[approval_ref] = replace(approvals[approval_ref], status=USED)
+            released_digest = approvals[approval_ref].step_digest
+            for ref, granted in approvals.items():
+                if granted.status == GRANTED and granted.step_digest == released_digest:
+                    approvals[ref] = replace(granted, status=USED)
         if kind is ModelCall:
             changes["iterations"] = state.iterations + 1
             changes["in_flight"] = state.in_flight + 1
