@@ -287,3 +287,28 @@ def test_s2_persona_wall_clock_counts_while_an_instance_is_live():
     assert driver.counters[("per_session", None, "wall_clock_sec")] == 140.0  # the aggregate
     over = driver.run(Tick(), now=T0 + 161)
     assert over.halts and over.details["budget_share"] == "helper" and over.details["projected"] == 61.0
+
+
+# --- a halt while other model calls are in flight -------------------------------------
+
+
+def test_s6_an_answer_admitted_before_a_halt_is_delivered_within_its_reservation():
+    from governor.policy import StepDone
+
+    driver = Driver(passport(**budget(tokens={"per_session": 1000, "per_day": 10_000})))
+    first = driver.run(ModelCall(model="gpt-4o-mini", expected_input_tokens=100, expected_output_tokens=300))
+    second = driver.run(ModelCall(model="gpt-4o-mini", expected_input_tokens=100, expected_output_tokens=300))
+    assert not first.blocks and not second.blocks and driver.state.in_flight == 2
+    # a third call would overshoot: the session halts while the first two are in flight
+    assert driver.run(ModelCall(model="gpt-4o-mini", expected_input_tokens=100, expected_output_tokens=300)).halts
+    within = driver.run(UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=250, reserved=first.charges))
+    assert within.action is Action.PERMIT and within.settles and within.details["admitted_before_halt"]
+    beyond = driver.run(UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=900,
+                                    final=False, reserved=second.charges))
+    assert beyond.halts  # past what was reserved for it: cut
+    # in-flight slots are freed after the halt too, so the session can go idle and end
+    driver.run(StepDone("model"))
+    driver.run(StepDone("model"))
+    assert driver.state.in_flight == 0
+    # nothing new goes ahead
+    assert driver.run(ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1)).halts

@@ -799,17 +799,57 @@ _HANDLERS: dict[type, Callable[[_Run, Any], Decision]] = {
 }
 
 
+def _freed(state: SessionState, step: Any) -> dict[str, Any]:
+    """The in-flight bookkeeping of a StepDone or PersonaExit."""
+    if type(step) is PersonaExit:
+        live = dict(state.personas_live)
+        remaining = live.get(step.persona, 0) - 1
+        if remaining > 0:
+            live[step.persona] = remaining
+        else:
+            live.pop(step.persona, None)
+        return {"personas_live": live}
+    changes: dict[str, Any] = {"in_flight": max(0, state.in_flight - 1)}
+    if step.kind == "tool":
+        changes["tools_in_flight"] = max(0, state.tools_in_flight - 1)
+    return changes
+
+
+def _within_reservation(step: UsageReport, cost: float | None) -> bool:
+    """Usage no larger than what its admission reserved (which fitted every cap)."""
+    reserved: dict[str, float] = {}
+    for charge in step.reserved:
+        if charge.persona is None and charge.scope == "per_session":
+            reserved[charge.dimension] = charge.amount
+    if "tokens" not in reserved:
+        return False  # nothing known was reserved: do not assume
+    if step.input_tokens + step.output_tokens > reserved["tokens"]:
+        return False
+    return "cost_usd" not in reserved or (cost is not None and cost <= reserved["cost_usd"])
+
+
 def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:
-    """A halted session permits nothing; consumption that already happened still settles."""
+    """A halted session permits nothing new; consumption that already happened still settles.
+
+    A model call admitted before the halt still delivers its answer while its usage stays
+    within what was reserved for it: those tokens fitted every cap and are already paid,
+    and withholding them would stop nothing. Beyond its reservation it is cut.
+    """
     charges: tuple[CounterCharge, ...] = ()
     kind = type(step)
-    if kind is UsageReport and step.final:  # type: ignore[union-attr]
-        meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
+    delivered = False
+    if kind is UsageReport:
         cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)  # type: ignore[union-attr]
-        run = _Run(limits, state, step, now)
-        charges = _charges(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
+        delivered = _within_reservation(step, cost)  # type: ignore[arg-type]
+        if step.final:  # type: ignore[union-attr]
+            meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
+            run = _Run(limits, state, step, now)
+            charges = _charges(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
     elif kind is Tick or kind is SessionEnd:
         _, charges, _ = _clock(_Run(limits, state, step, now), settle=True)
+    if delivered:
+        return Decision(details={"halted": True, "halt_cause": state.halt_cause, "admitted_before_halt": True},
+                        charges=charges, settles=bool(charges))
     return Decision(
         action=Action.HALT,
         cause=state.halt_cause,
@@ -881,6 +921,10 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
     if kind is SessionEnd:
         changes["ended"] = True
     if state.halted:
+        # nothing goes ahead any more, but steps admitted before the halt still finish:
+        # their in-flight slots are freed so the session can be seen idle and end
+        if kind is StepDone or kind is PersonaExit:
+            changes.update(_freed(state, step))
         return replace(state, **changes)
     if decision.halts:
         changes["halted"] = True
@@ -958,18 +1002,8 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
             live = dict(state.personas_live)
             live[step.persona] = live.get(step.persona, 0) + 1  # type: ignore[union-attr]
             changes["personas_live"] = live
-    if kind is PersonaExit:
-        live = dict(state.personas_live)
-        remaining = live.get(step.persona, 0) - 1  # type: ignore[union-attr]
-        if remaining > 0:
-            live[step.persona] = remaining  # type: ignore[union-attr]
-        else:
-            live.pop(step.persona, None)  # type: ignore[union-attr]
-        changes["personas_live"] = live
-    elif kind is StepDone:
-        changes["in_flight"] = max(0, state.in_flight - 1)
-        if step.kind == "tool":  # type: ignore[union-attr]
-            changes["tools_in_flight"] = max(0, state.tools_in_flight - 1)
+    if kind is PersonaExit or kind is StepDone:
+        changes.update(_freed(state, step))
     if approvals is not None:
         changes["approvals"] = approvals
     return replace(state, **changes)
