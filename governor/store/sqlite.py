@@ -205,8 +205,8 @@ class SQLiteStore:
             overshoot = first_overshoot(charges, totals, current)
             if overshoot is not None:
                 return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
-            for key, amount in totals.items():
-                self._apply(conn, agent, session, key, bucket, amount, first_live)
+            for key, amount in totals.items():  # expired buckets were just dropped by _live_value
+                self._apply(conn, agent, session, key, bucket, amount, first_live, expired_dropped=True)
             rid = uuid.uuid4().hex
             conn.execute(
                 "INSERT INTO reservations (id, agent, session, bucket, created, totals) VALUES (?, ?, ?, ?, ?, ?)",
@@ -224,9 +224,11 @@ class SQLiteStore:
             if actual_totals is None:
                 return
             agent, session, bucket, totals = row
-            self._unhold(conn, agent, session, bucket, totals)
-            for key, amount in actual_totals.items():
-                self._apply(conn, agent, session, key, bucket, amount, first_live)
+            # one net change per counter (actual - reserved), both dated at the reservation
+            for key in totals.keys() | actual_totals.keys():
+                delta = actual_totals.get(key, 0.0) - totals.get(key, 0.0)
+                if delta:
+                    self._apply(conn, agent, session, key, bucket, delta, first_live)
 
     def release(self, reservation_id: str) -> bool:
         with self._write() as conn:
@@ -310,14 +312,15 @@ class SQLiteStore:
     @classmethod
     def _apply(
         cls, conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, bucket: int, amount: float,
-        first_live: int,
+        first_live: int, *, expired_dropped: bool = False,
     ) -> None:
         scope, persona, dimension = key
         persona = persona or _AGGREGATE
         if scope == "per_session":
             conn.execute(_SESSION_ADD, (session, persona, dimension, amount))
         elif bucket >= first_live:  # usage dated before the window no longer counts
-            cls._live_value(conn, agent, session, key, first_live)
+            if not expired_dropped:
+                cls._live_value(conn, agent, session, key, first_live)
             conn.execute(_DAY_ADD, (agent, persona, dimension, bucket, amount))
             conn.execute(_DAY_ADD_TOTAL, (agent, persona, dimension, amount, bucket))
 
