@@ -36,7 +36,12 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
+    "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
+                  "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
 }
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -238,9 +243,32 @@ async def _serve_until_stopped(settings: Any) -> int:
     return 0
 
 
-def run_command(args: argparse.Namespace) -> int:
+def log_level(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The --log-level setting (command line, environment, config file), or None when not set."""
+    value = getattr(args, "log_level", None) or environ.get(OPTIONS["log_level"][0]) or None
+    if value is None:
+        config_path = getattr(args, "config", None) or environ.get(OPTIONS["config"][0]) or None
+        value = _load_config(Path(config_path)).get("log_level") if config_path else None
+    if value is None:
+        return None
+    level = str(value).upper()
+    if level not in LOG_LEVELS:
+        raise UsageError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return level
+
+
+def configure_logging(level: str | None) -> None:
+    """INFO for the governor's own loggers; mitmproxy's at WARNING unless a level is set.
+
+    At INFO mitmproxy logs every client connection and every streamed response: a log
+    record per request is measurable CPU on the proxy's hot path (bench/overhead.py)."""
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
+    logging.getLogger("mitmproxy").setLevel(level or "WARNING")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    configure_logging(log_level(args))
     settings = resolve(args)
     return asyncio.run(_serve_until_stopped(settings))
