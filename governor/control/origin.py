@@ -74,9 +74,12 @@ class ProxyOrigin:
 
     def refuses_connect(self, host: str, port: int) -> bool:
         """True when (host, port) is the control plane: the proxy must not connect there."""
-        hosts = self._control_hosts.get(int(port), ())
+        port = int(port)
+        hosts = self._control_hosts.get(port)
+        if hosts is None:  # every control-plane port has an entry: any other port is not it (per request: cheap)
+            return False
         host = host.strip("[]").lower().rstrip(".")
-        return host in hosts or (_is_loopback(host) and int(port) in self._control_loopback_ports)
+        return host in hosts or (port in self._control_loopback_ports and _is_loopback(host))
 
     # --- used by the control plane -----------------------------------------------------
 
