@@ -14,7 +14,7 @@ the runtime decides; this addon only sequences them over mitmproxy's hooks:
   error            the exchange failed: release what it holds.
 
 While a session has exchanges in flight, one ticker per session admits Tick steps
-(wall-clock limits); a supervisor per exchange enforces the upstream timeout (no
+(wall-clock limits); a timer per exchange enforces the upstream timeout (no
 headers, or a stream gone silent). Their refusals, and those of usage checks on
 a stream, are applied to the flow in flight by `transit`.
 """
@@ -64,6 +64,8 @@ SESSION_HEADER = "ADL-Session"
 PERSONA_HEADER = "ADL-Persona"
 PASSPORT_HEADER = "ADL-Passport"
 GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
+_GOVERNOR_PREFIX = GOVERNOR_HEADER_PREFIX.encode()  # as header field names are stored
+_SESSION_FIELD, _PERSONA_FIELD, _PASSPORT_FIELD = (h.lower() for h in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER))
 ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
 METADATA_KEY = "governor"
 SESSION_KEY = "governor.session"
@@ -116,7 +118,7 @@ class Flight:
     started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
     relay: "StreamRelay | None" = None
-    supervisor: asyncio.Task | None = None
+    supervisor: asyncio.TimerHandle | None = None  # the upstream timeout's next check
     refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
     finished: bool = False
 
@@ -248,7 +250,10 @@ class Governor:
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
         runtime's default session (one per process), else one of our own."""
-        return (headers.get(SESSION_HEADER) or self.policy.default_session
+        return self._session(headers.get(SESSION_HEADER))
+
+    def _session(self, named: str | None) -> str:
+        return (named or self.policy.default_session
                 or getattr(self.runtime, "default_session", None) or self._own_session)
 
     def load(self, loader: Any) -> None:
@@ -342,27 +347,37 @@ class Governor:
     def done(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+        for live in self.in_flight.values():
+            for flight in live:
+                if flight.supervisor is not None:
+                    flight.supervisor.cancel()
 
     # --- request -----------------------------------------------------------------------
 
     async def _request(self, flow: http.HTTPFlow, admitted: list[Admission]) -> None:
         request = flow.request
         headers = request.headers
-        session = self.session_of(headers)
+        fields = headers.fields
+        governing = _governor_headers(fields)
+        session = self._session(governing.get(_SESSION_FIELD))
         flow.metadata[SESSION_KEY] = session
-        persona = headers.get(PERSONA_HEADER) or None
-        presented = headers.get(PASSPORT_HEADER)
+        persona = governing.get(_PERSONA_FIELD) or None
+        presented = governing.get(_PASSPORT_FIELD)
+        # the adapters see the headers as the agent sent them (A2A reads its delegation depth
+        # from one); Headers(fields) copies the immutable field tuple, the cheapest snapshot
         view = RequestView(
-            request.method, request.host, request.path, headers.copy(), request.raw_content,
+            request.method, request.host, request.path, http.Headers(fields), request.raw_content,
             port=request.port, scheme=request.scheme,
         )
-        for name in {k for k in headers.keys() if k.lower().startswith(GOVERNOR_HEADER_PREFIX)}:
-            del headers[name]
+        # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded
+        forwarded = tuple(f for f in fields if f[0][:4].lower() != _GOVERNOR_PREFIX) if governing else fields
         if self.origin is not None:
-            headers[self.origin.header] = self.origin.marker
-            if self.origin.refuses_connect(request.host, request.port):
-                flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
-                return
+            forwarded += ((self.origin.header.encode(), self.origin.marker.encode()),)
+        if forwarded is not fields:
+            headers.fields = forwarded
+        if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
+            flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
+            return
 
         selected = self.registry.select(view)
         adapter = selected if isinstance(selected, Adapter) else None
@@ -425,7 +440,7 @@ class Governor:
             headers[name] = value
         flight = Flight(exchange, admissions, usage_ticket, model_call)
         flow.metadata[METADATA_KEY] = flight
-        flight.supervisor = self._spawn(self._supervise(flow, flight))
+        self._supervise(flow, flight)
         self._track(flow, flight)
 
     async def _admit(self, session: str, step: Step) -> Admission:
@@ -621,25 +636,26 @@ class Governor:
 
     # --- in flight: ticks, timeouts, cuts ----------------------------------------------
 
-    async def _supervise(self, flow: http.HTTPFlow, flight: Flight) -> None:
-        """The upstream timeout of one exchange: no headers, or a stream gone silent."""
-        timeout = self.policy.upstream_timeout
-        try:
-            while not flight.finished:
-                await asyncio.sleep(max(0.0, flight.last_activity + timeout - time.monotonic()))
-                if flight.finished or flight.refusal is not None:
-                    return
-                relay = flight.relay
-                if relay is not None and relay.holds:  # waiting for us (an admission), not for the upstream
-                    flight.last_activity = time.monotonic()
-                    continue
-                if relay is not None and relay.ended:
-                    return
-                if time.monotonic() - flight.last_activity >= timeout:
-                    self._upstream_timeout(flow, flight, timeout)
-                    return
-        except asyncio.CancelledError:
-            pass
+    def _supervise(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        """The upstream timeout of one exchange: no headers, or a stream gone silent.
+
+        A timer, not a task: it wakes once per timeout period (activity meanwhile only
+        moves `last_activity`), and arming it is far cheaper than a task per request."""
+        delay = max(0.0, flight.last_activity + self.policy.upstream_timeout - time.monotonic())
+        flight.supervisor = asyncio.get_running_loop().call_later(delay, self._check_upstream, flow, flight)
+
+    def _check_upstream(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        if flight.finished or flight.refusal is not None:
+            return
+        relay = flight.relay
+        if relay is not None and relay.holds:  # waiting for us (an admission), not for the upstream
+            flight.last_activity = time.monotonic()
+        elif relay is not None and relay.ended:
+            return
+        elif time.monotonic() - flight.last_activity >= self.policy.upstream_timeout:
+            self._upstream_timeout(flow, flight, self.policy.upstream_timeout)
+            return
+        self._supervise(flow, flight)
 
     def _track(self, flow: http.HTTPFlow, flight: Flight) -> None:
         """Count the exchange as in flight for its session's wall-clock ticker."""
@@ -718,7 +734,7 @@ class Governor:
         if flight.finished:
             return
         flight.finished = True
-        if flight.supervisor is not None and flight.supervisor is not asyncio.current_task():
+        if flight.supervisor is not None:
             flight.supervisor.cancel()
         live = self.in_flight.get(flight.exchange.session)
         if live is not None:
@@ -745,6 +761,19 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _governor_headers(fields: tuple[tuple[bytes, bytes], ...]) -> dict[str, str]:
+    """The request's ADL-* headers by lower-case name, repeats folded as `Headers.get` folds
+    them: one pass over the raw fields (most requests carry none), instead of a case-insensitive
+    lookup per header."""
+    found: dict[str, str] = {}
+    for name, value in fields:
+        if name[:4].lower() == _GOVERNOR_PREFIX:
+            key = name.decode("utf-8", "surrogateescape").lower()
+            text = value.decode("utf-8", "surrogateescape")
+            found[key] = f"{found[key]}, {text}" if key in found else text
+    return found
 
 
 def _within_admission(report: UsageReport, call: ModelCall | None) -> bool:

@@ -1,0 +1,24 @@
+"""The addon's one-pass reading of the agent's ADL-* headers agrees with mitmproxy's Headers."""
+
+from __future__ import annotations
+
+from mitmproxy import http
+
+from governor.proxy.addon import PASSPORT_HEADER, PERSONA_HEADER, SESSION_HEADER, _governor_headers
+
+
+def test_adl_headers_are_read_as_headers_get_reads_them() -> None:
+    headers = http.Headers([
+        (b"Host", b"api.example"), (b"adl-session", b"s-1"), (b"ADL-Persona", b"searcher"),
+        (b"Adl-Session", b"s-2"), (b"ADL-Delegation-Depth", b"2"), (b"X-Adl-Not", b"x"),
+        (b"ADL-Passport", "caf\u00e9".encode()),
+    ])
+    found = _governor_headers(headers.fields)
+    for name in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER, "ADL-Delegation-Depth"):
+        assert found[name.lower()] == headers.get(name), name
+    assert found["adl-session"] == "s-1, s-2"  # repeats folded, as Headers.get folds them
+    assert set(found) == {"adl-session", "adl-persona", "adl-delegation-depth", "adl-passport"}
+
+
+def test_a_request_without_adl_headers_has_none() -> None:
+    assert _governor_headers(http.Headers(host="api.example", content_type="application/json").fields) == {}
