@@ -24,11 +24,12 @@ from governor.adapters.base import (
     StreamEvent,
     StreamWatcher,
     estimate_tokens,
+    model_call,
+    positive_int,
+    requested_tool_call,
     fallback_text,
-    parse_arguments,
-    target_path,
 )
-from governor.policy.steps import Decision, ModelCall, Step, ToolCall, UsageReport
+from governor.policy.steps import Decision, Step, UsageReport
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -42,9 +43,6 @@ ERROR_TYPES = {
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bool) -> UsageReport:
@@ -63,14 +61,8 @@ def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bo
 def _usage_fields(usage: Any) -> dict[str, int]:
     if not isinstance(usage, dict):
         return {}
-    return {key: _int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
+    return {key: positive_int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
 
-
-def _tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | None:
-    if not isinstance(name, str) or not name:
-        return None
-    args = parse_arguments(arguments)
-    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona, origin="model")
 
 
 class AnthropicAdapter(Adapter):
@@ -104,7 +96,7 @@ class AnthropicAdapter(Adapter):
             model=model,
             state={
                 "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
-                "expected_output": _int(body.get("max_tokens")) or self.config.default_output_tokens,
+                "expected_output": positive_int(body.get("max_tokens")) or self.config.default_output_tokens,
             },
         )
 
@@ -112,16 +104,7 @@ class AnthropicAdapter(Adapter):
         offered = tuple(
             t["name"] for t in exchange.body.get("tools") or () if isinstance(t, dict) and isinstance(t.get("name"), str)
         )
-        return [
-            ModelCall(
-                model=exchange.model,
-                expected_input_tokens=exchange.state["expected_input"],
-                expected_output_tokens=exchange.state["expected_output"],
-                tools_offered=offered,
-                persona=exchange.persona,
-                provider=self.provider,
-            )
-        ]
+        return [model_call(self, exchange, offered)]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
@@ -159,7 +142,7 @@ class AnthropicAdapter(Adapter):
         steps: list[Step] = []
         for block in data.get("content") or ():
             if isinstance(block, dict) and block.get("type") == "tool_use":
-                if step := _tool_call(block.get("name"), block.get("input"), exchange.persona):
+                if step := requested_tool_call(block.get("name"), block.get("input"), exchange.persona):
                     steps.append(step)
         return Observation(usage=usage, steps=steps)
 
@@ -262,7 +245,7 @@ class MessagesStreamWatcher(StreamWatcher):
             block = self.blocks.pop(data.get("index"), None)
             if block is not None:
                 args = "".join(block["args"]) if block["args"] else block["input"]
-                if step := _tool_call(block["name"], args, self.exchange.persona):
+                if step := requested_tool_call(block["name"], args, self.exchange.persona):
                     out.append(step)
         elif kind == "message_start":
             message = data.get("message") or {}

@@ -36,8 +36,8 @@ from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
     ON_ITERATION_LIMIT,
-    Action,
     Decision,
+    ModelCall,
     Step,
     ToolCall,
     ToolError,
@@ -333,6 +333,31 @@ def fallback_text(decision: Decision) -> str:
     if value is not None:
         return orjson.dumps(value).decode()
     return decision.fallback_message or ""
+
+
+def positive_int(value: Any) -> int:
+    """A token count or limit from a body: a positive integer, else 0 (absent, bad, bool)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def model_call(adapter: Adapter, exchange: Exchange, offered: tuple[str, ...]) -> ModelCall:
+    """The step an LLM request is: its model, expected consumption and offered tools."""
+    return ModelCall(
+        model=exchange.model,
+        expected_input_tokens=exchange.state["expected_input"],
+        expected_output_tokens=exchange.state["expected_output"],
+        tools_offered=offered,
+        persona=exchange.persona,
+        provider=adapter.provider,
+    )
+
+
+def requested_tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | None:
+    """A tool call an LLM response asks the agent to run (announced, see ToolCall.origin)."""
+    if not isinstance(name, str) or not name:
+        return None
+    args = parse_arguments(arguments)
+    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona, origin="model")
 
 
 def estimate_tokens(nbytes: int, bytes_per_token: float) -> int:

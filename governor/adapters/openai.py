@@ -26,11 +26,12 @@ from governor.adapters.base import (
     StreamEvent,
     StreamWatcher,
     estimate_tokens,
+    model_call,
+    positive_int,
+    requested_tool_call,
     fallback_text,
-    parse_arguments,
-    target_path,
 )
-from governor.policy.steps import Decision, ModelCall, Step, ToolCall, UsageReport
+from governor.policy.steps import Decision, Step, UsageReport
 
 CHAT = "chat"
 RESPONSES = "responses"
@@ -66,9 +67,6 @@ def _tool_name(tool: Any) -> str | None:
     return tool.get("type") if isinstance(tool.get("type"), str) else None
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
 
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
@@ -77,28 +75,22 @@ def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) 
         details = usage.get("prompt_tokens_details")
         return UsageReport(
             model=model,
-            input_tokens=_int(usage.get("prompt_tokens")),
-            output_tokens=_int(usage.get("completion_tokens")),
-            cached_input_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+            input_tokens=positive_int(usage.get("prompt_tokens")),
+            output_tokens=positive_int(usage.get("completion_tokens")),
+            cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
             persona=persona,
             final=final,
         )
     details = usage.get("input_tokens_details")
     return UsageReport(
         model=model,
-        input_tokens=_int(usage.get("input_tokens")),
-        output_tokens=_int(usage.get("output_tokens")),
-        cached_input_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        input_tokens=positive_int(usage.get("input_tokens")),
+        output_tokens=positive_int(usage.get("output_tokens")),
+        cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         persona=persona,
         final=final,
     )
 
-
-def _tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | None:
-    if not isinstance(name, str) or not name:
-        return None
-    args = parse_arguments(arguments)
-    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona, origin="model")
 
 
 class OpenAIAdapter(Adapter):
@@ -133,7 +125,7 @@ class OpenAIAdapter(Adapter):
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
             limit = body.get("max_output_tokens")
-        expected_output = _int(limit) or self.config.default_output_tokens
+        expected_output = positive_int(limit) or self.config.default_output_tokens
         return Exchange(
             adapter=self,
             method=request.method,
@@ -154,16 +146,7 @@ class OpenAIAdapter(Adapter):
     async def steps(self, exchange: Exchange) -> list[Step]:
         tools = exchange.body.get("tools") or ()
         offered = tuple(n for n in map(_tool_name, tools) if n)
-        return [
-            ModelCall(
-                model=exchange.model,
-                expected_input_tokens=exchange.state["expected_input"],
-                expected_output_tokens=exchange.state["expected_output"],
-                tools_offered=offered,
-                persona=exchange.persona,
-                provider=self.provider,
-            )
-        ]
+        return [model_call(self, exchange, offered)]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
@@ -210,12 +193,12 @@ class OpenAIAdapter(Adapter):
                 message = choice.get("message") if isinstance(choice, dict) else None
                 for call in (message or {}).get("tool_calls") or ():
                     fn = call.get("function") if isinstance(call, dict) else None
-                    if isinstance(fn, dict) and (step := _tool_call(fn.get("name"), fn.get("arguments"), exchange.persona)):
+                    if isinstance(fn, dict) and (step := requested_tool_call(fn.get("name"), fn.get("arguments"), exchange.persona)):
                         steps.append(step)
         else:
             for item in data.get("output") or ():
                 if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
-                    if step := _tool_call(item.get("name"), item.get("arguments", item.get("input")), exchange.persona):
+                    if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), exchange.persona):
                         steps.append(step)
         return Observation(usage=usage, steps=steps)
 
@@ -403,7 +386,7 @@ class ChatStreamWatcher(_Watcher):
     def _finish(self, out: list[StreamEvent]) -> None:
         for index in sorted(self.calls):
             slot = self.calls[index]
-            if step := _tool_call(slot["name"], "".join(slot["args"]), self.exchange.persona):
+            if step := requested_tool_call(slot["name"], "".join(slot["args"]), self.exchange.persona):
                 out.append(step)
         self.calls.clear()
 
@@ -439,7 +422,7 @@ class ResponsesStreamWatcher(_Watcher):
         elif kind == "response.output_item.done":
             item = data.get("item")
             if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
-                if step := _tool_call(item.get("name"), item.get("arguments", item.get("input")), self.exchange.persona):
+                if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), self.exchange.persona):
                     out.append(step)
         elif kind in self.FINAL_EVENTS:
             self.completed = True
