@@ -19,9 +19,10 @@ import socket
 import ssl
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
@@ -280,3 +281,26 @@ async def run_python(code: str, env: dict[str, str], timeout: float = 60.0) -> d
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"SDK subprocess failed ({proc.returncode}):\n{out.decode()}\n{err.decode()}")
     return json.loads(lines[-1])
+
+
+@asynccontextmanager
+async def scripted_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Any, Any, ScriptedRuntime]]:
+    """The real proxy (serve()) on a scripted runtime, in front of a loopback TLS mock LLM.
+
+    Yields (running, mock, runtime); `settings` override the Settings used (e.g. upstream_timeout).
+    """
+    from governor.proxy.server import Settings, serve
+    from tests.upstreams import MockLLM, make_tls
+
+    tls = make_tls(tmp / "tls")
+    mock = MockLLM(tls)
+    await mock.start()
+    runtime = ScriptedRuntime()
+    options = dict(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
+                   tick_interval=0, session="default")
+    running = await serve(Settings(**{**options, **settings}), runtime)
+    try:
+        yield running, mock, runtime
+    finally:
+        await running.stop()
+        await mock.stop()

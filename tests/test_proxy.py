@@ -26,9 +26,8 @@ from governor.policy.steps import (
     PassportPresented,
     ToolCall,
 )
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import RawClient, ScriptedRuntime, pause_rule
-from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import RawClient, pause_rule, scripted_governor
+from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,17 +37,8 @@ MESSAGES = "/v1/messages"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("proxy")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    runtime = ScriptedRuntime()
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                        tick_interval=0, session="default")
-    running = await serve(settings, runtime)
-    yield running, mock, runtime
-    await running.stop()
-    await mock.stop()
+    async with scripted_governor(tmp_path_factory.mktemp("proxy")) as (running, mock, runtime):
+        yield running, mock, runtime
 
 
 @pytest.fixture(autouse=True)

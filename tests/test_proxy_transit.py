@@ -15,9 +15,8 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import RawClient, ScriptedRuntime
-from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import RawClient, scripted_governor
+from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -26,17 +25,8 @@ CHAT = "/v1/chat/completions"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("transit")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    runtime = ScriptedRuntime()
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                        tick_interval=0, upstream_timeout=1.5, session="default")
-    running = await serve(settings, runtime)
-    yield running, mock, runtime
-    await running.stop()
-    await mock.stop()
+    async with scripted_governor(tmp_path_factory.mktemp("transit"), upstream_timeout=1.5) as (running, mock, runtime):
+        yield running, mock, runtime
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,8 @@ import pytest
 import pytest_asyncio
 
 from governor.policy.steps import ModelCall, ToolCall
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import ScriptedRuntime, run_python
-from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import run_python, scripted_governor
+from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,19 +40,10 @@ def record(name, fn):
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sdk-openai")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    runtime = ScriptedRuntime()
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                        tick_interval=0, session="default")
-    running = await serve(settings, runtime)
-    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
-    yield running, mock, runtime, sdk_env
-    await running.stop()
-    await mock.stop()
+    async with scripted_governor(tmp_path_factory.mktemp("sdk-openai")) as (running, mock, runtime):
+        sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
+                   "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
+        yield running, mock, runtime, sdk_env
 
 
 @pytest.fixture(autouse=True)
