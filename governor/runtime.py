@@ -39,7 +39,6 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
-from governor.evidence.journal import recover_journal
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -142,6 +141,8 @@ class Runtime:
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._caps = _caps_by_key(limits)
+        self._store_in_thread = bool(getattr(store, "remote", False))
+        self._opening: dict[str, asyncio.Lock] = {}  # sessions being opened (their first request)
         self._sweeper: asyncio.Task | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -182,11 +183,23 @@ class Runtime:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def _session(self, session_id: str) -> _Session:
-        """The live session, resuming it from the store and its journal after a restart."""
-        session = self._sessions.get(session_id)
-        if session is not None:
-            return session
+    async def _session(self, session_id: str) -> _Session:
+        """The live session, opened on first use (resumed from the store and its journal
+        after a restart). Opening reads the store and creates the journal with an fsync:
+        done in a worker thread, once, whatever the number of concurrent first requests."""
+        live = self._sessions.get(session_id)
+        if live is not None:
+            return live
+        opening = self._opening.setdefault(session_id, asyncio.Lock())
+        async with opening:
+            live = self._sessions.get(session_id)
+            if live is None:
+                live = await asyncio.to_thread(self._open_session, session_id)
+                self._sessions[session_id] = live
+        self._opening.pop(session_id, None)
+        return live
+
+    def _open_session(self, session_id: str) -> _Session:
         now = self.clock()
         path = journal_path(self.data_dir, session_id)
         saved = self.store.load_session(session_id)
@@ -212,7 +225,6 @@ class Runtime:
             state = SessionState.start(session_id, now)
             session = _Session(session_id, state, journal, last_activity=now)
             self.store.save_session(session_id, state.to_dict())
-        self._sessions[session_id] = session
         return session
 
     # --- steps -------------------------------------------------------------------------
@@ -220,7 +232,7 @@ class Runtime:
     async def admit(self, session: str, step: Step) -> Admission:
         started = time.perf_counter()
         try:
-            live = self._session(session)
+            live = await self._session(session)
         except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
             log.exception("session %s could not be opened", session)
             decision = _unrecorded_failure(step, exc)
@@ -253,7 +265,7 @@ class Runtime:
                 # never settled by a final usage report (upstream failed, client left):
                 # the reservation was never consumption, so it is released
                 try:
-                    self.store.release(ticket.reservation)
+                    await self._store(self.store.release, ticket.reservation)
                 except StoreError:
                     log.exception("session %s: could not release reservation %s", session, ticket.reservation)
                 ticket.reservation = None
@@ -274,21 +286,21 @@ class Runtime:
         try:
             keys = self.limits.counter_keys(step)
             for _ in range(MAX_DECIDE_ROUNDS):
-                counters = self.store.snapshot(self.agent_id, live.id, now, keys) if keys else {}
+                counters = await self._store(self.store.snapshot, self.agent_id, live.id, now, keys) if keys else {}
                 state = live.state.with_counters(counters)
                 decision = decide(self.limits, state, step, now)
                 if not decision.charges:
                     break
                 if decision.settles:
                     if ticket is not None and ticket.reservation is not None:
-                        self.store.commit(ticket.reservation, decision.charges, now)
+                        await self._store(self.store.commit, ticket.reservation, decision.charges, now)
                         ticket.reservation = None
                     else:
-                        self.store.add(self.agent_id, live.id, decision.charges, now)
+                        await self._store(self.store.add, self.agent_id, live.id, decision.charges, now)
                     break
                 if decision.blocks:
                     break
-                held = self.store.reserve(self.agent_id, live.id, decision.charges, now)
+                held = await self._store(self.store.reserve, self.agent_id, live.id, decision.charges, now)
                 if held.ok:
                     reservation = held.id
                     break
@@ -314,7 +326,7 @@ class Runtime:
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
-            self._save(live)
+            await self._store(self._save, live)
         new_ticket = None
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
@@ -323,6 +335,12 @@ class Runtime:
         elif reservation is not None:  # a reservation nobody will settle
             self._release_quietly(reservation)
         return decision, new_ticket
+
+    async def _store(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Call the store: inline when local, from a worker thread when it crosses the network."""
+        if self._store_in_thread:
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     def _save(self, live: _Session) -> None:
         try:
@@ -458,9 +476,9 @@ class Runtime:
         return "completed"
 
     async def end_session(self, session: str) -> dict[str, Any]:
-        live = self._sessions.get(session) or (self._session(session) if journal_path(self.data_dir, session).exists() else None)
-        if live is None:
+        if session not in self._sessions and not journal_path(self.data_dir, session).exists():
             raise KeyError(session)
+        live = await self._session(session)
         async with live.lock:
             if live.ended:
                 return live.final_record or self._signed(live, None)
@@ -606,4 +624,4 @@ def _unrecorded_failure(step: Step, exc: BaseException) -> Decision:
                              "step": type(step).__name__})
 
 
-__all__ = ["Runtime", "Ticket", "governor_object", "recover_journal"]
+__all__ = ["Runtime", "Ticket"]

@@ -253,3 +253,57 @@ def test_the_refusal_reason_states_the_comparison_the_decision_made():
     obj = governor_object(decision, "s")
     assert obj["observed"] == 20000 and isinstance(obj["observed"], int) and obj["session"] == "s"
     assert "projected 21096 > limit 20000 (used 20000)" in describe(obj)
+
+
+# --- a networked store (Redis) ----------------------------------------------------------
+
+
+@pytest.fixture
+def redis_server_process():
+    from tests.redis_server import REDIS_SERVER, NOT_INSTALLED, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(NOT_INSTALLED)
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+async def test_a_redis_store_enforces_budgets_and_never_stalls_the_event_loop(pinned, tmp_path, clock,
+                                                                              redis_server_process):
+    import os
+    import signal
+    import time
+
+    from governor.store.redis import RedisStore
+
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_server_process.url, timeout=3.0))
+    try:
+        for _ in range(8):  # 8 x 2500 tokens: the 20000-token session cap
+            clock.t += 1
+            assert not (await model_step(rt, "s", 2000, 500, expected_out=500)).decision.blocks
+        refused = await model_step(rt, "s", 2000, 500, expected_out=500)
+        assert refused.decision.halts and refused.governor_object["cause"] == ON_BUDGET_EXHAUSTED
+
+        # Redis freezes: an admission waits on it, but the loop keeps serving everything else
+        # (both when a session is first opened and on every later step of an open one)
+        await model_step(rt, "other", 10, 10)
+        for session in ("other", "brand-new"):
+            os.kill(redis_server_process.process.pid, signal.SIGSTOP)
+            try:
+                waiting = asyncio.create_task(rt.admit(session, ModelCall(
+                    model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10)))
+                started = time.monotonic()
+                ticks = 0
+                while time.monotonic() - started < 0.5:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+                assert not waiting.done()
+                assert ticks >= 20  # a blocked loop would have run none of these until Redis answered
+            finally:
+                os.kill(redis_server_process.process.pid, signal.SIGCONT)
+            admitted = await asyncio.wait_for(waiting, 10)
+            assert not admitted.decision.blocks
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()

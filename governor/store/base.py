@@ -114,6 +114,10 @@ class Store(Protocol):
     """
 
     window: RollingWindow
+    # True when calls cross the network (Redis): the runtime then calls the store from a
+    # worker thread, so a slow round trip never stalls the proxy's event loop. Local
+    # stores (memory, SQLite) answer in microseconds and are called inline.
+    remote: bool
 
     # --- budget counters -------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:

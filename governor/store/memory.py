@@ -67,6 +67,8 @@ class _Held:
 class MemoryStore:
     """Thread-safe (one lock); everything is lost when the process ends."""
 
+    remote = False
+
     def __init__(self, window: RollingWindow = DAY) -> None:
         self.window = window
         self._lock = threading.Lock()

@@ -275,6 +275,8 @@ _SCOPE_NAME = {"s": "per_session", "d": "per_day"}
 class RedisStore:
     """A store in the Redis at `url` (redis:// or rediss://); thread-safe (a connection pool)."""
 
+    remote = True
+
     def __init__(
         self,
         url: str,

@@ -103,6 +103,8 @@ _DAY_TAKE_TOTAL = f"UPDATE day_totals SET total = total - ? WHERE {_DAY_KEY}"
 class SQLiteStore:
     """A store in the SQLite file at `path` (created with its directory's permissions)."""
 
+    remote = False
+
     def __init__(
         self,
         path: str | os.PathLike[str],
