@@ -252,6 +252,11 @@ class Runtime:
         started = time.perf_counter()
         async with live.lock:
             decision, _ = await self._apply(live, step, ticket)
+            if report.final and ticket.in_flight and not live.ended:
+                # the final usage is the call's end: its in-flight slot is freed now, under the
+                # same lock, rather than by a separate finish() round (one per request saved)
+                ticket.in_flight = False
+                await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 
@@ -286,8 +291,10 @@ class Runtime:
         try:
             keys = self.limits.counter_keys(step)
             for _ in range(MAX_DECIDE_ROUNDS):
-                counters = await self._store(self.store.snapshot, self.agent_id, live.id, now, keys) if keys else {}
-                state = live.state.with_counters(counters)
+                if keys:
+                    counters = await self._store(self.store.snapshot, self.agent_id, live.id, now, keys)
+                    state = live.state.with_counters(counters)
+                # else: the step reads no counter, the state's last snapshot is left as it is
                 decision = decide(self.limits, state, step, now)
                 if not decision.charges:
                     break
@@ -356,8 +363,10 @@ class Runtime:
             log.exception("could not release reservation %s", reservation)
 
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
+        # a plain permit has no reason to give: skip building one on every request
+        plain = decision.action is Action.PERMIT and decision.event is None
         return Admission(decision=decision, session=session, ticket=ticket,
-                         governor_object=governor_object(decision, session))
+                         governor_object={} if plain else governor_object(decision, session))
 
     # --- oversight (§5) ----------------------------------------------------------------
 

@@ -925,7 +925,7 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
         # their in-flight slots are freed so the session can be seen idle and end
         if kind is StepDone or kind is PersonaExit:
             changes.update(_freed(state, step))
-        return replace(state, **changes)
+        return state.evolve(**changes)
     if decision.halts:
         changes["halted"] = True
         changes["halt_cause"] = decision.cause
@@ -1006,4 +1006,4 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
         changes.update(_freed(state, step))
     if approvals is not None:
         changes["approvals"] = approvals
-    return replace(state, **changes)
+    return state.evolve(**changes)

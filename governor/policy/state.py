@@ -12,7 +12,7 @@ persist it and a session can be replayed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from governor.policy.steps import CounterKey
@@ -40,7 +40,7 @@ class Approval:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no __slots__: evolve() copies the instance __dict__ in one go
 class SessionState:
     session: str
     started_at: float
@@ -72,7 +72,18 @@ class SessionState:
 
     def with_counters(self, counters: Mapping[CounterKey, float]) -> "SessionState":
         """The same state with a fresh counter snapshot from the store."""
-        return replace(self, counters=counters)
+        return self.evolve(counters=counters)
+
+    def evolve(self, **changes: Any) -> "SessionState":
+        """dataclasses.replace without its per-call field walk and __init__: the state is
+        copied a few times per step, on the proxy's per-request path."""
+        if not changes.keys() <= _FIELDS:
+            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - _FIELDS)}")
+        values = self.__dict__.copy()
+        values.update(changes)
+        state = object.__new__(SessionState)
+        object.__setattr__(state, "__dict__", values)
+        return state
 
     def counter(self, key: CounterKey) -> float:
         return self.counters.get(key, 0.0)
@@ -130,6 +141,9 @@ class SessionState:
             ended=bool(data["ended"]),
             counters={(str(s), p, str(d)): float(v) for s, p, d, v in data["counters"]},
         )
+
+
+_FIELDS = frozenset(f.name for f in fields(SessionState))
 
 
 def _counter_order(item: tuple[CounterKey, float]) -> tuple[str, str, str]:
