@@ -184,26 +184,48 @@ def counter_key(charge: CounterCharge) -> CounterKey:
 
 def check_charges(charges: Sequence[CounterCharge]) -> None:
     """Reject charges no counter can be made of (a caller's bug, not a backend failure)."""
-    for c in charges:
-        if c.scope not in SCOPES:
-            raise ValueError(f"unknown counter scope {c.scope!r} (expected one of {SCOPES})")
-        if c.dimension not in DIMENSIONS:
-            raise ValueError(f"unknown budget dimension {c.dimension!r} (expected one of {DIMENSIONS})")
-        if not (math.isfinite(c.amount) and c.amount >= 0):
-            raise ValueError(f"charge amount must be finite and >= 0, got {c.amount!r}")
-        if c.cap is not None and not (math.isfinite(c.cap) and c.cap >= 0):
-            raise ValueError(f"charge cap must be None or finite and >= 0, got {c.cap!r}")
-        if c.persona is not None and (not isinstance(c.persona, str) or not c.persona):
-            raise ValueError(f"persona must be None or a non-empty name, got {c.persona!r}")
+    totals_by_key(charges)
+
+
+def _check_key(key: CounterKey) -> None:
+    scope, persona, dimension = key
+    if scope not in SCOPES:
+        raise ValueError(f"unknown counter scope {scope!r} (expected one of {SCOPES})")
+    if dimension not in DIMENSIONS:
+        raise ValueError(f"unknown budget dimension {dimension!r} (expected one of {DIMENSIONS})")
+    if persona is not None and (not isinstance(persona, str) or not persona):
+        raise ValueError(f"persona must be None or a non-empty name, got {persona!r}")
+
+
+# Keys already checked: a governor draws on a handful of counters, so after the first
+# steps a check is one set lookup (this runs on every step's per-request path).
+_KEYS_SEEN: set[CounterKey] = set()
+_INF = math.inf
+
+
+def _check_known(key: CounterKey) -> None:
+    try:
+        if key in _KEYS_SEEN:
+            return
+    except TypeError:  # an unhashable part: _check_key names it
+        pass
+    _check_key(key)
+    _KEYS_SEEN.add(key)
 
 
 def totals_by_key(charges: Sequence[CounterCharge]) -> dict[CounterKey, float]:
-    """The amount each counter receives (several charges may name one counter)."""
-    check_charges(charges)
+    """The amount each counter receives (several charges may name one counter); raises
+    ValueError for a charge no counter can be made of."""
     totals: dict[CounterKey, float] = {}
     for c in charges:
-        key = counter_key(c)
-        totals[key] = totals.get(key, 0.0) + float(c.amount)
+        key = (c.scope, c.persona, c.dimension)
+        _check_known(key)
+        amount, cap = c.amount, c.cap
+        if not 0 <= amount < _INF:  # also false for NaN
+            raise ValueError(f"charge amount must be finite and >= 0, got {amount!r}")
+        if cap is not None and not 0 <= cap < _INF:
+            raise ValueError(f"charge cap must be None or finite and >= 0, got {cap!r}")
+        totals[key] = totals.get(key, 0.0) + float(amount)
     return totals
 
 
@@ -227,8 +249,8 @@ def first_overshoot(
 
 
 def check_keys(keys: Sequence[CounterKey]) -> None:
-    for scope, persona, dimension in keys:
-        check_charges((CounterCharge(scope, dimension, 0.0, None, persona),))
+    for key in keys:
+        _check_known(tuple(key))  # type: ignore[arg-type]
 
 
 def encode_state(state: dict) -> bytes:
