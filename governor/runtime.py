@@ -232,7 +232,7 @@ class Runtime:
     async def admit(self, session: str, step: Step) -> Admission:
         started = time.perf_counter()
         try:
-            live = await self._session(session)
+            live = self._sessions.get(session) or await self._session(session)
         except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
             log.exception("session %s could not be opened", session)
             decision = _unrecorded_failure(step, exc)
@@ -289,30 +289,10 @@ class Runtime:
         state = live.state
         reservation: str | None = None
         try:
-            keys = self.limits.counter_keys(step)
-            for _ in range(MAX_DECIDE_ROUNDS):
-                if keys:
-                    counters = await self._store(self.store.snapshot, self.agent_id, live.id, now, keys)
-                    state = live.state.with_counters(counters)
-                # else: the step reads no counter, the state's last snapshot is left as it is
-                decision = decide(self.limits, state, step, now)
-                if not decision.charges:
-                    break
-                if decision.settles:
-                    if ticket is not None and ticket.reservation is not None:
-                        await self._store(self.store.commit, ticket.reservation, decision.charges, now)
-                        ticket.reservation = None
-                    else:
-                        await self._store(self.store.add, self.agent_id, live.id, decision.charges, now)
-                    break
-                if decision.blocks:
-                    break
-                held = await self._store(self.store.reserve, self.agent_id, live.id, decision.charges, now)
-                if held.ok:
-                    reservation = held.id
-                    break
-            else:
-                raise RuntimeError("budget counters kept changing under concurrent steps; refusing rather than guessing")
+            if self._store_in_thread:
+                state, decision, reservation = await asyncio.to_thread(self._decide, live, step, ticket, now)
+            else:  # a local store answers in microseconds: no thread hop on the per-request path
+                state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
             log.exception("session %s: could not decide %s", live.id, type(step).__name__)
             decision = governor_error(self.limits, live.state, step, exc)
@@ -342,6 +322,32 @@ class Runtime:
         elif reservation is not None:  # a reservation nobody will settle
             self._release_quietly(reservation)
         return decision, new_ticket
+
+    def _decide(self, live: _Session, step: Step, ticket: Ticket | None,
+                now: float) -> tuple[SessionState, Decision, str | None]:
+        """Steps 1-3: snapshot, decide, reserve (or settle). Synchronous: called inline for a
+        local store, from a worker thread for a remote one (the session lock is held)."""
+        store = self.store
+        keys = self.limits.counter_keys(step)
+        state = live.state
+        for _ in range(MAX_DECIDE_ROUNDS):
+            if keys:
+                state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
+            # else: the step reads no counter, the state's last snapshot is left as it is
+            decision = decide(self.limits, state, step, now)
+            if not decision.charges or decision.blocks and not decision.settles:
+                return state, decision, None
+            if decision.settles:
+                if ticket is not None and ticket.reservation is not None:
+                    store.commit(ticket.reservation, decision.charges, now)
+                    ticket.reservation = None
+                else:
+                    store.add(self.agent_id, live.id, decision.charges, now)
+                return state, decision, None
+            held = store.reserve(self.agent_id, live.id, decision.charges, now)
+            if held.ok:
+                return state, decision, held.id
+        raise RuntimeError("budget counters kept changing under concurrent steps; refusing rather than guessing")
 
     async def _store(self, call: Callable[..., Any], *args: Any) -> Any:
         """Call the store: inline when local, from a worker thread when it crosses the network."""
