@@ -238,6 +238,21 @@ async def test_malformed_json_gets_a_400_in_the_providers_format_and_is_not_forw
     assert mock.requests == [] and runtime.steps == []
 
 
+async def test_a_compressed_body_is_governed_as_its_decoded_json(env):
+    import gzip
+
+    running, mock, runtime = env
+    body = chat(model="gpt-gzipped")
+    status, _, _ = await exchange(running, mock, CHAT, gzip.compress(body),
+                                  {"Content-Encoding": "gzip", "ADL-Session": "gz"})
+    assert status == 200
+    assert [step.model for _, step in runtime.steps if isinstance(step, ModelCall)] == ["gpt-gzipped"]
+    assert len(mock.requests) == 1
+    status, _, body = await exchange(running, mock, CHAT, b"not gzip at all", {"Content-Encoding": "gzip"})
+    assert status == 400 and "cannot be decoded" in orjson.loads(body)["error"]["message"]
+    assert len(mock.requests) == 1  # the undecodable request never went upstream
+
+
 async def test_huge_bodies_get_the_policys_answer_or_a_413(env):
     running, mock, runtime = env
     runtime.token_cap = 100_000

@@ -1,10 +1,10 @@
-"""The addon's one-pass reading of the agent's ADL-* headers agrees with mitmproxy's Headers."""
+"""The addon's one-pass reading of the request headers agrees with mitmproxy's Headers."""
 
 from __future__ import annotations
 
 from mitmproxy import http
 
-from governor.proxy.addon import PASSPORT_HEADER, PERSONA_HEADER, SESSION_HEADER, _governor_headers
+from governor.proxy.addon import PASSPORT_HEADER, PERSONA_HEADER, SESSION_HEADER, _scan_headers
 
 
 def test_adl_headers_are_read_as_headers_get_reads_them() -> None:
@@ -13,12 +13,21 @@ def test_adl_headers_are_read_as_headers_get_reads_them() -> None:
         (b"Adl-Session", b"s-2"), (b"ADL-Delegation-Depth", b"2"), (b"X-Adl-Not", b"x"),
         (b"ADL-Passport", "caf\u00e9".encode()),
     ])
-    found = _governor_headers(headers.fields)
+    found, encoded = _scan_headers(headers.fields)
     for name in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER, "ADL-Delegation-Depth"):
         assert found[name.lower()] == headers.get(name), name
     assert found["adl-session"] == "s-1, s-2"  # repeats folded, as Headers.get folds them
     assert set(found) == {"adl-session", "adl-persona", "adl-delegation-depth", "adl-passport"}
+    assert encoded is False
 
 
 def test_a_request_without_adl_headers_has_none() -> None:
-    assert _governor_headers(http.Headers(host="api.example", content_type="application/json").fields) == {}
+    assert _scan_headers(http.Headers(host="api.example", content_type="application/json").fields) == ({}, False)
+
+
+def test_content_encoding_is_found_as_headers_contains_finds_it() -> None:
+    for name in (b"Content-Encoding", b"content-encoding", b"CONTENT-ENCODING"):
+        headers = http.Headers([(b"Host", b"api.example"), (b"Content-Type", b"application/json"), (name, b"gzip")])
+        assert _scan_headers(headers.fields)[1] is ("content-encoding" in headers) is True
+    headers = http.Headers([(b"Content-Length", b"3"), (b"Content-Type", b"application/json")])
+    assert _scan_headers(headers.fields)[1] is ("content-encoding" in headers) is False

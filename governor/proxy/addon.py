@@ -118,7 +118,6 @@ class Flight:
     started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
     relay: "StreamRelay | None" = None
-    supervisor: asyncio.TimerHandle | None = None  # the upstream timeout's next check
     refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
     finished: bool = False
 
@@ -246,6 +245,7 @@ class Governor:
         self._own_session = f"session-{uuid.uuid4().hex[:12]}"
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
+        self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -347,10 +347,6 @@ class Governor:
     def done(self) -> None:
         for task in list(self.tasks):
             task.cancel()
-        for live in self.in_flight.values():
-            for flight in live:
-                if flight.supervisor is not None:
-                    flight.supervisor.cancel()
 
     # --- request -----------------------------------------------------------------------
 
@@ -358,7 +354,7 @@ class Governor:
         request = flow.request
         headers = request.headers
         fields = headers.fields
-        governing = _governor_headers(fields)
+        governing, encoded = _scan_headers(fields)
         session = self._session(governing.get(_SESSION_FIELD))
         flow.metadata[SESSION_KEY] = session
         persona = governing.get(_PERSONA_FIELD) or None
@@ -394,7 +390,7 @@ class Governor:
         if adapter is None:
             self._unknown(flow, session)
             return
-        if "content-encoding" in headers:
+        if encoded:
             try:
                 view.content = request.content or b""
             except ValueError:
@@ -440,7 +436,6 @@ class Governor:
             headers[name] = value
         flight = Flight(exchange, admissions, usage_ticket, model_call)
         flow.metadata[METADATA_KEY] = flight
-        self._supervise(flow, flight)
         self._track(flow, flight)
 
     async def _admit(self, session: str, step: Step) -> Admission:
@@ -636,34 +631,43 @@ class Governor:
 
     # --- in flight: ticks, timeouts, cuts ----------------------------------------------
 
-    def _supervise(self, flow: http.HTTPFlow, flight: Flight) -> None:
-        """The upstream timeout of one exchange: no headers, or a stream gone silent.
+    async def _watch(self) -> None:
+        """The upstream timeout of every exchange in flight (no response headers, or a stream
+        gone silent), checked every min(1 s, timeout / 4): one periodic pass over what is in
+        flight instead of a timer armed and cancelled per request."""
+        timeout = self.policy.upstream_timeout
+        period = min(1.0, timeout / 4)
+        try:
+            while self.in_flight:
+                await asyncio.sleep(period)
+                now = time.monotonic()
+                for live in list(self.in_flight.values()):
+                    for flight, flow in list(live.items()):
+                        self._check_upstream(flow, flight, now, timeout)
+        finally:
+            self.watchdog = None
 
-        A timer, not a task: it wakes once per timeout period (activity meanwhile only
-        moves `last_activity`), and arming it is far cheaper than a task per request."""
-        delay = max(0.0, flight.last_activity + self.policy.upstream_timeout - time.monotonic())
-        flight.supervisor = asyncio.get_running_loop().call_later(delay, self._check_upstream, flow, flight)
-
-    def _check_upstream(self, flow: http.HTTPFlow, flight: Flight) -> None:
+    def _check_upstream(self, flow: http.HTTPFlow, flight: Flight, now: float, timeout: float) -> None:
         if flight.finished or flight.refusal is not None:
             return
         relay = flight.relay
         if relay is not None and relay.holds:  # waiting for us (an admission), not for the upstream
-            flight.last_activity = time.monotonic()
+            flight.last_activity = now
         elif relay is not None and relay.ended:
             return
-        elif time.monotonic() - flight.last_activity >= self.policy.upstream_timeout:
-            self._upstream_timeout(flow, flight, self.policy.upstream_timeout)
-            return
-        self._supervise(flow, flight)
+        elif now - flight.last_activity >= timeout:
+            self._upstream_timeout(flow, flight, timeout)
 
     def _track(self, flow: http.HTTPFlow, flight: Flight) -> None:
-        """Count the exchange as in flight for its session's wall-clock ticker."""
+        """Count the exchange as in flight: for its session's wall-clock ticker and the
+        upstream-timeout watchdog."""
         session = flight.exchange.session
         live = self.in_flight.setdefault(session, {})
         live[flight] = flow
         if self.policy.tick_interval > 0 and session not in self.tickers:
             self.tickers[session] = self._spawn(self._tick(session))
+        if self.watchdog is None or self.watchdog.done():
+            self.watchdog = self._spawn(self._watch())
 
     async def _tick(self, session: str) -> None:
         """While a session has exchanges in flight, admit a Tick every tick_interval: the
@@ -734,8 +738,6 @@ class Governor:
         if flight.finished:
             return
         flight.finished = True
-        if flight.supervisor is not None:
-            flight.supervisor.cancel()
         live = self.in_flight.get(flight.exchange.session)
         if live is not None:
             live.pop(flight, None)
@@ -763,17 +765,21 @@ class Governor:
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _governor_headers(fields: tuple[tuple[bytes, bytes], ...]) -> dict[str, str]:
-    """The request's ADL-* headers by lower-case name, repeats folded as `Headers.get` folds
-    them: one pass over the raw fields (most requests carry none), instead of a case-insensitive
-    lookup per header."""
+def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
+    """The request's ADL-* headers by lower-case name (repeats folded as `Headers.get` folds
+    them) and whether it has a Content-Encoding: one pass over the raw fields instead of a
+    case-insensitive lookup per header."""
     found: dict[str, str] = {}
+    encoded = False
     for name, value in fields:
-        if name[:4].lower() == _GOVERNOR_PREFIX:
+        prefix = name[:4].lower()
+        if prefix == _GOVERNOR_PREFIX:
             key = name.decode("utf-8", "surrogateescape").lower()
             text = value.decode("utf-8", "surrogateescape")
             found[key] = f"{found[key]}, {text}" if key in found else text
-    return found
+        elif prefix == b"cont" and name.lower() == b"content-encoding":
+            encoded = True
+    return found, encoded
 
 
 def _within_admission(report: UsageReport, call: ModelCall | None) -> bool:
