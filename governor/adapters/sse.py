@@ -29,7 +29,12 @@ class SSEEvent:
 
 def last_boundary(buf: bytes | bytearray) -> int:
     """Offset just past the last complete event in buf (0 when there is none)."""
-    return max(buf.rfind(b"\n\n") + 2, buf.rfind(b"\r\n\r\n") + 4, buf.rfind(b"\r\r") + 2, 0)
+    end = 0
+    for boundary in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        found = buf.rfind(boundary)
+        if found != -1:
+            end = max(end, found + len(boundary))
+    return end
 
 
 def encode(data: Any, event: str | None = None) -> bytes:
@@ -50,8 +55,15 @@ class SSEDecoder:
         self._has_data = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        buf = self._buf + chunk
+        buf = self._buf + chunk if self._buf else bytes(chunk)
         events: list[SSEEvent] = []
+        if b"\r" not in buf:
+            # the common case (\n line ends only): split in C, once per chunk
+            lines = buf.split(b"\n")
+            self._buf = lines.pop()  # the unterminated tail, b"" when buf ends with \n
+            for raw in lines:
+                self._line(raw, events)
+            return events
         start = 0
         n = len(buf)
         while start < n:
@@ -75,7 +87,8 @@ class SSEDecoder:
         """End of stream: an unterminated last event is dispatched (lenient, as browsers are not)."""
         events: list[SSEEvent] = []
         if self._buf:
-            self._line(self._buf, events)
+            # what is left is one line: feed() kept a lone \r at the end in case \n followed
+            self._line(self._buf.removesuffix(b"\r"), events)
             self._buf = b""
         self._line(b"", events)
         return events
@@ -85,6 +98,10 @@ class SSEDecoder:
             if self._has_data:
                 events.append(SSEEvent(self._event, "\n".join(self._data)))
             self._event, self._data, self._has_data = None, [], False
+            return
+        if raw[:6] == b"data: ":  # nearly every line of a stream: the general path below, shortened
+            self._data.append(raw[6:].decode("utf-8", errors="replace"))
+            self._has_data = True
             return
         line = raw.decode("utf-8", errors="replace")
         if line.startswith(":"):
