@@ -3,13 +3,17 @@
 1. Against a reference model (a plain list of usage events): any sequence of
    reserve / commit / release / add / settle / delete and time moving on gives
    the model's counter values, and counters only fall where the contract says
-   (a released or replaced reservation, usage ageing out of the day).
+   (a released or replaced reservation, usage ageing out of the day). The
+   write-behind store is also flushed, closed and reopened at random points (as
+   itself or as the shared SQLiteStore): counters and outstanding reservations
+   carry over.
 2. Concurrent reserves from real threads (one store, or two stores on one
    SQLite file or one Redis) never admit more than a cap between them.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 import threading
 import uuid
@@ -17,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store import MemoryStore, RollingWindow, SQLiteStore, Store, UnknownReservation
+from governor.store import MemoryStore, RollingWindow, SQLiteStore, Store, UnknownReservation, WriteBehindStore
 from governor.store.base import cap_limit
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, redis_url  # noqa: F401  (fixture)
 
@@ -241,6 +246,63 @@ def test_sqlite_store_follows_the_model(tmp_path: Path):
     run_model(lambda: SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db", window=WINDOW))
 
 
+def test_writebehind_store_follows_the_model(tmp_path: Path):
+    run_model(lambda: WriteBehindStore(tmp_path / f"{uuid.uuid4().hex}.db", window=WINDOW, flush_interval=0.002))
+
+
+class ReopeningModel(StoreModel):
+    """The model, on a write-behind store that is also flushed and reopened at random points."""
+
+    directory: Path  # set by the test
+
+    def __init__(self) -> None:
+        self.path = self.directory / f"{uuid.uuid4().hex}.db"
+        super().__init__()
+
+    def open_store(self) -> Store:
+        # an interval the steps outrun: flushes come from the rules (and close) as often as from the flusher
+        return WriteBehindStore(self.path, window=WINDOW, flush_interval=0.01)
+
+    def everything(self) -> dict[str, dict[CounterKey, float]]:
+        """Every counter in use (not only KEYS): the store's whole view of each session."""
+        return {s: self.store.snapshot(a, s, self.now) for s, a in SESSIONS.items()}
+
+    def outstanding_in_the_file(self) -> dict[str, tuple]:
+        conn = sqlite3.connect(self.path)
+        try:
+            rows = conn.execute("SELECT id, agent, session, bucket, created, totals FROM reservations").fetchall()
+        finally:
+            conn.close()
+        return {rid: (agent, session, bucket, created, {(s, p, d): a for s, p, d, a in orjson.loads(totals)})
+                for rid, agent, session, bucket, created, totals in rows}
+
+    def outstanding_in_the_model(self) -> dict[str, tuple]:
+        return {rid: (h.agent, h.session, h.bucket, h.created, h.totals) for rid, h in self.held.items()}
+
+    @rule()
+    def flush(self) -> None:
+        if isinstance(self.store, WriteBehindStore):
+            before = self.everything()
+            self.store.flush()
+            assert self.everything() == before
+
+    @rule(shared=st.booleans())
+    def reopen(self, shared: bool) -> None:
+        """Close (the last batch is written) and open the file again, write-behind or shared."""
+        before = self.everything()
+        self.store.close()
+        assert self.outstanding_in_the_file() == self.outstanding_in_the_model()
+        self.store = SQLiteStore(self.path, window=WINDOW) if shared else self.open_store()
+        assert self.everything() == before
+
+
+def test_writebehind_store_reopened_at_random_follows_the_model(tmp_path: Path):
+    machine = type("Model", (ReopeningModel,), {"directory": tmp_path})
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=100, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    ))
+
+
 @pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 def test_redis_store_follows_the_model(redis_url: str):
     from governor.store.redis import RedisStore
@@ -327,6 +389,17 @@ def test_threads_racing_on_a_memory_store_never_pass_a_cap(plan):
 def test_threads_racing_on_an_sqlite_store_never_pass_a_cap(plan):
     with tempfile.TemporaryDirectory() as d, SQLiteStore(Path(d) / "s.db") as store:
         race([store], plan)
+
+
+@RACE_SETTINGS
+@given(plan=race_plans)
+def test_threads_racing_on_a_writebehind_store_never_pass_a_cap(plan):
+    with tempfile.TemporaryDirectory() as d:
+        with WriteBehindStore(Path(d) / "s.db", flush_interval=0.001) as store:  # the flusher races too
+            race([store], plan)
+            before = {s: store.snapshot("agent", s, T0) for s in ("s1", "s2")}
+        with SQLiteStore(Path(d) / "s.db") as reopened:  # and what reached the file is what was admitted
+            assert {s: reopened.snapshot("agent", s, T0) for s in ("s1", "s2")} == before
 
 
 @RACE_SETTINGS

@@ -234,12 +234,14 @@ def test_synchronous_must_be_normal_or_full(tmp_path: Path):
 
 
 def test_open_store_reads_urls_and_paths(tmp_path: Path):
+    """The shared SQLite store on request; a plain path or URL opens the write-behind store
+    (tests/test_store_writebehind.py)."""
     assert isinstance(open_store("memory:"), MemoryStore)
-    for location in (f"sqlite://{tmp_path}/a.db", f"sqlite://{tmp_path}/b.db?synchronous=full", tmp_path / "c.db"):
+    for location in (f"sqlite://{tmp_path}/a.db?shared=true", f"sqlite://{tmp_path}/b.db?synchronous=full&shared=true"):
         store = open_store(location)
         assert isinstance(store, SQLiteStore)
         store.close()
-    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["a.db", "b.db", "c.db"]
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["a.db", "b.db"]
 
 
 @pytest.mark.parametrize(
