@@ -312,3 +312,36 @@ def test_s6_an_answer_admitted_before_a_halt_is_delivered_within_its_reservation
     assert driver.state.in_flight == 0
     # nothing new goes ahead
     assert driver.run(ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1)).halts
+
+
+# --- usage within its reservation ------------------------------------------------------
+
+
+def test_s2_usage_within_its_reservation_is_settled_without_reading_the_counters():
+    doc = budget(tokens={"per_session": 10_000, "per_day": 100_000}, cost_usd={"per_session": 5.0, "per_day": 50.0})
+    driver = Driver(passport(**doc))
+    admitted = driver.run(ModelCall("gpt-4o", 1000, 500))
+    within = UsageReport("gpt-4o", 900, 500, reserved=admitted.charges)
+    assert driver.limits.counter_keys(within) == ()  # no store read for it
+    # whatever the counters hold now (even past a cap: others' usage), it settles its own use only
+    driver.counters.update({k: 10**9 for k in driver.counters})
+    decision = driver.run(within)
+    assert decision.action is Action.PERMIT and decision.settles and not decision.events
+    settled = {(c.scope, c.dimension): c.amount for c in decision.charges}
+    assert settled[("per_session", "tokens")] == 1400
+    assert settled[("per_day", "cost_usd")] == pytest.approx((900 * 2.50 + 500 * 10.00) / 1e6)
+
+
+@pytest.mark.parametrize("usage, why", [
+    (UsageReport("gpt-4o", 1001, 500), "more input than estimated"),
+    (UsageReport("gpt-4o", 1000, 501), "more output than reserved"),
+    (UsageReport("unknown-model", 10, 10), "an unpriced model"),
+    (UsageReport("gpt-4o", 10, 10, final=False), "a running figure"),
+])
+def test_s2_usage_beyond_its_reservation_is_projected_against_the_counters(usage, why):
+    driver = Driver(passport(**budget(tokens={"per_session": 10_000}, cost_usd={"per_session": 5.0})))
+    admitted = driver.run(ModelCall("gpt-4o", 1000, 500))
+    import dataclasses
+
+    usage = dataclasses.replace(usage, reserved=admitted.charges)
+    assert driver.limits.counter_keys(usage) != (), why

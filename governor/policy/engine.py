@@ -502,10 +502,12 @@ def _usage(run: _Run, step: UsageReport) -> Decision:
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
     cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
-    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
     if step.final:
         run.settles = True
         run.charges = _charges(run, meters, tokens, cost, False)
+        if limits.within_reservation(step):  # nothing the admission did not check: settle only
+            return run.finish()
+    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
     d, warnings = _budget(run, meters, tokens, cost, reserved, step.model)
     if d is not None:
         return d
