@@ -123,6 +123,7 @@ class Runtime:
         tick_interval_sec: float = 1.0,
         journal_sync: bool = True,
         pinned: Any = None,
+        owns_store: bool = False,
     ) -> None:
         self.limits = limits
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
@@ -137,6 +138,7 @@ class Runtime:
         self.session_idle_sec = session_idle_sec
         self.tick_interval_sec = tick_interval_sec
         self.journal_sync = journal_sync
+        self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
         self._sessions: dict[str, _Session] = {}
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
@@ -171,6 +173,11 @@ class Runtime:
             if session.unsaved:
                 self._save(session)
             session.journal.close()
+        if self.owns_store:
+            try:
+                await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
+            except StoreError:
+                log.exception("the state store could not be closed cleanly")
 
     @property
     def default_session(self) -> str:

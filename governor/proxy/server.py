@@ -279,7 +279,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         raise StartupError(f"state store {location}: {exc}") from None
     runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
                       governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
-                      session_idle_sec=settings.session_idle, pinned=report.pinned)
+                      session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
     return runtime
