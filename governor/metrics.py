@@ -77,7 +77,7 @@ class Metrics:
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
             ["dimension", "scope", "fraction"], registry=r)
-        self._decision_children: dict[tuple[str, str, bool], Counter] = {}
+        self._decision_children: dict[tuple[object, object, bool], Counter] = {}
         self._upstream_children: dict[str, Histogram] = {}
         self._session_series: dict[str, set[tuple[str, str, str, str]]] = {}
 
@@ -85,10 +85,10 @@ class Metrics:
 
     def decision(self, cause: str | None, action: object, seconds: float, *, enforced: bool = True) -> None:
         """Count one decision and observe how long it took."""
-        key = (_label(cause), _label(action), enforced)
+        key = (cause, action, enforced)  # the raw values: no label text built per decision
         child = self._decision_children.get(key)
         if child is None:
-            child = self.decisions.labels(key[0], key[1], "true" if enforced else "false")
+            child = self.decisions.labels(_label(cause), _label(action), "true" if enforced else "false")
             self._decision_children[key] = child
         child.inc()
         self.decision_latency.observe(seconds)
