@@ -64,7 +64,7 @@ def test_another_process_sees_and_adds_to_the_same_counters(tmp_path: Path):
 import json, sys
 from governor.policy.steps import CounterCharge
 from governor.store import open_store
-store = open_store("sqlite://" + sys.argv[1])
+store = open_store("sqlite://" + sys.argv[1] + "?shared=true")
 before = store.snapshot("agent", "s2", float(sys.argv[2]))
 r = store.reserve("agent", "s2", [CounterCharge("per_day", "tokens", 850, 1000)], float(sys.argv[2]))
 print(json.dumps({"before": before[("per_day", None, "tokens")], "ok": r.ok, "observed": r.observed,

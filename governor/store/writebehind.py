@@ -11,9 +11,8 @@ reservation costs what it costs in MemoryStore, and reach the file in batches.
 - Every counter change marks the counter dirty. A flusher thread, woken when the
   first change after a flush lands, waits `flush_interval` seconds, takes a
   consistent cut of the dirty counters and of the outstanding reservations under
-  the store's lock, and writes it in one statement (one transaction), in
-  SQLiteStore's schema (the file stays readable by `SQLiteStore`, and a file it
-  wrote opens here).
+  the store's lock, and writes it in one transaction, in SQLiteStore's schema
+  (the file stays readable by `SQLiteStore`, and a file it wrote opens here).
   A crash of the process therefore loses at most the last interval of counter
   changes, and what the file holds is always a state the store was in.
 - Session state and nonces are written through (not on the per-request path).
@@ -42,42 +41,43 @@ log = logging.getLogger("governor.store")
 
 FLUSH_INTERVAL = 0.05  # seconds from the first change to the batch that writes it
 
-# A batch is written by ONE statement: rows inserted into a temporary view whose trigger
-# applies each to its table. The sqlite3 module releases the GIL around every statement,
-# and getting it back while the event loop is busy costs a thread switch, so a statement
-# per row (or per table) would make every flush stall the loop many times over. One
-# statement is also one transaction: the batch lands whole or not at all.
-_BATCH_VIEW = (
-    "CREATE TEMP VIEW IF NOT EXISTS write_behind (op, a, b, c, n, x, y) AS "
-    "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0"
+# A batch is one transaction of a few statements, each writing all the rows of a table at
+# once: the sqlite3 module releases the GIL around every statement it runs, and each time
+# the flusher takes the GIL back from a busy event loop costs the loop a thread switch.
+_SESSION_SET = (
+    "INSERT INTO session_counters (session, persona, dimension, value) VALUES {rows} "
+    "ON CONFLICT (session, persona, dimension) DO UPDATE SET value = excluded.value"
 )
-_BATCH_TRIGGER = """
-CREATE TEMP TRIGGER IF NOT EXISTS write_behind_row INSTEAD OF INSERT ON write_behind BEGIN
-    INSERT OR REPLACE INTO session_counters (session, persona, dimension, value)
-        SELECT NEW.a, NEW.b, NEW.c, NEW.x WHERE NEW.op = 'session';
-    DELETE FROM session_counters
-        WHERE NEW.op = 'session-gone' AND session = NEW.a AND persona = NEW.b AND dimension = NEW.c;
-    DELETE FROM day_buckets
-        WHERE NEW.op = 'drop-below' AND agent = NEW.a AND persona = NEW.b AND dimension = NEW.c AND bucket < NEW.n;
-    INSERT OR REPLACE INTO day_buckets (agent, persona, dimension, bucket, value)
-        SELECT NEW.a, NEW.b, NEW.c, NEW.n, NEW.x WHERE NEW.op = 'bucket';
-    INSERT OR REPLACE INTO day_totals (agent, persona, dimension, total, oldest)
-        SELECT NEW.a, NEW.b, NEW.c, NEW.x, NEW.n WHERE NEW.op = 'total';
-    INSERT OR REPLACE INTO reservations (id, agent, session, bucket, created, totals)
-        SELECT NEW.a, NEW.b, NEW.c, NEW.n, NEW.x, NEW.y WHERE NEW.op = 'hold';
-    DELETE FROM reservations WHERE NEW.op = 'unhold' AND id = NEW.a;
-END
-"""
-_Row = tuple[str, object, object, object, object, object, object]  # (op, a, b, c, n, x, y)
-_PAD: _Row = ("pad", None, None, None, None, None, None)  # matches no statement of the trigger
+_SESSION_DELETE = "DELETE FROM session_counters WHERE (session, persona, dimension) IN (VALUES {rows})"
+_DAY_DROP_BELOW = "DELETE FROM day_buckets WHERE agent = ? AND persona = ? AND dimension = ? AND bucket < ?"
+_DAY_SET = (
+    "INSERT INTO day_buckets (agent, persona, dimension, bucket, value) VALUES {rows} "
+    "ON CONFLICT (agent, persona, dimension, bucket) DO UPDATE SET value = excluded.value"
+)
+_DAY_SET_TOTAL = (
+    "INSERT INTO day_totals (agent, persona, dimension, total, oldest) VALUES {rows} "
+    "ON CONFLICT (agent, persona, dimension) DO UPDATE SET total = excluded.total, oldest = excluded.oldest"
+)
+_HOLD = "INSERT OR REPLACE INTO reservations (id, agent, session, bucket, created, totals) VALUES {rows}"
+_UNHOLD = "DELETE FROM reservations WHERE id IN (VALUES {rows})"
 
 
-def _insert(conn: sqlite3.Connection, rows: list[_Row], most: int) -> None:
-    """Insert `rows` into the view, padded to a power of two: few statement texts, all cached."""
-    count = min(most, max(8, 1 << (len(rows) - 1).bit_length()))
-    padded = rows + [_PAD] * (count - len(rows))
-    conn.execute("INSERT INTO write_behind VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count),
-                 [value for row in padded for value in row])
+def _write_rows(conn: sqlite3.Connection, statement: str, rows: list[tuple]) -> None:
+    """Run `statement` with its VALUES list `{rows}` filled by `rows`.
+
+    As many rows per statement as SQLite takes parameters, padded to a power of two by
+    repeating the last row (every statement here writes a row twice as it writes it
+    once): a few statement texts serve every batch, from the connection's cache.
+    """
+    if not rows:
+        return
+    most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(rows[0])
+    one = "(" + ", ".join("?" * len(rows[0])) + ")"
+    for start in range(0, len(rows), most):
+        batch = rows[start:start + most]
+        count = min(most, max(8, 1 << (len(batch) - 1).bit_length()))
+        batch += [batch[-1]] * (count - len(batch))
+        conn.execute(statement.format(rows=", ".join([one] * count)), [v for row in batch for v in row])
 
 
 _DayKey = tuple[str, str | None, str]  # (agent, persona, dimension)
@@ -145,22 +145,23 @@ class _Cut:
     def __bool__(self) -> bool:
         return bool(self.session_values or self.day_values or self.held or self.dropped)
 
-    def rows(self) -> list[_Row]:
-        """The batch as rows of the `write_behind` view."""
-        rows: list[_Row] = []
-        for (session, persona, dimension), value in self.session_values:
-            op = "session" if value is not None else "session-gone"
-            rows.append((op, session, persona or _AGGREGATE, dimension, None, value, None))
+    def write(self, conn: sqlite3.Connection) -> None:
+        _write_rows(conn, _SESSION_SET, [(s, p or _AGGREGATE, d, v) for (s, p, d), v in self.session_values
+                                         if v is not None])
+        _write_rows(conn, _SESSION_DELETE, [(s, p or _AGGREGATE, d) for (s, p, d), v in self.session_values
+                                            if v is None])
+        buckets, totals = [], []
         for (agent, persona, dimension), oldest, total, values, drop_below in self.day_values:
             key = (agent, persona or _AGGREGATE, dimension)
-            if drop_below:
-                rows.append(("drop-below", *key, oldest, None, None))
-            rows += [("bucket", *key, bucket, value, None) for bucket, value in values]
-            rows.append(("total", *key, oldest, total, None))
-        rows += [("hold", rid, h.agent, h.session, h.bucket, h.created, _encode_totals(h.totals))
-                 for rid, h in self.held.items()]
-        rows += [("unhold", rid, None, None, None, None, None) for rid in self.dropped]
-        return rows
+            if drop_below:  # the window moved on since this counter was last written
+                conn.execute(_DAY_DROP_BELOW, (*key, oldest))
+            buckets += [(*key, bucket, value) for bucket, value in values]
+            totals.append((*key, total, oldest))
+        _write_rows(conn, _DAY_SET, buckets)
+        _write_rows(conn, _DAY_SET_TOTAL, totals)
+        _write_rows(conn, _HOLD, [(rid, h.agent, h.session, h.bucket, h.created, _encode_totals(h.totals))
+                                  for rid, h in self.held.items()])
+        _write_rows(conn, _UNHOLD, [(rid,) for rid in self.dropped])
 
 
 class WriteBehindStore(MemoryStore):
@@ -196,7 +197,6 @@ class WriteBehindStore(MemoryStore):
         self._refusal: str | None = None  # why counter operations fail closed, if they do
         self._failure: str | None = None  # the last flush's error (flush lock)
         self._flush_lock = threading.Lock()
-        self._batching = threading.local()  # the connection of this thread that has the batch view
         self._close_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -368,7 +368,8 @@ class WriteBehindStore(MemoryStore):
             cut = self._cut()
         try:
             if cut:
-                self._write(cut.rows())
+                with self._file._write() as conn:
+                    cut.write(conn)
         except Exception as exc:  # sqlite3.Error, OSError, whatever it is: nothing is lost, fail closed
             cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ else exc
             failure = (
@@ -392,22 +393,6 @@ class WriteBehindStore(MemoryStore):
             with self._lock:
                 if not self._closed:
                     self._refusal = None
-
-    def _write(self, rows: list[_Row]) -> None:
-        """Write a batch: one statement, so one transaction (several in one, when it is huge)."""
-        with self._file._guard():
-            conn = self._file._conn()
-            if getattr(self._batching, "conn", None) is not conn:  # the view, once per connection
-                conn.execute(_BATCH_VIEW)
-                conn.execute(_BATCH_TRIGGER)
-                self._batching.conn = conn
-            most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(_PAD)
-            if len(rows) <= most:
-                _insert(conn, rows, most)
-                return
-        with self._file._write() as conn:
-            for start in range(0, len(rows), most):
-                _insert(conn, rows[start:start + most], most)
 
     def _cut(self) -> _Cut:
         """The dirty counters' current values and the reservations to write (store lock held)."""
