@@ -194,16 +194,22 @@ def test_load_session_reads_the_sessions_counters_ahead_of_its_first_step(tmp_pa
 def test_expired_buckets_leave_the_file_with_the_next_change(tmp_path: Path):
     path = tmp_path / "state.db"
     window = RollingWindow(length=600.0, bucket=60.0)
+    base = T0 // 60
     with WriteBehindStore(path, window=window, flush_interval=NEVER) as store:
         for minute in range(5):
             store.add("agent", "s1", [charge("per_day", "tokens", 1)], T0 + 60 * minute)
+        store.flush()
+        assert rows(path, "SELECT COUNT(*) FROM day_buckets") == [(5,)]
         store.add("agent", "s1", [charge("per_day", "tokens", 10)], T0 + 60 * 13)  # minutes 0..2 left the window
         store.flush()
-        assert rows(path, "SELECT bucket FROM day_buckets ORDER BY bucket") == [
-            (T0 // 60 + 3,), (T0 // 60 + 4,), (T0 // 60 + 13,)]
-        assert rows(path, "SELECT total, oldest FROM day_totals") == [(12.0, T0 // 60 + 3)]
-    with SQLiteStore(path, window=window) as shared:
-        assert shared.snapshot("agent", "s1", T0 + 60 * 13, [DAY_TOKENS]) == {DAY_TOKENS: 12}
+        assert rows(path, "SELECT bucket FROM day_buckets ORDER BY bucket") == [(base + 3,), (base + 4,), (base + 13,)]
+        assert rows(path, "SELECT total, oldest FROM day_totals") == [(12.0, base + 3)]
+        store.add("agent", "s1", [charge("per_day", "tokens", 100)], T0 + 60 * 15)  # and minutes 3 and 4
+        store.flush()
+        assert rows(path, "SELECT bucket FROM day_buckets ORDER BY bucket") == [(base + 13,), (base + 15,)]
+    with SQLiteStore(path, window=window) as shared:  # its reserve drops expired rows: none are left to drop twice
+        assert shared.reserve("agent", "s1", [charge("per_day", "tokens", 1)], T0 + 60 * 16).ok
+        assert shared.snapshot("agent", "s1", T0 + 60 * 16, [DAY_TOKENS]) == {DAY_TOKENS: 111}
 
 
 def test_deleting_a_session_while_the_flusher_runs_leaves_nothing_of_it(tmp_path: Path):
