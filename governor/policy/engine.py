@@ -89,6 +89,7 @@ from governor.policy.steps import (
     ToolCall,
     ToolError,
     UsageReport,
+    permitted,
 )
 
 STEP_KINDS: dict[type, str] = {
@@ -297,10 +298,7 @@ class _Run:
         if not self.events:
             if not charges and allowed_tools is None and not warnings and not details and not self.settles:
                 return PERMIT
-            return Decision(
-                charges=charges, allowed_tools=allowed_tools, warnings=warnings,
-                details=details or {}, settles=self.settles,
-            )
+            return permitted(charges, allowed_tools, warnings, details or {}, self.settles)
         if self.continued is not None:
             cause, detail = self.continued
             action, enforced = Action.CONTINUE, True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ class MemoryStore:
         self._held: dict[str, _Held] = {}
         self._sessions: dict[str, bytes] = {}  # as JSON, like the other backends
         self._nonces: dict[str, float] = {}
+        # reservation ids: a random prefix per store (ids written behind to a file stay unique
+        # across restarts) and a counter, cheaper than a uuid4 per reservation
+        self._id_prefix = uuid.uuid4().hex[:16] + "-"
+        self._ids = itertools.count(1)
 
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
@@ -91,7 +96,7 @@ class MemoryStore:
             bucket = self.window.bucket_of(now)
             for key, amount in totals.items():
                 self._apply(agent, session, key, bucket, amount, first_live)
-            rid = uuid.uuid4().hex
+            rid = f"{self._id_prefix}{next(self._ids):x}"
             self._held[rid] = _Held(agent, session, bucket, now, totals)
             return Reservation(id=rid, ok=True)
 
