@@ -253,6 +253,18 @@ async def test_a_compressed_body_is_governed_as_its_decoded_json(env):
     assert len(mock.requests) == 1  # the undecodable request never went upstream
 
 
+async def test_a_compressed_answer_is_accounted_from_its_decoded_usage(env):
+    import gzip
+
+    running, mock, runtime = env
+    mock.script(Behaviour(gzip=True, input_tokens=31, output_tokens=17))
+    status, headers, body = await exchange(running, mock, CHAT, chat(), {"ADL-Session": "gz-answer"})
+    assert status == 200 and headers.get("content-encoding") == "gzip"
+    assert orjson.loads(gzip.decompress(body))["usage"]["completion_tokens"] == 17  # passed on as sent
+    [report] = runtime.final_usage("gz-answer")
+    assert (report.input_tokens, report.output_tokens) == (31, 17)
+
+
 async def test_huge_bodies_get_the_policys_answer_or_a_413(env):
     running, mock, runtime = env
     runtime.token_cap = 100_000

@@ -31,3 +31,21 @@ def test_content_encoding_is_found_as_headers_contains_finds_it() -> None:
         assert _scan_headers(headers.fields)[1] is ("content-encoding" in headers) is True
     headers = http.Headers([(b"Content-Length", b"3"), (b"Content-Type", b"application/json")])
     assert _scan_headers(headers.fields)[1] is ("content-encoding" in headers) is False
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from governor.adapters.base import RawHeaders  # noqa: E402
+
+names = st.sampled_from([b"Host", b"host", b"ADL-Session", b"adl-session", b"Content-Type", b"X-Thing", b"x-thing"])
+values = st.binary(max_size=8).filter(lambda v: b"\r" not in v and b"\n" not in v)
+
+
+@given(st.lists(st.tuples(names, values), max_size=8), st.sampled_from(["host", "HOST", "adl-session", "ADL-Session",
+                                                                          "content-type", "x-thing", "absent"]))
+def test_raw_headers_read_as_mitmproxys_headers_read(fields, name):
+    raw, headers = RawHeaders(tuple(fields)), http.Headers(fields)
+    assert raw.get(name) == headers.get(name)
+    assert (name in raw) == (name in headers)
+    assert sorted(raw) == sorted({n.decode().lower() for n, _ in fields})

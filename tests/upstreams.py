@@ -136,6 +136,7 @@ class Behaviour:
     progressive_usage: bool = False  # stream: report cumulative usage after every text delta
     status: int = 200  # != 200: answer with an error in the API's format
     stream_usage_always: bool = False  # OpenAI chat: send the usage chunk even when not asked
+    gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
 
 
 @dataclass
@@ -289,12 +290,18 @@ class MockLLM:
                      "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
                     for i, (name, args) in enumerate(b.tool_calls)
                 ]
-            return web.json_response({
+            answer = {
                 **base, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message,
                              "finish_reason": "tool_calls" if b.tool_calls else "stop", "logprobs": None}],
                 "usage": usage,
-            })
+            }
+            if b.gzip:
+                import gzip
+
+                return web.Response(body=gzip.compress(orjson.dumps(answer)),
+                                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            return web.json_response(answer)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or b.stream_usage_always
         chunk = {**base, "object": "chat.completion.chunk"}
         events = [self._sse({**chunk, "choices": [

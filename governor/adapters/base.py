@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -70,6 +70,38 @@ class AdapterConfig:
     inject_stream_usage: bool = True
     # Free-form settings for other adapters (e.g. A2A peer resolution).
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class RawHeaders(Mapping[str, str]):
+    """Request headers as the agent sent them, read from mitmproxy's raw (name, value)
+    byte pairs without copying them into a Headers object: case-insensitive, repeats
+    joined with ", " as `Headers.get` joins them. Decoded on first use (most requests'
+    adapters never look)."""
+
+    __slots__ = ("_fields", "_folded")
+
+    def __init__(self, fields: Sequence[tuple[bytes, bytes]]) -> None:
+        self._fields = fields
+        self._folded: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        if self._folded is None:
+            folded: dict[str, str] = {}
+            for name, value in self._fields:
+                key = name.decode("utf-8", "surrogateescape").lower()
+                text = value.decode("utf-8", "surrogateescape")
+                folded[key] = f"{folded[key]}, {text}" if key in folded else text
+            self._folded = folded
+        return self._folded
+
+    def __getitem__(self, name: str) -> str:
+        return self._decoded()[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
 
 
 class RequestView:

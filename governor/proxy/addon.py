@@ -36,6 +36,7 @@ from governor.adapters.base import (
     Adapter,
     BadRequest,
     Exchange,
+    RawHeaders,
     Reply,
     RequestView,
     StreamWatcher,
@@ -360,9 +361,9 @@ class Governor:
         persona = governing.get(_PERSONA_FIELD) or None
         presented = governing.get(_PASSPORT_FIELD)
         # the adapters see the headers as the agent sent them (A2A reads its delegation depth
-        # from one); Headers(fields) copies the immutable field tuple, the cheapest snapshot
+        # from one): a view over the field tuple as it is now (rewriting headers replaces it)
         view = RequestView(
-            request.method, request.host, request.path, http.Headers(fields), request.raw_content,
+            request.method, request.host, request.path, RawHeaders(fields), request.raw_content,
             port=request.port, scheme=request.scheme,
         )
         # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded
@@ -528,10 +529,7 @@ class Governor:
                 decision, gov = flight.refusal
                 self._replace(flow, adapter, decision, session, gov, exchange)
             return
-        try:
-            body = response.content or b""
-        except ValueError:
-            body = response.raw_content or b""
+        body = _decoded_body(response)
         observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
         if observation.usage is not None and flight.usage_ticket is not None:
             decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
@@ -780,6 +778,17 @@ def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, st
         elif prefix == b"cont" and name.lower() == b"content-encoding":
             encoded = True
     return found, encoded
+
+
+def _decoded_body(message: http.Message) -> bytes:
+    """The body with its Content-Encoding undone (as sent when it cannot be); without one,
+    the raw bytes, found by a pass over the raw fields rather than `Headers.get`."""
+    if any(name.lower() == b"content-encoding" for name, _ in message.headers.fields):
+        try:
+            return message.content or b""
+        except ValueError:
+            pass
+    return message.raw_content or b""
 
 
 def _within_admission(report: UsageReport, call: ModelCall | None) -> bool:
