@@ -16,6 +16,7 @@ import pytest
 
 from governor.policy.steps import CounterCharge
 from governor.store import (
+    FLUSH_INTERVAL,
     MemoryStore,
     RollingWindow,
     SQLiteStore,
@@ -551,12 +552,12 @@ def test_a_file_of_a_newer_schema_is_refused_and_left_unlocked(tmp_path: Path):
 def test_open_store_opens_the_write_behind_store_by_default_and_the_shared_one_on_request(tmp_path: Path):
     assert isinstance(open_store("memory:"), MemoryStore)
     for location, kind, interval in (
-        (tmp_path / "a.db", WriteBehindStore, 0.05),
-        (f"sqlite://{tmp_path}/b.db", WriteBehindStore, 0.05),
+        (tmp_path / "a.db", WriteBehindStore, FLUSH_INTERVAL),
+        (f"sqlite://{tmp_path}/b.db", WriteBehindStore, FLUSH_INTERVAL),
         (f"sqlite://{tmp_path}/c.db?flush=0.5&synchronous=FULL", WriteBehindStore, 0.5),
         (f"sqlite://{tmp_path}/d.db?shared=true", SQLiteStore, None),
         (f"sqlite://{tmp_path}/e.db?shared=true&synchronous=full", SQLiteStore, None),
-        (f"sqlite://{tmp_path}/f.db?shared=false", WriteBehindStore, 0.05),
+        (f"sqlite://{tmp_path}/f.db?shared=false", WriteBehindStore, FLUSH_INTERVAL),
     ):
         store = open_store(location)
         try:

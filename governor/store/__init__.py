@@ -4,7 +4,7 @@
   memory:                          MemoryStore (nothing survives the process)
   sqlite:///abs/path.db            WriteBehindStore, the embedded default (also a plain path): one
                                    governor process owns the file; counters live in memory and reach
-                                   the file in batches, `flush` seconds apart (?flush=0.05 by default)
+                                   the file in batches, `flush` seconds apart (?flush=0.25 by default)
   sqlite:///abs/path.db?shared=true
                                    SQLiteStore: several processes share the file, every step is a
                                    transaction (slower)
