@@ -614,3 +614,18 @@ def wait_for(condition, timeout: float = 30.0, pause: float = 0.005) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         time.sleep(pause)
+
+
+def test_a_shared_store_and_a_write_behind_owner_never_open_one_file_together(tmp_path: Path):
+    path = tmp_path / "state.db"
+    with WriteBehindStore(path) as owner:
+        with pytest.raises(StoreError, match="keeps its counters in memory.*shared=true"):
+            SQLiteStore(path)
+        owner.add("agent", "s1", [CounterCharge("per_day", "tokens", 5, None)], T0)
+    with SQLiteStore(path) as shared, SQLiteStore(path) as other:  # shared stores share
+        assert shared.snapshot("agent", "s1", T0, [("per_day", None, "tokens")]) == {("per_day", None, "tokens"): 5}
+        other.add("agent", "s1", [CounterCharge("per_day", "tokens", 1, None)], T0)
+        with pytest.raises(StoreError, match="already open.*shared=true"):
+            WriteBehindStore(path)
+    with WriteBehindStore(path) as owner:  # every shared store closed: the owner opens
+        assert owner.snapshot("agent", "s1", T0, [("per_day", None, "tokens")]) == {("per_day", None, "tokens"): 6}

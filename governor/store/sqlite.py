@@ -16,6 +16,7 @@ cost of one fsync per reservation.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -100,6 +101,63 @@ _DAY_TAKE = f"UPDATE day_buckets SET value = value - ? WHERE {_DAY_KEY} AND buck
 _DAY_TAKE_TOTAL = f"UPDATE day_totals SET total = total - ? WHERE {_DAY_KEY}"
 
 
+class StateFileLock:
+    """A non-blocking flock on `<database>.lock`: exclusive for the write-behind store (one
+    governor process owns the file; its pid is written in the lock file), shared for
+    SQLiteStore (any number of processes share the file, but never with an owner that keeps
+    the counters in memory, whose changes they would not see)."""
+
+    def __init__(self, database: str, *, exclusive: bool) -> None:
+        self.path = f"{database}.lock"
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreUnavailable(f"SQLite store {database}: cannot open its lock file: {exc}") from exc
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _pid_in(fd)
+            os.close(fd)
+            if not exclusive:
+                who = "an unknown pid" if holder is None else f"pid {holder}"
+                raise StoreError(
+                    f"SQLite store {database} is owned by a governor process ({who}; lock {self.path}) that "
+                    "keeps its counters in memory: a shared store would not see its changes. Stop it, or "
+                    "open the file with sqlite:///PATH?shared=true in every process that uses it"
+                ) from None
+            who = "another process using it with shared=true" if holder is None else f"pid {holder}"
+            if holder == os.getpid():
+                who += ", this process"
+            raise StoreError(
+                f"SQLite store {database} is already open in another store ({who}; lock {self.path}): "
+                "one governor process owns a state file. Replicas that share budgets use Redis "
+                "(redis://HOST:PORT/DB); processes that share one SQLite file use sqlite:///PATH?shared=true"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            raise StoreUnavailable(f"SQLite store {database}: cannot lock {self.path}: {exc}") from exc
+        if exclusive:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                os.close(fd)
+                raise StoreUnavailable(f"SQLite store {database}: cannot write {self.path}: {exc}") from exc
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _pid_in(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
 class SQLiteStore:
     """A store in the SQLite file at `path` (created with its directory's permissions)."""
 
@@ -112,10 +170,14 @@ class SQLiteStore:
         window: RollingWindow = DAY,
         synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
+        lock: bool = True,
     ) -> None:
         if synchronous.upper() not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         self.path = os.fspath(path)
+        # shared with other SQLiteStores, never with a write-behind owner (lock=False: the
+        # write-behind store composing this one holds the exclusive lock itself)
+        self._lock = StateFileLock(self.path, exclusive=False) if lock else None
         self.window = window
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
@@ -123,7 +185,11 @@ class SQLiteStore:
         self._connections: list[sqlite3.Connection] = []
         self._registry_lock = threading.Lock()
         self._closed = False
-        self._init_schema()
+        try:
+            self._init_schema()
+        except BaseException:
+            self.close()
+            raise
 
     # --- connections -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -397,6 +463,8 @@ class SQLiteStore:
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> SQLiteStore:
         return self

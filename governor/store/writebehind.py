@@ -35,7 +35,7 @@ from typing import Sequence
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import DAY, Reservation, RollingWindow, StoreError, StoreUnavailable
 from governor.store.memory import MemoryStore, _DayCounter, _Held
-from governor.store.sqlite import _AGGREGATE, SQLiteStore, _decode_totals, _encode_totals
+from governor.store.sqlite import _AGGREGATE, SQLiteStore, StateFileLock, _decode_totals, _encode_totals
 
 log = logging.getLogger("governor.store")
 
@@ -85,52 +85,6 @@ def _write_rows(conn: sqlite3.Connection, statement: str, rows: list[tuple]) -> 
 
 _DayKey = tuple[str, str | None, str]  # (agent, persona, dimension)
 _SessionKey = tuple[str, str | None, str]  # (session, persona, dimension)
-
-
-class _OwnerLock:
-    """An exclusive, non-blocking flock on `<database>.lock`, holding the owner's pid."""
-
-    def __init__(self, database: str) -> None:
-        self.path = f"{database}.lock"
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreUnavailable(f"SQLite store {database}: cannot open its lock file: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _pid_in(fd)
-            os.close(fd)
-            who = "an unknown pid" if holder is None else f"pid {holder}"
-            if holder == os.getpid():
-                who += ", this process"
-            raise StoreError(
-                f"SQLite store {database} is already open in another store ({who}; lock {self.path}): "
-                "one governor process owns a state file. Replicas that share budgets use Redis "
-                "(redis://HOST:PORT/DB); processes that share one SQLite file use sqlite:///PATH?shared=true"
-            ) from None
-        except OSError as exc:
-            os.close(fd)
-            raise StoreUnavailable(f"SQLite store {database}: cannot lock {self.path}: {exc}") from exc
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:
-            os.close(fd)
-            raise StoreUnavailable(f"SQLite store {database}: cannot write {self.path}: {exc}") from exc
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-
-def _pid_in(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
 
 
 @dataclass(slots=True)
@@ -203,9 +157,10 @@ class WriteBehindStore(MemoryStore):
         self._close_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._owner = _OwnerLock(self.path)
+        self._owner = StateFileLock(self.path, exclusive=True)
         try:
-            self._file = SQLiteStore(self.path, window=window, synchronous=synchronous, busy_timeout=busy_timeout)
+            self._file = SQLiteStore(self.path, window=window, synchronous=synchronous, busy_timeout=busy_timeout,
+                                     lock=False)  # we hold the exclusive lock
             try:
                 self._load_reservations()
             except BaseException:
