@@ -158,7 +158,8 @@ def test_chat_watcher_is_indifferent_to_chunk_boundaries(cuts):
     data = chat_stream()
     points = sorted({c % (len(data) + 1) for c in cuts})
     chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
-    exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": []})
+    # max_tokens 1: the running figures soon pass what the call was admitted with
+    exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": [], "max_tokens": 1})
     watcher, events = run_watcher(ADAPTER, exchange, chunks)
     tools = [e for e in events if isinstance(e, ToolCall)]
     assert tools == [ToolCall(tool="search_papers", arguments={"query": "llm"}, persona="p", origin="model")]
@@ -166,7 +167,15 @@ def test_chat_watcher_is_indifferent_to_chunk_boundaries(cuts):
     assert final == UsageReport(model="m", input_tokens=7, output_tokens=9, cached_input_tokens=2, persona="p")
     running = [e for e in events[:-1] if isinstance(e, UsageReport)]
     assert running and all(not r.final for r in running)
+    assert all(r.output_tokens > 1 for r in running)  # only figures past the admission
     assert [r.output_tokens for r in running] == sorted(r.output_tokens for r in running)  # never goes down
+
+
+def test_running_figures_within_the_admission_are_not_reported():
+    exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": [], "max_tokens": 100})
+    _, events = run_watcher(ADAPTER, exchange, [chat_stream()])
+    reports = [e for e in events if isinstance(e, UsageReport)]
+    assert reports == [UsageReport(model="m", input_tokens=7, output_tokens=9, cached_input_tokens=2, persona="p")]
 
 
 def test_chat_terminal_is_what_the_sdk_raises_on():

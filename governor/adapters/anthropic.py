@@ -27,6 +27,7 @@ from governor.adapters.base import (
     model_call,
     positive_int,
     requested_tool_call,
+    within_admission,
     fallback_text,
 )
 from governor.policy.steps import Decision, Step, UsageReport
@@ -261,7 +262,8 @@ class MessagesStreamWatcher(StreamWatcher):
         else:
             return
         current = self._current(final=False)
-        if current != self._last:
+        if current != self._last and not within_admission(self.exchange, current.model, current.input_tokens,
+                                                          current.output_tokens):
             self._last = current
             out.append(current)
 

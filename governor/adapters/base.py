@@ -384,6 +384,20 @@ def model_call(adapter: Adapter, exchange: Exchange, offered: tuple[str, ...]) -
     )
 
 
+def within_admission(exchange: Exchange, model: str, input_tokens: int, output_tokens: int) -> bool:
+    """A running usage figure no larger, term by term, than the model call was admitted with
+    (model_call() above: the same model, the exchange's expected input and output).
+
+    The runtime reserved exactly that expectation and the decision point does not re-judge
+    usage within its reservation, so stream watchers do not report such figures: asking
+    about them on every chunk would cost a report, a decision and a store round trip each,
+    for nothing. Figures past it are reported at once (and can cut the stream); the final
+    figure always is."""
+    state = exchange.state
+    return (model == exchange.model and input_tokens <= state["expected_input"]
+            and output_tokens <= state["expected_output"])
+
+
 def requested_tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | None:
     """A tool call an LLM response asks the agent to run (announced, see ToolCall.origin)."""
     if not isinstance(name, str) or not name:

@@ -29,6 +29,7 @@ from governor.adapters.base import (
     model_call,
     positive_int,
     requested_tool_call,
+    within_admission,
     fallback_text,
 )
 from governor.policy.steps import Decision, Step, UsageReport
@@ -307,7 +308,16 @@ class _Watcher(StreamWatcher):
         )
 
     def _progress(self, out: list[StreamEvent]) -> None:
-        """Append a usage update when the running figure changed."""
+        """Append a usage update when the running figure changed and is past the admission
+        (within_admission); the figure is checked as numbers before a report is built."""
+        reported = self.reported
+        if reported is None:
+            estimate = estimate_tokens(self.generated_bytes, self.bpt)
+            if within_admission(self.exchange, self.exchange.model, self.exchange.state["expected_input"], estimate):
+                return
+        elif within_admission(self.exchange, reported.model, reported.input_tokens,
+                              max(reported.output_tokens, estimate_tokens(self.generated_bytes, self.bpt))):
+            return
         current = self._estimate(final=False)
         if current != self._last:
             self._last = current

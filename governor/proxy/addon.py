@@ -115,7 +115,6 @@ class Flight:
     exchange: Exchange
     admissions: list[Admission]
     usage_ticket: Any = None  # the ModelCall admission's ticket, None when the exchange has no model call
-    model_call: ModelCall | None = None  # the model call admitted with that ticket (what it reserved)
     started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
     relay: "StreamRelay | None" = None
@@ -410,7 +409,6 @@ class Governor:
 
         admissions = admitted
         usage_ticket = None
-        model_call: ModelCall | None = None
         main: Decision | None = None
         for step in await adapter.steps(exchange):
             admission = await self._admit(session, step)
@@ -423,7 +421,6 @@ class Governor:
                 return
             if isinstance(step, ModelCall) and main is None:
                 usage_ticket = admission.ticket
-                model_call = step
                 main = admission.decision
         exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
 
@@ -435,7 +432,7 @@ class Governor:
             headers["accept-encoding"] = "identity"  # the stream is parsed as it flows
         for name, value in exchange.upstream_headers.items():
             headers[name] = value
-        flight = Flight(exchange, admissions, usage_ticket, model_call)
+        flight = Flight(exchange, admissions, usage_ticket)
         flow.metadata[METADATA_KEY] = flight
         self._track(flow, flight)
 
@@ -567,9 +564,8 @@ class Governor:
         """Called by the relay (synchronously) with what its watcher saw in a chunk."""
         flight = relay.flight
         for event in events:
-            if isinstance(event, UsageReport):
-                if not _within_admission(event, flight.model_call):
-                    relay.latest_usage = event
+            if isinstance(event, UsageReport):  # past the admission (watchers report only those)
+                relay.latest_usage = event
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
                 if isinstance(event, ToolCall) and not relay.ended:
@@ -789,19 +785,6 @@ def _decoded_body(message: http.Message) -> bytes:
         except ValueError:
             pass
     return message.raw_content or b""
-
-
-def _within_admission(report: UsageReport, call: ModelCall | None) -> bool:
-    """A running usage figure no larger, term by term, than the model call was admitted with.
-
-    The runtime reserved exactly that expectation, and the decision point does not re-judge
-    usage within its reservation (same model, so no dearer cost either); asking it on every
-    chunk of a stream would cost a decision and a store round trip per chunk for nothing.
-    Only figures past the expectation are checked while streaming; the final one always is."""
-    return (call is not None and not report.final and report.model == call.model
-            and report.persona == call.persona
-            and report.input_tokens <= call.expected_input_tokens
-            and report.output_tokens <= call.expected_output_tokens)
 
 
 def _governor_error() -> Decision:
