@@ -32,7 +32,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
-    "store": ("GOVERNOR_STORE", "state store: a path (SQLite), sqlite://PATH, redis://HOST:PORT/DB or memory:"),
+    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
