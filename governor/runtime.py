@@ -255,7 +255,7 @@ class Runtime:
         live = self._sessions.get(session)
         if live is None or not isinstance(ticket, Ticket):
             return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
-        step = dataclasses.replace(report, reserved=ticket.charges)
+        step = report.with_reserved(ticket.charges)
         started = time.perf_counter()
         async with live.lock:
             decision, _ = await self._apply(live, step, ticket)

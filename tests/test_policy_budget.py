@@ -345,3 +345,16 @@ def test_s2_usage_beyond_its_reservation_is_projected_against_the_counters(usage
 
     usage = dataclasses.replace(usage, reserved=admitted.charges)
     assert driver.limits.counter_keys(usage) != (), why
+
+
+def test_a_usage_report_with_its_reservation_keeps_every_other_field():
+    import dataclasses
+
+    from governor.policy.steps import CounterCharge
+
+    report = UsageReport("m", 1, 2, cached_input_tokens=3, persona="p", final=False)
+    charges = (CounterCharge("per_session", "tokens", 3.0, None),)
+    assert report.with_reserved(charges) == dataclasses.replace(report, reserved=charges)
+    # with_reserved names every field: a new one must be added there too
+    assert [f.name for f in dataclasses.fields(UsageReport)] == [
+        "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved"]

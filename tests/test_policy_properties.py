@@ -166,7 +166,11 @@ class Recorder(Driver):
                 released[key] = released.get(key, 0.0) + charge.amount
         for key, value in before.items():
             assert self.counters.get(key, 0.0) >= value - released.get(key, 0.0) - 1e-9, key
-        if was_halted:
+        if was_halted and decision.details.get("admitted_before_halt"):
+            # usage of a call admitted before the halt, within its reservation: delivered
+            assert isinstance(step, UsageReport) and not decision.blocks and decision.event is None
+            assert self.limits.within_reservation(step)
+        elif was_halted:
             assert decision.halts and decision.cause == halt_cause and decision.event is None
         if self.limits.tier is Tier.R1 and not isinstance(step, (ApprovalGranted, ApprovalRejected, ApprovalExpired)):
             assert not decision.blocks

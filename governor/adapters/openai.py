@@ -145,8 +145,8 @@ class OpenAIAdapter(Adapter):
         )
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        tools = exchange.body.get("tools") or ()
-        offered = tuple(n for n in map(_tool_name, tools) if n)
+        tools = exchange.body.get("tools")
+        offered = tuple(n for n in map(_tool_name, tools) if n) if tools else ()
         return [model_call(self, exchange, offered)]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:

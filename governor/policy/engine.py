@@ -815,19 +815,6 @@ def _freed(state: SessionState, step: Any) -> dict[str, Any]:
     return changes
 
 
-def _within_reservation(step: UsageReport, cost: float | None) -> bool:
-    """Usage no larger than what its admission reserved (which fitted every cap)."""
-    reserved: dict[str, float] = {}
-    for charge in step.reserved:
-        if charge.persona is None and charge.scope == "per_session":
-            reserved[charge.dimension] = charge.amount
-    if "tokens" not in reserved:
-        return False  # nothing known was reserved: do not assume
-    if step.input_tokens + step.output_tokens > reserved["tokens"]:
-        return False
-    return "cost_usd" not in reserved or (cost is not None and cost <= reserved["cost_usd"])
-
-
 def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:
     """A halted session permits nothing new; consumption that already happened still settles.
 
@@ -840,7 +827,7 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
     delivered = False
     if kind is UsageReport:
         cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)  # type: ignore[union-attr]
-        delivered = _within_reservation(step, cost)  # type: ignore[arg-type]
+        delivered = limits.within_reservation(step)  # type: ignore[arg-type]
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
             run = _Run(limits, state, step, now)

@@ -175,11 +175,12 @@ class Limits:
     _keys: Mapping[Any, tuple[CounterKey, ...]] = field(default_factory=dict)
 
     def within_reservation(self, step: UsageReport) -> bool:
-        """A final usage report whose every metered amount (tokens, priced cost) is within what
-        its admission reserved. It can cross no cap, warning threshold or cost trigger that
-        the admission's projection did not already check (the counters held the reservation
-        since), so it is settled without reading the counters: one store read less per call."""
-        if not step.final or not step.reserved:
+        """A usage report whose every metered amount (tokens, priced cost) is within what its
+        admission reserved. It can cross no cap, warning threshold or cost trigger that the
+        admission's projection did not already check (the counters held the reservation
+        since): a final one is settled without reading the counters (one store read less per
+        call), and after a halt such usage is still delivered (it was admitted and paid for)."""
+        if not step.reserved:
             return False
         cost = self.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
         if cost is None:
@@ -198,7 +199,7 @@ class Limits:
     def counter_keys(self, step: Step) -> tuple[CounterKey, ...]:
         """The counters the runtime must snapshot into SessionState.counters before deciding `step`."""
         kind = type(step)
-        if kind is UsageReport and self.within_reservation(step):  # type: ignore[arg-type]
+        if kind is UsageReport and step.final and self.within_reservation(step):  # type: ignore[union-attr,arg-type]
             return ()
         if kind is ModelCall or kind is UsageReport:
             return self._keys.get(("model", step.persona), self._keys[("model", None)])

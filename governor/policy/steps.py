@@ -104,6 +104,12 @@ class UsageReport:
     final: bool = True
     reserved: tuple[CounterCharge, ...] = ()
 
+    def with_reserved(self, reserved: tuple[CounterCharge, ...]) -> "UsageReport":
+        """This report with `reserved` set (dataclasses.replace, without its field walk: the
+        runtime does this once per model call)."""
+        return UsageReport(self.model, self.input_tokens, self.output_tokens, self.cached_input_tokens,
+                           self.persona, self.final, reserved)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -323,13 +329,15 @@ class Decision:
     @property
     def blocks(self) -> bool:
         """True when the step must not go ahead as asked."""
-        return self.enforced and self.action not in (Action.PERMIT, Action.CONTINUE)
+        action = self.action  # identity tests: asked several times per step
+        return action is not _PERMIT and action is not _CONTINUE and self.enforced
 
     @property
     def halts(self) -> bool:
-        return self.enforced and self.action is Action.HALT
+        return self.action is _HALT and self.enforced
 
 
+_PERMIT, _CONTINUE, _HALT = Action.PERMIT, Action.CONTINUE, Action.HALT
 PERMIT = Decision()
 _DEFAULTS = dict(PERMIT.__dict__)  # every field's default, whatever fields Decision grows
 
