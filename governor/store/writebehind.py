@@ -23,7 +23,6 @@ reservation costs what it costs in MemoryStore, and reach the file in batches.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store.base import DAY, Reservation, RollingWindow, StoreError, StoreUnavailable
+from governor.store.base import DAY, Reservation, RollingWindow, StoreUnavailable
 from governor.store.memory import MemoryStore, _DayCounter, _Held
 from governor.store.sqlite import _AGGREGATE, SQLiteStore, StateFileLock, _decode_totals, _encode_totals
 
