@@ -272,6 +272,15 @@ class Runtime:
         if live is None or not isinstance(ticket, Ticket) or ticket.done:
             return
         ticket.done = True
+        # a ticket its final usage report settled and freed holds nothing: no lock round
+        if ticket.reservation is not None or ticket.in_flight:
+            await self._finish_held(live, ticket)
+        if error:
+            log.info("session %s: step finished with error: %s", session, error)
+
+    async def _finish_held(self, live: _Session, ticket: Ticket) -> None:
+        """Release what an unsettled step still holds: its reservation, its in-flight slot."""
+        session = live.id
         async with live.lock:
             if ticket.reservation is not None:
                 # never settled by a final usage report (upstream failed, client left):
@@ -283,8 +292,6 @@ class Runtime:
                 ticket.reservation = None
             if ticket.in_flight and not live.ended:
                 await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
-        if error:
-            log.info("session %s: step finished with error: %s", session, error)
 
     async def _apply(self, live: _Session, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
         """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
