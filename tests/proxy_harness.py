@@ -213,10 +213,15 @@ class RawClient:
     def close(self) -> None:
         self.sock.close()
 
-    def send(self, method: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> None:
-        lines = [f"{method} {path} HTTP/1.1", "Host: upstream", f"Content-Length: {len(body)}",
-                 "Content-Type: application/json"]
+    def send(self, method: str, path: str, body: bytes, headers: dict[str, str] | None = None, *,
+             chunked: bool = False) -> None:
+        framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+        lines = [f"{method} {path} HTTP/1.1", "Host: upstream", framing, "Content-Type: application/json"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if chunked:  # in two chunks, then the last
+            half = len(body) // 2
+            body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:half], body[half:]) if part)
+            body += b"0\r\n\r\n"
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
 
     def _fill(self) -> None:

@@ -265,6 +265,28 @@ async def test_a_compressed_answer_is_accounted_from_its_decoded_usage(env):
     assert (report.input_tokens, report.output_tokens) == (31, 17)
 
 
+async def test_a_rewritten_request_body_is_framed_as_the_agent_framed_it(env):
+    """The governor asks for stream usage (rewriting the body): with a Content-Length the
+    length is the new one, with Transfer-Encoding: chunked it stays chunked."""
+    running, mock, runtime = env
+    for chunked in (False, True):
+        mock.reset()
+        client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
+        try:
+            await asyncio.to_thread(client.send, "POST", CHAT, chat(stream=True), {"ADL-Session": f"framing-{chunked}"},
+                                    chunked=chunked)
+            status, _, body = await asyncio.to_thread(client.read_response)
+        finally:
+            client.close()
+        assert status == 200 and b"[DONE]" in body
+        [seen] = mock.requests
+        assert seen.body["stream_options"] == {"include_usage": True}  # parsed whole upstream
+        lowered = {k.lower(): v for k, v in seen.headers.items()}
+        assert ("transfer-encoding" in lowered) is chunked
+        assert chunked or int(lowered["content-length"]) == len(orjson.dumps(seen.body))
+        assert lowered.get("accept-encoding") == "identity"
+
+
 async def test_huge_bodies_get_the_policys_answer_or_a_413(env):
     running, mock, runtime = env
     runtime.token_cap = 100_000

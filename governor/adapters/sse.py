@@ -29,6 +29,8 @@ class SSEEvent:
 
 def last_boundary(buf: bytes | bytearray) -> int:
     """Offset just past the last complete event in buf (0 when there is none)."""
+    if buf.endswith(b"\n\n"):  # a chunk of whole events: the usual case, decided at once
+        return len(buf)
     end = 0
     for boundary in (b"\n\n", b"\r\n\r\n", b"\r\r"):
         found = buf.rfind(boundary)

@@ -424,14 +424,12 @@ class Governor:
                 main = admission.decision
         exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
 
-        if exchange.decision is not None:
-            body = adapter.rewrite_request(exchange, exchange.decision)
-            if body is not None:
-                request.content = body
-        if exchange.stream:
-            headers["accept-encoding"] = "identity"  # the stream is parsed as it flows
-        for name, value in exchange.upstream_headers.items():
-            headers[name] = value
+        body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
+        if body is not None and encoded:
+            request.content = body  # mitmproxy encodes it as the agent had
+            body = None
+        if body is not None or exchange.stream or exchange.upstream_headers:
+            _rewrite_for_upstream(request, body, exchange.stream, exchange.upstream_headers)
         flight = Flight(exchange, admissions, usage_ticket)
         flow.metadata[METADATA_KEY] = flight
         self._track(flow, flight)
@@ -757,6 +755,30 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,
+                          extra: Mapping[str, str]) -> None:
+    """The admitted request as it goes upstream, its header fields rebuilt once: a rewritten
+    (unencoded) body with its Content-Length, `Accept-Encoding: identity` for a stream (it is
+    parsed as it flows), the adapter's own headers (replacing any of the same name)."""
+    fields = request.headers.fields
+    drop: set[bytes] = set()
+    add: list[tuple[bytes, bytes]] = []
+    if body is not None:
+        request.raw_content = body
+        # as mitmproxy's own content setter: no Content-Length beside a Transfer-Encoding
+        if not any(name.lower() == b"transfer-encoding" for name, _ in fields):
+            drop.add(b"content-length")
+            add.append((b"content-length", str(len(body)).encode()))
+    if stream:
+        drop.add(b"accept-encoding")
+        add.append((b"accept-encoding", b"identity"))
+    for name, value in extra.items():
+        raw = name.encode()
+        drop.add(raw.lower())
+        add.append((raw, value.encode()))
+    request.headers.fields = tuple(f for f in fields if f[0].lower() not in drop) + tuple(add)
 
 
 def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
