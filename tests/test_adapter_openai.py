@@ -220,3 +220,14 @@ def test_responses_watcher_usage_tool_calls_and_terminal():
     data = orjson.loads(event.data)
     assert event.event == "error" and data["sequence_number"] == 3
     assert data["error"]["governor"]["cause"] == "on_budget_exhausted"
+
+
+@pytest.mark.parametrize("text_bytes, reported", [(40, False), (41, True)])
+def test_a_running_estimate_is_reported_from_the_first_byte_past_the_admission(text_bytes, reported):
+    # max_tokens 10 at 4 bytes per token: the admission covers 40 bytes of output
+    exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": [], "max_tokens": 10})
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "x" * text_bytes}}]}
+    watcher = ADAPTER.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
+    running = [e for e in watcher.feed(b"data: " + orjson.dumps(chunk) + b"\n\n") if isinstance(e, UsageReport)]
+    assert [r.output_tokens for r in running] == ([11] if reported else [])

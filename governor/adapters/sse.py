@@ -98,8 +98,10 @@ class SSEDecoder:
     def _line(self, raw: bytes, events: list[SSEEvent]) -> None:
         if not raw:
             if self._has_data:
-                events.append(SSEEvent(self._event, "\n".join(self._data)))
-            self._event, self._data, self._has_data = None, [], False
+                data = self._data
+                events.append(SSEEvent(self._event, data[0] if len(data) == 1 else "\n".join(data)))
+                self._data = []
+            self._event, self._has_data = None, False
             return
         if raw[:6] == b"data: ":  # nearly every line of a stream: the general path below, shortened
             self._data.append(raw[6:].decode("utf-8", errors="replace"))

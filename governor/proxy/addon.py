@@ -166,6 +166,8 @@ class StreamRelay:
             self.governor.stream_events(self, events)
             if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
                 return []
+        if not self.held and not self.holds and not self.kept and data.endswith(b"\n\n"):
+            return [data]  # whole events, nothing kept back: the usual chunk, as it came
         buf = self.held + data
         cut = sse.last_boundary(buf)
         self.held = buf[cut:]
