@@ -309,11 +309,8 @@ class Runtime:
                 state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
             log.exception("session %s: could not decide %s", live.id, type(step).__name__)
-            decision = governor_error(self.limits, live.state, step, exc)
+            decision = governor_error(self.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
-            if reservation is not None:
-                self._release_quietly(reservation)
-                reservation = None
         try:
             for event in decision.events:
                 await asyncio.to_thread(live.journal.append, event["cause"], event["action"], now, event.get("detail"))
