@@ -503,7 +503,7 @@ def _usage(run: _Run, step: UsageReport) -> Decision:
     if step.final:
         run.settles = True
         run.charges = _charges(run, meters, tokens, cost, False)
-        if limits.within_reservation(step):  # nothing the admission did not check: settle only
+        if limits.within_reservation(step, cost):  # nothing the admission did not check: settle only
             return run.finish()
     reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
     d, warnings = _budget(run, meters, tokens, cost, reserved, step.model)
@@ -827,7 +827,7 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
     delivered = False
     if kind is UsageReport:
         cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)  # type: ignore[union-attr]
-        delivered = limits.within_reservation(step)  # type: ignore[arg-type]
+        delivered = limits.within_reservation(step, cost)  # type: ignore[arg-type]
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
             run = _Run(limits, state, step, now)

@@ -174,15 +174,17 @@ class Limits:
     summary: Mapping[str, Any] = field(default_factory=dict)
     _keys: Mapping[Any, tuple[CounterKey, ...]] = field(default_factory=dict)
 
-    def within_reservation(self, step: UsageReport) -> bool:
+    def within_reservation(self, step: UsageReport, cost: float | None | object = ...) -> bool:
         """A usage report whose every metered amount (tokens, priced cost) is within what its
         admission reserved. It can cross no cap, warning threshold or cost trigger that the
         admission's projection did not already check (the counters held the reservation
         since): a final one is settled without reading the counters (one store read less per
-        call), and after a halt such usage is still delivered (it was admitted and paid for)."""
+        call), and after a halt such usage is still delivered (it was admitted and paid for).
+        `cost`: the report's price when the caller has it already."""
         if not step.reserved:
             return False
-        cost = self.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+        if cost is ...:  # not priced by the caller yet
+            cost = self.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
         if cost is None:
             return False
         tokens = step.input_tokens + step.output_tokens

@@ -182,11 +182,6 @@ def counter_key(charge: CounterCharge) -> CounterKey:
     return (charge.scope, charge.persona, charge.dimension)
 
 
-def check_charges(charges: Sequence[CounterCharge]) -> None:
-    """Reject charges no counter can be made of (a caller's bug, not a backend failure)."""
-    totals_by_key(charges)
-
-
 def _check_key(key: CounterKey) -> None:
     scope, persona, dimension = key
     if scope not in SCOPES:
