@@ -231,3 +231,61 @@ def test_a_running_estimate_is_reported_from_the_first_byte_past_the_admission(t
     watcher = ADAPTER.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
     running = [e for e in watcher.feed(b"data: " + orjson.dumps(chunk) + b"\n\n") if isinstance(e, UsageReport)]
     assert [r.output_tokens for r in running] == ([11] if reported else [])
+
+
+# A chat chunk as providers send them, with the parts that matter to the watcher drawn at
+# random: text (any Unicode), tool-call deltas, finish reasons, usage, errors, garbage.
+_chunk_text = st.text(max_size=12)
+_chat_deltas = st.one_of(
+    st.fixed_dictionaries({"content": _chunk_text}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.one_of(st.none(), _chunk_text)}),
+    st.fixed_dictionaries({"tool_calls": st.lists(st.fixed_dictionaries({
+        "index": st.integers(0, 2), "function": st.fixed_dictionaries(
+            {}, optional={"name": st.sampled_from(["search_papers", "send_email"]), "arguments": _chunk_text})}),
+        max_size=2)}),
+    st.just({}),
+)
+_chat_chunks = st.one_of(
+    st.builds(lambda delta, finish, usage: {
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": usage},
+        _chat_deltas, st.sampled_from([None, None, None, "stop", "tool_calls"]),
+        st.one_of(st.none(), st.none(), st.fixed_dictionaries(
+            {"prompt_tokens": st.integers(0, 99), "completion_tokens": st.integers(0, 99)}))),
+    st.just({"error": {"message": "overloaded"}}),
+    st.just({"id": "c1", "choices": [{"index": 0, "delta": {"content": "a\"b\\c"}}]}),  # escapes
+)
+_chat_events = st.lists(st.one_of(
+    _chat_chunks.map(orjson.dumps), st.just(b"[DONE]"), st.just(b"{not json"),
+    # invalid UTF-8 in a tool call: read leniently (U+FFFD), as the line decoder reads it
+    st.just(b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"send_email",'
+            b'"arguments":"{\\"to\\": \\"\xff\\"}"}}]},"finish_reason":"tool_calls"}]}')), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_chat_events, st.integers(1, 40))
+def test_whole_event_chunks_read_as_the_line_decoder_reads_them(events, max_tokens):
+    """One event per chunk takes the watcher's short path (the JSON parsed from the bytes as
+    they came); the same stream in one chunk goes through the line decoder. Both must see
+    the same tool calls, running figures and final usage, and count the same text."""
+    body = {"model": "m", "stream": True, "messages": [], "max_tokens": max_tokens}
+    chunks = [b"data: " + event + b"\n\n" for event in events]
+    split, split_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), chunks)
+    whole, whole_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), [b"".join(chunks)])
+    assert split_events == whole_events
+    assert split.generated_bytes == whole.generated_bytes
+    assert (split.chunk_id, split.model, split.created) == (whole.chunk_id, whole.model, whole.created)
+    assert split.completed == whole.completed
+
+
+def test_a_chunk_after_a_partial_event_is_not_read_on_its_own():
+    """The short path is for chunks that start on an event boundary: after a data line with
+    no blank line yet, the next `data:` line belongs to the same event (SSE joins them), and
+    two JSON documents joined by a line feed are not a chunk the watcher can read."""
+    exchange = open_("/v1/chat/completions", {"model": "m", "stream": True, "messages": [], "max_tokens": 100})
+    watcher = ADAPTER.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
+    watcher.feed(b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"abc"}}]}\n\n')
+    assert watcher.generated_bytes == 3
+    assert watcher.feed(b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"de"}}]}\n') == []
+    watcher.feed(b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"fg"}}]}\n\n')
+    assert watcher.generated_bytes == 3

@@ -85,6 +85,11 @@ class SSEDecoder:
         self._buf = buf[start:]
         return events
 
+    @property
+    def idle(self) -> bool:
+        """Between events: no partial line or event kept from earlier chunks."""
+        return not self._buf and not self._has_data and self._event is None
+
     def close(self) -> list[SSEEvent]:
         """End of stream: an unterminated last event is dispatched (lenient, as browsers are not)."""
         events: list[SSEEvent] = []
