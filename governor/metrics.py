@@ -10,14 +10,22 @@ label is `session`, and only on the per-session budget gauges; `forget_session`
 drops those series when a session ends, so a long-running governor exports the
 live sessions only. Per-day budget gauges are agent-wide and carry `session=""`.
 
-Hot paths make one call per event (`decided`, `upstream`, ...); label children
-are cached so a call is a dict lookup plus an increment.
+Hot paths make one call per event (`decided`, `upstream`, ...). The per-request series
+(decision counts, decision and upstream latency) are plain numbers behind a collector
+that builds the families at scrape time: prometheus_client's Counter and Histogram take
+a lock and walk the buckets on every call, ~2 us a decision on the proxy's per-request
+path. Those numbers are only updated on the event loop's thread.
 """
 
 from __future__ import annotations
 
 import enum
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from bisect import bisect_left
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from governor.policy.steps import Decision
 
@@ -42,22 +50,73 @@ def _label(value: object) -> str:
     return str(value)
 
 
+class _Histogram:
+    """One histogram series as plain numbers: observing is a bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # bucket i counts value <= bounds[i]
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, total = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), list(self.counts)):
+            total += count
+            out.append((floatToGoString(bound), total))
+        return out
+
+
+class _PerRequestSeries:
+    """Collector of the series updated on every request (see the module's docstring)."""
+
+    DECISIONS = ("governor_decisions", "Decisions taken, by the cause that fired and the resolved action "
+                 "(cause=none, action=permit for a plain permit; enforced=false at R1, where the action "
+                 "is what would have happened)")
+    DECISION_SECONDS = ("governor_decision_seconds", "Time to decide one step (policy, store reservation, journal)")
+    UPSTREAM_SECONDS = ("governor_upstream_seconds", "Upstream response time, by wire protocol")
+
+    def __init__(self) -> None:
+        self.decisions: dict[tuple[object, object, bool], int] = {}  # raw (cause, action, enforced)
+        self.decision_seconds = _Histogram(DECISION_BUCKETS)
+        self.upstream_seconds: dict[str, _Histogram] = {}  # by protocol
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
+        yield HistogramMetricFamily(*self.DECISION_SECONDS)
+        yield HistogramMetricFamily(*self.UPSTREAM_SECONDS, labels=["protocol"])
+
+    def collect(self) -> Iterator[Metric]:
+        decisions = CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
+        by_labels: dict[tuple[str, str, str], int] = {}
+        for (cause, action, enforced), count in list(self.decisions.items()):
+            labels = (_label(cause), _label(action), "true" if enforced else "false")
+            by_labels[labels] = by_labels.get(labels, 0) + count
+        for labels, count in sorted(by_labels.items()):
+            decisions.add_metric(labels, count)
+        yield decisions
+        latency = HistogramMetricFamily(*self.DECISION_SECONDS)
+        latency.add_metric([], self.decision_seconds.cumulative(), self.decision_seconds.sum)
+        yield latency
+        upstream = HistogramMetricFamily(*self.UPSTREAM_SECONDS, labels=["protocol"])
+        for protocol, histogram in sorted(list(self.upstream_seconds.items())):
+            upstream.add_metric([protocol], histogram.cumulative(), histogram.sum)
+        yield upstream
+
+
 class Metrics:
     """The governor's metric objects, registered on `self.registry`."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.decisions = Counter(
-            "governor_decisions", "Decisions taken, by the cause that fired and the resolved action "
-            "(cause=none, action=permit for a plain permit; enforced=false at R1, where the action "
-            "is what would have happened)", ["cause", "action", "enforced"], registry=r)
-        self.decision_latency = Histogram(
-            "governor_decision_seconds", "Time to decide one step (policy, store reservation, journal)",
-            buckets=DECISION_BUCKETS, registry=r)
-        self.upstream_latency = Histogram(
-            "governor_upstream_seconds", "Upstream response time, by wire protocol",
-            ["protocol"], buckets=UPSTREAM_BUCKETS, registry=r)
+        self.per_request = _PerRequestSeries()
+        r.register(self.per_request)
         self.budget_used = Gauge(
             "governor_budget_used", "Budget consumed, by dimension and scope; session is set for "
             "per_session only; persona is empty for the parent's aggregate",
@@ -77,21 +136,16 @@ class Metrics:
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
             ["dimension", "scope", "fraction"], registry=r)
-        self._decision_children: dict[tuple[object, object, bool], Counter] = {}
-        self._upstream_children: dict[str, Histogram] = {}
         self._session_series: dict[str, set[tuple[str, str, str, str]]] = {}
 
     # --- hot path ----------------------------------------------------------------------
 
     def decision(self, cause: str | None, action: object, seconds: float, *, enforced: bool = True) -> None:
         """Count one decision and observe how long it took."""
-        key = (cause, action, enforced)  # the raw values: no label text built per decision
-        child = self._decision_children.get(key)
-        if child is None:
-            child = self.decisions.labels(_label(cause), _label(action), "true" if enforced else "false")
-            self._decision_children[key] = child
-        child.inc()
-        self.decision_latency.observe(seconds)
+        series = self.per_request
+        key = (cause, action, enforced)  # the raw values: label text is built at scrape time
+        series.decisions[key] = series.decisions.get(key, 0) + 1
+        series.decision_seconds.observe(seconds)
 
     def decided(self, decision: Decision, seconds: float) -> None:
         """`decision` plus the decision's threshold warnings: the one call per step."""
@@ -101,10 +155,10 @@ class Metrics:
 
     def upstream(self, protocol: str, seconds: float) -> None:
         """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...)."""
-        child = self._upstream_children.get(protocol)
-        if child is None:
-            child = self._upstream_children[protocol] = self.upstream_latency.labels(protocol)
-        child.observe(seconds)
+        histogram = self.per_request.upstream_seconds.get(protocol)
+        if histogram is None:
+            histogram = self.per_request.upstream_seconds[protocol] = _Histogram(UPSTREAM_BUCKETS)
+        histogram.observe(seconds)
 
     def stream_cut(self, cause: str | None, protocol: str) -> None:
         self.streams_cut.labels(_label(cause), protocol).inc()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.metrics import Metrics
+from governor.metrics import DECISION_BUCKETS, UPSTREAM_BUCKETS, Metrics
 from governor.policy.steps import Action, Decision
 
 
@@ -73,3 +77,32 @@ def test_counters_for_streams_records_upstream_and_pending():
     assert s[("governor_records_signed_total", (("kind", "snapshot"), ("nonce", "true")))] == 1
     assert s[("governor_upstream_seconds_count", (("protocol", "mcp"),))] == 1
     assert s[("governor_pending_approvals", ())] == 3
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(DECISION_BUCKETS), st.floats(0, 0.2, allow_nan=False)), max_size=30))
+def test_per_request_histograms_expose_what_prometheus_clients_own_would(values):
+    """The per-request series are kept as plain numbers: exposed, they must read exactly as
+    prometheus_client's Histogram and Counter read (bounds inclusive, cumulative, +Inf)."""
+    ours = Metrics()
+    registry = CollectorRegistry()
+    theirs = Histogram("governor_decision_seconds", "x", buckets=DECISION_BUCKETS, registry=registry)
+    upstream = Histogram("governor_upstream_seconds", "x", ["protocol"], buckets=UPSTREAM_BUCKETS, registry=registry)
+    counter = Counter("governor_decisions", "x", ["cause", "action", "enforced"], registry=registry)
+    for i, value in enumerate(values):
+        action = [Action.PERMIT, "permit", Action.HALT][i % 3]  # raw values that share a label
+        ours.decision(None if i % 3 < 2 else "on_budget_exhausted", action, value)
+        theirs.observe(value)
+        counter.labels("none" if i % 3 < 2 else "on_budget_exhausted", "permit" if i % 3 < 2 else "halt", "true").inc()
+        ours.upstream("openai", value * 1000)
+        upstream.labels("openai").observe(value * 1000)
+    expected = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                expected[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    got = {key: value for key, value in _samples(ours).items()
+           if key[0].startswith(("governor_decision", "governor_upstream"))}
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
