@@ -255,15 +255,17 @@ class Runtime:
         live = self._sessions.get(session)
         if live is None or not isinstance(ticket, Ticket):
             return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
-        step = report.with_reserved(ticket.charges)
         started = time.perf_counter()
         async with live.lock:
-            decision, _ = await self._apply(live, step, ticket)
-            if report.final and ticket.in_flight and not live.ended:
-                # the final usage is the call's end: its in-flight slot is freed now, under the
-                # same lock, rather than by a separate finish() round (one per request saved)
+            # the final usage is the call's end: the same step frees its in-flight slot
+            # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
+            ends_call = report.final and ticket.in_flight and not live.ended
+            before = live.state
+            decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
+            if ends_call:
                 ticket.in_flight = False
-                await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+                if live.state is before and not live.ended:  # not applied (it could not be recorded)
+                    await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 

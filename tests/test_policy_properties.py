@@ -229,3 +229,21 @@ def test_decide_is_pure(tier, session):
         advance(recorder.limits, state, step, first, now)
         assert json.dumps(state.to_dict(), sort_keys=True) == frozen
         recorder.play(action, now)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiers, sessions, st.integers(0, 150_000), st.integers(0, 40_000))
+def test_a_report_that_ends_its_call_is_the_report_then_step_done(tier, session, used_in, used_out):
+    """UsageReport.ends_call folds the StepDone("model") that follows a final report into
+    the report's own step: the same decision, counters and state (one step fewer)."""
+    merged, pair = _play(tier, session), _play(tier, session)
+    now = pair.log[-1][1] + 1
+    call = merged.last_admission or ModelCall("gpt-4o", 0, 0)
+    report = UsageReport(call.model, used_in, used_out, persona=call.persona, reserved=merged.last_charges)
+    one = merged.run(replace(report, ends_call=True), now)
+    two = pair.run(report, now)
+    pair.run(StepDone("model"), now)
+    assert one == two
+    assert merged.counters == pair.counters
+    # (SessionState.counters is only the last snapshot copied in before deciding, not bookkeeping)
+    assert replace(merged.state, counters={}) == replace(pair.state, seq=pair.state.seq - 1, counters={})

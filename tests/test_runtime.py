@@ -307,3 +307,31 @@ async def test_a_redis_store_enforces_budgets_and_never_stalls_the_event_loop(pi
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()
+
+
+async def test_a_final_usage_report_ends_its_call_in_the_same_step(runtime):
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    live = runtime._sessions["s"]
+    assert live.state.in_flight == 1
+    seq = live.state.seq
+    await runtime.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=10, output_tokens=5))
+    assert live.state.in_flight == 0 and live.state.seq == seq + 1  # one step: settled and freed
+    await runtime.finish("s", admission.ticket)
+    assert live.state.in_flight == 0 and live.state.seq == seq + 1  # nothing left to release
+
+
+async def test_a_final_usage_that_cannot_be_recorded_still_frees_its_slot(runtime, monkeypatch):
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    live = runtime._sessions["s"]
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(live.journal, "append", broken)
+    # far past the session's token cap: the decision has an event to record, and cannot
+    decision = await runtime.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=10,
+                                                                      output_tokens=50_000))
+    assert decision.halts and decision.fail_closed
+    assert live.state.in_flight == 0

@@ -799,8 +799,13 @@ _HANDLERS: dict[type, Callable[[_Run, Any], Decision]] = {
 }
 
 
+def _frees(step: Any) -> bool:
+    kind = type(step)
+    return kind is StepDone or kind is PersonaExit or (kind is UsageReport and step.ends_call)
+
+
 def _freed(state: SessionState, step: Any) -> dict[str, Any]:
-    """The in-flight bookkeeping of a StepDone or PersonaExit."""
+    """The in-flight bookkeeping of a StepDone, a PersonaExit or a report that ends its call."""
     if type(step) is PersonaExit:
         live = dict(state.personas_live)
         remaining = live.get(step.persona, 0) - 1
@@ -810,7 +815,7 @@ def _freed(state: SessionState, step: Any) -> dict[str, Any]:
             live.pop(step.persona, None)
         return {"personas_live": live}
     changes: dict[str, Any] = {"in_flight": max(0, state.in_flight - 1)}
-    if step.kind == "tool":
+    if type(step) is StepDone and step.kind == "tool":
         changes["tools_in_flight"] = max(0, state.tools_in_flight - 1)
     return changes
 
@@ -910,7 +915,7 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
     if state.halted:
         # nothing goes ahead any more, but steps admitted before the halt still finish:
         # their in-flight slots are freed so the session can be seen idle and end
-        if kind is StepDone or kind is PersonaExit:
+        if _frees(step):
             changes.update(_freed(state, step))
         return state.evolve(**changes)
     if decision.halts:
@@ -989,7 +994,7 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
             live = dict(state.personas_live)
             live[step.persona] = live.get(step.persona, 0) + 1  # type: ignore[union-attr]
             changes["personas_live"] = live
-    if kind is PersonaExit or kind is StepDone:
+    if _frees(step):
         changes.update(_freed(state, step))
     if approvals is not None:
         changes["approvals"] = approvals

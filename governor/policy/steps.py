@@ -94,6 +94,10 @@ class UsageReport:
     reserved (its Decision.charges, filled in by the runtime from the ticket): the
     engine projects counter - reserved + actual, so the counter snapshot may include
     the outstanding reservation.
+
+    `ends_call` (final reports only, set by the runtime): the report is also the end of
+    its model call, whose in-flight slot it frees, as StepDone("model") would after it;
+    one step instead of two on every model call.
     """
 
     model: str
@@ -103,12 +107,13 @@ class UsageReport:
     persona: str | None = None
     final: bool = True
     reserved: tuple[CounterCharge, ...] = ()
+    ends_call: bool = False
 
-    def with_reserved(self, reserved: tuple[CounterCharge, ...]) -> "UsageReport":
-        """This report with `reserved` set (dataclasses.replace, without its field walk: the
-        runtime does this once per model call)."""
+    def with_reserved(self, reserved: tuple[CounterCharge, ...], ends_call: bool = False) -> "UsageReport":
+        """This report with `reserved` (and `ends_call`) set (dataclasses.replace, without its
+        field walk: the runtime does this once per model call)."""
         return UsageReport(self.model, self.input_tokens, self.output_tokens, self.cached_input_tokens,
-                           self.persona, self.final, reserved)
+                           self.persona, self.final, reserved, ends_call and self.final)
 
 
 @dataclass(frozen=True, slots=True)
