@@ -214,7 +214,12 @@ def totals_by_key(charges: Sequence[CounterCharge]) -> dict[CounterKey, float]:
     totals: dict[CounterKey, float] = {}
     for c in charges:
         key = (c.scope, c.persona, c.dimension)
-        _check_known(key)
+        try:
+            known = key in _KEYS_SEEN
+        except TypeError:  # an unhashable part: _check_known names it
+            known = False
+        if not known:
+            _check_known(key)
         amount, cap = c.amount, c.cap
         if not 0 <= amount < _INF:  # also false for NaN
             raise ValueError(f"charge amount must be finite and >= 0, got {amount!r}")
@@ -234,11 +239,12 @@ def first_overshoot(
 ) -> tuple[CounterCharge, float] | None:
     """The first capped charge whose counter would exceed its cap, with the counter's value."""
     for c in charges:
-        if c.cap is None:
+        cap = c.cap
+        if cap is None:
             continue
-        key = counter_key(c)
+        key = (c.scope, c.persona, c.dimension)
         value = current.get(key, 0.0)
-        if value + totals[key] > cap_limit(c.cap):
+        if value + totals[key] > cap + CAP_TOLERANCE * max(1.0, abs(cap)):  # cap_limit(cap), inline
             return c, value
     return None
 

@@ -6,7 +6,7 @@ import itertools
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import orjson
 
@@ -24,6 +24,7 @@ from governor.store.base import (
 )
 
 _Sub = tuple[str | None, str]  # (persona, dimension) within a session or an agent
+_EMPTY: Mapping = {}
 
 
 @dataclass(slots=True)
@@ -85,17 +86,17 @@ class MemoryStore:
         self._ids = itertools.count(1)
 
     # --- counters ----------------------------------------------------------------------
+    # Each operation resolves the session's and the agent's counter tables once and walks
+    # its keys (the per-request path: a model call reserves and settles four counters).
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         totals = totals_by_key(charges)
         with self._locked():
             first_live = self.window.first_live(now)
-            current = {key: self._value(agent, session, key, first_live) for key in totals}
-            overshoot = first_overshoot(charges, totals, current)
+            overshoot = first_overshoot(charges, totals, self._values(agent, session, totals, first_live))
             if overshoot is not None:
                 return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
             bucket = self.window.bucket_of(now)
-            for key, amount in totals.items():
-                self._apply(agent, session, key, bucket, amount, first_live)
+            self._add(agent, session, totals, bucket, first_live)
             rid = f"{self._id_prefix}{next(self._ids):x}"
             self._held[rid] = _Held(agent, session, bucket, now, totals)
             return Reservation(id=rid, ok=True)
@@ -109,9 +110,7 @@ class MemoryStore:
             if actual_totals is None:
                 return
             self._unhold(held)
-            first_live = self.window.first_live(now)
-            for key, amount in actual_totals.items():
-                self._apply(held.agent, held.session, key, held.bucket, amount, first_live)
+            self._add(held.agent, held.session, actual_totals, held.bucket, self.window.first_live(now))
 
     def release(self, reservation_id: str) -> bool:
         with self._locked():
@@ -124,9 +123,7 @@ class MemoryStore:
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         totals = totals_by_key(charges)
         with self._locked():
-            first_live, bucket = self.window.first_live(now), self.window.bucket_of(now)
-            for key, amount in totals.items():
-                self._apply(agent, session, key, bucket, amount, first_live)
+            self._add(agent, session, totals, self.window.bucket_of(now), self.window.first_live(now))
 
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
@@ -136,7 +133,7 @@ class MemoryStore:
         with self._locked():
             first_live = self.window.first_live(now)
             if keys is not None:
-                return {key: self._value(agent, session, key, first_live) for key in keys}
+                return self._values(agent, session, keys, first_live)
             values = {("per_session", p, d): v for (p, d), v in self._session_counters.get(session, {}).items()}
             for (p, d), counter in self._day_counters.get(agent, {}).items():
                 value = counter.live(first_live)
@@ -151,37 +148,57 @@ class MemoryStore:
                 del self._held[rid]
             return len(stale)
 
-    def _value(self, agent: str, session: str, key: CounterKey, first_live: int) -> float:
-        scope, persona, dimension = key
-        if scope == "per_session":
-            return self._session_counters.get(session, {}).get((persona, dimension), 0.0)
-        counter = self._day_counters.get(agent, {}).get((persona, dimension))
-        return 0.0 if counter is None else counter.live(first_live)
+    def _values(self, agent: str, session: str, keys: Iterable[CounterKey], first_live: int) -> dict[CounterKey, float]:
+        sessions = self._session_counters.get(session, _EMPTY)
+        days = self._day_counters.get(agent, _EMPTY)
+        values = {}
+        for key in keys:
+            scope, persona, dimension = key
+            if scope == "per_session":
+                values[key] = sessions.get((persona, dimension), 0.0)
+            else:
+                counter = days.get((persona, dimension))
+                values[key] = 0.0 if counter is None else counter.live(first_live)
+        return values
 
-    def _apply(self, agent: str, session: str, key: CounterKey, bucket: int, amount: float, first_live: int) -> None:
-        scope, persona, dimension = key
-        if scope == "per_session":
-            counters = self._session_counters.setdefault(session, {})
-            counters[(persona, dimension)] = counters.get((persona, dimension), 0.0) + amount
-        elif bucket >= first_live:  # usage dated before the window no longer counts
-            counters = self._day_counters.setdefault(agent, {})
-            counter = counters.get((persona, dimension))
-            if counter is None:
-                counter = counters[(persona, dimension)] = _DayCounter({}, 0.0, bucket)
-            counter.live(first_live)
-            counter.add(bucket, amount)
+    def _add(self, agent: str, session: str, totals: dict[CounterKey, float], bucket: int, first_live: int) -> None:
+        """Add each amount to its counter (made on first use), then tell `_changed`."""
+        sessions: dict[_Sub, float] | None = None
+        days: dict[_Sub, _DayCounter] | None = None
+        for (scope, persona, dimension), amount in totals.items():
+            sub = (persona, dimension)
+            if scope == "per_session":
+                if sessions is None:
+                    sessions = self._session_counters.setdefault(session, {})
+                sessions[sub] = sessions.get(sub, 0.0) + amount
+            elif bucket >= first_live:  # usage dated before the window no longer counts
+                if days is None:
+                    days = self._day_counters.setdefault(agent, {})
+                counter = days.get(sub)
+                if counter is None:
+                    counter = days[sub] = _DayCounter({}, 0.0, bucket)
+                counter.live(first_live)
+                counter.add(bucket, amount)
+        self._changed(agent, session, totals, bucket)
 
     def _unhold(self, held: _Held) -> None:
         """Take a reservation's amounts off its counters (those still present)."""
+        sessions = self._session_counters.get(held.session, _EMPTY)
+        days = self._day_counters.get(held.agent, _EMPTY)
         for (scope, persona, dimension), amount in held.totals.items():
+            sub = (persona, dimension)
             if scope == "per_session":
-                counters = self._session_counters.get(held.session)
-                if counters is not None and (persona, dimension) in counters:
-                    counters[(persona, dimension)] -= amount
+                if sub in sessions:
+                    sessions[sub] -= amount
             else:
-                counter = self._day_counters.get(held.agent, {}).get((persona, dimension))
+                counter = days.get(sub)
                 if counter is not None:
                     counter.take(held.bucket, amount)
+        self._changed(held.agent, held.session, held.totals, held.bucket)
+
+    def _changed(self, agent: str, session: str, keys: Iterable[CounterKey], bucket: int) -> None:
+        """Counters `keys` changed (in `bucket` for per_day ones): nothing to do here; a
+        store that persists them marks them for writing."""
 
     # --- sessions ----------------------------------------------------------------------
     def save_session(self, session: str, state: dict) -> None:

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import DAY, Reservation, RollingWindow, StoreUnavailable
@@ -208,22 +208,12 @@ class WriteBehindStore(MemoryStore):
             self._poke()
         return settled
 
-    def _apply(self, agent: str, session: str, key: CounterKey, bucket: int, amount: float, first_live: int) -> None:
-        super()._apply(agent, session, key, bucket, amount, first_live)
-        scope, persona, dimension = key
-        if scope == "per_session":
-            self._dirty_sessions.add((session, persona, dimension))
-        else:
-            self._mark_day((agent, persona, dimension), bucket)
-        self._poke()
-
-    def _unhold(self, held: _Held) -> None:
-        super()._unhold(held)
-        for scope, persona, dimension in held.totals:
+    def _changed(self, agent: str, session: str, keys: Iterable[CounterKey], bucket: int) -> None:
+        for scope, persona, dimension in keys:
             if scope == "per_session":
-                self._dirty_sessions.add((held.session, persona, dimension))
+                self._dirty_sessions.add((session, persona, dimension))
             else:
-                self._mark_day((held.agent, persona, dimension), held.bucket)
+                self._mark_day((agent, persona, dimension), bucket)
         self._poke()
 
     def _mark_day(self, key: _DayKey, bucket: int) -> None:
