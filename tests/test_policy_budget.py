@@ -16,7 +16,7 @@ from governor.policy import (
     UsageReport,
 )
 from governor.policy.pricing import ModelPrice, PricingTable
-from tests.test_policy_support import PRICING, T0, Driver, StoreRefused, budget, passport, tools, with_runtime
+from tests.test_policy_support import PRICING, T0, Driver, StoreRefused, budget, full_passport, passport, tools, with_runtime
 
 TOKENS_S = ("per_session", None, "tokens")
 COST_S = ("per_session", None, "cost_usd")
@@ -361,3 +361,16 @@ def test_a_usage_report_with_its_reservation_keeps_every_other_field():
     # with_reserved names every field: a new one must be added there too
     assert [f.name for f in dataclasses.fields(UsageReport)] == [
         "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved", "ends_call"]
+
+
+def test_charges_are_built_in_counter_charge_field_order():
+    # the engine builds CounterCharge tuples directly (tuple.__new__) in this field order
+    from governor.policy.steps import CounterCharge
+
+    assert CounterCharge._fields == ("scope", "dimension", "amount", "cap", "persona")
+    driver = Driver(full_passport(), tier=Tier.R3)
+    decision = driver.run(ModelCall("gpt-4o", 1000, 500, persona="researcher"), T0)
+    assert decision.charges and all(type(c) is CounterCharge for c in decision.charges)
+    assert {(c.scope, c.dimension, c.persona) for c in decision.charges} >= {
+        ("per_session", "tokens", None), ("per_session", "tokens", "researcher")}
+    assert all(c.amount == 1500 for c in decision.charges if c.dimension == "tokens")

@@ -452,13 +452,16 @@ def _cost_checks(run: _Run, session_cost: float) -> Decision | None:
     return None
 
 
+_new_tuple = tuple.__new__  # CounterCharge(...) without the NamedTuple's Python-level __new__
+
+
 def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, capped: bool) -> tuple[CounterCharge, ...]:
     capped = capped and run.limits.enforce_hard and not run.budget_open
     out = []
     for m in meters:
         amount = tokens if m.dimension == TOKENS else cost
-        if amount is not None:
-            out.append(CounterCharge(m.scope, m.dimension, amount, m.cap if capped else None, m.persona))
+        if amount is not None:  # fields in CounterCharge's order: scope, dimension, amount, cap, persona
+            out.append(_new_tuple(CounterCharge, (m.scope, m.dimension, amount, m.cap if capped else None, m.persona)))
     return tuple(out)
 
 
