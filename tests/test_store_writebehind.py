@@ -295,13 +295,17 @@ def test_a_crash_keeps_exactly_what_was_flushed(tmp_path: Path):
 # Step i reserves 1 (created at T0 + i) and commits the previous reservation with 3, so
 # every whole state is one of: after step i, value 3i + 1 with {i} outstanding; within
 # step i, value 3i - 1 with {i - 1, i} outstanding. Anything else is a torn batch.
+# The clock moves a second per step, and the child makes ~80,000 steps a second here: the
+# rolling window is made long enough never to drop a bucket, or the per_day counter would
+# rightly fall below the session's (expiry has its own test above).
+NO_EXPIRY = RollingWindow(length=1e9)
 CRASH_TORN = """
 import os, sys
 from governor.policy.steps import CounterCharge as C
-from governor.store import WriteBehindStore
+from governor.store import RollingWindow, WriteBehindStore
 T0 = 1699999980.0
 one = lambda n: [C("per_session", "tokens", n, None), C("per_day", "tokens", n, None)]
-store = WriteBehindStore(sys.argv[1], flush_interval=0.0005)
+store = WriteBehindStore(sys.argv[1], flush_interval=0.0005, window=RollingWindow(length=1e9))
 previous, i = None, 0
 while True:
     r = store.reserve("agent", "s1", one(1), T0 + i)
@@ -360,7 +364,7 @@ def test_batches_are_whole_while_written_and_after_a_kill(tmp_path: Path):
     finally:
         conn.close()
     assert i >= max(seen)  # at least everything flushed before the kill
-    with WriteBehindStore(path, flush_interval=NEVER) as store:
+    with WriteBehindStore(path, flush_interval=NEVER, window=NO_EXPIRY) as store:
         assert store.snapshot("agent", "s1", T0 + i, [SESSION_TOKENS, DAY_TOKENS]) == {
             SESSION_TOKENS: value, DAY_TOKENS: value}
 
