@@ -364,7 +364,7 @@ class ChatStreamWatcher(_Watcher):
     def feed(self, chunk: bytes) -> list[StreamEvent]:
         # nearly every chunk is one whole `data: {...}` event: its JSON is parsed from the
         # bytes as they came, without the line decoder and its str copies
-        if chunk[:7] == b"data: {" and chunk[-2:] == b"\n\n" and chunk.find(b"\n") == len(chunk) - 2 \
+        if chunk.startswith(b"data: {") and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n") \
                 and b"\r" not in chunk and self.decoder.idle:
             try:
                 data = orjson.loads(chunk[6:-2])

@@ -214,12 +214,7 @@ def totals_by_key(charges: Sequence[CounterCharge]) -> dict[CounterKey, float]:
     totals: dict[CounterKey, float] = {}
     for c in charges:
         key = (c.scope, c.persona, c.dimension)
-        try:
-            known = key in _KEYS_SEEN
-        except TypeError:  # an unhashable part: _check_known names it
-            known = False
-        if not known:
-            _check_known(key)
+        _check_known(key)
         amount, cap = c.amount, c.cap
         if not 0 <= amount < _INF:  # also false for NaN
             raise ValueError(f"charge amount must be finite and >= 0, got {amount!r}")
@@ -239,12 +234,11 @@ def first_overshoot(
 ) -> tuple[CounterCharge, float] | None:
     """The first capped charge whose counter would exceed its cap, with the counter's value."""
     for c in charges:
-        cap = c.cap
-        if cap is None:
+        if c.cap is None:
             continue
-        key = (c.scope, c.persona, c.dimension)
+        key = counter_key(c)
         value = current.get(key, 0.0)
-        if value + totals[key] > cap + CAP_TOLERANCE * max(1.0, abs(cap)):  # cap_limit(cap), inline
+        if value + totals[key] > cap_limit(c.cap):
             return c, value
     return None
 
