@@ -222,17 +222,19 @@ def test_json_report(tmp_path, capsys, keydir, key):
     assert report["steps"][5]["message"] == "event 0: prev_hash does not match the hash of the record header"
 
 
-@pytest.mark.parametrize("case", ["missing", "not-json", "duplicate-member", "no-key", "bad-key", "bad-ttl-args", "bad-issued-at"])
+@pytest.mark.parametrize("case", ["missing", "not-json", "duplicate-member", "not-an-object", "no-key", "bad-key", "bad-ttl-args", "bad-issued-at"])
 def test_usage_and_input_errors_exit_2(tmp_path, capsys, keydir, key, case):
     good = write(tmp_path, "r.json", signed_record(key))
     pub = str(keydir / "governor-pub.pem")
     (tmp_path / "junk.json").write_text("{not json")
     (tmp_path / "dup.json").write_text('{"session": "a", "session": "b"}')
+    (tmp_path / "list.json").write_text('[{"session": "a"}]')
     (tmp_path / "bad.pem").write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
     argv = {
         "missing": ["verify", str(tmp_path / "nope.json"), "--key", pub],
         "not-json": ["verify", str(tmp_path / "junk.json"), "--key", pub],
         "duplicate-member": ["verify", str(tmp_path / "dup.json"), "--key", pub],
+        "not-an-object": ["verify", str(tmp_path / "list.json"), "--key", pub],
         "no-key": ["verify", good],
         "bad-key": ["verify", good, "--key", str(tmp_path / "bad.pem")],
         "bad-ttl-args": ["verify", good, "--key", pub, "--nonce-ttl", "5"],
@@ -240,7 +242,8 @@ def test_usage_and_input_errors_exit_2(tmp_path, capsys, keydir, key, case):
     }[case]
     code, out, err = run(capsys, *argv)
     assert code == 2 and err.startswith("governor verify: ") and "Traceback" not in err
-    expected = {"missing": "cannot read", "not-json": "is not JSON", "duplicate-member": "duplicate member",
+    expected = {"missing": "cannot read", "not-json": "invalid JSON", "duplicate-member": "duplicate key 'session'",
+                "not-an-object": "a record must be a JSON object",
                 "no-key": "no governor key", "bad-key": "not a PEM public key", "bad-ttl-args": "go together",
                 "bad-issued-at": "ISO 8601"}[case]
     assert expected in err

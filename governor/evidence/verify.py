@@ -23,6 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
+from governor.documents import JSON, DocumentError, parse_document
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import DidDocumentError, InputError, RecordVerificationError, SchemaNotFoundError
 from governor.evidence.keys import assertion_keys, key_fingerprint, public_key_bytes
@@ -389,25 +390,13 @@ def verify_record(
 # --- inputs ---------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    members: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in members:
-            raise ValueError(f"duplicate member {key!r} (RFC 8785 needs I-JSON)")
-        members[key] = value
-    return members
-
-
-def parse_record(data: bytes | str, source: str = "record") -> Any:
-    """A record parsed as strict I-JSON (no duplicate members, no NaN); InputError otherwise."""
+def parse_record(data: bytes | str, source: str = "record") -> dict[str, Any]:
+    """A record parsed as strict I-JSON (a JSON object: no duplicate members, no NaN or
+    out-of-range numbers), by the reader passports use; InputError otherwise."""
     try:
-        return json.loads(data, object_pairs_hook=_unique_members, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{source} is not JSON: {exc}") from None
+        return parse_document(data, format=JSON, source=source, what="record")
+    except DocumentError as exc:
+        raise InputError(str(exc)) from None
 
 
 def load_record(path: Path | str) -> Any:
