@@ -633,3 +633,21 @@ def test_a_shared_store_and_a_write_behind_owner_never_open_one_file_together(tm
             WriteBehindStore(path)
     with WriteBehindStore(path) as owner:  # every shared store closed: the owner opens
         assert owner.snapshot("agent", "s1", T0, [("per_day", None, "tokens")]) == {("per_day", None, "tokens"): 6}
+
+
+def test_each_operation_alone_wakes_the_flusher(tmp_path: Path):
+    """No explicit flush: reserve, commit as reserved, and release each reach the file on
+    their own (the flusher sleeps until a change pokes it)."""
+    path = tmp_path / "state.db"
+    with WriteBehindStore(path, flush_interval=0.01) as store:
+        held = store.reserve("agent", "s1", model_call(10), T0)
+        wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(1,)])
+        store.commit(held.id, None, T0)  # consumed as reserved: no counter moves
+        wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(0,)])
+        released = store.reserve("agent", "s1", model_call(10), T0)
+        wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(1,)])
+        store.release(released.id)
+        wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(0,)])
+        empty = store.reserve("agent", "s2", [], T0)  # a reservation of no charge
+        wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(1,)])
+        assert empty.ok

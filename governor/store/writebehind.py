@@ -175,20 +175,11 @@ class WriteBehindStore(MemoryStore):
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         if session not in self._loaded_sessions or agent not in self._loaded_agents:
             self._load(agent, session)
-        reservation = super().reserve(agent, session, charges, now)
-        if reservation.ok:
-            self._poke()  # a reservation of no charge touches no counter
-        return reservation
+        return super().reserve(agent, session, charges, now)
 
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         super().commit(reservation_id, actual, now)
-        self._poke()
-
-    def release(self, reservation_id: str) -> bool:
-        released = super().release(reservation_id)
-        if released:
-            self._poke()
-        return released
+        self._poke()  # committed as reserved (actual None) changes no counter, but ends the reservation
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         if session not in self._loaded_sessions or agent not in self._loaded_agents:
@@ -209,6 +200,8 @@ class WriteBehindStore(MemoryStore):
         return settled
 
     def _changed(self, agent: str, session: str, keys: Iterable[CounterKey], bucket: int) -> None:
+        # every reserve, settle and release comes here, with or without keys: the poke also
+        # gets the reservation it made or ended written
         for scope, persona, dimension in keys:
             if scope == "per_session":
                 self._dirty_sessions.add((session, persona, dimension))
