@@ -319,7 +319,7 @@ class Runtime:
         except Exception as exc:  # the event cannot be recorded, so the step must not take effect
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:
-                self._release_quietly(reservation)
+                await self._store(self._release_quietly, reservation)
             return _unrecorded_failure(step, exc), None
         live.state = advance(self.limits, state, step, decision, now)
         live.unsaved = True
@@ -333,7 +333,7 @@ class Runtime:
             new_ticket = Ticket(kind, getattr(step, "persona", None), decision.charges if reservation else (),
                                 reservation, in_flight=kind != "other" and getattr(step, "origin", "agent") != "model")
         elif reservation is not None:  # a reservation nobody will settle
-            self._release_quietly(reservation)
+            await self._store(self._release_quietly, reservation)  # a Redis round trip: off the loop
         return decision, new_ticket
 
     def _decide(self, live: _Session, step: Step, ticket: Ticket | None,
@@ -622,8 +622,9 @@ class Runtime:
                 await self.end_session(live.id)
             else:
                 if live.unsaved:
-                    self._save(live)
-                self._budgets(live.id)  # keep the budget gauges current for scrapers
+                    await self._store(self._save, live)
+                # keep the budget gauges current for scrapers (a store read: off the loop for Redis)
+                await self._store(self._budgets, live.id)
 
 
 # --- helpers ---------------------------------------------------------------------------

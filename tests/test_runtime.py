@@ -293,17 +293,19 @@ async def test_a_redis_store_enforces_budgets_and_never_stalls_the_event_loop(pi
             try:
                 waiting = asyncio.create_task(rt.admit(session, ModelCall(
                     model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10)))
+                sweeping = asyncio.create_task(rt.sweep())  # the sweeper's ticks and budget gauges too
                 started = time.monotonic()
                 ticks = 0
                 while time.monotonic() - started < 0.5:
                     await asyncio.sleep(0.01)
                     ticks += 1
-                assert not waiting.done()
+                assert not waiting.done() and not sweeping.done()
                 assert ticks >= 20  # a blocked loop would have run none of these until Redis answered
             finally:
                 os.kill(redis_server_process.process.pid, signal.SIGCONT)
             admitted = await asyncio.wait_for(waiting, 10)
             assert not admitted.decision.blocks
+            await asyncio.wait_for(sweeping, 10)
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()
