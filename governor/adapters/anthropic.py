@@ -45,7 +45,6 @@ ERROR_TYPES = {
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
-
 def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bool) -> UsageReport:
     return UsageReport(
         model=model,
@@ -63,7 +62,6 @@ def _usage_fields(usage: Any) -> dict[str, int]:
     if not isinstance(usage, dict):
         return {}
     return {key: positive_int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
-
 
 
 class AnthropicAdapter(Adapter):
