@@ -553,18 +553,21 @@ class Runtime:
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
 
-    def sessions(self) -> list[dict[str, Any]]:
-        return [view for s in sorted(self._sessions) if (view := self.session_view(s)) is not None]
+    def has_session(self, session: str) -> bool:
+        return session in self._sessions
 
-    def session_view(self, session: str) -> dict[str, Any] | None:
+    async def sessions(self) -> list[dict[str, Any]]:
+        return [view for s in sorted(self._sessions) if (view := await self.session_view(s)) is not None]
+
+    async def session_view(self, session: str) -> dict[str, Any] | None:
         live = self._sessions.get(session)
         if live is None:
             return None
-        state = live.state
-        try:
-            budgets, store_error = self._budgets(session, gauges=not live.ended), None
+        try:  # a store read: off the loop for Redis, as on the per-request path
+            budgets, store_error = await self._store(self._budgets, session, not live.ended), None
         except StoreError as exc:
             budgets, store_error = [], str(exc)
+        state = live.state
         view = {
             "session": session,
             "state": "ended" if live.ended else "halted" if state.halted else "paused" if live.pending else "active",
@@ -583,7 +586,7 @@ class Runtime:
             view["store_error"] = store_error
         return view
 
-    def _budgets(self, session: str, *, gauges: bool = True) -> list[dict[str, Any]]:
+    def _budgets(self, session: str, gauges: bool = True) -> list[dict[str, Any]]:
         """Every counter in use or capped, against its cap; refreshes the budget gauges
         (not for an ended session: its per-session series were dropped)."""
         counters = self.store.snapshot(self.agent_id, session, self.clock())

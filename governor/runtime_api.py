@@ -95,9 +95,13 @@ class RuntimeAPI(Protocol):
     async def ready(self) -> dict[str, Any]:
         """{"ready": bool, ...}: the store answers and a passport is pinned (/readyz)."""
 
-    def sessions(self) -> list[dict[str, Any]]: ...
+    def has_session(self, session: str) -> bool:
+        """Whether the governor knows the session (running or ended), without reading the store."""
 
-    def session_view(self, session: str) -> dict[str, Any] | None: ...
+    async def sessions(self) -> list[dict[str, Any]]: ...
+
+    async def session_view(self, session: str) -> dict[str, Any] | None:
+        """The session's state and budgets (a store read), or None when unknown."""
 
     def approvals(self) -> list[dict[str, Any]]: ...
 

@@ -118,10 +118,13 @@ class ScriptedRuntime:
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
         return self.allowed.get(persona)
 
-    def sessions(self) -> list[dict[str, Any]]:
-        return [self.session_view(s) for s in sorted(self.events)]
+    def has_session(self, session: str) -> bool:
+        return session in self.events
 
-    def session_view(self, session: str) -> dict[str, Any] | None:
+    async def sessions(self) -> list[dict[str, Any]]:
+        return [await self.session_view(s) for s in sorted(self.events)]
+
+    async def session_view(self, session: str) -> dict[str, Any] | None:
         if session not in self.events:
             return None
         return {"session": session, "state": "ended" if session in self.ended else "active",

@@ -159,10 +159,13 @@ class ScriptedRuntime:
         self.book(session).reserved.pop(ticket, None)
         self.finished.append((session, ticket, error))
 
-    def sessions(self) -> list[dict[str, Any]]:
+    def has_session(self, session: str) -> bool:
+        return session in self.books
+
+    async def sessions(self) -> list[dict[str, Any]]:
         return [{"session": s, "used": b.used} for s, b in self.books.items()]
 
-    def session_view(self, session: str) -> dict[str, Any] | None:
+    async def session_view(self, session: str) -> dict[str, Any] | None:
         book = self.books.get(session)
         return None if book is None else {"session": session, "used": book.used}
 

@@ -50,8 +50,8 @@ async def send(running, mock, path: str, body: dict, session: str):
         client.close()
 
 
-def tokens_used(running, session: str) -> float:
-    view = running.runtime.session_view(session)
+async def tokens_used(running, session: str) -> float:
+    view = await running.runtime.session_view(session)
     return next(b["used"] for b in view["budgets"]
                 if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
 
@@ -72,11 +72,11 @@ async def test_usage_is_counted_exactly_plain_and_streamed(env):
                 Behaviour(input_tokens=200, output_tokens=50, cached_tokens=100, progressive_usage=True, chunks=5))
     status, _, _ = await send(running, mock, CHAT, chat(), "count")
     assert status == 200
-    assert tokens_used(running, "count") == 150
+    assert await tokens_used(running, "count") == 150
     status, _, body = await send(running, mock, MESSAGES, message(stream=True), "count")
     assert status == 200 and b"message_stop" in body
     await asyncio.sleep(0.1)  # the final usage is settled in the response hook, after the last byte
-    assert tokens_used(running, "count") == 150 + 250
+    assert await tokens_used(running, "count") == 150 + 250
     # the proxy marks what it forwards, so the control plane can refuse it
     assert all(MARKER_HEADER.lower() in {k.lower() for k in r.headers} for r in mock.requests)
 
@@ -91,7 +91,7 @@ async def test_budget_exhaustion_halts_the_session_with_the_same_reason_after(en
     status, _, body = await send(running, mock, MESSAGES, message(), "broke")
     assert status == 429
     assert orjson.loads(body)["governor"]["cause"] == "on_budget_exhausted"
-    assert running.runtime.session_view("broke")["state"] == "halted"
+    assert (await running.runtime.session_view("broke"))["state"] == "halted"
     assert mock.requests == []
 
 
@@ -109,7 +109,7 @@ async def test_the_runtime_cuts_a_stream_that_crosses_the_cap(env):
     await asyncio.wait_for(log.done.wait(), 5)
     assert log.disconnected and not log.completed
     await asyncio.sleep(0.1)
-    assert running.runtime.session_view("cut")["state"] == "halted"
+    assert (await running.runtime.session_view("cut"))["state"] == "halted"
 
 
 async def test_a_swapped_passport_is_a_session_integrity_fault(env):
@@ -153,7 +153,7 @@ print(json.dumps({"plain": r.usage.total_tokens, "streamed": s[-1].usage.total_t
                                   "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"})
     assert out == {"plain": 50, "streamed": 35,
                    "refused": {"type": "RateLimitError", "status": 429, "cause": "on_budget_exhausted"}}
-    assert tokens_used(running, "sdk") == 85
+    assert await tokens_used(running, "sdk") == 85
 
 
 async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
@@ -167,7 +167,7 @@ async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
         client.close()
     assert before != 403
     status, _, _ = await send(running, mock, CHAT, chat(max_tokens=30000), "ungoverned")
-    assert status == 429 and running.runtime.session_view("ungoverned")["state"] == "halted"
+    assert status == 429 and (await running.runtime.session_view("ungoverned"))["state"] == "halted"
     client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
     try:
         await asyncio.to_thread(client.send, "GET", "/health", b"", {"ADL-Session": "ungoverned"})

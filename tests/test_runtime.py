@@ -88,7 +88,7 @@ async def test_budget_exhaustion_halts_records_and_refuses_everything_after(runt
     obj = blocked.governor_object
     assert obj["cause"] == ON_BUDGET_EXHAUSTED and obj["action"] == "halt"
     assert obj["dimension"] == "tokens" and obj["scope"] == "per_session" and obj["limit"] == 20000
-    view = runtime.session_view("s")
+    view = await runtime.session_view("s")
     used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
     assert used[("tokens", "per_session", None)] == 2500 * i  # actual usage replaced the reservations
     after = await runtime.admit("s", ToolCall(tool="search_papers", arguments={"query": "x"}))
@@ -139,7 +139,7 @@ async def test_oversight_timeout_fails_closed_when_undeclared(runtime, clock):
     clock.t += 15 * 60 + 1  # response_time_minutes: 15
     await runtime.sweep()
     assert runtime.approvals() == []
-    view = runtime.session_view("s")
+    view = await runtime.session_view("s")
     assert view["state"] == "halted" and view["halt_cause"] == ON_OVERSIGHT_TIMEOUT
     record = runtime.record("s")
     timeout = record["events"][-1]
@@ -183,7 +183,7 @@ async def test_restart_resumes_counters_state_and_journal(pinned, tmp_path, cloc
     second = make_runtime(pinned, tmp_path, clock, key=key)
     clock.t += 1
     await model_step(second, "s", 1000, 1000)
-    view = second.session_view("s")
+    view = await second.session_view("s")
     used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
     assert used[("tokens", "per_session", None)] == 8000 and used[("tokens", "per_day", None)] == 8000
     assert view["iterations"] == 4
@@ -204,7 +204,7 @@ async def test_concurrent_steps_never_overshoot_a_cap(runtime):
     admitted = [a for a in admissions if not a.decision.blocks]
     # the session halts at the first exhaustion; whatever was admitted fits the cap
     assert 1500 * len(admitted) <= 20000
-    view = runtime.session_view("s")
+    view = await runtime.session_view("s")
     used = {(b["dimension"], b["scope"], b["persona"]): b["used"] for b in view["budgets"]}
     assert used[("tokens", "per_session", None)] <= 20000
 
@@ -238,7 +238,7 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
     for _ in range(61):  # a minute of sweeps with no traffic: the ticks are not activity
         clock.t += 1
         await runtime.sweep()
-    assert runtime.session_view("s")["state"] == "ended"
+    assert (await runtime.session_view("s"))["state"] == "ended"
     assert (runtime.data_dir / "records" / "s.json").exists()
     assert 'session="s"' not in runtime.metrics.exposition().decode()  # per-session series dropped
 
@@ -294,18 +294,22 @@ async def test_a_redis_store_enforces_budgets_and_never_stalls_the_event_loop(pi
                 waiting = asyncio.create_task(rt.admit(session, ModelCall(
                     model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10)))
                 sweeping = asyncio.create_task(rt.sweep())  # the sweeper's ticks and budget gauges too
+                viewing = asyncio.create_task(rt.sessions())  # and the control plane's session views
                 started = time.monotonic()
                 ticks = 0
                 while time.monotonic() - started < 0.5:
                     await asyncio.sleep(0.01)
                     ticks += 1
-                assert not waiting.done() and not sweeping.done()
+                assert not waiting.done() and not sweeping.done() and not viewing.done()
                 assert ticks >= 20  # a blocked loop would have run none of these until Redis answered
             finally:
                 os.kill(redis_server_process.process.pid, signal.SIGCONT)
             admitted = await asyncio.wait_for(waiting, 10)
             assert not admitted.decision.blocks
             await asyncio.wait_for(sweeping, 10)
+            views = {view["session"]: view for view in await asyncio.wait_for(viewing, 10)}
+            assert "store_error" not in views["other"]
+            assert any(b["scope"] == "per_session" and b["used"] > 0 for b in views["other"]["budgets"])
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()

@@ -53,7 +53,7 @@ print(json.dumps([r1.usage.total_tokens, r2[-1].usage.total_tokens,
 """
     out = await run_python(code, {**environment, "OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"})
     assert out == [15, 19, 26, 28]
-    view = running.runtime.session_view("rev")
+    view = await running.runtime.session_view("rev")
     used = next(b["used"] for b in view["budgets"]
                 if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
     assert used == 15 + 19 + 26 + 28

@@ -187,7 +187,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def list_sessions(request: web.Request) -> web.Response:
     if refusal := _operator_refusal(request):
         return refusal
-    return ok({"sessions": request.app[RUNTIME].sessions()})
+    return ok({"sessions": await request.app[RUNTIME].sessions()})
 
 
 def _unknown_session(session: str) -> web.Response:
@@ -198,7 +198,7 @@ async def get_session(request: web.Request) -> web.Response:
     if refusal := _operator_refusal(request):
         return refusal
     session = request.match_info["session"]
-    view = request.app[RUNTIME].session_view(session)
+    view = await request.app[RUNTIME].session_view(session)
     if view is None:
         return _unknown_session(session)
     return ok(view)
@@ -260,7 +260,7 @@ async def get_record(request: web.Request) -> web.Response:
         return refusal
     runtime = request.app[RUNTIME]
     session = request.match_info["session"]
-    if runtime.session_view(session) is None:
+    if not runtime.has_session(session):
         return _unknown_session(session)
     nonce = request.query.get("nonce")
     if nonce is not None:
