@@ -28,6 +28,7 @@ import platform
 import queue
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 PYTHON = sys.executable
 HOST = "127.0.0.1"
+CA_FILE = "mitmproxy-ca-cert.pem"  # in a proxy's data directory (its mitmproxy confdir)
 CHAT_PATH = "/v1/chat/completions"
 
 # --- numbers ----------------------------------------------------------------------------
@@ -324,8 +326,8 @@ class Governor(Role):
         return f"http://{HOST}:{self.info['control']}"
 
 
-def upstream_url(port: int) -> str:
-    return f"http://{HOST}:{port}{CHAT_PATH}"
+def upstream_url(port: int, *, tls: bool = False) -> str:
+    return f"{'https' if tls else 'http'}://{HOST}:{port}{CHAT_PATH}"
 
 
 # --- the request the load generator sends -----------------------------------------------
@@ -429,10 +431,17 @@ def run_upstream(args: argparse.Namespace) -> None:
         app.router.add_get("/stats", lambda _: web.json_response(answered))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, HOST, args.port)
+        info: dict[str, Any] = {"pid": os.getpid()}
+        context = None
+        if args.tls_dir:  # HTTPS, with a CA of its own that the proxies are told to trust
+            from tests.upstreams import make_tls
+
+            material = make_tls(Path(args.tls_dir))
+            context, info["ca_file"] = material.server_context(), str(material.ca_file)
+        site = web.TCPSite(runner, HOST, args.port, ssl_context=context)
         await site.start()
-        port = runner.addresses[0][1]
-        await _ready_and_wait({"pid": os.getpid(), "port": port})
+        info["port"] = runner.addresses[0][1]
+        await _ready_and_wait(info)
         await runner.cleanup()
 
     asyncio.run(main())
@@ -479,7 +488,8 @@ def run_bare(args: argparse.Namespace) -> None:
     from governor.proxy.server import Settings, master_options
 
     async def main() -> None:
-        settings = Settings(listen=(HOST, args.port), control=None, data_dir=Path(args.data_dir))
+        settings = Settings(listen=(HOST, args.port), control=None, data_dir=Path(args.data_dir),
+                            upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         started = _Started()
         master = Master(options.Options())
@@ -501,18 +511,33 @@ def run_bare(args: argparse.Namespace) -> None:
 
 class HttpConnection:
     """One kept-alive HTTP/1.1 connection; reads Content-Length and chunked bodies, and
-    timestamps each server-sent event as it arrives."""
+    timestamps each server-sent event as it arrives.
 
-    def __init__(self, host: str, port: int) -> None:
+    With `tls` (a client context) the connection is HTTPS: to host:port itself, or, with
+    `tunnel` ("host:port" of the origin), through a CONNECT tunnel the proxy at host:port
+    intercepts, as an agent with HTTPS_PROXY and the proxy's CA does."""
+
+    def __init__(self, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                 tunnel: str | None = None) -> None:
         self.host, self.port = host, port
+        self.tls, self.tunnel = tls, tunnel
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        direct_tls = self.tls if self.tunnel is None else None
+        self.reader, self.writer = await asyncio.open_connection(
+            self.host, self.port, limit=1 << 20, ssl=direct_tls, server_hostname=HOST if direct_tls else None)
         sock = self.writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tunnel is not None:
+            self.writer.write(f"CONNECT {self.tunnel} HTTP/1.1\r\nHost: {self.tunnel}\r\n\r\n".encode())
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            if head.split(b" ", 2)[1] != b"200":
+                raise OSError(f"CONNECT {self.tunnel} refused: {head.splitlines()[0]!r}")
+            if self.tls is not None:
+                await self.writer.start_tls(self.tls, server_hostname=self.tunnel.rsplit(":", 1)[0])
 
     def close(self) -> None:
         if self.writer is not None:
@@ -602,18 +627,22 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
 
     url = cmd["url"]
     proxy = cmd.get("proxy")
+    origin = urlsplit(url)
     if proxy:
         host, port = proxy.rsplit(":", 1)
     else:
-        netloc = urlsplit(url)
-        host, port = netloc.hostname, netloc.port
-    request = request_bytes(url, cmd["body"], via_proxy=bool(proxy), headers=cmd.get("headers"))
-    warmup_request = (request_bytes(url, cmd["warmup_body"], via_proxy=bool(proxy), headers=cmd.get("headers"))
+        host, port = origin.hostname, origin.port
+    # https: TLS to the origin (direct), or through a CONNECT tunnel with the proxy's CA
+    tls = ssl.create_default_context(cafile=cmd["ca_file"]) if origin.scheme == "https" else None
+    tunnel = origin.netloc if tls is not None and proxy else None
+    absolute = bool(proxy) and tls is None  # plain HTTP through a proxy: absolute-form
+    request = request_bytes(url, cmd["body"], via_proxy=absolute, headers=cmd.get("headers"))
+    warmup_request = (request_bytes(url, cmd["warmup_body"], via_proxy=absolute, headers=cmd.get("headers"))
                       if cmd.get("warmup_body") else None)
     concurrency = int(cmd.get("concurrency", 1))
     stream_chunks = cmd.get("stream_chunks")  # content events per stream: TTFT and gaps are taken over these
     watch = cmd.get("watch_pid")
-    connections = [HttpConnection(host, int(port)) for _ in range(concurrency)]
+    connections = [HttpConnection(host, int(port), tls=tls, tunnel=tunnel) for _ in range(concurrency)]
 
     async def phase(deadline: float | None, budget: list[int] | None, out: Segment | None,
                     request: bytes = request) -> None:
@@ -744,9 +773,11 @@ def main() -> None:
     up = sub.add_parser("upstream")
     up.add_argument("--port", type=int, default=0)
     up.add_argument("--completion-tokens", type=int, default=64)
+    up.add_argument("--tls-dir", help="serve HTTPS with a CA and certificate written here")
     bare = sub.add_parser("bare")
     bare.add_argument("--port", type=int, default=0)
     bare.add_argument("--data-dir", required=True)
+    bare.add_argument("--upstream-ca", help="an extra CA to trust for upstream TLS (the HTTPS upstream's)")
     sub.add_parser("load")
     args = parser.parse_args()
     {"upstream": run_upstream, "bare": run_bare, "load": run_load}[args.role](args)

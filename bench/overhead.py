@@ -4,10 +4,14 @@
 
 One mock upstream, one load generator, one bare mitmproxy and one `governor run` (tier
 R3, the bench passport: every governed member declared, caps that never fire), each in
-its own process. The load is plain HTTP to the proxy (absolute-form requests, the
-HTTP_PROXY way): TLS interception costs the same in both proxies, so leaving it out
-isolates what governing adds. Four workloads: plain and streamed (20 chunks, no gaps)
-chat completions, at concurrency 1 and 16 (closed loop, kept-alive connections).
+its own process. Four workloads: plain and streamed (20 chunks, no gaps) chat
+completions, at concurrency 1 and 16 (closed loop, kept-alive connections), each over
+two transports:
+- plain HTTP to the proxy (absolute-form requests, the HTTP_PROXY way): no TLS in the
+  way, so this isolates what governing adds (the strictest comparison);
+- HTTPS through a CONNECT tunnel the proxy intercepts, trusting the proxy's CA, to an
+  HTTPS upstream (`tls-*`): how agents reach LLM APIs (HTTPS_PROXY and the proxy's CA).
+  TLS interception costs the same in both proxies, so the ratios are lower here.
 
 Each round measures every workload on every path for a few seconds; the order of the
 paths alternates between rounds (direct, bare, governor, then governor, bare, direct),
@@ -28,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    CA_FILE,
     HOST,
     scratch,
     Governor,
@@ -46,7 +51,8 @@ from common import (  # noqa: E402
 )
 
 PATHS = ("direct", "bare", "governor")
-WORKLOADS = (("plain", 1), ("plain", 16), ("stream", 1), ("stream", 16))
+WORKLOADS = tuple((tls, kind, concurrency) for tls in (False, True)
+                  for kind, concurrency in (("plain", 1), ("plain", 16), ("stream", 1), ("stream", 16)))
 STREAM_CHUNKS = 20
 
 TARGETS = {
@@ -56,8 +62,8 @@ TARGETS = {
 }
 
 
-def workload_key(kind: str, concurrency: int) -> str:
-    return f"{kind}-c{concurrency}"
+def workload_key(tls: bool, kind: str, concurrency: int) -> str:
+    return f"{'tls-' if tls else ''}{kind}-c{concurrency}"
 
 
 def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) -> dict[str, Any]:
@@ -66,27 +72,31 @@ def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) 
     with (
         scratch("overhead") as work,
         Role("upstream") as upstream,
-        Role("bare", "--data-dir", str(work / "bare")) as bare,
-        Governor(write_passport(work / "passport.json"), work / "governor") as governor,
+        Role("upstream", "--tls-dir", str(work / "upstream-tls")) as tls_upstream,
+        Role("bare", "--data-dir", str(work / "bare"), "--upstream-ca", tls_upstream.info["ca_file"]) as bare,
+        Governor(write_passport(work / "passport.json"), work / "governor",
+                 extra=["--upstream-ca", tls_upstream.info["ca_file"]]) as governor,
         Role("load") as load,
     ):
-        via = {"direct": (None, None), "bare": (f"{HOST}:{bare.port}", bare.pid),
-               "governor": (f"{HOST}:{governor.port}", governor.pid)}
-        url = upstream_url(upstream.port)
+        # path -> (proxy, process to watch, the CA an HTTPS client trusts on that path)
+        via = {"direct": (None, None, tls_upstream.info["ca_file"]),
+               "bare": (f"{HOST}:{bare.port}", bare.pid, str(work / "bare" / CA_FILE)),
+               "governor": (f"{HOST}:{governor.port}", governor.pid, str(work / "governor" / CA_FILE))}
+        urls = {False: upstream_url(upstream.port), True: upstream_url(tls_upstream.port, tls=True)}
         bodies = {"plain": chat_body(), "stream": chat_body(stream=True, chunks=STREAM_CHUNKS, gap_ms=0)}
         for round_no in range(rounds):
             order = PATHS if round_no % 2 == 0 else PATHS[::-1]
             log(f"  round {round_no + 1}/{rounds}: {' -> '.join(order)}")
-            for kind, concurrency in WORKLOADS:
+            for tls, kind, concurrency in WORKLOADS:
                 for path in order:
-                    proxy, pid = via[path]
+                    proxy, pid, ca_file = via[path]
                     segment = load.ask({
-                        "op": "segment", "url": url, "proxy": proxy, "body": bodies[kind],
+                        "op": "segment", "url": urls[tls], "proxy": proxy, "ca_file": ca_file, "body": bodies[kind],
                         "concurrency": concurrency, "duration": duration, "warmup": warmup, "watch_pid": pid,
                         "stream_chunks": STREAM_CHUNKS if kind == "stream" else None,
                     })
                     segment["round"] = round_no
-                    segments.setdefault((workload_key(kind, concurrency), path), []).append(segment)
+                    segments.setdefault((workload_key(tls, kind, concurrency), path), []).append(segment)
         governor_memory = memory_mb(governor.pid)
         session = http_get_json(f"{governor.control_url}/v1/sessions/bench")
     return aggregate(segments, governor_memory, session, rounds=rounds, duration=duration)
@@ -95,8 +105,8 @@ def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) 
 def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_memory: dict[str, float],
               session: dict[str, Any], *, rounds: int, duration: float) -> dict[str, Any]:
     workloads: dict[str, Any] = {}
-    for kind, concurrency in WORKLOADS:
-        key = workload_key(kind, concurrency)
+    for tls, kind, concurrency in WORKLOADS:
+        key = workload_key(tls, kind, concurrency)
         paths: dict[str, Any] = {}
         for path in PATHS:
             segs = segments[(key, path)]
@@ -148,11 +158,11 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
                                                            TARGETS["cpu_per_request_governor_over_bare"]),
         }
         failures = {p: {k: v for k, v in paths[p]["statuses"].items() if k != "200"} for p in PATHS}
-        workloads[key] = {"kind": kind, "concurrency": concurrency, "paths": paths, "ratios": ratios,
+        workloads[key] = {"kind": kind, "concurrency": concurrency, "tls": tls, "paths": paths, "ratios": ratios,
                           "per_round_ratio_spread": spread, "verdicts": verdicts,
                           "non_200": {p: f for p, f in failures.items() if f}}
     return {
-        "benchmark": "overhead: direct vs bare mitmproxy vs governor (R3), plain HTTP proxy, loopback",
+        "benchmark": "overhead: direct vs bare mitmproxy vs governor (R3), plain HTTP and intercepted HTTPS, loopback",
         "machine": machine(),
         "rounds": rounds,
         "segment_seconds": duration,
