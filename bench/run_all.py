@@ -3,10 +3,11 @@
     .ci/dev bench [--quick] [--skip NAME ...]
     (= .venv/bin/python bench/run_all.py ...)
 
-Runs, in this order (about 5 minutes; --quick about 1.5):
+Runs, in this order (about 8 minutes; --quick about 2):
 
   overhead   latency, throughput and proxy CPU per request: direct / bare mitmproxy /
-             governor (R3), plain and streamed, concurrency 1 and 16    (bench/overhead.py)
+             governor (R3), plain and streamed, concurrency 1 and 16,
+             over plain HTTP and intercepted HTTPS                      (bench/overhead.py)
   streaming  time to first token and chunk gaps, 200 chunks 5 ms apart  (bench/streaming.py)
   budget     64 concurrent requests against token and cost caps         (bench/budget_accuracy.py)
   decision   the policy engine alone, per decision                      (bench/bench_decision.py)
