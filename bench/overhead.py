@@ -11,7 +11,7 @@ two transports:
   way, so this isolates what governing adds (the strictest comparison);
 - HTTPS through a CONNECT tunnel the proxy intercepts, trusting the proxy's CA, to an
   HTTPS upstream (`tls-*`): how agents reach LLM APIs (HTTPS_PROXY and the proxy's CA).
-  TLS interception costs the same in both proxies, so the ratios are lower here.
+  TLS interception costs both proxies the same, so it adds to both sides of the ratio.
 
 Each round measures every workload on every path for a few seconds; the order of the
 paths alternates between rounds (direct, bare, governor, then governor, bare, direct),

@@ -250,7 +250,7 @@ def _freeze_startup_objects() -> None:
 
     They live as long as the process, yet every full collection walked all of them again:
     in `governor run` under load that was ~75 ms per full collection, about twice a bare
-    mitmproxy's, and ~50 us per request of GC in all (bench/README-results.md). Frozen
+    mitmproxy's, and ~50 us per request of GC in all (README, Benchmarks). Frozen
     objects are still freed by reference counting; only cycles among them would stay,
     and start-up garbage is collected first."""
     import gc
