@@ -280,8 +280,7 @@ class WriteBehindStore(MemoryStore):
     # --- writing behind ----------------------------------------------------------------
     def flush(self) -> None:
         """Write every change made so far to the file now; StoreUnavailable when it cannot."""
-        if self._closed:
-            raise StoreUnavailable(f"SQLite store {self.path} is closed")
+        self._check_open()
         with self._flush_lock:
             self._flush()
 
