@@ -32,8 +32,9 @@ overhead benchmark's; read the split, not the totals.
 Garbage collection shows up inside whichever frame allocated when it ran. The
 difference between the two paths' columns is what governing costs, part by part.
 Writes bench/results/profile.json and the raw stacks (profile-bare.txt,
-profile-governor.txt) beside it. Samples are statistical: a row of a few microseconds
-moves by about as much between runs.
+profile-governor.txt) beside it. Samples are statistical: the report says how many
+microseconds one sample stands for, and a row of n samples moves by about sqrt(n) of them
+between runs; sample longer (--duration) for finer rows.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def breakdown(stacks: list[tuple[list[tuple[str, str]], int]], cpu_us_per_reques
     us = lambda n: round(n * scale, 1)  # noqa: E731
     return {
         "samples": total,
+        "us_per_sample": round(scale, 2),  # the resolution of every row below
         "cpu_us_per_request": round(cpu_us_per_request + other_threads_us, 1),
         "categories": {**{c: us(by_category[c]) for c in CATEGORIES}, "other threads": round(other_threads_us, 1)},
         "governor_modules": {m: us(n) for m, n in by_module.most_common()},
@@ -247,7 +249,10 @@ def report(paths: dict[str, dict[str, Any]]) -> str:
     for category in (*CATEGORIES, "other threads"):
         b, g = bare["categories"][category], gov["categories"][category]
         rows.append([f"  {category}", b, g, round(g - b, 1)])
-    out = [table(rows, ["us per request", "bare", "governor", "governor - bare"]), "",
+    out = [f"event-loop samples: bare {bare['samples']}, governor {gov['samples']}; one sample stands for "
+           f"{bare['us_per_sample']} and {gov['us_per_sample']} us per request (a row's resolution: "
+           f"a row of n samples moves by about sqrt(n) samples between runs)", "",
+           table(rows, ["us per request", "bare", "governor", "governor - bare"]), "",
            "governor code by module (innermost governor frame):"]
     out.append(table([[m, v] for m, v in gov["governor_modules"].items()], ["module", "us per request"]))
     out += ["", "governor functions (inclusive):"]
