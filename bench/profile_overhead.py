@@ -174,8 +174,10 @@ def breakdown(stacks: list[tuple[list[tuple[str, str]], int]], cpu_us_per_reques
 
 
 def _is_idle(frames: list[tuple[str, str]]) -> bool:
-    """A sample of the event loop waiting in epoll: py-spy takes a few of them from a proxy
-    that is not loaded (while the other path is), and they are no request's CPU time."""
+    """A sample of the event loop in epoll: py-spy takes such samples from a proxy waiting
+    while the other path is loaded, which are no request's CPU time. The loop's own epoll
+    calls under load go with them (a few percent of a path's samples, in both paths alike):
+    the rest of the split is scaled to the whole CPU time."""
     return bool(frames) and frames[-1][1].startswith("selectors")
 
 
@@ -198,12 +200,21 @@ def profile(paths: dict[str, Role], upstream: Role, load: Role, args: argparse.N
         segment(proxy, 1.0)  # warm both up before sampling
     spies = {}
     for name, proxy in paths.items():
+        (RESULTS / f"profile-{name}.txt").unlink(missing_ok=True)  # never read a previous run's stacks
         spies[name] = subprocess.Popen(
             [py_spy(), "record", "--pid", str(proxy.pid), "--rate", str(args.rate), "--format", "raw",
              "--output", str(RESULTS / f"profile-{name}.txt"), "--threads",
              *(["--nonblocking"] if args.nonblocking else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)  # attached before the first measured segment
+    for name, spy in spies.items():
+        if spy.poll() is not None:  # py-spy could not attach: say so now, not after the rounds
+            _, errors = spy.communicate()
+            for other in spies.values():
+                if other.poll() is None:
+                    other.kill()
+            raise SystemExit(f"py-spy could not sample the {name} proxy (exit {spy.returncode}): "
+                             f"{errors.strip()[-500:]}\n(attaching needs root or ptrace permission)")
     totals = {name: {"count": 0, "cpu": 0.0, "main": 0.0, "all": 0.0} for name in paths}
     try:
         for round_no in range(args.rounds):
@@ -231,6 +242,8 @@ def profile(paths: dict[str, Role], upstream: Role, load: Role, args: argparse.N
             raise SystemExit(f"py-spy could not sample the {name} proxy (exit {spy.returncode}): "
                              f"{errors.strip()[-500:]}\n(attaching needs root or ptrace permission)")
         total = totals[name]
+        if not total["count"]:
+            raise SystemExit(f"the {name} proxy completed no request while it was sampled")
         # the load generator's figure covers exactly the measured requests; /proc, read
         # around each segment, says which share of it the event loop's thread took
         cpu_us = total["cpu"] / total["count"] * 1e6
@@ -277,6 +290,8 @@ def main() -> int:
     parser.add_argument("--nonblocking", action="store_true",
                         help="sample without stopping the proxies (cheaper for them, but stacks can be cut short)")
     args = parser.parse_args()
+    if args.concurrency < 1 or args.rounds < 1 or args.rate < 1 or not args.duration > 0:
+        parser.error("--concurrency, --rounds and --rate must be at least 1, --duration above 0")
     py_spy()
     RESULTS.mkdir(parents=True, exist_ok=True)
     with scratch("profile") as work, Role("upstream") as upstream, Role("load") as load, \
