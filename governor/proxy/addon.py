@@ -14,9 +14,9 @@ the runtime decides; this addon only sequences them over mitmproxy's hooks:
   error            the exchange failed: release what it holds.
 
 While a session has exchanges in flight, one ticker per session admits Tick steps
-(wall-clock limits), and one watchdog pass a second enforces the upstream timeout
-of every exchange (no headers, or a stream gone silent). Their refusals, and those of usage checks on
-a stream, are applied to the flow in flight by `transit`.
+(wall-clock limits), and one watchdog pass a second enforces the upstream timeout of
+every exchange (no headers, or a stream gone silent). Their refusals, and those of
+usage checks on a stream, are applied to the flow in flight by `transit`.
 """
 
 from __future__ import annotations
