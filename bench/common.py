@@ -362,6 +362,49 @@ COMPLETION_TEXT = ("Governed agents keep to the limits they declare: the paper s
                    "Open questions: cost of the check, behaviour under concurrency, and tool misuse. ") * 3
 
 
+def plain_answer(model: str, usage: dict[str, int]) -> bytes:
+    """The mock upstream's chat completion (non-streamed) for `model` with `usage`."""
+    import orjson
+
+    return orjson.dumps({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_790_000_000, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": COMPLETION_TEXT},
+                     "logprobs": None, "finish_reason": "stop"}],
+        "usage": usage, "system_fingerprint": "fp_bench",
+    })
+
+
+def stream_writes(model: str, usage: dict[str, int], chunks: int, include_usage: bool) -> Iterator[bytes]:
+    """What the mock upstream writes for a streamed chat completion, each write made when
+    asked for: one `data:` event per chunk (a word of the answer each), then one write with
+    the finish chunk, the usage chunk when the request asked for it
+    (stream_options.include_usage) and [DONE]."""
+    import orjson
+
+    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1_790_000_000, "model": model}
+    words = COMPLETION_TEXT.split(" ")
+    for i in range(chunks):
+        delta = {"content": words[i % len(words)] + " "}
+        if i == 0:
+            delta["role"] = "assistant"
+        yield b"data: " + orjson.dumps(
+            {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}) + b"\n\n"
+    tail = b"data: " + orjson.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + b"\n\n"
+    if include_usage:
+        tail += b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+    yield tail + b"data: [DONE]\n\n"
+
+
+def mock_usage(request: dict[str, Any], default_completion: int = 64) -> dict[str, int]:
+    """The mock upstream's usage for a request: prompt_tokens = ceil(bytes of the messages / 4),
+    completion_tokens = max_tokens (the most the request allows)."""
+    import orjson
+
+    prompt = -(-len(orjson.dumps(request.get("messages"))) // 4)
+    completion = request.get("max_tokens") or request.get("max_completion_tokens") or default_completion
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def run_upstream(args: argparse.Namespace) -> None:
     """An OpenAI chat completions endpoint with a fixed answer and the most usage the
     request allows: prompt_tokens = ceil(bytes of the messages / 4), completion_tokens =
@@ -372,11 +415,6 @@ def run_upstream(args: argparse.Namespace) -> None:
     plain_cache: dict[tuple, bytes] = {}
     answered = {"requests": 0}
 
-    def usage(body: bytes, request: dict[str, Any]) -> dict[str, int]:
-        prompt = -(-len(orjson.dumps(request.get("messages"))) // 4)
-        completion = request.get("max_tokens") or request.get("max_completion_tokens") or args.completion_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
     async def chat(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
@@ -385,43 +423,28 @@ def run_upstream(args: argparse.Namespace) -> None:
             return web.json_response({"error": {"message": "bad json"}}, status=400)
         answered["requests"] += 1
         model = body.get("model", "gpt-4o-mini")
-        use = usage(raw, body)
+        use = mock_usage(body, args.completion_tokens)
         if not body.get("stream"):
             key = (model, use["prompt_tokens"], use["completion_tokens"])
             payload = plain_cache.get(key)
             if payload is None:
-                payload = orjson.dumps({
-                    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_790_000_000, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": COMPLETION_TEXT},
-                                 "logprobs": None, "finish_reason": "stop"}],
-                    "usage": use, "system_fingerprint": "fp_bench",
-                })
-                plain_cache[key] = payload
+                payload = plain_cache[key] = plain_answer(model, use)
             return web.Response(body=payload, content_type="application/json")
         shape = body.get("mock") or {}
         chunks = int(shape.get("chunks", 20))
         gap = float(shape.get("gap_ms", 0)) / 1000.0
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1_790_000_000, "model": model}
-        words = COMPLETION_TEXT.split(" ")
+        options = body.get("stream_options") or {}
+        writes = stream_writes(model, use, chunks, bool(options.get("include_usage")))
         started = time.monotonic()
-        for i in range(chunks):
-            if gap and i:
+        for i, data in enumerate(writes):
+            if gap and 0 < i < chunks:
                 # an absolute schedule: the upstream's gaps do not drift with the loop's jitter
                 delay = started + i * gap - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            delta = {"content": words[i % len(words)] + " "}
-            if i == 0:
-                delta["role"] = "assistant"
-            await response.write(b"data: " + orjson.dumps(
-                {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}) + b"\n\n")
-        tail = b"data: " + orjson.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + b"\n\n"
-        options = body.get("stream_options") or {}
-        if options.get("include_usage"):
-            tail += b"data: " + orjson.dumps({**base, "choices": [], "usage": use}) + b"\n\n"
-        await response.write(tail + b"data: [DONE]\n\n")
+            await response.write(data)
         await response.write_eof()
         return response
 

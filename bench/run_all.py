@@ -11,6 +11,8 @@ Runs, in this order (about 8 minutes; --quick about 2):
   streaming  time to first token and chunk gaps, 200 chunks 5 ms apart  (bench/streaming.py)
   budget     64 concurrent requests against token and cost caps         (bench/budget_accuracy.py)
   decision   the policy engine alone, per decision                      (bench/bench_decision.py)
+  code       the governor's own code per request, warm: its hooks on test
+             flows, the runtime alone, the store alone                 (bench/governor_code.py)
   evidence   journal appends; build, sign and verify 10,000 events      (bench/bench_evidence.py)
   store      reserve + commit per backend                               (bench/bench_store.py)
 
@@ -37,7 +39,7 @@ import overhead  # noqa: E402
 import streaming  # noqa: E402
 from common import BENCH, PYTHON, REPO, RESULTS, machine, table, write_result  # noqa: E402
 
-PARTS = ("overhead", "streaming", "budget", "decision", "evidence", "store")
+PARTS = ("overhead", "streaming", "budget", "decision", "code", "evidence", "store")
 MEMORY_TARGET_MB = 150.0
 
 
@@ -62,6 +64,8 @@ def run_parts(parts: list[str], quick: bool) -> tuple[dict[str, Any], dict[str, 
         "streaming": lambda: _show(streaming, "streaming.json", streaming.run(rounds=2, streams=3 if quick else 8)),
         "budget": lambda: _show(budget_accuracy, "budget_accuracy.json", budget_accuracy.run(64)),
         "decision": lambda: script("bench_decision.py", ["--decisions", "30000" if quick else "120000"], "decision.json"),
+        "code": lambda: script("governor_code.py", ["--exchanges", "2000" if quick else "5000",
+                                                    "--rounds", "5" if quick else "7"], "governor_code.json"),
         "evidence": lambda: script("bench_evidence.py", ["--events", "10000", "--runs", "2" if quick else "5"],
                                    "evidence.json"),
         "store": lambda: script("bench_store.py", ["--ops", "500" if quick else "3000"], "store.json"),
@@ -168,6 +172,15 @@ def summary_tables(results: dict[str, Any]) -> list[tuple[str, str]]:
         rows = [[name, row["n"], row["p50_us"], row["p99_us"], round(row["mean_us"], 2)]
                 for name, row in [*d["by_step"].items(), ("all", d["all"])]]
         out.append(("Decision latency (policy engine alone)", table(rows, ["step", "n", "p50 us", "p99 us", "mean us"])))
+    if "code" in results and "us" in results["code"]:
+        c = results["code"]
+        names = {"plain": "plain exchange (hooks, adapter, runtime, store)",
+                 "stream": f"streamed exchange ({c['stream_chunks']} chunks and the tail)",
+                 "runtime": "runtime alone: admit, settle, finish a model call",
+                 "store": "store alone: snapshot, reserve, commit"}
+        rows = [[names.get(name, name), v["best"], v["median"]] for name, v in c["us"].items()]
+        out.append(("The governor's own code per request, warm (no sockets; best of "
+                    f"{c['rounds']} rounds of {c['exchanges_per_round']:,})", table(rows, ["case", "us (best)", "us (median)"])))
     if "evidence" in results and "verify_seconds" in results["evidence"]:
         e = results["evidence"]
         rows = [["journal appends/s (write + fsync)", e["appends_per_second_fsync"]],
