@@ -176,6 +176,7 @@ def summary_tables(results: dict[str, Any]) -> list[tuple[str, str]]:
         c = results["code"]
         names = {"plain": "plain exchange (hooks, adapter, runtime, store)",
                  "stream": f"streamed exchange ({c['stream_chunks']} chunks and the tail)",
+                 "hooks": "plain exchange, a runtime that permits everything (hooks and adapter alone)",
                  "runtime": "runtime alone: admit, settle, finish a model call",
                  "store": "store alone: snapshot, reserve, commit"}
         rows = [[names.get(name, name), v["best"], v["median"]] for name, v in c["us"].items()]
