@@ -24,9 +24,9 @@ rounds measure the neighbours), in microseconds per exchange or call; the median
 Why: the overhead benchmark's ratios move by about 0.1 between runs here, because its
 denominator (a bare mitmproxy's CPU per request) moves with the neighbours' load, so a
 change worth a few percent of a request does not show there. These figures move by a few
-percent, and a governed request's cost in the proxy follows them (about twice as much in
-the process as here, where caches stay warm). Prints a table; writes
-bench/results/governor_code.json.
+percent, and a governed request's cost in the proxy follows them (1.6-1.9x as much in the
+process as here, where caches stay warm: the README's Benchmarks section). Prints a table;
+writes bench/results/governor_code.json.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Runs, in this order (about 8 minutes; --quick about 2):
   budget     64 concurrent requests against token and cost caps         (bench/budget_accuracy.py)
   decision   the policy engine alone, per decision                      (bench/bench_decision.py)
   code       the governor's own code per request, warm: its hooks on test
-             flows, the runtime alone, the store alone                 (bench/governor_code.py)
+             flows, the runtime alone, the store alone                  (bench/governor_code.py)
   evidence   journal appends; build, sign and verify 10,000 events      (bench/bench_evidence.py)
   store      reserve + commit per backend                               (bench/bench_store.py)
 
