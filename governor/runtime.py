@@ -58,7 +58,7 @@ from governor.policy import (
     advance,
     decide,
 )
-from governor.policy.engine import governor_error
+from governor.policy.engine import governor_error, settlement
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission, governor_object
@@ -256,17 +256,51 @@ class Runtime:
         if live is None or not isinstance(ticket, Ticket):
             return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
         started = time.perf_counter()
-        async with live.lock:
-            # the final usage is the call's end: the same step frees its in-flight slot
-            # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
-            ends_call = report.final and ticket.in_flight and not live.ended
-            before = live.state
-            decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
-            if ends_call:
-                ticket.in_flight = False
-                if live.state is before and not live.ended:  # not applied (it could not be recorded)
-                    await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+        decision = self._settle_at_once(live, ticket, report)
+        if decision is None:
+            async with live.lock:
+                # the final usage is the call's end: the same step frees its in-flight slot
+                # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
+                ends_call = report.final and ticket.in_flight and not live.ended
+                before = live.state
+                decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
+                if ends_call:
+                    ticket.in_flight = False
+                    if live.state is before and not live.ended:  # not applied (it could not be recorded)
+                        await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
         self.metrics.decided(decision, time.perf_counter() - started)
+        return decision
+
+    def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
+        """The usual end of a model call, without a full decision round: a final report within
+        its reservation, in a session not halted, settled (commit) and freed in one synchronous
+        step. What `usage` would do for it under the lock, minus the counter-key pass and the
+        engine's general run: the decision is the engine's own (`settlement`, which `decide`
+        returns for such a report), the state transition `advance`.
+
+        Nothing else of the session can interleave (no await); it is not taken while a step
+        holds the session's lock (that step may be between deciding and advancing), for a
+        store across the network (its commit goes off the loop), or when the commit fails
+        (the full round then decides again and fails closed, recorded). None: not taken."""
+        if (not report.final or not ticket.in_flight or ticket.reservation is None or live.ended
+                or self._store_in_thread or live.lock.locked()):
+            return None
+        step = report.with_reserved(ticket.charges, True)
+        decision = settlement(self.limits, live.state, step)
+        if decision is None:
+            return None
+        now = self.clock()
+        try:
+            self.store.commit(ticket.reservation, decision.charges, now)
+        except Exception:
+            # the full round below tries again, and logs and records what it cannot do
+            log.debug("session %s: settling a model call at once failed", live.id, exc_info=True)
+            return None
+        ticket.reservation = None
+        ticket.in_flight = False
+        live.last_activity = now
+        live.state = advance(self.limits, live.state, step, decision, now)
+        live.unsaved = True
         return decision
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:

@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from governor.canonical import digest_of
@@ -41,6 +41,7 @@ from governor.policy import (
     UsageReport,
     advance,
     decide,
+    settlement,
 )
 from tests.test_policy_support import T0, Driver, full_passport, passport
 
@@ -247,3 +248,28 @@ def test_a_report_that_ends_its_call_is_the_report_then_step_done(tier, session,
     assert merged.counters == pair.counters
     # (SessionState.counters is only the last snapshot copied in before deciding, not bookkeeping)
     assert replace(merged.state, counters={}) == replace(pair.state, seq=pair.state.seq - 1, counters={})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiers, sessions, st.integers(0, 3_000), st.integers(0, 3_000), st.integers(0, 3_000), st.booleans())
+def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation(
+        tier, session, used_in, used_out, cached, ends_call):
+    """The runtime settles such a report with `settlement` alone (no full decision round):
+    it must be exactly decide()'s decision, and be offered for no other report."""
+    recorder = Recorder(tier)
+    now = T0
+    for action, dt in session:
+        now += dt
+        recorder.play(action, now)
+    call = recorder.last_admission or ModelCall("gpt-4o", 0, 0)
+    report = UsageReport(call.model, used_in, used_out, cached, persona=call.persona,
+                         reserved=recorder.last_charges, ends_call=ends_call)
+    state = recorder.snapshot(report)
+    settled = settlement(recorder.limits, state, report)
+    within = not state.halted and bool(report.reserved) and recorder.limits.within_reservation(report)
+    event(f"within its reservation: {within}")
+    assert (settled is not None) == within
+    if settled is not None:
+        assert settled == decide(recorder.limits, state, report, now + 1)
+        assert settled.settles and not settled.blocks and not settled.events
+    assert settlement(recorder.limits, state, replace(report, final=False)) is None

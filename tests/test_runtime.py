@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,78 @@ async def test_a_final_usage_that_cannot_be_recorded_still_frees_its_slot(runtim
                                                                       output_tokens=50_000))
     assert decision.halts and decision.fail_closed
     assert live.state.in_flight == 0
+
+
+# A model call admitted with 10 + 10 expected tokens reserves exactly that: reports within it
+# are settled at once (Runtime._settle_at_once), the others by the full round.
+@pytest.mark.parametrize("used_in, used_out, cached, at_once", [
+    (10, 5, 0, True), (10, 10, 0, True), (10, 10, 4, True), (0, 0, 0, True),
+    (11, 10, 0, False), (10, 11, 0, False), (5_000, 50_000, 0, False),
+])
+async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path, clock, used_in, used_out, cached,
+                                                               at_once):
+    """Same decision, session state and counters whether a final report is settled at once or
+    by the full round under the lock; and only reports within their reservation go at once."""
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "full").mkdir()
+    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
+    full._settle_at_once = lambda *args: None
+    rounds: list[str] = []
+    apply = quick._apply
+
+    async def counted(live, step, ticket):
+        rounds.append(type(step).__name__)
+        return await apply(live, step, ticket)
+
+    quick._apply = counted
+    outcomes = []
+    try:
+        for rt in (quick, full):
+            await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
+            admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                      expected_output_tokens=10))
+            report = UsageReport(model="gpt-4o-mini", input_tokens=used_in, output_tokens=used_out,
+                                 cached_input_tokens=cached)
+            decision = await rt.usage("s", admission.ticket, report)
+            await rt.finish("s", admission.ticket)
+            live = rt._sessions["s"]
+            outcomes.append((decision, replace(live.state, counters={}), live.last_activity,
+                             rt.store.snapshot(rt.agent_id, "s", clock.t), admission.ticket.in_flight,
+                             admission.ticket.reservation))
+        assert outcomes[0] == outcomes[1]
+        assert ("UsageReport" not in rounds[2:]) == at_once  # rounds[:2]: the first call, in full
+    finally:
+        quick.store.close()
+        full.store.close()
+
+
+async def test_a_report_waits_for_a_step_that_holds_the_session(runtime):
+    """A step holding the session's lock may be between deciding and advancing (awaiting its
+    journal): a report within its reservation is not settled past it."""
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    live = runtime._sessions["s"]
+    await live.lock.acquire()
+    report = UsageReport(model="gpt-4o-mini", input_tokens=10, output_tokens=5)
+    settling = asyncio.create_task(runtime.usage("s", admission.ticket, report))
+    await asyncio.sleep(0.01)
+    assert not settling.done() and live.state.in_flight == 1
+    live.lock.release()
+    decision = await settling
+    assert not decision.blocks and decision.settles and live.state.in_flight == 0
+
+
+async def test_a_commit_that_fails_at_once_is_decided_in_full_and_fails_closed(runtime, monkeypatch):
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+
+    def down(*args, **kwargs):
+        raise StoreUnavailable("state store down")
+
+    monkeypatch.setattr(runtime.store, "commit", down)
+    decision = await runtime.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=10,
+                                                                      output_tokens=5))
+    assert decision.halts and decision.fail_closed and decision.cause == ON_GOVERNOR_ERROR
+    assert runtime._sessions["s"].state.in_flight == 0
+    events = recover_journal(journal_path(runtime.data_dir, "s")).events
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR

@@ -498,16 +498,37 @@ def _model_call(run: _Run, step: ModelCall) -> Decision:
     return run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
 
 
+def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decision | None:
+    """The decision for a final usage report within what its admission reserved (every
+    metered amount, priced: Limits.within_reservation) in a session not halted: settle the
+    actual usage and fire nothing. The admission's projection already checked every cap,
+    warning level and cost trigger such usage can reach (its reservation has been in the
+    counters since), so no counter is read. None for any other report.
+
+    decide() answers such a report with this; the runtime also calls it alone, to settle a
+    model call without a full decision round (Runtime._settle_at_once)."""
+    if state.halted or not step.final or not step.reserved:
+        return None
+    cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+    if not limits.within_reservation(step, cost):
+        return None
+    meters = limits.meters.get(step.persona, limits.meters[None])
+    tokens = step.input_tokens + step.output_tokens
+    charges = tuple(_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
+                                               m.persona)) for m in meters)  # settled: no caps
+    return permitted(charges, None, (), {}, True)
+
+
 def _usage(run: _Run, step: UsageReport) -> Decision:
     limits = run.limits
+    if step.final and (settled := settlement(limits, run.state, step)) is not None:
+        return settled  # nothing the admission did not check: settle only
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
     cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
     if step.final:
         run.settles = True
         run.charges = _charges(run, meters, tokens, cost, False)
-        if limits.within_reservation(step, cost):  # nothing the admission did not check: settle only
-            return run.finish()
     reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
     d, warnings = _budget(run, meters, tokens, cost, reserved, step.model)
     if d is not None:
