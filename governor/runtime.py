@@ -286,14 +286,15 @@ class Runtime:
                 or self._store_in_thread or live.lock.locked()):
             return None
         step = report.with_reserved(ticket.charges, True)
-        decision = settlement(self.limits, live.state, step)
-        if decision is None:
-            return None
         now = self.clock()
         try:
+            decision = settlement(self.limits, live.state, step)
+            if decision is None:
+                return None
             self.store.commit(ticket.reservation, decision.charges, now)
         except Exception:
-            # the full round below tries again, and logs and records what it cannot do
+            # nothing changed: the full round below tries again, and fails closed and
+            # records what it cannot do (decide() turns an error into on_governor_error)
             log.debug("session %s: settling a model call at once failed", live.id, exc_info=True)
             return None
         ticket.reservation = None

@@ -417,3 +417,20 @@ async def test_a_commit_that_fails_at_once_is_decided_in_full_and_fails_closed(r
     assert runtime._sessions["s"].state.in_flight == 0
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
     assert events[-1]["cause"] == ON_GOVERNOR_ERROR
+
+
+async def test_an_error_while_settling_at_once_is_decided_in_full(runtime, monkeypatch):
+    """settlement() raising (a broken pricing table, say) must not escape usage(): the full
+    round decides, and decide() turns the error into a recorded on_governor_error."""
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("pricing table broke")
+
+    monkeypatch.setattr(type(runtime.limits.pricing), "cost", broken)  # slots: on the class, for this test
+    decision = await runtime.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=10,
+                                                                      output_tokens=5))
+    assert decision.blocks and decision.cause == ON_GOVERNOR_ERROR
+    events = recover_journal(journal_path(runtime.data_dir, "s")).events
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR
