@@ -3,11 +3,12 @@
     .venv/bin/python bench/governor_code.py [--exchanges 5000] [--rounds 7]
 
 What `governor run` does per request, less mitmproxy's I/O: the addon and the runtime,
-built as `governor run` builds them (the bench passport at tier R3, the write-behind
-SQLite store in a scratch directory, a control plane's origin marker), are driven through
-their mitmproxy hooks with mitmproxy's own test flows, for the overhead benchmark's plain
-and streamed chat completions (the mock upstream's answers, byte for byte). Each layer is
-also timed alone, so the differences say where the time goes:
+built by the functions `governor run` builds them with (build_addon, build_runtime: the
+bench passport at tier R3, the write-behind SQLite store in a scratch directory, a control
+plane's origin marker), are driven through their mitmproxy hooks with mitmproxy's own test
+flows, for the overhead benchmark's plain and streamed chat completions (the mock
+upstream's answers, byte for byte). Each layer is also timed alone, so the differences say
+where the time goes:
 
   plain     request hook, responseheaders, response hook              (one exchange)
   stream    the same, with the 20 chunks and the tail through the stream relay
@@ -69,7 +70,7 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
     from governor.control.origin import ProxyOrigin
     from governor.metrics import Metrics
     from governor.policy.steps import Tier
-    from governor.proxy.server import Settings, build_runtime
+    from governor.proxy.server import Settings, build_addon, build_runtime
 
     with scratch("code") as work:
         settings = Settings(passport=write_passport(work / "passport.json"), data_dir=work / "governor",
@@ -77,9 +78,11 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
         settings.data_dir.mkdir(parents=True)
         metrics = Metrics()
         runtime = build_runtime(settings, metrics)
+        built = []  # (addon, its A2A peer resolver), as serve() builds them, with a control plane's origin
         try:
-            addon = _addon(runtime, metrics, ProxyOrigin())
-            hooks_only = _addon(_PermitEverything(runtime.default_session), metrics, ProxyOrigin())
+            for behind in (runtime, _PermitEverything(runtime.default_session)):
+                built.append(build_addon(settings, behind, metrics=metrics, origin=ProxyOrigin()))
+            (addon, _), (hooks_only, _) = built
             cases = {
                 "plain": _exchange(addon, stream=False),
                 "stream": _exchange(addon, stream=True),
@@ -97,6 +100,9 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
                     timings[name].append(await case(exchanges))
             gc.unfreeze()
         finally:
+            for _, peers in built:
+                if peers is not None:
+                    await peers.close()
             await runtime.close()
     return {
         "benchmark": "the governor's own code per request, warm (no sockets)",
@@ -114,34 +120,20 @@ class _PermitEverything:
     exchange's cost is the addon's and the adapter's."""
 
     def __init__(self, default_session: str) -> None:
-        self.default_session = default_session
-
-    async def admit(self, session: str, step: Any) -> Any:
         from governor.policy.steps import PERMIT
         from governor.runtime_api import Admission
 
-        return Admission(decision=PERMIT, session=session, ticket=None, governor_object={})
+        self.default_session = default_session
+        self._permit = Admission(decision=PERMIT, session=default_session, ticket=None, governor_object={})
+
+    async def admit(self, session: str, step: Any) -> Any:
+        return self._permit  # every bench request is in the default session
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         return None
 
     def allowed_tools(self, session: str, persona: str | None = None) -> None:
         return None
-
-
-def _addon(runtime: Any, metrics: Any, origin: Any) -> Any:
-    """The addon as governor.proxy.server.serve() builds it for OpenAI traffic (the A2A peer
-    resolver it also wires in is not reached by these requests)."""
-    import dataclasses
-
-    from governor.adapters import AdapterRegistry
-    from governor.adapters.base import AdapterConfig
-    from governor.proxy.addon import Governor, ProxyPolicy
-
-    config = AdapterConfig()
-    config = dataclasses.replace(config, extra={**config.extra, "allowed_tools": runtime.allowed_tools})
-    return Governor(runtime, AdapterRegistry.default(config, ()), ProxyPolicy(default_session="bench"),
-                    metrics=metrics, origin=origin)
 
 
 def _exchange(addon: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
@@ -191,15 +183,22 @@ def _exchange(addon: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
     return run_n
 
 
-def _runtime_call(runtime: Any) -> Callable[[int], Awaitable[float]]:
-    """n model calls through the runtime alone, as the addon makes them; us per call."""
+def _model_call() -> tuple[Any, Any]:
+    """The bench request's model call and its final usage, as the mock upstream reports it."""
     from governor.policy.steps import ModelCall, UsageReport
 
-    usage = mock_usage(json.loads(chat_body()))
-    step = ModelCall(model="gpt-4o-mini", expected_input_tokens=usage["prompt_tokens"],
+    request = json.loads(chat_body())
+    usage = mock_usage(request)
+    step = ModelCall(model=request["model"], expected_input_tokens=usage["prompt_tokens"],
                      expected_output_tokens=usage["completion_tokens"], provider="openai")
-    report = UsageReport(model="gpt-4o-mini", input_tokens=usage["prompt_tokens"],
+    report = UsageReport(model=request["model"], input_tokens=usage["prompt_tokens"],
                          output_tokens=usage["completion_tokens"], final=True)
+    return step, report
+
+
+def _runtime_call(runtime: Any) -> Callable[[int], Awaitable[float]]:
+    """n model calls through the runtime alone, as the addon makes them; us per call."""
+    step, report = _model_call()
 
     async def run_n(n: int) -> float:
         began = time.perf_counter()
@@ -218,12 +217,8 @@ def _runtime_call(runtime: Any) -> Callable[[int], Awaitable[float]]:
 async def _store_call(runtime: Any) -> Callable[[int], Awaitable[float]]:
     """n model calls' counter work on the runtime's store alone: the snapshot before the
     decision, the reservation of its charges, the commit of the actual usage."""
-    from governor.policy.steps import ModelCall
-
     store, agent = runtime.store, runtime.agent_id
-    usage = mock_usage(json.loads(chat_body()))
-    step = ModelCall(model="gpt-4o-mini", expected_input_tokens=usage["prompt_tokens"],
-                     expected_output_tokens=usage["completion_tokens"], provider="openai")
+    step, _ = _model_call()
     admission = await runtime.admit("bench", step)  # the charges a model call of this shape makes
     charges = admission.decision.charges
     await runtime.finish("bench", admission.ticket)

@@ -507,9 +507,17 @@ def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decisi
 
     decide() answers such a report with this; the runtime also calls it alone, to settle a
     model call without a full decision round (Runtime._settle_at_once)."""
-    if state.halted or not step.final or not step.reserved:
+    if state.halted or not step.final:
         return None
-    cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+    return _settlement(limits, step, _report_cost(limits, step))
+
+
+def _report_cost(limits: Limits, step: UsageReport) -> float | None:
+    return limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+
+
+def _settlement(limits: Limits, step: UsageReport, cost: float | None) -> Decision | None:
+    """settlement() for a final report in a session not halted, priced at `cost`."""
     if not limits.within_reservation(step, cost):
         return None
     meters = limits.meters.get(step.persona, limits.meters[None])
@@ -521,11 +529,12 @@ def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decisi
 
 def _usage(run: _Run, step: UsageReport) -> Decision:
     limits = run.limits
-    if step.final and (settled := settlement(limits, run.state, step)) is not None:
+    cost = _report_cost(limits, step)
+    # (a halted session is answered by decide() before any handler)
+    if step.final and (settled := _settlement(limits, step, cost)) is not None:
         return settled  # nothing the admission did not check: settle only
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
-    cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
     if step.final:
         run.settles = True
         run.charges = _charges(run, meters, tokens, cost, False)

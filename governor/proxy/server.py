@@ -191,30 +191,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                                f"for the control plane: {exc}") from None
         control_address = tuple(control_runner.addresses[0][:2])
 
-    policy = ProxyPolicy(
-        default_session=settings.session,
-        unknown_traffic=settings.unknown_traffic,
-        upstream_timeout=settings.upstream_timeout,
-        tick_interval=settings.tick_interval,
-        max_body_bytes=settings.max_body_bytes,
-    )
-    adapter_config = settings.adapters
-    if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
-        # the MCP adapter filters tools/list answers by what the session (persona) may use
-        adapter_config = dataclasses.replace(
-            adapter_config, extra={**adapter_config.extra, "allowed_tools": runtime.allowed_tools})
-    peers = None
-    if "a2a_peers" not in adapter_config.extra:
-        # A2A: a peer's passport is verified with the admission code before §4.2 is evaluated
-        from governor.adapters.a2a import PeerResolver, admission_verifier
-
-        pinned = getattr(runtime, "pinned", None)
-        verifier = admission_verifier(requesting_agent=pinned.document if pinned is not None else None)
-        peers = PeerResolver(verifier, static=settings.peers)
-        adapter_config = dataclasses.replace(adapter_config, extra={
-            **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
-    registry = AdapterRegistry.default(adapter_config, settings.routes)
-    addon = Governor(runtime, registry, policy, metrics=metrics, origin=origin)
+    addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin)
     started = _Started()
     master = Master(options.Options())
     master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
@@ -239,6 +216,37 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                            f"(mode {settings.mode}); see the log above")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers)
+
+
+def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
+                origin: Any = None) -> tuple[Governor, Any]:
+    """The enforcement point for these settings over `runtime`: the addon with its adapters,
+    and the A2A peer resolver it made (None when the settings bring their own), which the
+    caller closes when done."""
+    policy = ProxyPolicy(
+        default_session=settings.session,
+        unknown_traffic=settings.unknown_traffic,
+        upstream_timeout=settings.upstream_timeout,
+        tick_interval=settings.tick_interval,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    adapter_config = settings.adapters
+    if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
+        # the MCP adapter filters tools/list answers by what the session (persona) may use
+        adapter_config = dataclasses.replace(
+            adapter_config, extra={**adapter_config.extra, "allowed_tools": runtime.allowed_tools})
+    peers = None
+    if "a2a_peers" not in adapter_config.extra:
+        # A2A: a peer's passport is verified with the admission code before §4.2 is evaluated
+        from governor.adapters.a2a import PeerResolver, admission_verifier
+
+        pinned = getattr(runtime, "pinned", None)
+        verifier = admission_verifier(requesting_agent=pinned.document if pinned is not None else None)
+        peers = PeerResolver(verifier, static=settings.peers)
+        adapter_config = dataclasses.replace(adapter_config, extra={
+            **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
+    registry = AdapterRegistry.default(adapter_config, settings.routes)
+    return Governor(runtime, registry, policy, metrics=metrics, origin=origin), peers
 
 
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
