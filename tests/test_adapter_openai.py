@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from governor.adapters import AdapterRegistry
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView, status_for
 from governor.adapters.openai import OpenAIAdapter
+from governor.adapters.openai import _Watcher as StreamWatcherBase  # the general path: the line decoder
 from governor.adapters.sse import SSEDecoder, last_boundary
 from governor.policy.steps import Action, Decision, ModelCall, ToolCall, UsageReport
 
@@ -254,6 +255,12 @@ _chat_chunks = st.one_of(
             {"prompt_tokens": st.integers(0, 99), "completion_tokens": st.integers(0, 99)}))),
     st.just({"error": {"message": "overloaded"}}),
     st.just({"id": "c1", "choices": [{"index": 0, "delta": {"content": "a\"b\\c"}}]}),  # escapes
+    # shapes the watcher's shortest path (one choice, text only) must leave to the general one
+    st.builds(lambda a, b: {"id": "c1", "choices": [{"index": 0, "delta": {"content": a}},
+                                                    {"index": 1, "delta": {"content": b}}]}, _chunk_text, _chunk_text),
+    st.builds(lambda text: {"choices": [{"index": 0, "delta": {"content": text}}]}, _chunk_text),  # no id
+    st.builds(lambda text: {"id": "c2", "model": "m2", "created": 2,
+                            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}, _chunk_text),
 )
 _chat_events = st.lists(st.one_of(
     _chat_chunks.map(orjson.dumps), st.just(b"[DONE]"), st.just(b"{not json"),
@@ -273,6 +280,13 @@ def test_whole_event_chunks_read_as_the_line_decoder_reads_them(events, max_toke
     split, split_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), chunks)
     whole, whole_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), [b"".join(chunks)])
     assert split_events == whole_events
+    # and chunk by chunk: what each chunk reports is what the line decoder reports for it
+    short = ADAPTER.stream_watcher(open_("/v1/chat/completions", body), 200, {"content-type": "text/event-stream"})
+    general = ADAPTER.stream_watcher(open_("/v1/chat/completions", body), 200, {"content-type": "text/event-stream"})
+    for chunk in chunks:
+        assert short.feed(chunk) == StreamWatcherBase.feed(general, chunk)
+        assert (short.generated_bytes, short.reported, short.usage) == \
+            (general.generated_bytes, general.reported, general.usage)
     assert split.generated_bytes == whole.generated_bytes
     assert (split.chunk_id, split.model, split.created) == (whole.chunk_id, whole.model, whole.created)
     assert split.completed == whole.completed

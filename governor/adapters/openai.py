@@ -351,30 +351,52 @@ class _Watcher(StreamWatcher):
         pass
 
 
+_NO_ID = "chatcmpl-governor"  # a chat stream's chunk id until the upstream's first chunk gives one
+
+
 class ChatStreamWatcher(_Watcher):
     """chat.completion.chunk events; tool calls arrive as indexed argument deltas."""
 
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         super().__init__(exchange, bytes_per_token)
         self.calls: dict[int, dict[str, Any]] = {}
-        self.chunk_id = "chatcmpl-governor"
+        self.chunk_id = _NO_ID  # the upstream's chunk id, once a chunk gave one
         self.model = exchange.model
         self.created = int(time.time())
 
     def feed(self, chunk: bytes) -> list[StreamEvent]:
         # nearly every chunk is one whole `data: {...}` event: its JSON is parsed from the
         # bytes as they came, without the line decoder and its str copies
-        if chunk.startswith(b"data: {") and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n") \
-                and b"\r" not in chunk and self.decoder.idle:
-            try:
-                data = orjson.loads(chunk[6:-2])
-            except orjson.JSONDecodeError:  # e.g. invalid UTF-8: the decoder reads it leniently
-                return super().feed(chunk)
+        # (bytes tests by int: `13 in chunk` is a memchr, `b"\r" in chunk` a substring search)
+        if chunk[:7] != b"data: {" or 13 in chunk or chunk.find(10) != len(chunk) - 2 or chunk[-1] != 10 \
+                or not self.decoder.idle:
+            return super().feed(chunk)
+        try:
+            data = orjson.loads(chunk[6:-2])
+        except orjson.JSONDecodeError:  # e.g. invalid UTF-8: the decoder reads it leniently
+            return super().feed(chunk)
+        if type(data) is not dict:
+            return []
+        # the usual chunk past the first: one choice whose delta carries text and nothing
+        # else the governor acts on (no usage, tool call or finish), with no tool call
+        # being assembled. What _chunk does for it, without its walk: the text is counted,
+        # and a report is due only past the admission (_progress)
+        choices = data.get("choices")
+        if (self.chunk_id != _NO_ID and not self.calls and type(choices) is list and len(choices) == 1
+                and type(choice := choices[0]) is dict and not choice.get("finish_reason")
+                and type(delta := choice.get("delta")) is dict and not delta.get("tool_calls")
+                and not data.get("usage")):
+            content = delta.get("content")
+            if type(content) is str:
+                self.generated_bytes += len(content) if content.isascii() else len(content.encode())
+            if self.reported is None and self.generated_bytes <= self._quiet_bytes:
+                return []
             out: list[StreamEvent] = []
-            if isinstance(data, dict):
-                self._chunk(data, out)
+            self._progress(out)
             return out
-        return super().feed(chunk)
+        out = []
+        self._chunk(data, out)
+        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         if event.data.startswith("[DONE]"):
@@ -385,7 +407,7 @@ class ChatStreamWatcher(_Watcher):
             self._chunk(data, out)
 
     def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
-        if self.chunk_id == "chatcmpl-governor" and isinstance(data.get("id"), str):
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
             self.chunk_id = data["id"]
             self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
             self.created = data.get("created") if isinstance(data.get("created"), int) else self.created

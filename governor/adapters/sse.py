@@ -59,7 +59,7 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buf = self._buf + chunk if self._buf else bytes(chunk)
         events: list[SSEEvent] = []
-        if b"\r" not in buf:
+        if 13 not in buf:  # no \r (an int test: a memchr, where b"\r" would be a substring search)
             # the common case (\n line ends only): split in C, once per chunk
             lines = buf.split(b"\n")
             self._buf = lines.pop()  # the unterminated tail, b"" when buf ends with \n
