@@ -109,12 +109,8 @@ class MemoryStore:
                 raise UnknownReservation(reservation_id)
             if actual_totals is None:
                 return
-            # the reservation's amounts off, the actual usage on, and one change notice for
-            # both (usually the same counters): what _unhold then _add do, counter by counter
-            self._unhold(held, notify=False)
-            self._add(held.agent, held.session, actual_totals, held.bucket, self.window.first_live(now), notify=False)
-            keys = held.totals if actual_totals.keys() == held.totals.keys() else held.totals.keys() | actual_totals.keys()
-            self._changed(held.agent, held.session, keys, held.bucket)
+            self._unhold(held)
+            self._add(held.agent, held.session, actual_totals, held.bucket, self.window.first_live(now))
 
     def release(self, reservation_id: str) -> bool:
         with self._locked():
@@ -165,10 +161,8 @@ class MemoryStore:
                 values[key] = 0.0 if counter is None else counter.live(first_live)
         return values
 
-    def _add(self, agent: str, session: str, totals: dict[CounterKey, float], bucket: int, first_live: int,
-             notify: bool = True) -> None:
-        """Add each amount to its counter (made on first use), then tell `_changed` (unless
-        the caller does, for this and more)."""
+    def _add(self, agent: str, session: str, totals: dict[CounterKey, float], bucket: int, first_live: int) -> None:
+        """Add each amount to its counter (made on first use), then tell `_changed`."""
         sessions: dict[_Sub, float] | None = None
         days: dict[_Sub, _DayCounter] | None = None
         for (scope, persona, dimension), amount in totals.items():
@@ -185,12 +179,10 @@ class MemoryStore:
                     counter = days[sub] = _DayCounter({}, 0.0, bucket)
                 counter.live(first_live)
                 counter.add(bucket, amount)
-        if notify:
-            self._changed(agent, session, totals, bucket)
+        self._changed(agent, session, totals, bucket)
 
-    def _unhold(self, held: _Held, notify: bool = True) -> None:
-        """Take a reservation's amounts off its counters (those still present), then tell
-        `_changed` (unless the caller does)."""
+    def _unhold(self, held: _Held) -> None:
+        """Take a reservation's amounts off its counters (those still present)."""
         sessions = self._session_counters.get(held.session, _EMPTY)
         days = self._day_counters.get(held.agent, _EMPTY)
         for (scope, persona, dimension), amount in held.totals.items():
@@ -202,8 +194,7 @@ class MemoryStore:
                 counter = days.get(sub)
                 if counter is not None:
                     counter.take(held.bucket, amount)
-        if notify:
-            self._changed(held.agent, held.session, held.totals, held.bucket)
+        self._changed(held.agent, held.session, held.totals, held.bucket)
 
     def _changed(self, agent: str, session: str, keys: Iterable[CounterKey], bucket: int) -> None:
         """Counters `keys` changed (in `bucket` for per_day ones): nothing to do here; a
