@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -69,15 +68,7 @@ def source_tree(rev: str, work: Path, name: str) -> Iterator[Path]:
 def governor_from(tree: Path, passport: Path, data_dir: Path, upstream_ca: str) -> Governor:
     """`governor run` importing the governor package from `tree` (PYTHONPATH comes before the
     venv's editable install, which only appends its finder)."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree)
-    try:
-        return Governor(passport, data_dir, extra=["--upstream-ca", upstream_ca])
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+    return Governor(passport, data_dir, extra=["--upstream-ca", upstream_ca], env={"PYTHONPATH": str(tree)})
 
 
 def run(a: str, b: str, workloads: list[str], rounds: int, duration: float, log=print) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
@@ -214,11 +214,13 @@ class Role:
 
     `Role("upstream")` runs a role of this file; subclasses run other commands."""
 
-    def __init__(self, role: str, *args: str, ready_timeout: float = 60.0) -> None:
+    def __init__(self, role: str, *args: str, ready_timeout: float = 60.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        """env: variables to set for the process, over this one's environment."""
         self.role = role
         self.proc = subprocess.Popen(
             self.command(role, args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            text=True, bufsize=1, cwd=str(REPO),
+            text=True, bufsize=1, cwd=str(REPO), env={**os.environ, **env} if env else None,
         )
         self.pid: int = self.proc.pid
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -298,10 +300,10 @@ class Governor(Role):
     """`governor run` on a passport, with free loopback ports: how users run it."""
 
     def __init__(self, passport: Path, data_dir: Path, *, tier: str = "R3", session: str = "bench",
-                 extra: Sequence[str] = ()) -> None:
+                 extra: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         args = ["--passport", str(passport), "--data-dir", str(data_dir), "--tier", tier, "--session", session,
                 "--listen", f"{HOST}:0", "--control", f"{HOST}:0", *extra]
-        super().__init__("governor", *args)
+        super().__init__("governor", *args, env=env)
 
     def command(self, role: str, args: Sequence[str]) -> list[str]:
         return [str(Path(PYTHON).with_name("governor")), "run", *args]

@@ -57,8 +57,9 @@ from governor.policy import (
     UsageReport,
     advance,
     decide,
+    governor_error,
+    settlement,
 )
-from governor.policy.engine import governor_error, settlement
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission, governor_object
