@@ -58,6 +58,7 @@ from governor.policy import (
     advance,
     decide,
     governor_error,
+    quiet_model_call,
     settlement,
 )
 from governor.policy.state import PENDING
@@ -245,8 +246,12 @@ class Runtime:
             log.exception("session %s could not be opened", session)
             decision = _unrecorded_failure(step, exc)
             return self._admission(session, decision, None)
-        async with live.lock:
-            decision, ticket = await self._apply(live, step, None)
+        admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
+        if admitted is not None:
+            decision, ticket = admitted
+        else:
+            async with live.lock:
+                decision, ticket = await self._apply(live, step, None)
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self._hold(live, step, decision)
@@ -271,6 +276,36 @@ class Runtime:
                         await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
+
+    def _admit_at_once(self, live: _Session, step: ModelCall) -> tuple[Decision, Ticket] | None:
+        """The usual model call, admitted without a full decision round: one that fires
+        nothing and warns of nothing (`quiet_model_call`, the engine's own decision and
+        state transition for it), its charges reserved, in one synchronous step. What
+        `_apply` would do for it under the lock, minus the engine's general run.
+
+        Taken on the terms of `_settle_at_once`: not while a step holds the session's lock,
+        not for a store across the network, not in an ended session. None: not taken, and
+        nothing changed (a failed or refused reservation holds nothing); the full round then
+        decides, records what fires, and fails closed when the store is down."""
+        if self._store_in_thread or live.ended or live.lock.locked():
+            return None
+        now = self.clock()
+        try:
+            counters = self.store.snapshot(self.agent_id, live.id, now, self.limits.counter_keys(step))
+            quiet = quiet_model_call(self.limits, live.state, step, counters, now)
+            if quiet is None:
+                return None
+            decision, state = quiet
+            held = self.store.reserve(self.agent_id, live.id, decision.charges, now)
+        except Exception:
+            log.debug("session %s: admitting a model call at once failed", live.id, exc_info=True)
+            return None
+        if not held.ok:  # a concurrent step got there first: the full round reports it
+            return None
+        live.last_activity = now
+        live.state = state
+        live.unsaved = True
+        return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within

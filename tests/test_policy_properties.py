@@ -16,6 +16,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ from governor.policy import (
     UsageReport,
     advance,
     decide,
+    quiet_model_call,
     settlement,
 )
 from tests.test_policy_support import T0, Driver, full_passport, passport
@@ -273,3 +275,160 @@ def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation
         assert settled == decide(recorder.limits, state, report, now + 1)
         assert settled.settles and not settled.blocks and not settled.events
     assert settlement(recorder.limits, state, replace(report, final=False)) is None
+
+
+def _plain_permit(decision: Decision) -> bool:
+    return (decision.action is Action.PERMIT and decision.enforced and not decision.events and not decision.warnings
+            and not decision.settles and decision.approval is None and decision.allowed_tools is None
+            and not decision.details and bool(decision.charges))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiers, sessions, models, st.integers(0, 120_000), st.integers(0, 30_000),
+       st.sampled_from([None, None, None, "researcher"]), st.floats(0, 900, allow_nan=False))
+def test_a_quiet_model_call_is_what_decide_and_advance_give(tier, session, model, expected_in, expected_out,
+                                                            persona, dt):
+    """The runtime admits the usual model call with `quiet_model_call` alone (no full
+    decision round): its decision and next state must be exactly decide()'s and advance()'s,
+    and it must be offered for every model call whose decision is a plain permit (no event,
+    no warning) outside a persona, and for no other."""
+    recorder = Recorder(tier)
+    now = T0
+    for action, step_dt in session:
+        now += step_dt
+        recorder.play(action, now)
+    now += dt
+    step = ModelCall(model, expected_in, expected_out, persona=persona)
+    state = recorder.snapshot(step)
+    quiet = quiet_model_call(recorder.limits, recorder.state, step, state.counters, now)
+    decision = decide(recorder.limits, state, step, now)
+    usual = persona is None and not state.halted and _plain_permit(decision)
+    event(f"quiet: {quiet is not None}")
+    assert (quiet is not None) == usual
+    if quiet is not None:
+        quiet_decision, quiet_state = quiet
+        assert quiet_decision == decision
+        assert quiet_state == advance(recorder.limits, state, step, decision, now)
+
+
+_LIMITS = {tier: Recorder(tier).limits for tier in (Tier.R1, Tier.R2, Tier.R3)}
+_WARNABLE = [("tokens", "per_session"), ("tokens", "per_day"), ("cost_usd", "per_session"), ("cost_usd", "per_day"),
+             ("wall_clock_sec", "per_session")]
+# fractions of a threshold: either side of the 80% warning level and of the cap itself
+_fractions = st.one_of(st.sampled_from([0.0, 0.5, 0.79, 0.8, 0.81, 0.99, 1.0, 1.01]), st.floats(0, 1.1))
+
+
+@st.composite
+def model_calls_at_the_edges(draw):
+    """A model call against counters and a session state drawn near the thresholds the
+    decision checks: caps and warning levels, the cost trigger and the baseline's cost
+    ceiling, max_iterations, max_concurrent, max_duration_sec and the wall-clock cap. Each
+    example puts one of them (or all, or none) at its edge and keeps the others clear of
+    theirs, so that a check left out or off by one shows on its own."""
+    limits = _LIMITS[draw(tiers)]
+    if draw(st.booleans()):  # a baseline cost ceiling a session can reach
+        limits = replace(limits, baseline=replace(limits.baseline, cost_max=draw(st.sampled_from([0.5, 2.2, 2.9]))))
+    step = ModelCall(draw(models), draw(st.integers(0, 60_000)), draw(st.integers(0, 20_000)),
+                     persona=draw(st.sampled_from([None, None, None, "researcher"])),
+                     approval_id=draw(st.sampled_from([None] * 7 + ["released"])))
+    keys = limits.counter_keys(step)
+    edge = draw(st.sampled_from(["none", "all", "iterations", "in_flight", "duration", "elapsed", *keys]))
+    clear = st.floats(0, 0.3)
+
+    def at(name):
+        return _fractions if edge in (name, "all") else clear
+
+    thresholds = {m.key: m.cap for m in (*limits.meters[None], *limits.clock_meters[None]) if m.cap is not None}
+    counters = {}
+    for key in keys:
+        if draw(st.integers(0, 5)) == 0:
+            continue  # a counter the store has not made yet reads as 0
+        reference = thresholds.get(key, 100.0)
+        if key == ("per_session", None, "cost_usd"):
+            reference = draw(st.sampled_from([reference, 2.0, 2.2, 2.9]))  # the trigger, the baseline
+        counters[key] = draw(at(key)) * reference
+    iterations, in_flight = limits.max_iterations, limits.max_concurrent
+    now = T0 + limits.max_duration_sec * draw(at("duration"))
+    state = SessionState.start("s", T0).evolve(
+        iterations=round(iterations * draw(at("iterations"))),
+        in_flight=round(in_flight * draw(at("in_flight"))),
+        warned=frozenset(draw(st.lists(st.sampled_from(_WARNABLE), max_size=3))),
+        deviations=frozenset(draw(st.lists(st.just("cost_above_max"), max_size=1))),
+        released_triggers=frozenset(draw(st.lists(st.sampled_from([t.name for t in limits.triggers]), max_size=1))),
+        personas_live=draw(st.sampled_from([{}, {}, {"researcher": 1}])),
+        halted=draw(st.integers(0, 9)) == 0,
+        # wall-clock elapsed since the last charge: near the session's wall-clock cap, or not
+        wall_clock_at=now - thresholds[("per_session", None, "wall_clock_sec")] * draw(at("elapsed")),
+    )
+    return limits, state, step, counters, now
+
+
+@settings(max_examples=1_500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model_calls_at_the_edges())
+def test_a_quiet_model_call_at_every_threshold_is_what_decide_and_advance_give(drawn):
+    """As above, with the state and counters drawn at the edges of what the decision checks,
+    where a check left out or off by one would show."""
+    limits, state, step, counters, now = drawn
+    quiet = quiet_model_call(limits, state, step, counters, now)
+    snapshot = state.with_counters(counters)
+    decision = decide(limits, snapshot, step, now)
+    usual = step.persona is None and step.approval_id is None and not state.halted and _plain_permit(decision)
+    event(f"quiet: {quiet is not None}")
+    assert (quiet is not None) == usual
+    if quiet is not None:
+        assert quiet == (decision, advance(limits, snapshot, step, decision, now))
+
+
+_TOKENS_S, _COST_S, _CLOCK_S = ("per_session", None, "tokens"), ("per_session", None, "cost_usd"), \
+    ("per_session", None, "wall_clock_sec")
+_BIG_SPEND = "human_oversight.triggers[1]"  # a session cost over 2.0 USD pauses for review
+
+
+# (what the state and counters hold, the call's expected tokens, quiet?): each check of
+# the decision at its boundary, where `>` and `>=` differ, and just past it
+@pytest.mark.parametrize("counters, state, tokens, quiet", [
+    ({_TOKENS_S: 318_999.0}, {}, 1_000, True),  # tokens: just under the 80% warning level
+    ({_TOKENS_S: 319_000.0}, {}, 1_000, False),  # at it: warned
+    ({_TOKENS_S: 399_000.0}, {"warned": {("tokens", "per_session")}}, 1_000, True),  # at the cap, warned before
+    ({_TOKENS_S: 399_001.0}, {"warned": {("tokens", "per_session")}}, 1_000, False),  # past it
+    ({_TOKENS_S: 400_001.0}, {"warned": {("tokens", "per_session")}}, 0, True),  # past it, asking for nothing
+    ({_COST_S: 2.0}, {}, 0, True),  # cost: at the review trigger's 2.0 USD, not over it
+    ({_COST_S: 2.01}, {}, 0, False),  # over it: paused for review
+    ({_COST_S: 2.01}, {"released_triggers": {_BIG_SPEND}}, 0, True),  # a reviewer released it
+    ({_CLOCK_S: 1_000.0}, {"elapsed": 439.0}, 0, True),  # wall clock: under the warning level
+    ({_CLOCK_S: 1_000.0}, {"elapsed": 440.0}, 0, False),  # at it
+    ({_CLOCK_S: 1_000.0}, {"elapsed": 800.0, "warned": {("wall_clock_sec", "per_session")}}, 0, True),  # at the cap
+    ({_CLOCK_S: 1_000.0}, {"elapsed": 801.0, "warned": {("wall_clock_sec", "per_session")}}, 0, False),
+    ({}, {"iterations": 24}, 0, True), ({}, {"iterations": 25}, 0, False),  # max_iterations 25
+    ({}, {"in_flight": 3}, 0, True), ({}, {"in_flight": 4}, 0, False),  # max_concurrent 4
+    ({}, {"age": 3_600.0}, 0, True), ({}, {"age": 3_601.0}, 0, False),  # max_duration_sec 3600
+])
+def test_a_quiet_model_call_at_each_boundary(counters, state, tokens, quiet):
+    limits = _LIMITS[Tier.R3]
+    now = T0 + state.get("age", 10.0)
+    session = SessionState.start("s", T0).evolve(
+        wall_clock_at=now - state.get("elapsed", 0.0), iterations=state.get("iterations", 0),
+        in_flight=state.get("in_flight", 0), warned=frozenset(state.get("warned", ())),
+        released_triggers=frozenset(state.get("released_triggers", ())))
+    step = ModelCall("gpt-4o", tokens, 0)
+    snapshot = session.with_counters(counters)
+    decision = decide(limits, snapshot, step, now)
+    assert _plain_permit(decision) == quiet
+    answer = quiet_model_call(limits, session, step, counters, now)
+    assert (answer is not None) == quiet
+    if answer is not None:
+        assert answer == (decision, advance(limits, snapshot, step, decision, now))
+
+
+def test_an_unpriced_model_is_never_quiet():
+    """Its cost is unknown, so it counts as unbounded: decide() fires, whatever the counters."""
+    limits = _LIMITS[Tier.R3]
+    session = SessionState.start("s", T0)
+    step = ModelCall("unpriced-x", 10, 10)
+    assert decide(limits, session, step, T0 + 1).event is not None
+    assert quiet_model_call(limits, session, step, {}, T0 + 1) is None
+    # also when no cost cap is declared: a cost trigger and the baseline still govern cost
+    tokens_only = replace(limits, meters={None: tuple(m for m in limits.meters[None] if m.dimension == "tokens")})
+    assert tokens_only.cost_governed
+    assert decide(tokens_only, session, step, T0 + 1).event is not None
+    assert quiet_model_call(tokens_only, session, step, {}, T0 + 1) is None

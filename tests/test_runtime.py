@@ -23,7 +23,7 @@ from governor.policy import (
 )
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR, ON_OVERSIGHT_TIMEOUT, ON_SESSION_INTEGRITY
 from governor.runtime import Runtime
-from governor.store import SQLiteStore, StoreUnavailable
+from governor.store import Reservation, SQLiteStore, StoreUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = 1_790_000_000.0  # 2026-09-21: inside the example passport's validity
@@ -365,11 +365,11 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
         rounds.append(type(step).__name__)
         return await apply(live, step, ticket)
 
-    quick._apply = counted
     outcomes = []
     try:
         for rt in (quick, full):
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
+            quick._apply = counted
             admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
                                                       expected_output_tokens=10))
             report = UsageReport(model="gpt-4o-mini", input_tokens=used_in, output_tokens=used_out,
@@ -381,10 +381,105 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
                              rt.store.snapshot(rt.agent_id, "s", clock.t), admission.ticket.in_flight,
                              admission.ticket.reservation))
         assert outcomes[0] == outcomes[1]
-        assert ("UsageReport" not in rounds[2:]) == at_once  # rounds[:2]: the first call, in full
+        assert ("UsageReport" not in rounds) == at_once
     finally:
         quick.store.close()
         full.store.close()
+
+
+# After some usage (180 tokens of the session's 20,000, warned at 16,000), a model call that
+# fires nothing is admitted at once (Runtime._admit_at_once); one that warns or is refused
+# goes through the full round.
+@pytest.mark.parametrize("expected_in, expected_out, at_once", [
+    (10, 10, True), (1_000, 14_000, True), (1_000, 15_000, False), (1_000, 19_000, False),
+])
+async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path, clock, expected_in, expected_out,
+                                                                at_once):
+    """Same decision, session state, counters and ticket whether a model call is admitted at
+    once or by the full round under the lock; and only a call that fires nothing goes at once."""
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "full").mkdir()
+    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
+    full._admit_at_once = lambda *args: None
+    rounds: list[str] = []
+    apply = quick._apply
+
+    async def counted(live, step, ticket):
+        rounds.append(type(step).__name__)
+        return await apply(live, step, ticket)
+
+    outcomes = []
+    try:
+        for rt in (quick, full):
+            clock.t = NOW
+            await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
+            quick._apply = counted
+            clock.t = NOW + 5  # the session's activity moves on
+            admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=expected_in,
+                                                      expected_output_tokens=expected_out))
+            live = rt._sessions["s"]
+            ticket = admission.ticket
+            outcomes.append((admission.decision, admission.governor_object, live.state, live.last_activity,
+                             rt.store.snapshot(rt.agent_id, "s", clock.t),
+                             None if ticket is None else (ticket.kind, ticket.charges, ticket.in_flight,
+                                                          ticket.reservation is not None)))
+        assert outcomes[0] == outcomes[1]
+        assert ("ModelCall" not in rounds) == at_once
+    finally:
+        quick.store.close()
+        full.store.close()
+
+
+async def test_a_model_call_waits_for_a_step_that_holds_the_session(runtime):
+    """A step holding the session's lock may be between deciding and advancing: a model
+    call is not admitted past it (its state change would be lost)."""
+    await model_step(runtime, "s", 10, 10)
+    live = runtime._sessions["s"]
+    await live.lock.acquire()
+    admitting = asyncio.create_task(runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                                 expected_output_tokens=10)))
+    await asyncio.sleep(0.01)
+    assert not admitting.done() and live.state.in_flight == 0
+    live.lock.release()
+    admission = await admitting
+    assert not admission.decision.blocks and live.state.in_flight == 1 and live.state.iterations == 2
+
+
+async def test_a_store_down_at_admission_is_decided_in_full_and_fails_closed(runtime, monkeypatch):
+    await model_step(runtime, "s", 10, 10)
+
+    def down(*args, **kwargs):
+        raise StoreUnavailable("state store down")
+
+    monkeypatch.setattr(runtime.store, "snapshot", down)
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    assert admission.decision.halts and admission.decision.fail_closed
+    assert admission.decision.cause == ON_GOVERNOR_ERROR and admission.ticket is None
+    assert runtime._sessions["s"].state.in_flight == 0
+    events = recover_journal(journal_path(runtime.data_dir, "s")).events
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR
+
+
+async def test_a_reservation_refused_at_once_is_decided_again_in_full(runtime, monkeypatch):
+    """A store shared with other replicas may refuse what the snapshot allowed: the full
+    round then decides again on fresh counters (here, the same ones: admitted)."""
+    await model_step(runtime, "s", 10, 10)
+    reserve, answers = runtime.store.reserve, []
+
+    def refused_once(*args, **kwargs):
+        if not answers:
+            answers.append("refused")
+            return Reservation(id=None, ok=False)
+        answers.append("held")
+        return reserve(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.store, "reserve", refused_once)
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    assert answers == ["refused", "held"]
+    assert not admission.decision.blocks and admission.ticket.reservation is not None
+    assert runtime._sessions["s"].state.in_flight == 1
 
 
 async def test_a_report_waits_for_a_step_that_holds_the_session(runtime):

@@ -9,6 +9,10 @@ decide(limits, state, step, now) -> Decision
 advance(limits, state, step, decision, now) -> SessionState
     The session's bookkeeping after the runtime applied `decision`.
 
+quiet_model_call(limits, state, step, counters, now) -> (Decision, SessionState) | None
+    Both, for the usual model call (one that fires nothing and warns of nothing), in one
+    short pass: how the runtime admits it. None sends the call to `decide`.
+
 Checks run in a fixed order per step and stop at the first cause whose resolved action
 stops the step (halt, pause, fallback). A cause resolved to an explicit `continue`, or
 only observed (R1; §7 below R3), is recorded and checking goes on, so one step can
@@ -496,6 +500,76 @@ def _model_call(run: _Run, step: ModelCall) -> Decision:
         return d
     warnings.extend(clock_warnings)
     return run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
+
+
+def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, counters: Mapping[Any, float],
+                     now: float) -> tuple[Decision, SessionState] | None:
+    """decide() and advance() for the usual model call, without the general run: one that
+    fires no cause and gives no warning, so that its decision is a plain permit with its
+    charges. `counters` is the store's snapshot of `limits.counter_keys(step)`.
+
+    Returns (decide(limits, s, step, now), advance(limits, s, step, decision, now)) for
+    s = state.with_counters(counters), exactly; None when that call would fire or warn, or
+    is not the usual one (a persona's, a released one, in a halted session, reserving
+    nothing): decide() answers those. The checks are _model_call's, in its order; each one
+    that would record something gives None instead (the property tests hold the two equal)."""
+    if state.halted or step.persona is not None or step.approval_id is not None:
+        return None
+    if limits.max_concurrent is not None and state.in_flight + 1 > limits.max_concurrent:
+        return None
+    if limits.max_iterations is not None and state.iterations + 1 > limits.max_iterations:
+        return None
+    warned = state.warned
+    if limits.clock_checked:  # _clock(settle=False)
+        elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
+        meters: tuple[Meter, ...] = limits.clock_meters[None]
+        for name, live in state.personas_live.items():
+            if live > 0:
+                meters = meters + limits.clock_meters.get(name, ())
+        if limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
+            return None
+        for m in meters:
+            if m.cap is None:
+                continue
+            projected = counters.get(m.key, 0.0) + elapsed_since
+            if projected > m.cap or (m.warn_at is not None and projected >= m.warn_at
+                                     and (m.dimension, m.scope) not in warned):
+                return None
+    tokens = step.expected_input_tokens + step.expected_output_tokens
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
+    meters = limits.meters[None]
+    for m in meters:  # _budget, with nothing reserved
+        cap = m.cap
+        if cap is None:
+            continue
+        amount = tokens if m.dimension == TOKENS else cost
+        if amount is None:
+            return None
+        projected = counters.get(m.key, 0.0) + amount
+        if (projected > cap and amount > 0.0) or (m.warn_at is not None and projected >= m.warn_at
+                                                  and (m.dimension, m.scope) not in warned):
+            return None
+    if cost is None and limits.cost_governed:
+        return None
+    if limits.triggers or limits.baseline is not None:  # _cost_checks
+        session_cost = counters.get(SESSION_COST, 0.0) + (cost or 0.0)
+        for trigger in limits.triggers:
+            if (trigger.session_level and trigger.cost_usd_over is not None and session_cost > trigger.cost_usd_over
+                    and trigger.name not in state.released_triggers):
+                return None
+        baseline = limits.baseline
+        if (baseline is not None and baseline.cost_max is not None and session_cost > baseline.cost_max
+                and "cost_above_max" not in state.deviations):
+            return None
+    capped = limits.enforce_hard
+    charges = tuple(_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
+                                               m.cap if capped else None, m.persona))
+                    for m in meters if (tokens if m.dimension == TOKENS else cost) is not None)
+    if not charges:
+        return None
+    decision = permitted(charges, None, (), {}, False)
+    return decision, state.evolve(counters=counters, seq=state.seq + 1, iterations=state.iterations + 1,
+                                  in_flight=state.in_flight + 1)
 
 
 def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decision | None:
