@@ -59,7 +59,7 @@ from governor.policy import (
     decide,
     governor_error,
     quiet_model_call,
-    settlement,
+    quiet_settlement,
 )
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
@@ -311,8 +311,9 @@ class Runtime:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
         step. What `usage` would do for it under the lock, minus the counter-key pass and the
-        engine's general run: the decision is the engine's own (`settlement`, which `decide`
-        returns for such a report), the state transition `advance`.
+        engine's general run: the decision and the next state are the engine's own
+        (`quiet_settlement`: the `settlement` that `decide` returns for such a report, and
+        what `advance` makes of it).
 
         Nothing else of the session can interleave (no await); it is not taken while a step
         holds the session's lock (that step may be between deciding and advancing), for a
@@ -324,9 +325,10 @@ class Runtime:
         step = report.with_reserved(ticket.charges, True)
         now = self.clock()
         try:
-            decision = settlement(self.limits, live.state, step)
-            if decision is None:
+            settled = quiet_settlement(self.limits, live.state, step)
+            if settled is None:
                 return None
+            decision, state = settled
             self.store.commit(ticket.reservation, decision.charges, now)
         except Exception:
             # nothing changed: the full round below tries again, and fails closed and
@@ -336,7 +338,7 @@ class Runtime:
         ticket.reservation = None
         ticket.in_flight = False
         live.last_activity = now
-        live.state = advance(self.limits, live.state, step, decision, now)
+        live.state = state
         live.unsaved = True
         return decision
 

@@ -43,6 +43,7 @@ from governor.policy import (
     advance,
     decide,
     quiet_model_call,
+    quiet_settlement,
     settlement,
 )
 from tests.test_policy_support import T0, Driver, full_passport, passport
@@ -256,8 +257,9 @@ def test_a_report_that_ends_its_call_is_the_report_then_step_done(tier, session,
 @given(tiers, sessions, st.integers(0, 3_000), st.integers(0, 3_000), st.integers(0, 3_000), st.booleans())
 def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation(
         tier, session, used_in, used_out, cached, ends_call):
-    """The runtime settles such a report with `settlement` alone (no full decision round):
-    it must be exactly decide()'s decision, and be offered for no other report."""
+    """The runtime settles such a report with `quiet_settlement` alone (no full decision
+    round): its decision must be exactly decide()'s and its state advance()'s, and it must
+    be offered for no other report."""
     recorder = Recorder(tier)
     now = T0
     for action, dt in session:
@@ -267,6 +269,7 @@ def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation
     report = UsageReport(call.model, used_in, used_out, cached, persona=call.persona,
                          reserved=recorder.last_charges, ends_call=ends_call)
     state = recorder.snapshot(report)
+    state = state.evolve(in_flight=state.in_flight + 1)  # the call being settled is in flight
     settled = settlement(recorder.limits, state, report)
     within = not state.halted and bool(report.reserved) and recorder.limits.within_reservation(report)
     event(f"within its reservation: {within}")
@@ -274,6 +277,9 @@ def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation
     if settled is not None:
         assert settled == decide(recorder.limits, state, report, now + 1)
         assert settled.settles and not settled.blocks and not settled.events
+    # and with the state it leads to: advance()'s
+    quiet = quiet_settlement(recorder.limits, state, report)
+    assert quiet == (None if settled is None else (settled, advance(recorder.limits, state, report, settled, now + 1)))
     assert settlement(recorder.limits, state, replace(report, final=False)) is None
 
 

@@ -9,7 +9,15 @@
 See governor.policy.engine for the budget projection contract with the store.
 """
 
-from governor.policy.engine import advance, decide, governor_error, quiet_model_call, settlement, step_digest
+from governor.policy.engine import (
+    advance,
+    decide,
+    governor_error,
+    quiet_model_call,
+    quiet_settlement,
+    settlement,
+    step_digest,
+)
 from governor.policy.limits import Limits, LimitsError, PolicyConfig, compile_limits
 from governor.policy.pricing import PricingError, PricingTable, load_pricing
 from governor.policy.state import SessionState
@@ -53,7 +61,7 @@ from governor.policy.steps import (
 
 __all__ = [
     "compile_limits", "Limits", "LimitsError", "PolicyConfig", "SessionState", "decide", "advance", "settlement",
-    "quiet_model_call",
+    "quiet_model_call", "quiet_settlement",
     "step_digest", "governor_error", "load_pricing", "PricingTable", "PricingError",
     "KNOWN_CAUSES", "ON_ANOMALY", "ON_BUDGET_EXHAUSTED", "ON_DELEGATION_DENIED", "ON_GOVERNOR_ERROR",
     "ON_ITERATION_LIMIT", "ON_OVERSIGHT_TIMEOUT", "ON_OVERSIGHT_TRIGGER", "ON_SESSION_INTEGRITY",

@@ -12,6 +12,7 @@ advance(limits, state, step, decision, now) -> SessionState
 quiet_model_call(limits, state, step, counters, now) -> (Decision, SessionState) | None
     Both, for the usual model call (one that fires nothing and warns of nothing), in one
     short pass: how the runtime admits it. None sends the call to `decide`.
+    quiet_settlement(limits, state, report) does the same for the usual end of a model call.
 
 Checks run in a fixed order per step and stop at the first cause whose resolved action
 stops the step (halt, pause, fallback). A cause resolved to an explicit `continue`, or
@@ -584,6 +585,17 @@ def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decisi
     if state.halted or not step.final:
         return None
     return _settlement(limits, step, _report_cost(limits, step))
+
+
+def quiet_settlement(limits: Limits, state: SessionState, step: UsageReport) -> tuple[Decision, SessionState] | None:
+    """settlement() with advance()'s next state for it, in one short pass: for such a report
+    advance() only counts the step and, when the report ends its call, frees its slot."""
+    decision = settlement(limits, state, step)
+    if decision is None:
+        return None
+    if step.ends_call:
+        return decision, state.evolve(seq=state.seq + 1, in_flight=max(0, state.in_flight - 1))
+    return decision, state.evolve(seq=state.seq + 1)
 
 
 def _report_cost(limits: Limits, step: UsageReport) -> float | None:
