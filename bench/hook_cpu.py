@@ -70,7 +70,9 @@ class TimedGovernor(Governor):
     """`governor run`, started with the probe installed (the same arguments and start-up lines)."""
 
     def command(self, role: str, args: Sequence[str]) -> list[str]:
-        return [PYTHON, "-c", _BOOT, "run", *args]
+        # -P: not the working directory (the repository) first on sys.path, so that
+        # PYTHONPATH decides which tree's governor package runs (--tree)
+        return [PYTHON, "-P", "-c", _BOOT, "run", *args]
 
 
 def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: Sequence[str]) -> dict[str, Any]:
