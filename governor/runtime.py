@@ -283,11 +283,10 @@ class Runtime:
         state transition for it), its charges reserved, in one synchronous step. What
         `_apply` would do for it under the lock, minus the engine's general run.
 
-        Taken on the terms of `_settle_at_once`: not while a step holds the session's lock,
-        not for a store across the network, not in an ended session. None: not taken, and
-        nothing changed (a failed or refused reservation holds nothing); the full round then
-        decides, records what fires, and fails closed when the store is down."""
-        if self._store_in_thread or live.ended or live.lock.locked():
+        Taken only when `_outside_the_round` allows it. None: not taken, and nothing changed (a
+        failed or refused reservation holds nothing); the full round then decides, records
+        what fires, and fails closed when the store is down."""
+        if not self._outside_the_round(live):
             return None
         now = self.clock()
         try:
@@ -302,9 +301,7 @@ class Runtime:
             return None
         if not held.ok:  # a concurrent step got there first: the full round reports it
             return None
-        live.last_activity = now
-        live.state = state
-        live.unsaved = True
+        self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
@@ -315,12 +312,10 @@ class Runtime:
         (`quiet_settlement`: the `settlement` that `decide` returns for such a report, and
         what `advance` makes of it).
 
-        Nothing else of the session can interleave (no await); it is not taken while a step
-        holds the session's lock (that step may be between deciding and advancing), for a
-        store across the network (its commit goes off the loop), or when the commit fails
-        (the full round then decides again and fails closed, recorded). None: not taken."""
-        if (not report.final or not ticket.in_flight or ticket.reservation is None or live.ended
-                or self._store_in_thread or live.lock.locked()):
+        Taken only when `_outside_the_round` allows it, and not when the commit fails (the full
+        round then decides again and fails closed, recorded). None: not taken."""
+        if (not report.final or not ticket.in_flight or ticket.reservation is None
+                or not self._outside_the_round(live)):
             return None
         step = report.with_reserved(ticket.charges, True)
         now = self.clock()
@@ -337,10 +332,23 @@ class Runtime:
             return None
         ticket.reservation = None
         ticket.in_flight = False
+        self._advanced(live, state, now)
+        return decision
+
+    def _outside_the_round(self, live: _Session) -> bool:
+        """Whether a step may be decided and applied at once, without the session's lock.
+        Nothing else of the session interleaves with it (no await), but not while a step
+        holds the lock (it may be between deciding and advancing: its state would overwrite
+        ours), not for a store across the network (its calls go off the loop), and not in an
+        ended session."""
+        return not (self._store_in_thread or live.ended or live.lock.locked())
+
+    @staticmethod
+    def _advanced(live: _Session, state: SessionState, now: float) -> None:
+        """A step decided at once took effect: the session's state and activity move on."""
         live.last_activity = now
         live.state = state
         live.unsaved = True
-        return decision
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         live = self._sessions.get(session)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -344,6 +345,34 @@ async def test_a_final_usage_that_cannot_be_recorded_still_frees_its_slot(runtim
     assert live.state.in_flight == 0
 
 
+@contextlib.contextmanager
+def quick_and_full(pinned, tmp_path: Path, clock: Clock, shortcut: str):
+    """Two runtimes alike, but the second never takes `shortcut` (a Runtime method that
+    decides a step at once, answering None when it does not)."""
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "full").mkdir()
+    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
+    setattr(full, shortcut, lambda *args: None)
+    try:
+        yield quick, full
+    finally:
+        quick.store.close()
+        full.store.close()
+
+
+def full_rounds(rt: Runtime) -> list[str]:
+    """The steps `rt` decides by the full round from now on, by type name."""
+    rounds: list[str] = []
+    apply = rt._apply
+
+    async def counted(live, step, ticket):
+        rounds.append(type(step).__name__)
+        return await apply(live, step, ticket)
+
+    rt._apply = counted
+    return rounds
+
+
 # A model call admitted with 10 + 10 expected tokens reserves exactly that: reports within it
 # are settled at once (Runtime._settle_at_once), the others by the full round.
 @pytest.mark.parametrize("used_in, used_out, cached, at_once", [
@@ -354,22 +383,12 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
                                                                at_once):
     """Same decision, session state and counters whether a final report is settled at once or
     by the full round under the lock; and only reports within their reservation go at once."""
-    (tmp_path / "quick").mkdir()
-    (tmp_path / "full").mkdir()
-    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
-    full._settle_at_once = lambda *args: None
-    rounds: list[str] = []
-    apply = quick._apply
-
-    async def counted(live, step, ticket):
-        rounds.append(type(step).__name__)
-        return await apply(live, step, ticket)
-
     outcomes = []
-    try:
+    with quick_and_full(pinned, tmp_path, clock, "_settle_at_once") as (quick, full):
         for rt in (quick, full):
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
-            quick._apply = counted
+            if rt is quick:
+                rounds = full_rounds(quick)
             admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
                                                       expected_output_tokens=10))
             report = UsageReport(model="gpt-4o-mini", input_tokens=used_in, output_tokens=used_out,
@@ -382,9 +401,6 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
                              admission.ticket.reservation))
         assert outcomes[0] == outcomes[1]
         assert ("UsageReport" not in rounds) == at_once
-    finally:
-        quick.store.close()
-        full.store.close()
 
 
 # After some usage (180 tokens of the session's 20,000, warned at 16,000), a model call that
@@ -397,23 +413,13 @@ async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path
                                                                 at_once):
     """Same decision, session state, counters and ticket whether a model call is admitted at
     once or by the full round under the lock; and only a call that fires nothing goes at once."""
-    (tmp_path / "quick").mkdir()
-    (tmp_path / "full").mkdir()
-    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
-    full._admit_at_once = lambda *args: None
-    rounds: list[str] = []
-    apply = quick._apply
-
-    async def counted(live, step, ticket):
-        rounds.append(type(step).__name__)
-        return await apply(live, step, ticket)
-
     outcomes = []
-    try:
+    with quick_and_full(pinned, tmp_path, clock, "_admit_at_once") as (quick, full):
         for rt in (quick, full):
             clock.t = NOW
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
-            quick._apply = counted
+            if rt is quick:
+                rounds = full_rounds(quick)
             clock.t = NOW + 5  # the session's activity moves on
             admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=expected_in,
                                                       expected_output_tokens=expected_out))
@@ -425,9 +431,6 @@ async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path
                                                           ticket.reservation is not None)))
         assert outcomes[0] == outcomes[1]
         assert ("ModelCall" not in rounds) == at_once
-    finally:
-        quick.store.close()
-        full.store.close()
 
 
 async def test_a_model_call_waits_for_a_step_that_holds_the_session(runtime):
