@@ -178,10 +178,10 @@ class Recorder(Driver):
             assert decision.halts and decision.cause == halt_cause and decision.event is None
         if self.limits.tier is Tier.R1 and not isinstance(step, (ApprovalGranted, ApprovalRejected, ApprovalExpired)):
             assert not decision.blocks
-        for event in decision.events:
-            assert re.fullmatch(r"on_[a-z0-9_]+", event["cause"])
-            assert event["action"] in ("halt", "pause", "fallback", "continue")
-            json.dumps(event, allow_nan=False)
+        for recorded in decision.events:
+            assert re.fullmatch(r"on_[a-z0-9_]+", recorded["cause"])
+            assert recorded["action"] in ("halt", "pause", "fallback", "continue")
+            json.dumps(recorded, allow_nan=False)
         if decision.enforced and decision.action is Action.CONTINUE and decision.event is not None:
             assert any("overridden_cause" in e["detail"] for e in decision.events)
 
