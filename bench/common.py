@@ -636,11 +636,14 @@ class Segment:
     elapsed: float
     cpu_seconds: float | None
     errors: list[str]
+    warmup_count: int = 0  # requests answered before the measured part (any status)
+    short_streams: int = 0  # measured 200 streams with fewer events than `stream_chunks`
 
     def to_dict(self) -> dict[str, Any]:
         return {"latencies_ms": self.latencies_ms, "ttft_ms": self.ttft_ms, "gaps_ms": self.gaps_ms,
                 "statuses": self.statuses, "elapsed": self.elapsed, "cpu_seconds": self.cpu_seconds,
-                "errors": self.errors[:5], "count": len(self.latencies_ms)}
+                "errors": self.errors[:5], "count": len(self.latencies_ms), "warmup_count": self.warmup_count,
+                "short_streams": self.short_streams}
 
 
 async def load_segment(cmd: dict[str, Any]) -> Segment:
@@ -692,9 +695,12 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
                     continue
                 ended = time.perf_counter()
                 if out is None:
+                    warmed[0] += 1
                     continue
                 out.latencies_ms.append(round((ended - began) * 1000, 4))
                 out.statuses[str(status)] = out.statuses.get(str(status), 0) + 1
+                if stream_chunks and status == 200 and len(events or ()) < stream_chunks:
+                    out.short_streams += 1
                 if events:
                     out.ttft_ms.append(round((events[0] - began) * 1000, 4))
                     content = events[:stream_chunks]
@@ -702,12 +708,13 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
 
         await asyncio.gather(*(worker(c) for c in connections))
 
+    warmed = [0]  # requests answered before the measured part
     if warmup_request is not None:  # one short request per connection: connected, nothing else
         await phase(None, [concurrency], None, warmup_request)
     warmup = float(cmd.get("warmup", 0.3))
     if warmup > 0:
         await phase(time.perf_counter() + warmup, None, None)
-    segment = Segment([], [], [], {}, 0.0, None, [])
+    segment = Segment([], [], [], {}, 0.0, None, [], warmup_count=warmed[0])
     cpu_before = cpu_seconds(watch) if watch else None
     began = time.perf_counter()
     requests = cmd.get("requests")

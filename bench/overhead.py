@@ -66,6 +66,12 @@ def workload_key(tls: bool, kind: str, concurrency: int) -> str:
     return f"{'tls-' if tls else ''}{kind}-c{concurrency}"
 
 
+def round_order(round_no: int) -> tuple[str, ...]:
+    """The paths in the order round `round_no` measures them: each round mirrors the one
+    before (A B C, then C B A), since whichever runs first is favoured or penalised here."""
+    return PATHS if round_no % 2 == 0 else PATHS[::-1]
+
+
 def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) -> dict[str, Any]:
     """Measure, and return the results (also what run_all puts in the summary)."""
     segments: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -85,7 +91,7 @@ def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) 
         urls = {False: upstream_url(upstream.port), True: upstream_url(tls_upstream.port, tls=True)}
         bodies = {"plain": chat_body(), "stream": chat_body(stream=True, chunks=STREAM_CHUNKS, gap_ms=0)}
         for round_no in range(rounds):
-            order = PATHS if round_no % 2 == 0 else PATHS[::-1]
+            order = round_order(round_no)
             log(f"  round {round_no + 1}/{rounds}: {' -> '.join(order)}")
             for tls, kind, concurrency in WORKLOADS:
                 for path in order:
@@ -112,6 +118,8 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
             segs = segments[(key, path)]
             latencies = [v for s in segs for v in s["latencies_ms"]]
             count = sum(s["count"] for s in segs)
+            warmup_count = sum(s.get("warmup_count", 0) for s in segs)
+            short_streams = sum(s.get("short_streams", 0) for s in segs)
             elapsed = sum(s["elapsed"] for s in segs)
             statuses: dict[str, int] = {}
             for s in segs:
@@ -120,6 +128,8 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
             cpu = [s["cpu_seconds"] for s in segs if s["cpu_seconds"] is not None]
             paths[path] = {
                 "requests": count,
+                "warmup_requests": warmup_count,  # sent before each measured part, not measured
+                "short_streams": short_streams,  # streams that ended before their content chunks
                 "statuses": statuses,
                 "latency_ms": summarize(latencies),
                 "throughput_rps": round(count / elapsed, 1) if elapsed else None,
@@ -158,6 +168,9 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
                                                            TARGETS["cpu_per_request_governor_over_bare"]),
         }
         failures = {p: {k: v for k, v in paths[p]["statuses"].items() if k != "200"} for p in PATHS}
+        for p in PATHS:  # a stream cut short would look cheap: it is a failure of the run
+            if paths[p]["short_streams"]:
+                failures[p]["short stream"] = paths[p]["short_streams"]
         workloads[key] = {"kind": kind, "concurrency": concurrency, "tls": tls, "paths": paths, "ratios": ratios,
                           "per_round_ratio_spread": spread, "verdicts": verdicts,
                           "non_200": {p: f for p, f in failures.items() if f}}

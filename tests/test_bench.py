@@ -1,0 +1,221 @@
+"""The benchmark suite's own machinery (bench/): what it makes of its measurements, its
+load generator against a real server, and one short run of the overhead benchmark against
+the real processes (mock upstreams, a bare mitmproxy, `governor run`).
+
+The numbers themselves are not asserted (targets are reported by the suite, never timed
+in tests); what is asserted is that the suite measures what it says it measures: every
+request through the governor's path was governed, none of the others were, every stream
+arrived whole, and the ratios and verdicts are the ones its measurements give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+import overhead  # noqa: E402
+import run_all  # noqa: E402
+
+
+# --- what the suite makes of its measurements -------------------------------------------
+
+
+def test_each_round_measures_the_paths_in_the_order_of_the_round_before_reversed() -> None:
+    orders = [overhead.round_order(n) for n in range(4)]
+    assert orders[0] == ("direct", "bare", "governor")
+    for before, after in zip(orders, orders[1:]):
+        assert after == before[::-1]
+    # over an even number of rounds, each path runs first (and last) equally often
+    assert sorted(order[0] for order in orders) == ["direct", "direct", "governor", "governor"]
+
+
+def _segments(cpu: dict[str, float], p50: dict[str, float], rps: dict[str, float],
+              rounds: int = 2) -> dict[tuple[str, str], list[dict]]:
+    """Every workload and path, `rounds` segments each of 100 requests in 1 s with the given
+    per-request CPU (ms) and latency."""
+    segments: dict[tuple[str, str], list[dict]] = {}
+    for tls, kind, concurrency in overhead.WORKLOADS:
+        key = overhead.workload_key(tls, kind, concurrency)
+        for path in overhead.PATHS:
+            count = int(rps[path])
+            segments[(key, path)] = [{
+                "latencies_ms": [p50[path]] * count, "statuses": {"200": count}, "count": count,
+                "elapsed": 1.0, "round": r, "warmup_count": 3, "short_streams": 0,
+                "cpu_seconds": None if path == "direct" else cpu[path] * count / 1000,
+            } for r in range(rounds)]
+    return segments
+
+
+def test_the_ratios_are_the_governors_figures_over_the_bare_proxys() -> None:
+    result = overhead.aggregate(
+        _segments(cpu={"bare": 2.0, "governor": 2.4}, p50={"direct": 0.5, "bare": 2.0, "governor": 2.2},
+                  rps={"direct": 400, "bare": 200, "governor": 180}),
+        {"peak_rss_mb": 90.0}, {"session": "bench", "iterations": 0}, rounds=2, duration=1.0)
+    for key, w in result["workloads"].items():
+        gov, bare, direct = (w["paths"][p] for p in ("governor", "bare", "direct"))
+        assert gov["requests"] == 360 and gov["warmup_requests"] == 6
+        assert gov["cpu_ms_per_request"] == 2.4 and bare["cpu_ms_per_request"] == 2.0
+        assert direct["cpu_ms_per_request"] is None
+        assert gov["throughput_rps"] == 180.0
+        r = w["ratios"]
+        assert r["cpu_per_request_governor_over_bare"] == 1.2
+        assert r["p50_latency_governor_over_bare"] == 1.1
+        assert r["throughput_governor_over_bare"] == 0.9
+        assert r["p50_latency_governor_over_direct"] == 4.4
+        assert w["verdicts"] == {"p50_latency_governor_over_bare": "PASS", "throughput_governor_over_bare": "PASS",
+                                 "cpu_per_request_governor_over_bare": "PASS"}
+        assert w["per_round_ratio_spread"]["cpu_per_request_governor_over_bare"] == {
+            "min": 1.2, "median": 1.2, "max": 1.2}
+        assert w["non_200"] == {}
+
+
+def test_a_target_met_exactly_passes_and_one_missed_by_a_little_does_not() -> None:
+    at = overhead.aggregate(
+        _segments(cpu={"bare": 2.0, "governor": 2.5}, p50={"direct": 1.0, "bare": 2.0, "governor": 2.3},
+                  rps={"direct": 400, "bare": 200, "governor": 170}),
+        {}, {}, rounds=2, duration=1.0)
+    past = overhead.aggregate(
+        _segments(cpu={"bare": 2.0, "governor": 2.51}, p50={"direct": 1.0, "bare": 2.0, "governor": 2.31},
+                  rps={"direct": 400, "bare": 200, "governor": 169}),
+        {}, {}, rounds=2, duration=1.0)
+    for w in at["workloads"].values():
+        assert set(w["verdicts"].values()) == {"PASS"}
+    for w in past["workloads"].values():
+        assert set(w["verdicts"].values()) == {"MISS"}
+    rows = run_all.verdicts({"overhead": past})
+    overhead_rows = [row for row in rows if row["target"].startswith("overhead ")]
+    assert len(overhead_rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS)
+    assert {row["verdict"] for row in overhead_rows} == {"MISS"}
+    assert "cpu per request governor over bare <= 1.25" in overhead_rows[2]["target"]
+
+
+def test_failed_answers_and_streams_cut_short_are_reported_as_failures_of_the_run() -> None:
+    segments = _segments(cpu={"bare": 2.0, "governor": 2.0}, p50={"direct": 1.0, "bare": 2.0, "governor": 2.0},
+                         rps={"direct": 100, "bare": 100, "governor": 100})
+    key = overhead.workload_key(False, "stream", 1)
+    segments[(key, "governor")][0]["short_streams"] = 2
+    segments[(key, "bare")][1]["statuses"] = {"200": 99, "502": 1}
+    w = overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0)["workloads"][key]
+    assert w["non_200"] == {"governor": {"short stream": 2}, "bare": {"502": 1}}
+    assert "WARNING stream-c1" in overhead.report(overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0))
+
+
+def test_percentiles_and_ratios_of_nothing_are_none_not_errors() -> None:
+    assert common.percentile([], 50) is None
+    assert common.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert common.ratio(1.0, None) is None and common.ratio(None, 1.0) is None
+    assert common.ratio(1.0, 0) is None
+    assert common.ratio(3.0, 2.0) == 1.5
+
+
+# --- the load generator, against a real server -------------------------------------------
+
+SSE_PIECES = [b"data: 1\n", b"\ndata: 2\n\n", b"data: 3\n\ndata: 4\n\n", b"data: [DONE]\n\n"]
+
+
+@pytest.fixture
+async def sse_server() -> str:
+    """Loopback: /plain answers JSON with a Content-Length, /stream four events and [DONE]
+    in chunks that split an event's terminator, /short two events only."""
+
+    async def plain(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        pieces = SSE_PIECES if request.path == "/stream" else [b"data: 1\n\n", b"data: 2\n\n"]
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0.002)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/plain", plain)
+    app.router.add_post("/stream", stream)
+    app.router.add_post("/short", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_load_generator_counts_requests_warm_ups_and_this_process_cpu(sse_server: str) -> None:
+    segment = await common.load_segment({
+        "url": f"{sse_server}/plain", "body": "{}", "requests": 7, "concurrency": 2, "warmup": 0,
+        "warmup_body": "{}", "watch_pid": os.getpid()})
+    assert segment.statuses == {"200": 7} and len(segment.latencies_ms) == 7
+    assert segment.warmup_count == 2  # one per connection
+    assert segment.cpu_seconds is not None and segment.cpu_seconds >= 0  # /proc: 10 ms ticks
+    assert segment.errors == [] and segment.ttft_ms == []
+
+
+async def test_the_load_generator_timestamps_each_event_even_when_a_chunk_splits_it(sse_server: str) -> None:
+    segment = await common.load_segment({
+        "url": f"{sse_server}/stream", "body": "{}", "requests": 3, "concurrency": 1, "warmup": 0,
+        "stream_chunks": 4})
+    assert segment.statuses == {"200": 3}
+    assert len(segment.ttft_ms) == 3
+    assert len(segment.gaps_ms) == 3 * 3  # the gaps between the four content events
+    # events 1 and 2 end in the second chunk, 3 and 4 in the third, sent at least 2 ms later
+    for first in range(0, 9, 3):
+        same, apart, same_again = segment.gaps_ms[first:first + 3]
+        assert same == 0.0 and same_again == 0.0 and apart >= 1.0
+    assert segment.short_streams == 0
+
+
+async def test_a_stream_that_ends_early_is_counted_short(sse_server: str) -> None:
+    segment = await common.load_segment({
+        "url": f"{sse_server}/short", "body": "{}", "requests": 2, "concurrency": 1, "warmup": 0,
+        "stream_chunks": 4})
+    assert segment.statuses == {"200": 2}
+    assert segment.short_streams == 2
+
+
+# --- one short run of the overhead benchmark ---------------------------------------------
+
+
+def test_a_short_overhead_run_governs_every_request_on_the_governors_path_and_no_other() -> None:
+    result = overhead.run(rounds=2, duration=0.1, warmup=0.05, log=lambda *_: None)
+    governed = 0
+    for key, w in result["workloads"].items():
+        for path in overhead.PATHS:
+            p = w["paths"][path]
+            assert p["requests"] > 0, (key, path)
+            assert p["statuses"] == {"200": p["requests"]}, (key, path, p["statuses"])
+            assert p["short_streams"] == 0, (key, path)
+            if path == "direct":
+                assert p["cpu_ms_per_request"] is None
+            else:  # read from the proxy process's own accounting
+                assert p["cpu_ms_per_request"] > 0, (key, path)
+        governed += w["paths"]["governor"]["requests"] + w["paths"]["governor"]["warmup_requests"]
+        assert w["non_200"] == {}
+        assert all(value is not None for value in w["ratios"].values()), key
+        assert set(w["verdicts"].values()) <= {"PASS", "MISS"}
+    # every model call through the governor was admitted in its session, and only those
+    # (the bare proxy's and the direct path's requests never reached it); no cap fired
+    session = result["governor_session"]
+    assert session["session"] == "bench" and session["state"] == "active"
+    assert session["iterations"] == governed
+    assert session["halt_cause"] is None
+    assert result["governor_memory_mb"]["peak_rss_mb"] > 0
+    rows = run_all.verdicts({"overhead": result})
+    assert len(rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS) + 1  # and the memory target
