@@ -101,6 +101,12 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
                 sign = ">=" if name.startswith("throughput") else "<="
                 rows.append({"target": f"overhead {key}: {name.replace('_', ' ')} {sign} {target}",
                              "measured": w["ratios"][name], "verdict": w["verdicts"][name]})
+        # not a target of the issue: whether the run measured what it says (a refused request
+        # or a stream cut short would make a path look cheap)
+        failed = {key: w["non_200"] for key, w in o["workloads"].items() if w.get("non_200")}
+        rows.append({"target": "overhead: every request answered 200 and every stream whole, on every path",
+                     "measured": "; ".join(f"{key} {bad}" for key, bad in failed.items()) or "all",
+                     "verdict": "MISS" if failed else "PASS"})
         peak = o["governor_memory_mb"].get("peak_rss_mb")
         rows.append({"target": f"governor peak RSS (VmHWM) during overhead <= {MEMORY_TARGET_MB:g} MiB",
                      "measured": peak, "verdict": "n/a" if peak is None else "PASS" if peak <= MEMORY_TARGET_MB else "MISS"})

@@ -104,9 +104,12 @@ def test_failed_answers_and_streams_cut_short_are_reported_as_failures_of_the_ru
     key = overhead.workload_key(False, "stream", 1)
     segments[(key, "governor")][0]["short_streams"] = 2
     segments[(key, "bare")][1]["statuses"] = {"200": 99, "502": 1}
-    w = overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0)["workloads"][key]
-    assert w["non_200"] == {"governor": {"short stream": 2}, "bare": {"502": 1}}
-    assert "WARNING stream-c1" in overhead.report(overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0))
+    result = overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0)
+    assert result["workloads"][key]["non_200"] == {"governor": {"short stream": 2}, "bare": {"502": 1}}
+    assert "WARNING stream-c1" in overhead.report(result)
+    validity = [row for row in run_all.verdicts({"overhead": result}) if "every request answered 200" in row["target"]]
+    assert [row["verdict"] for row in validity] == ["MISS"]
+    assert "stream-c1" in validity[0]["measured"] and "short stream" in validity[0]["measured"]
 
 
 def test_percentiles_and_ratios_of_nothing_are_none_not_errors() -> None:
@@ -218,4 +221,5 @@ def test_a_short_overhead_run_governs_every_request_on_the_governors_path_and_no
     assert session["halt_cause"] is None
     assert result["governor_memory_mb"]["peak_rss_mb"] > 0
     rows = run_all.verdicts({"overhead": result})
-    assert len(rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS) + 1  # and the memory target
+    assert len(rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS) + 2  # the run's validity, the memory
+    assert [row["verdict"] for row in rows if "every request answered 200" in row["target"]] == ["PASS"]
