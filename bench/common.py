@@ -672,7 +672,7 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
     watch = cmd.get("watch_pid")
     connections = [HttpConnection(host, int(port), tls=tls, tunnel=tunnel) for _ in range(concurrency)]
 
-    async def phase(deadline: float | None, budget: list[int] | None, out: Segment | None,
+    async def phase(deadline: float | None, budget: list[int] | None, out: Segment,
                     request: bytes = request) -> None:
         async def worker(conn: HttpConnection) -> None:
             while True:
@@ -688,15 +688,11 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
                     status, _, _ = await conn.exchange(request, events)
                 except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
                     conn.close()
-                    if out is not None:
-                        out.errors.append(f"{type(exc).__name__}: {exc}")
-                        out.statuses["error"] = out.statuses.get("error", 0) + 1
+                    out.errors.append(f"{type(exc).__name__}: {exc}")
+                    out.statuses["error"] = out.statuses.get("error", 0) + 1
                     await asyncio.sleep(0.01)
                     continue
                 ended = time.perf_counter()
-                if out is None:
-                    warmed[0] += 1
-                    continue
                 out.latencies_ms.append(round((ended - began) * 1000, 4))
                 out.statuses[str(status)] = out.statuses.get(str(status), 0) + 1
                 if stream_chunks and status == 200 and len(events or ()) < stream_chunks:
@@ -708,13 +704,13 @@ async def load_segment(cmd: dict[str, Any]) -> Segment:
 
         await asyncio.gather(*(worker(c) for c in connections))
 
-    warmed = [0]  # requests answered before the measured part
+    warm = Segment([], [], [], {}, 0.0, None, [])  # what the warm-up did: only its count is kept
     if warmup_request is not None:  # one short request per connection: connected, nothing else
-        await phase(None, [concurrency], None, warmup_request)
+        await phase(None, [concurrency], warm, warmup_request)
     warmup = float(cmd.get("warmup", 0.3))
     if warmup > 0:
-        await phase(time.perf_counter() + warmup, None, None)
-    segment = Segment([], [], [], {}, 0.0, None, [], warmup_count=warmed[0])
+        await phase(time.perf_counter() + warmup, None, warm)
+    segment = Segment([], [], [], {}, 0.0, None, [], warmup_count=len(warm.latencies_ms))
     cpu_before = cpu_seconds(watch) if watch else None
     began = time.perf_counter()
     requests = cmd.get("requests")

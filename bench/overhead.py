@@ -167,13 +167,14 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
             "cpu_per_request_governor_over_bare": _at_most(ratios["cpu_per_request_governor_over_bare"],
                                                            TARGETS["cpu_per_request_governor_over_bare"]),
         }
+        # answers other than 200, and streams cut short (they would look cheap): failures of the run
         failures = {p: {k: v for k, v in paths[p]["statuses"].items() if k != "200"} for p in PATHS}
-        for p in PATHS:  # a stream cut short would look cheap: it is a failure of the run
+        for p in PATHS:
             if paths[p]["short_streams"]:
                 failures[p]["short stream"] = paths[p]["short_streams"]
         workloads[key] = {"kind": kind, "concurrency": concurrency, "tls": tls, "paths": paths, "ratios": ratios,
                           "per_round_ratio_spread": spread, "verdicts": verdicts,
-                          "non_200": {p: f for p, f in failures.items() if f}}
+                          "failures": {p: f for p, f in failures.items() if f}}
     return {
         "benchmark": "overhead: direct vs bare mitmproxy vs governor (R3), plain HTTP and intercepted HTTPS, loopback",
         "machine": machine(),
@@ -221,8 +222,8 @@ def report(result: dict[str, Any]) -> str:
     mem = result["governor_memory_mb"]
     out.append(f"governor process: peak RSS {mem.get('peak_rss_mb')} MiB (target <= 150), now {mem.get('rss_mb')} MiB")
     for key, w in result["workloads"].items():
-        if w["non_200"]:
-            out.append(f"WARNING {key}: non-200 answers {w['non_200']}")
+        if w["failures"]:
+            out.append(f"WARNING {key}: answers other than 200 or streams cut short {w['failures']}")
     return "\n".join(out)
 
 

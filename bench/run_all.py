@@ -103,7 +103,7 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
                              "measured": w["ratios"][name], "verdict": w["verdicts"][name]})
         # not a target of the issue: whether the run measured what it says (a refused request
         # or a stream cut short would make a path look cheap)
-        failed = {key: w["non_200"] for key, w in o["workloads"].items() if w.get("non_200")}
+        failed = {key: w["failures"] for key, w in o["workloads"].items() if w.get("failures")}
         rows.append({"target": "overhead: every request answered 200 and every stream whole, on every path",
                      "measured": "; ".join(f"{key} {bad}" for key, bad in failed.items()) or "all",
                      "verdict": "MISS" if failed else "PASS"})

@@ -75,7 +75,7 @@ def test_the_ratios_are_the_governors_figures_over_the_bare_proxys() -> None:
                                  "cpu_per_request_governor_over_bare": "PASS"}
         assert w["per_round_ratio_spread"]["cpu_per_request_governor_over_bare"] == {
             "min": 1.2, "median": 1.2, "max": 1.2}
-        assert w["non_200"] == {}
+        assert w["failures"] == {}
 
 
 def test_a_target_met_exactly_passes_and_one_missed_by_a_little_does_not() -> None:
@@ -105,7 +105,7 @@ def test_failed_answers_and_streams_cut_short_are_reported_as_failures_of_the_ru
     segments[(key, "governor")][0]["short_streams"] = 2
     segments[(key, "bare")][1]["statuses"] = {"200": 99, "502": 1}
     result = overhead.aggregate(segments, {}, {}, rounds=2, duration=1.0)
-    assert result["workloads"][key]["non_200"] == {"governor": {"short stream": 2}, "bare": {"502": 1}}
+    assert result["workloads"][key]["failures"] == {"governor": {"short stream": 2}, "bare": {"502": 1}}
     assert "WARNING stream-c1" in overhead.report(result)
     validity = [row for row in run_all.verdicts({"overhead": result}) if "every request answered 200" in row["target"]]
     assert [row["verdict"] for row in validity] == ["MISS"]
@@ -210,7 +210,7 @@ def test_a_short_overhead_run_governs_every_request_on_the_governors_path_and_no
             else:  # read from the proxy process's own accounting
                 assert p["cpu_ms_per_request"] > 0, (key, path)
         governed += w["paths"]["governor"]["requests"] + w["paths"]["governor"]["warmup_requests"]
-        assert w["non_200"] == {}
+        assert w["failures"] == {}
         assert all(value is not None for value in w["ratios"].values()), key
         assert set(w["verdicts"].values()) <= {"PASS", "MISS"}
     # every model call through the governor was admitted in its session, and only those
@@ -220,6 +220,11 @@ def test_a_short_overhead_run_governs_every_request_on_the_governors_path_and_no
     assert session["iterations"] == governed
     assert session["halt_cause"] is None
     assert result["governor_memory_mb"]["peak_rss_mb"] > 0
+    printed = overhead.report(result)  # the table the suite prints
+    for key in result["workloads"]:
+        for path in overhead.PATHS:
+            assert any(line.startswith(f"| {key} ") and f"| {path} " in line for line in printed.splitlines()), (key, path)
+    assert "WARNING" not in printed
     rows = run_all.verdicts({"overhead": result})
     assert len(rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS) + 2  # the run's validity, the memory
     assert [row["verdict"] for row in rows if "every request answered 200" in row["target"]] == ["PASS"]
