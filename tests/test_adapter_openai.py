@@ -4,6 +4,8 @@ stream watchers fed the same stream cut at arbitrary byte boundaries."""
 from __future__ import annotations
 
 import asyncio
+import types
+from unittest import mock
 
 import orjson
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView, status_for
+from governor.adapters import openai as openai_adapter
 from governor.adapters.openai import OpenAIAdapter
 from governor.adapters.openai import _Watcher as StreamWatcherBase  # the general path: the line decoder
 from governor.adapters.sse import SSEDecoder, last_boundary
@@ -277,8 +280,11 @@ def test_whole_event_chunks_read_as_the_line_decoder_reads_them(events, max_toke
     the same tool calls, running figures and final usage, and count the same text."""
     body = {"model": "m", "stream": True, "messages": [], "max_tokens": max_tokens}
     chunks = [b"data: " + event + b"\n\n" for event in events]
-    split, split_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), chunks)
-    whole, whole_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), [b"".join(chunks)])
+    # a stream that never says when it was created is stamped with the clock when its watcher
+    # starts; a fixed clock keeps the two watchers from straddling a second boundary
+    with mock.patch.object(openai_adapter, "time", types.SimpleNamespace(time=lambda: 1_795_491_011.5)):
+        split, split_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), chunks)
+        whole, whole_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), [b"".join(chunks)])
     assert split_events == whole_events
     # and chunk by chunk: what each chunk reports is what the line decoder reports for it
     short = ADAPTER.stream_watcher(open_("/v1/chat/completions", body), 200, {"content-type": "text/event-stream"})
