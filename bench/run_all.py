@@ -220,8 +220,11 @@ def readme(summary: dict[str, Any]) -> str:
         "How: a mock OpenAI upstream (aiohttp), a load generator, a bare mitmproxy (embedded as the governor "
         "embeds it, with one addon that relays event streams) and `governor run` (tier R3, a bench passport "
         "declaring every governed member with caps that never fire), each in its own process, on loopback. "
-        "Load is plain HTTP to the proxy (absolute-form requests, as with HTTP_PROXY): TLS interception costs "
-        "the same in both proxies, so this isolates what governing adds. Paths alternate order between rounds.",
+        "Every overhead workload runs twice: over plain HTTP to the proxy (absolute-form requests, as with "
+        "HTTP_PROXY; no TLS in the way, so this isolates what governing adds) and, as `tls-*`, over intercepted "
+        "HTTPS (a CONNECT tunnel trusting the proxy's CA, to an HTTPS upstream, as agents reach LLM APIs). "
+        "Paths alternate order between rounds (A B B A). CPU time per request is read from each proxy "
+        "process's own accounting.",
         "",
         "## Verdicts",
         "",
