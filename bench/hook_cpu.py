@@ -57,6 +57,7 @@ HOOKS = (
     "governor.proxy.addon:Governor.response",
     "governor.proxy.addon:StreamRelay.__call__",
 )
+GC = ("gc:0", "gc:1", "gc:2")  # the cyclic collector's passes, by generation (in the hooks or not)
 RUNTIME = (  # called from inside the hooks
     "governor.runtime:Runtime.admit",
     "governor.runtime:Runtime.usage",
@@ -75,12 +76,15 @@ class TimedGovernor(Governor):
         return [PYTHON, "-P", "-c", _BOOT, "run", *args]
 
 
-def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: Sequence[str]) -> dict[str, Any]:
+def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: Sequence[str],
+        gc_threshold: int | None = None, warmup: float = 2.0) -> dict[str, Any]:
     targets = [*HOOKS, *RUNTIME, *extra]
     with scratch("hook-cpu") as work:
         out = work / "table.json"
         path = [str(BENCH)] + ([str(Path(tree).resolve())] if tree else [])
         env = {"PYTHONPATH": os.pathsep.join(path), "HOOK_CPU_TARGETS": ",".join(targets), "HOOK_CPU_OUT": str(out)}
+        if gc_threshold is not None:
+            env["HOOK_CPU_GC_THRESHOLD"] = str(gc_threshold)
         with Role("upstream") as upstream, \
                 TimedGovernor(write_passport(work / "passport.json"), work / "governor", env=env) as governor, \
                 Role("load") as load:
@@ -96,7 +100,7 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
                     raise RuntimeError(f"the governor answered {answer['statuses']}")
                 return answer
 
-            segment(2.0, 0.3)  # warm-up: sessions opened, caches and the pricing memo filled
+            segment(warmup, 0.3)  # warm-up: sessions opened, caches and the pricing memo filled
             os.kill(governor.pid, signal.SIGUSR1)
             time.sleep(0.2)  # the handler runs on the governor's next bytecode
             before = thread_cpu(governor.pid)
@@ -114,7 +118,7 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
     threads = {("main" if tid == main_thread else f"thread {tid}"): (after[tid] - before.get(tid, 0.0)) / requests * 1e6
                for tid in after if after[tid] - before.get(tid, 0.0) > 0}
     rows = {}
-    for target in targets:
+    for target in [*targets, *GC]:
         seconds, calls = timed[target]["seconds"], timed[target]["calls"]
         rows[target] = {"calls_per_request": round(calls / requests, 2),
                         "us_per_request": round(seconds / requests * 1e6, 1),
@@ -122,6 +126,7 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
     return {
         "benchmark": "the governor's hooks and runtime calls, timed inside governor run under load",
         "machine": machine(), "kind": kind, "concurrency": concurrency, "duration": duration, "tree": tree,
+        "gc_threshold": gc_threshold,
         "requests": requests,
         "process_cpu_us_per_request": round(measured["cpu_seconds"] / requests * 1e6, 1),
         "threads_us_per_request": {k: round(v, 1) for k, v in threads.items()},
@@ -133,12 +138,16 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
 def report(result: dict[str, Any]) -> str:
     rows = []
     for target, r in result["timed"].items():
-        name = target.partition(":")[2] + ("  (inside the hooks)" if target in RUNTIME else "")
+        if target in GC:
+            name = f"garbage collection, generation {target[-1]}"
+        else:
+            name = target.partition(":")[2] + ("  (inside the hooks)" if target in RUNTIME else "")
         rows.append([name, r["calls_per_request"], r["us_per_call"], r["us_per_request"]])
     threads = ", ".join(f"{k} {v}" for k, v in result["threads_us_per_request"].items())
     return "\n".join([
         f"{result['kind']} c{result['concurrency']}, {result['requests']:,} requests in {result['duration']:g} s"
-        + (f", tree {result['tree']}" if result["tree"] else ""),
+        + (f", tree {result['tree']}" if result["tree"] else "")
+        + (f", gc threshold {result['gc_threshold']}" if result.get("gc_threshold") else ""),
         table(rows, ["function", "calls per request", "us per call", "us per request"]),
         f"the hooks: {result['hooks_us_per_request']} us per request, of the process's "
         f"{result['process_cpu_us_per_request']} (by thread: {threads})",
@@ -153,10 +162,14 @@ def main() -> int:
     parser.add_argument("--tree", help="a source tree holding the governor package to time (default: this one)")
     parser.add_argument("--time", action="append", default=[], metavar="MODULE:QUALNAME",
                         help="another function to time, e.g. governor.runtime:Runtime._admit_at_once")
+    parser.add_argument("--gc-threshold", type=int, metavar="N",
+                        help="run with the youngest GC generation's threshold at N (Python's default: 700)")
     args = parser.parse_args()
     if args.concurrency < 1 or args.duration <= 0:
         parser.error("--concurrency must be at least 1 and --duration positive")
-    result = run(args.kind, args.concurrency, args.duration, args.tree, args.time)
+    if args.gc_threshold is not None and args.gc_threshold < 1:
+        parser.error("--gc-threshold must be at least 1")
+    result = run(args.kind, args.concurrency, args.duration, args.tree, args.time, args.gc_threshold)
     print(report(result))
     print(f"wrote {write_result('hook_cpu.json', result)}")
     return 0

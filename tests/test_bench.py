@@ -22,6 +22,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
+import hook_cpu  # noqa: E402
 import overhead  # noqa: E402
 import run_all  # noqa: E402
 
@@ -292,3 +293,34 @@ def test_a_short_overhead_run_governs_every_request_on_the_governors_path_and_no
     rows = run_all.verdicts({"overhead": result})
     assert len(rows) == len(overhead.WORKLOADS) * len(overhead.TARGETS) + 2  # the run's validity, the memory
     assert [row["verdict"] for row in rows if "every request answered 200" in row["target"]] == ["PASS"]
+
+
+# --- the hooks, timed inside the process ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plain", "stream"])
+def test_the_hook_timer_times_each_hook_once_per_request_and_the_collector(kind: str) -> None:
+    """bench/hook_cpu.py, briefly: the probe inside `governor run` saw every measured request
+    pass through each hook and runtime call once (none before the table was cleared, none
+    missed), the relay for each chunk of a stream, and the collector's passes."""
+    result = hook_cpu.run(kind, 2, 0.3, None, [], gc_threshold=50, warmup=0.3)
+    timed = result["timed"]
+    assert result["requests"] > 0
+    for target in ("governor.proxy.addon:Governor.request", "governor.proxy.addon:Governor.response",
+                   "governor.runtime:Runtime.usage", "governor.runtime:Runtime.finish"):
+        assert timed[target]["calls_per_request"] == 1.0, (target, timed[target])
+        assert timed[target]["us_per_call"] > 0
+    # admit: each request's model call, and the session's wall-clock tick (one a second at most)
+    admits = timed["governor.runtime:Runtime.admit"]["calls_per_request"]
+    assert 1.0 <= admits <= round((result["requests"] + 2) / result["requests"], 2)
+    relay = timed["governor.proxy.addon:StreamRelay.__call__"]["calls_per_request"]
+    if kind == "stream":  # 20 chunks, the [DONE] event, the end: spread over a few chunks
+        assert 2 <= relay <= hook_cpu.STREAM_CHUNKS + 2
+    else:
+        assert relay == 0
+    # a threshold of 50 makes the youngest generation collect several times per request
+    assert timed["gc:0"]["calls_per_request"] >= 1 and timed["gc:0"]["us_per_call"] > 0
+    assert result["gc_threshold"] == 50
+    assert 0 < result["hooks_us_per_request"] < result["process_cpu_us_per_request"]
+    printed = hook_cpu.report(result)
+    assert "garbage collection, generation 0" in printed and "gc threshold 50" in printed
