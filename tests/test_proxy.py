@@ -349,3 +349,56 @@ async def test_a_runtime_that_raises_at_admission_fails_closed(env):
     assert governor == {"cause": "on_governor_error", "action": "deny", "fail_closed": True,
                         "reason": "internal error while governing the request", "session": "crash"}
     assert mock.requests == []
+
+
+# --- what a finished exchange leaves behind ----------------------------------------------
+
+
+async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(tmp_path):
+    """mitmproxy's flows are reference cycles, freed by the cyclic collector only: the
+    governor's per-exchange state (flight, exchange, tickets, decisions) is taken off the flow
+    when the exchange ends, so reference counting frees it at once (fewer objects for every
+    young collection to walk). Driven through the real addon and runtime with mitmproxy's test
+    flows, the collector off."""
+    import gc
+    import weakref
+
+    from mitmproxy import http
+    from mitmproxy.test import tflow
+
+    from governor.proxy.addon import METADATA_KEY
+    from governor.proxy.server import Settings, build_addon, build_runtime
+
+    settings = Settings(data_dir=tmp_path / "data", control=None, session="s")
+    runtime = build_runtime(settings)
+    addon, peers = build_addon(settings, runtime)
+    body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 50,
+                         "messages": [{"role": "user", "content": "hi"}]})
+    answer = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "hello"}}],
+                           "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}})
+    gc.disable()
+    try:
+        flow = tflow.tflow()
+        flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions", body,
+                                         {"content-type": "application/json"})
+        flow.response = None
+        await addon.request(flow)
+        assert flow.response is None, "the model call was forwarded"
+        flight = weakref.ref(flow.metadata[METADATA_KEY])
+        flow.response = http.Response.make(200, answer, {"content-type": "application/json"})
+        addon.responseheaders(flow)
+        await addon.response(flow)
+        assert flow.response.status_code == 200 and orjson.loads(flow.response.content)["usage"]["total_tokens"] == 11
+        assert METADATA_KEY not in flow.metadata
+        assert flight() is None  # freed without a collection (and with it what only it held)
+        view = await runtime.session_view("s")
+        assert (view["state"], view["iterations"], view["in_flight"]) == ("active", 1, 0)
+        tokens = next(b for b in view["budgets"] if b["dimension"] == "tokens" and b["scope"] == "per_session")
+        assert tokens["used"] == 11  # settled at what the upstream reported
+    finally:
+        gc.enable()
+        if peers is not None:
+            await peers.close()
+        await runtime.close()

@@ -316,6 +316,7 @@ class Governor:
                               _governor_error_object(session), flight.exchange)
         finally:
             await self._finish(flight, self._upstream_error(flow))
+            self._forget(flow)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
@@ -332,6 +333,7 @@ class Governor:
         finally:
             message = flow.error.msg if flow.error else "exchange failed"
             await self._finish(flight, message)
+            self._forget(flow)
 
     def server_connected(self, data: Any) -> None:
         if self.origin is not None:
@@ -739,6 +741,15 @@ class Governor:
                 del self.in_flight[flight.exchange.session]
         for admission in flight.admissions:
             await self._release(flight.exchange.session, admission.ticket, error)
+
+    @staticmethod
+    def _forget(flow: http.HTTPFlow) -> None:
+        """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
+        reference cycles, freed only by the cyclic collector: what hangs off one waits for it
+        too, and makes each young collection longer. Off the flow, a plain exchange's flight,
+        tickets and decisions are freed as soon as the hook returns. (A stream's stay with its
+        relay, which the flow holds as its response's `stream`.)"""
+        flow.metadata.pop(METADATA_KEY, None)
 
     def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
