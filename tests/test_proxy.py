@@ -354,30 +354,41 @@ async def test_a_runtime_that_raises_at_admission_fails_closed(env):
 # --- what a finished exchange leaves behind ----------------------------------------------
 
 
-async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(tmp_path):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(tmp_path, stream):
     """mitmproxy's flows are reference cycles, freed by the cyclic collector only: the
-    governor's per-exchange state (flight, exchange, tickets, decisions) is taken off the flow
-    when the exchange ends, so reference counting frees it at once (fewer objects for every
-    young collection to walk). Driven through the real addon and runtime with mitmproxy's test
-    flows, the collector off."""
+    governor's per-exchange state (flight, exchange, tickets, decisions; a stream's relay and
+    watcher) is taken off the flow when the exchange ends, so reference counting frees it at
+    once (fewer objects for every young collection to walk). Driven through the real addon
+    and runtime with mitmproxy's test flows, the collector off."""
     import gc
     import weakref
 
     from mitmproxy import http
     from mitmproxy.test import tflow
 
-    from governor.proxy.addon import METADATA_KEY
+    from governor.proxy.addon import METADATA_KEY, StreamRelay
     from governor.proxy.server import Settings, build_addon, build_runtime
 
     settings = Settings(data_dir=tmp_path / "data", control=None, session="s")
     runtime = build_runtime(settings)
     addon, peers = build_addon(settings, runtime)
-    body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 50,
+    body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
                          "messages": [{"role": "user", "content": "hi"}]})
-    answer = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": "hello"}}],
-                           "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}})
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    if stream:
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini"}
+        events = [{**chunk, "choices": [{"index": 0, "delta": {"content": "hel"}, "finish_reason": None}]},
+                  {**chunk, "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]},
+                  {**chunk, "choices": [], "usage": usage}]
+        writes = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events] + [b"data: [DONE]\n\n"]
+        answer, content_type = b"", "text/event-stream"
+    else:
+        answer = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": "hello"}}],
+                               "usage": usage})
+        writes, content_type = [], "application/json"
     gc.disable()
     try:
         flow = tflow.tflow()
@@ -387,11 +398,22 @@ async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(t
         await addon.request(flow)
         assert flow.response is None, "the model call was forwarded"
         flight = weakref.ref(flow.metadata[METADATA_KEY])
-        flow.response = http.Response.make(200, answer, {"content-type": "application/json"})
+        flow.response = http.Response.make(200, answer, {"content-type": content_type})
         addon.responseheaders(flow)
+        relay = flow.response.stream
+        assert isinstance(relay, StreamRelay) == stream
+        if stream:
+            relayed = [out for data in writes for out in relay(data)] + relay(b"")
+            assert b"".join(relayed) == b"".join(writes)  # delivered as it came
+            relay = weakref.ref(relay)
         await addon.response(flow)
-        assert flow.response.status_code == 200 and orjson.loads(flow.response.content)["usage"]["total_tokens"] == 11
+        assert flow.response.status_code == 200
         assert METADATA_KEY not in flow.metadata
+        if stream:
+            assert flow.response.stream is True  # still a streamed response, without our relay
+            assert relay() is None
+        else:
+            assert orjson.loads(flow.response.content)["usage"]["total_tokens"] == 11
         assert flight() is None  # freed without a collection (and with it what only it held)
         view = await runtime.session_view("s")
         assert (view["state"], view["iterations"], view["in_flight"]) == ("active", 1, 0)

@@ -317,6 +317,9 @@ class Governor:
         finally:
             await self._finish(flight, self._upstream_error(flow))
             self._forget(flow)
+            if flight.relay is not None:  # the stream has ended: mitmproxy calls its relay no more
+                assert flow.response is not None
+                flow.response.stream, flight.relay = True, None
 
     async def error(self, flow: http.HTTPFlow) -> None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
@@ -746,9 +749,9 @@ class Governor:
     def _forget(flow: http.HTTPFlow) -> None:
         """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
         reference cycles, freed only by the cyclic collector: what hangs off one waits for it
-        too, and makes each young collection longer. Off the flow, a plain exchange's flight,
-        tickets and decisions are freed as soon as the hook returns. (A stream's stay with its
-        relay, which the flow holds as its response's `stream`.)"""
+        too, and makes each young collection longer. Off the flow (and, for a stream, its
+        relay off the response and the flight), the flight, watcher, tickets and decisions
+        are freed as soon as the hook and any task still using them return."""
         flow.metadata.pop(METADATA_KEY, None)
 
     def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
