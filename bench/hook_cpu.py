@@ -123,6 +123,8 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
         rows[target] = {"calls_per_request": round(calls / requests, 2),
                         "us_per_request": round(seconds / requests * 1e6, 1),
                         "us_per_call": round(seconds / calls * 1e6, 2) if calls else None}
+        if target in GC:
+            rows[target]["collected_per_request"] = round(timed[target]["collected"] / requests, 1)
     return {
         "benchmark": "the governor's hooks and runtime calls, timed inside governor run under load",
         "machine": machine(), "kind": kind, "concurrency": concurrency, "duration": duration, "tree": tree,
@@ -144,6 +146,7 @@ def report(result: dict[str, Any]) -> str:
             name = target.partition(":")[2] + ("  (inside the hooks)" if target in RUNTIME else "")
         rows.append([name, r["calls_per_request"], r["us_per_call"], r["us_per_request"]])
     threads = ", ".join(f"{k} {v}" for k, v in result["threads_us_per_request"].items())
+    garbage = sum(result["timed"][g].get("collected_per_request", 0) for g in GC)
     return "\n".join([
         f"{result['kind']} c{result['concurrency']}, {result['requests']:,} requests in {result['duration']:g} s"
         + (f", tree {result['tree']}" if result["tree"] else "")
@@ -151,6 +154,7 @@ def report(result: dict[str, Any]) -> str:
         table(rows, ["function", "calls per request", "us per call", "us per request"]),
         f"the hooks: {result['hooks_us_per_request']} us per request, of the process's "
         f"{result['process_cpu_us_per_request']} (by thread: {threads})",
+        f"garbage collection freed {garbage:g} objects in reference cycles per request",
     ])
 
 

@@ -4,7 +4,7 @@
 call adds its thread CPU time and a count to a table. SIGUSR1 clears the table (the end of a
 warm-up), SIGUSR2 writes it as JSON to the file named by HOOK_CPU_OUT. The cyclic garbage
 collector's passes are timed too (gc.callbacks), one row per generation ("gc:0", "gc:1",
-"gc:2"); HOOK_CPU_GC_THRESHOLD, when set, is the youngest generation's threshold to run
+"gc:2"), with the objects each freed (cyclic garbage); HOOK_CPU_GC_THRESHOLD, when set, is the youngest generation's threshold to run
 with (an experiment: `governor run` keeps Python's default). Async functions are
 timed across their awaits too, which is only their own work while nothing else runs in
 between: true of the governor's hooks on the usual path, where no await suspends.
@@ -22,7 +22,7 @@ import signal
 import time
 from typing import Any, Callable
 
-_TABLE: dict[str, list[float]] = {}  # target -> [thread seconds, calls]
+_TABLE: dict[str, list[float]] = {}  # target -> [thread seconds, calls, objects collected (gc rows)]
 
 
 def _timed(fn: Callable[..., Any], cell: list[float]) -> Callable[..., Any]:
@@ -56,7 +56,7 @@ def install(targets: list[str]) -> None:
         *outer, name = path.split(".")
         for part in outer:
             owner = getattr(owner, part)
-        cell = _TABLE.setdefault(target, [0.0, 0])
+        cell = _TABLE.setdefault(target, [0.0, 0, 0])
         setattr(owner, name, _timed(getattr(owner, name), cell))
     _time_collections()
     signal.signal(signal.SIGUSR1, lambda *_: _clear())
@@ -68,7 +68,7 @@ def _time_collections() -> None:
     threshold = os.environ.get("HOOK_CPU_GC_THRESHOLD")
     if threshold:
         gc.set_threshold(int(threshold), *gc.get_threshold()[1:])
-    cells = [_TABLE.setdefault(f"gc:{generation}", [0.0, 0]) for generation in range(3)]
+    cells = [_TABLE.setdefault(f"gc:{generation}", [0.0, 0, 0]) for generation in range(3)]
     clock = time.thread_time
     began = [0.0]
 
@@ -79,16 +79,17 @@ def _time_collections() -> None:
             cell = cells[info["generation"]]
             cell[0] += clock() - began[0]
             cell[1] += 1
+            cell[2] += info["collected"]  # unreachable objects freed: garbage in reference cycles
 
     gc.callbacks.append(callback)
 
 
 def _clear() -> None:
     for cell in _TABLE.values():
-        cell[0], cell[1] = 0.0, 0
+        cell[0], cell[1], cell[2] = 0.0, 0, 0
 
 
 def _write(path: str) -> None:
     with open(path + ".tmp", "w") as f:
-        json.dump({target: {"seconds": s, "calls": int(n)} for target, (s, n) in _TABLE.items()}, f)
+        json.dump({target: {"seconds": s, "calls": int(n), "collected": int(c)} for target, (s, n, c) in _TABLE.items()}, f)
     os.replace(path + ".tmp", path)
