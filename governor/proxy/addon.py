@@ -316,10 +316,7 @@ class Governor:
                               _governor_error_object(session), flight.exchange)
         finally:
             await self._finish(flight, self._upstream_error(flow))
-            self._forget(flow)
-            if flight.relay is not None:  # the stream has ended: mitmproxy calls its relay no more
-                assert flow.response is not None
-                flow.response.stream, flight.relay = True, None
+            self._forget(flow, flight, stream_over=True)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
@@ -336,7 +333,7 @@ class Governor:
         finally:
             message = flow.error.msg if flow.error else "exchange failed"
             await self._finish(flight, message)
-            self._forget(flow)
+            self._forget(flow, flight, stream_over=False)
 
     def server_connected(self, data: Any) -> None:
         if self.origin is not None:
@@ -746,13 +743,17 @@ class Governor:
             await self._release(flight.exchange.session, admission.ticket, error)
 
     @staticmethod
-    def _forget(flow: http.HTTPFlow) -> None:
+    def _forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
         """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
         reference cycles, freed only by the cyclic collector: what hangs off one waits for it
-        too, and makes each young collection longer. Off the flow (and, for a stream, its
-        relay off the response and the flight), the flight, watcher, tickets and decisions
-        are freed as soon as the hook and any task still using them return."""
+        too, and makes each young collection longer. Off the flow, the flight, watcher,
+        tickets and decisions are freed as soon as the hook and any task still using them
+        return. A stream's relay comes off its response once mitmproxy has called the response
+        hook (the stream is over; it calls the relay no more), and off the flight, which
+        `_finish` closed to every later use of it."""
         flow.metadata.pop(METADATA_KEY, None)
+        if stream_over and flight.relay is not None and flow.response is not None:
+            flow.response.stream, flight.relay = True, None
 
     def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
         flight: Flight | None = flow.metadata.get(METADATA_KEY)
