@@ -352,29 +352,65 @@ async def test_a_runtime_that_raises_at_admission_fails_closed(env):
 
 
 # --- what a finished exchange leaves behind ----------------------------------------------
+# mitmproxy's flows are reference cycles, freed by the cyclic collector only: the governor's
+# per-exchange state (flight, exchange, tickets, decisions; a stream's relay and watcher) is
+# taken off the flow when the exchange ends, so reference counting frees it at once (fewer
+# objects for every young collection to walk). Driven through the real addon and runtime with
+# mitmproxy's test flows, the collector off.
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(tmp_path, stream):
-    """mitmproxy's flows are reference cycles, freed by the cyclic collector only: the
-    governor's per-exchange state (flight, exchange, tickets, decisions; a stream's relay and
-    watcher) is taken off the flow when the exchange ends, so reference counting frees it at
-    once (fewer objects for every young collection to walk). Driven through the real addon
-    and runtime with mitmproxy's test flows, the collector off."""
+@pytest_asyncio.fixture
+async def addon_on_test_flows(tmp_path):
+    """(addon, runtime, forward): `governor run`'s addon and runtime on the bundled passport,
+    session "s", the collector off; forward(body) makes a test flow for a chat completion,
+    runs the request hook, checks it was forwarded, and returns the flow and a weak
+    reference to its flight."""
     import gc
     import weakref
 
     from mitmproxy import http
     from mitmproxy.test import tflow
 
-    from governor.proxy.addon import METADATA_KEY, StreamRelay
+    from governor.proxy.addon import METADATA_KEY
     from governor.proxy.server import Settings, build_addon, build_runtime
 
     settings = Settings(data_dir=tmp_path / "data", control=None, session="s")
     runtime = build_runtime(settings)
     addon, peers = build_addon(settings, runtime)
-    body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
-                         "messages": [{"role": "user", "content": "hi"}]})
+
+    async def forward(body: dict):
+        flow = tflow.tflow()
+        flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions", orjson.dumps(body),
+                                         {"content-type": "application/json"})
+        flow.response = None
+        await addon.request(flow)
+        assert flow.response is None, "the model call was forwarded"
+        return flow, weakref.ref(flow.metadata[METADATA_KEY])
+
+    gc.disable()
+    try:
+        yield addon, runtime, forward
+    finally:
+        gc.enable()
+        if peers is not None:
+            await peers.close()
+        await runtime.close()
+
+
+async def _session_tokens(runtime) -> tuple[dict, float]:
+    view = await runtime.session_view("s")
+    return view, next(b["used"] for b in view["budgets"] if b["dimension"] == "tokens" and b["scope"] == "per_session")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(addon_on_test_flows, stream):
+    import weakref
+
+    from mitmproxy import http
+
+    from governor.proxy.addon import METADATA_KEY, StreamRelay
+
+    addon, runtime, forward = addon_on_test_flows
     usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
     if stream:
         chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini"}
@@ -389,38 +425,44 @@ async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(t
                                             "message": {"role": "assistant", "content": "hello"}}],
                                "usage": usage})
         writes, content_type = [], "application/json"
-    gc.disable()
-    try:
-        flow = tflow.tflow()
-        flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions", body,
-                                         {"content-type": "application/json"})
-        flow.response = None
-        await addon.request(flow)
-        assert flow.response is None, "the model call was forwarded"
-        flight = weakref.ref(flow.metadata[METADATA_KEY])
-        flow.response = http.Response.make(200, answer, {"content-type": content_type})
-        addon.responseheaders(flow)
-        relay = flow.response.stream
-        assert isinstance(relay, StreamRelay) == stream
-        if stream:
-            relayed = [out for data in writes for out in relay(data)] + relay(b"")
-            assert b"".join(relayed) == b"".join(writes)  # delivered as it came
-            relay = weakref.ref(relay)
-        await addon.response(flow)
-        assert flow.response.status_code == 200
-        assert METADATA_KEY not in flow.metadata
-        if stream:
-            assert flow.response.stream is True  # still a streamed response, without our relay
-            assert relay() is None
-        else:
-            assert orjson.loads(flow.response.content)["usage"]["total_tokens"] == 11
-        assert flight() is None  # freed without a collection (and with it what only it held)
-        view = await runtime.session_view("s")
-        assert (view["state"], view["iterations"], view["in_flight"]) == ("active", 1, 0)
-        tokens = next(b for b in view["budgets"] if b["dimension"] == "tokens" and b["scope"] == "per_session")
-        assert tokens["used"] == 11  # settled at what the upstream reported
-    finally:
-        gc.enable()
-        if peers is not None:
-            await peers.close()
-        await runtime.close()
+    flow, flight = await forward({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
+                                  "messages": [{"role": "user", "content": "hi"}]})
+    flow.response = http.Response.make(200, answer, {"content-type": content_type})
+    addon.responseheaders(flow)
+    relay = flow.response.stream
+    assert isinstance(relay, StreamRelay) == stream
+    if stream:
+        relayed = [out for data in writes for out in relay(data)] + relay(b"")
+        assert b"".join(relayed) == b"".join(writes)  # delivered as it came
+        relay = weakref.ref(relay)
+    await addon.response(flow)
+    assert flow.response.status_code == 200
+    assert METADATA_KEY not in flow.metadata
+    if stream:
+        assert flow.response.stream is True  # still a streamed response, without our relay
+        assert relay() is None
+    else:
+        assert orjson.loads(flow.response.content)["usage"]["total_tokens"] == 11
+    assert flight() is None  # freed without a collection (and with it what only it held)
+    view, tokens = await _session_tokens(runtime)
+    assert (view["state"], view["iterations"], view["in_flight"]) == ("active", 1, 0)
+    assert tokens == 11  # settled at what the upstream reported
+
+
+async def test_an_exchange_that_fails_upstream_is_released_and_leaves_nothing_on_its_flow(addon_on_test_flows):
+    """The error hook (the upstream never answered): the reservation is released, the call's
+    in-flight slot freed, and the flight taken off the flow and freed without a collection."""
+    from mitmproxy import flow as mitmflow
+
+    from governor.proxy.addon import METADATA_KEY
+
+    addon, runtime, forward = addon_on_test_flows
+    flow, flight = await forward({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
+    view, tokens = await _session_tokens(runtime)
+    assert tokens > 0 and view["in_flight"] == 1  # held while the call is out
+    flow.error = mitmflow.Error("connection reset by upstream")
+    await addon.error(flow)
+    assert METADATA_KEY not in flow.metadata
+    assert flight() is None
+    view, tokens = await _session_tokens(runtime)
+    assert (view["iterations"], view["in_flight"], tokens) == (1, 0, 0)  # released: it was never consumption
