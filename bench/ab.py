@@ -44,10 +44,9 @@ from common import (  # noqa: E402
     write_passport,
     write_result,
 )
-from overhead import STREAM_CHUNKS, workload_key  # noqa: E402
+from overhead import STREAM_CHUNKS, WORKLOADS, workload_key  # noqa: E402
 
-ALL_WORKLOADS = tuple(workload_key(tls, kind, c) for tls in (False, True)
-                      for kind, c in (("plain", 1), ("plain", 16), ("stream", 1), ("stream", 16)))
+ALL_WORKLOADS = {workload_key(*w): w for w in WORKLOADS}  # key -> (tls, kind, concurrency), as overhead runs them
 
 
 @contextlib.contextmanager
@@ -95,7 +94,7 @@ def run(a: str, b: str, workloads: list[str], rounds: int, duration: float, log=
             order = ["bare", *pair] if round_no % 4 < 2 else [*pair, "bare"]
             log(f"  round {round_no + 1}/{rounds}: {' '.join(order)}")
             for key in workloads:
-                tls, kind, concurrency = key.startswith("tls-"), key.split("-")[-2], int(key.split("-c")[-1])
+                tls, kind, concurrency = ALL_WORKLOADS[key]
                 for name in order:
                     proxy, data_dir = proxies[name]
                     segment = load.ask({

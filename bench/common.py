@@ -88,12 +88,28 @@ def ratio(numerator: float | None, denominator: float | None, digits: int = 3) -
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
+def _stat_cpu(path: str) -> float:
+    """utime + stime from a /proc stat file (a process's or a thread's), in seconds."""
+    with open(path, "rb") as f:
         raw = f.read()
     fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # fields 14 and 15 of stat(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds, from /proc/<pid>/stat."""
+    return _stat_cpu(f"/proc/{pid}/stat")
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of `pid`, from /proc."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
 
 
 def memory_mb(pid: int) -> dict[str, float]:

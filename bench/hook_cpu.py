@@ -44,12 +44,12 @@ from common import (  # noqa: E402
     machine,
     scratch,
     table,
+    thread_cpu,
     upstream_url,
     write_passport,
     write_result,
 )
 from overhead import STREAM_CHUNKS  # noqa: E402
-from profile_overhead import thread_cpu  # noqa: E402
 
 HOOKS = (
     "governor.proxy.addon:Governor.request",

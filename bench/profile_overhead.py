@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import signal
@@ -63,6 +62,7 @@ from common import (  # noqa: E402
     machine,
     scratch,
     table,
+    thread_cpu,
     upstream_url,
     write_passport,
     write_result,
@@ -74,20 +74,6 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)
 _ENTRY_POINTS = ("governor/cli.py", "governor/proxy/cli.py", "governor/__main__.py")
 CATEGORIES = ("governor code", "mitmproxy", "event loop", "other", "no Python frame")
 _THREAD = re.compile(r"^thread \((?P<tid>\d+)\)")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of `pid`, from /proc."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / _TICK
-    return out
-
 
 def py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(PYTHON).with_name("py-spy"))

@@ -21,6 +21,7 @@ from aiohttp import web
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
+import ab  # noqa: E402
 import common  # noqa: E402
 import hook_cpu  # noqa: E402
 import overhead  # noqa: E402
@@ -326,3 +327,23 @@ def test_the_hook_timer_times_each_hook_once_per_request_and_the_collector(kind:
     assert "garbage collection, generation 0" in printed and "gc threshold 50" in printed
     # what the collector freed: at least the flows (mitmproxy's are reference cycles)
     assert sum(timed[g]["collected_per_request"] for g in hook_cpu.GC) >= 1
+
+
+# --- two revisions side by side ---------------------------------------------------------
+
+
+def test_two_trees_side_by_side_each_read_per_round() -> None:
+    """bench/ab.py, briefly, with this tree as both A and B: every segment on every proxy
+    answered 200 (run() refuses otherwise) with its CPU read, and each round gives the three
+    ratios of its own figures."""
+    tree = str(BENCH.parent)
+    result = ab.run(tree, tree, ["plain-c1", "tls-stream-c1"], rounds=2, duration=0.1, log=lambda *_: None)
+    assert set(result["workloads"]) == {"plain-c1", "tls-stream-c1"}
+    for key, w in result["workloads"].items():
+        us = w["cpu_us_per_request"]
+        assert set(us) == {"bare", "A", "B"} and all(v > 0 for v in us.values()), (key, us)
+        assert set(w["ratios"]) == {"A/bare", "B/bare", "B/A"}
+        for label, q in w["ratios"].items():
+            assert 0 < q["min"] <= q["median"] <= q["max"], (key, label, q)
+    printed = ab.report(result)
+    assert all(any(line.startswith(f"| {key} ") for line in printed.splitlines()) for key in result["workloads"])
