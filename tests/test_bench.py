@@ -10,8 +10,10 @@ arrived whole, and the ratios and verdicts are the ones its measurements give.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import ab  # noqa: E402
 import common  # noqa: E402
 import hook_cpu  # noqa: E402
 import overhead  # noqa: E402
+import profile_overhead  # noqa: E402
 import run_all  # noqa: E402
 
 
@@ -347,3 +350,92 @@ def test_two_trees_side_by_side_each_read_per_round() -> None:
             assert 0 < q["min"] <= q["median"] <= q["max"], (key, label, q)
     printed = ab.report(result)
     assert all(any(line.startswith(f"| {key} ") for line in printed.splitlines()) for key in result["workloads"])
+
+
+# --- where the CPU goes: py-spy's samples, split -----------------------------------------
+
+_MAIN = "thread (100): MainThread;<module> (governor:6);main (governor/cli.py:51);run (asyncio/runners.py:194)"
+# py-spy's raw format (record --format raw --threads): one line per distinct stack, root first
+RAW_STACKS = [
+    f"{_MAIN};Governor.request (governor/proxy/addon.py:270);Runtime.admit (governor/runtime.py:250);"
+    "quiet_model_call (governor/policy/engine.py:540) 6",
+    f"{_MAIN};Governor.response (governor/proxy/addon.py:300);Runtime.usage (governor/runtime.py:270) 3",
+    f"{_MAIN};ConnectionHandler.server_event (mitmproxy/proxy/server.py:300);"
+    "validate_headers (mitmproxy/net/http/validate.py:10) 8",
+    f"{_MAIN};BaseEventLoop._run_once (asyncio/base_events.py:1900);Handle._run (asyncio/events.py:84) 2",
+    f"{_MAIN};BaseEventLoop._run_once (asyncio/base_events.py:1900);EpollSelector.select (selectors.py:468) 40",
+    "thread (100): MainThread;<module> (governor:6);main (governor/cli.py:51) 1",
+    "thread (200): governor-store-flush;_flush_behind (governor/store/writebehind.py:300) 9",
+    "not a stack line",
+]
+
+
+def test_the_profile_splits_the_event_loops_samples_by_where_they_were_taken() -> None:
+    """bench/profile_overhead.py's arithmetic on py-spy's raw stacks: one thread's samples,
+    idle ones (the loop in epoll) left out, each category and governor module and function
+    given its share of the CPU per request, the command-line entry points (at the root of
+    every stack of `governor run`) not counted as governor code."""
+    stacks = profile_overhead.parse_stacks(RAW_STACKS, thread=100)
+    assert len(stacks) == 6  # the flusher's stack is another thread's; the junk line is skipped
+    assert len(profile_overhead.parse_stacks(RAW_STACKS)) == 7
+    busy = [(frames, n) for frames, n in stacks if not profile_overhead._is_idle(frames)]
+    assert sum(n for _, n in busy) == 20
+    split = profile_overhead.breakdown(busy, cpu_us_per_request=200.0, other_threads_us=5.0)
+    assert split["us_per_sample"] == 10.0 and split["samples"] == 20
+    assert split["cpu_us_per_request"] == 205.0
+    assert split["categories"] == {"governor code": 90.0, "mitmproxy": 80.0, "event loop": 20.0, "other": 10.0,
+                                   "no Python frame": 0.0, "other threads": 5.0}
+    assert split["governor_modules"] == {"governor/policy/engine": 60.0, "governor/runtime": 30.0}
+    assert split["governor_functions"] == {  # inclusive: a function's time includes what it calls
+        "Governor.request (governor/proxy/addon.py)": 60.0, "Runtime.admit (governor/runtime.py)": 60.0,
+        "quiet_model_call (governor/policy/engine.py)": 60.0,
+        "Governor.response (governor/proxy/addon.py)": 30.0, "Runtime.usage (governor/runtime.py)": 30.0}
+    assert split["other_functions"] == {"validate_headers (mitmproxy/net/http/validate.py)": 80.0,
+                                        "Handle._run (asyncio/events.py)": 20.0, "main (governor/cli.py)": 10.0}
+    bare = profile_overhead.breakdown([(frames, n) for frames, n in busy
+                                       if profile_overhead.categorize(frames) != "governor code"], 110.0)
+    printed = profile_overhead.report({"bare": bare, "governor": split})
+    assert any(line.startswith("| governor/policy/engine ") and "| 60.0 " in line for line in printed.splitlines())
+    assert any(line.startswith("|   governor code ") and "| 90.0 " in line for line in printed.splitlines())
+
+
+def _py_spy_cannot_attach() -> str | None:
+    """Why py-spy cannot sample a process here (not installed; no permission to attach), or None."""
+    try:
+        spy = profile_overhead.py_spy()
+    except SystemExit as exc:
+        return str(exc)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        probe = subprocess.run([spy, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=30)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    if probe.returncode != 0:
+        return f"py-spy cannot attach to a process here (needs root or ptrace permission): {probe.stderr.strip()[-300:]}"
+    return None
+
+
+def test_a_short_profile_samples_both_proxies_and_finds_the_governors_code_in_one_only(tmp_path, monkeypatch) -> None:
+    """bench/profile_overhead.py, briefly, against the real processes under load: py-spy
+    sampled both proxies, every measured request was counted, and governor code (its request
+    hook, at least) shows in the governor's split and nowhere in the bare proxy's."""
+    reason = _py_spy_cannot_attach()
+    if reason is not None:
+        pytest.skip(reason)
+    monkeypatch.setattr(profile_overhead, "RESULTS", tmp_path)  # its raw stacks go here, not in bench/results
+    args = argparse.Namespace(kind="plain", concurrency=2, duration=1.0, rounds=2, rate=200, nonblocking=False)
+    with common.scratch("profile-test") as work, common.Role("upstream") as upstream, common.Role("load") as load, \
+            common.Role("bare", "--data-dir", str(work / "bare")) as bare, \
+            common.Governor(common.write_passport(work / "passport.json"), work / "governor") as governor:
+        paths = profile_overhead.profile({"bare": bare, "governor": governor}, upstream, load, args)
+    for name, split in paths.items():
+        assert split["requests"] > 0 and split["samples"] > 0, name
+        assert split["cpu_us_per_request"] > 0, name
+        shares = sum(split["categories"].values())
+        assert abs(shares - split["cpu_us_per_request"]) < 1.0, (name, shares, split["cpu_us_per_request"])
+        assert (tmp_path / f"profile-{name}.txt").stat().st_size > 0
+    assert paths["bare"]["categories"]["governor code"] == 0 and not paths["bare"]["governor_modules"]
+    assert paths["governor"]["categories"]["governor code"] > 0
+    assert "Governor.request (governor/proxy/addon.py)" in paths["governor"]["governor_functions"]
+    assert "governor code by module" in profile_overhead.report(paths)
