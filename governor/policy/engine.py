@@ -563,9 +563,10 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
                 and "cost_above_max" not in state.deviations):
             return None
     capped = limits.enforce_hard
-    charges = tuple(_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
-                                               m.cap if capped else None, m.persona))
-                    for m in meters if (tokens if m.dimension == TOKENS else cost) is not None)
+    # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
+    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
+                                                m.cap if capped else None, m.persona))
+                     for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
     if not charges:
         return None
     decision = permitted(charges, None, (), {}, False)
@@ -608,8 +609,8 @@ def _settlement(limits: Limits, step: UsageReport, cost: float | None) -> Decisi
         return None
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
-    charges = tuple(_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
-                                               m.persona)) for m in meters)  # settled: no caps
+    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
+                                                m.persona)) for m in meters])  # settled: no caps
     return permitted(charges, None, (), {}, True)
 
 

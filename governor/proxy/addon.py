@@ -370,7 +370,7 @@ class Governor:
             port=request.port, scheme=request.scheme,
         )
         # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded
-        forwarded = tuple(f for f in fields if f[0][:4].lower() != _GOVERNOR_PREFIX) if governing else fields
+        forwarded = tuple([f for f in fields if f[0][:4].lower() != _GOVERNOR_PREFIX]) if governing else fields
         if self.origin is not None:
             forwarded += ((self.origin.header.encode(), self.origin.marker.encode()),)
         if forwarded is not fields:
@@ -785,7 +785,7 @@ def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: boo
     if body is not None:
         request.raw_content = body
         # as mitmproxy's own content setter: no Content-Length beside a Transfer-Encoding
-        if not any(name.lower() == b"transfer-encoding" for name, _ in fields):
+        if b"transfer-encoding" not in [name.lower() for name, _ in fields]:
             drop.add(b"content-length")
             add.append((b"content-length", str(len(body)).encode()))
     if stream:
@@ -795,7 +795,7 @@ def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: boo
         raw = name.encode()
         drop.add(raw.lower())
         add.append((raw, value.encode()))
-    request.headers.fields = tuple(f for f in fields if f[0].lower() not in drop) + tuple(add)
+    request.headers.fields = tuple([f for f in fields if f[0].lower() not in drop] + add)
 
 
 def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
@@ -818,11 +818,12 @@ def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, st
 def _decoded_body(message: http.Message) -> bytes:
     """The body with its Content-Encoding undone (as sent when it cannot be); without one,
     the raw bytes, found by a pass over the raw fields rather than `Headers.get`."""
-    if any(name.lower() == b"content-encoding" for name, _ in message.headers.fields):
-        try:
-            return message.content or b""
-        except ValueError:
-            pass
+    for name, _ in message.headers.fields:  # a loop, not any(generator): no frame per response
+        if name.lower() == b"content-encoding":
+            try:
+                return message.content or b""
+            except ValueError:
+                break
     return message.raw_content or b""
 
 
