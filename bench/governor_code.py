@@ -26,7 +26,7 @@ Why: the overhead benchmark's ratios move by about 0.1 between runs here, becaus
 denominator (a bare mitmproxy's CPU per request) moves with the neighbours' load, so a
 change worth a few percent of a request does not show there. These figures move by a few
 percent, and a governed request's cost in the proxy follows them (1.6-1.9x as much in the
-process as here, where caches stay warm: the README's Benchmarks section). Prints a table;
+process as here, where caches stay warm: bench/FINDINGS.md). Prints a table;
 writes bench/results/governor_code.json.
 """
 
