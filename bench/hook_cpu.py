@@ -1,7 +1,7 @@
 """The governor's hooks and runtime calls, timed inside `governor run` under load.
 
     .venv/bin/python bench/hook_cpu.py [--kind plain|stream] [--concurrency 1] [--duration 8]
-                                       [--tree PATH] [--time module:Class.method ...]
+                                       [--tree PATH] [--time module:Class.method ...] [--gc-threshold N]
 
 One mock upstream, one load generator and one `governor run` (tier R3, the overhead
 benchmark's passport and request), started through bench/hook_cpu_probe.py, which wraps

@@ -4,10 +4,11 @@
 call adds its thread CPU time and a count to a table. SIGUSR1 clears the table (the end of a
 warm-up), SIGUSR2 writes it as JSON to the file named by HOOK_CPU_OUT. The cyclic garbage
 collector's passes are timed too (gc.callbacks), one row per generation ("gc:0", "gc:1",
-"gc:2"), with the objects each freed (cyclic garbage); HOOK_CPU_GC_THRESHOLD, when set, is the youngest generation's threshold to run
-with (an experiment: `governor run` keeps Python's default). Async functions are
-timed across their awaits too, which is only their own work while nothing else runs in
-between: true of the governor's hooks on the usual path, where no await suspends.
+"gc:2"), with the objects each freed (cyclic garbage). HOOK_CPU_GC_THRESHOLD, when set, is
+the youngest generation's threshold to run with (an experiment: `governor run` keeps
+Python's default). Async functions are timed across their awaits too, which is only their
+own work while nothing else runs in between: true of the governor's hooks on the usual
+path, where no await suspends.
 """
 
 from __future__ import annotations

@@ -118,8 +118,8 @@ def aggregate(segments: dict[tuple[str, str], list[dict[str, Any]]], governor_me
             segs = segments[(key, path)]
             latencies = [v for s in segs for v in s["latencies_ms"]]
             count = sum(s["count"] for s in segs)
-            warmup_count = sum(s.get("warmup_count", 0) for s in segs)
-            short_streams = sum(s.get("short_streams", 0) for s in segs)
+            warmup_count = sum(s["warmup_count"] for s in segs)
+            short_streams = sum(s["short_streams"] for s in segs)
             elapsed = sum(s["elapsed"] for s in segs)
             statuses: dict[str, int] = {}
             for s in segs:

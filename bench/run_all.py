@@ -57,10 +57,15 @@ def script(name: str, args: list[str], result_file: str, timeout: float = 300) -
     return json.loads(out.read_text())
 
 
+# the overhead benchmark's rounds, seconds per segment and warm-up, in a full run and with --quick
+OVERHEAD_FULL = {"rounds": 4, "duration": 2.5, "warmup": 0.3}
+OVERHEAD_QUICK = {"rounds": 2, "duration": 1.0, "warmup": 0.2}
+
+
 def run_parts(parts: list[str], quick: bool) -> tuple[dict[str, Any], dict[str, str]]:
     steps: dict[str, Callable[[], dict[str, Any]]] = {
-        "overhead": lambda: _show(overhead, "overhead.json", overhead.run(rounds=2 if quick else 4, duration=1.0 if quick else 2.5,
-                                                         warmup=0.2 if quick else 0.3)),
+        "overhead": lambda: _show(overhead, "overhead.json",
+                                  overhead.run(**(OVERHEAD_QUICK if quick else OVERHEAD_FULL))),
         "streaming": lambda: _show(streaming, "streaming.json", streaming.run(rounds=2, streams=3 if quick else 8)),
         "budget": lambda: _show(budget_accuracy, "budget_accuracy.json", budget_accuracy.run(64)),
         "decision": lambda: script("bench_decision.py", ["--decisions", "30000" if quick else "120000"], "decision.json"),
