@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from governor.canonical import b64url, b64url_decode
+from governor.documents import JSON, DocumentError, parse_document, read_document_bytes
 from governor.evidence.errors import DidDocumentError, KeyFileError
 from governor.evidence.record import fsync_directory
 
@@ -89,11 +90,16 @@ def key_fingerprint(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
     return "SHA256:" + b64url(hashlib.sha256(public_key_bytes(key)).digest())
 
 
+_MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM key is a few hundred bytes
+
+
 def _read(path: Path | str, what: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return read_document_bytes(path, max_bytes=_MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise KeyFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise KeyFileError(f"{what} {exc}") from None
 
 
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
@@ -256,15 +262,14 @@ def public_key_from_did_document(document: Mapping[str, Any], did: str | None = 
 
 
 def load_did_document(path: Path | str) -> dict[str, Any]:
+    """A DID document file: a JSON object, read within the bounds of governor.documents."""
     try:
-        document = json.loads(Path(path).read_bytes())
+        return parse_document(read_document_bytes(path), format=JSON, source=f"DID document {path}",
+                              what="DID document")
     except OSError as exc:
         raise KeyFileError(f"cannot read DID document {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise KeyFileError(f"DID document {path} is not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise KeyFileError(f"DID document {path} is not a JSON object")
-    return document
+    except DocumentError as exc:
+        raise KeyFileError(str(exc)) from None
 
 
 # --- key files ------------------------------------------------------------------------
