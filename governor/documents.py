@@ -322,4 +322,5 @@ def _one_line(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc)
     context = getattr(exc, "context", None)
     where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-    return f"{problem}{where}" + (f" ({context})" if context else "")
+    text = f"{problem}{where}" + (f" ({context})" if context else "")
+    return " ".join(text.split())  # one line: a reader error's text spans two

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import yaml
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from governor.canonical import b64url
