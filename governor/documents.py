@@ -47,6 +47,7 @@ JSON = "json"
 YAML = "yaml"
 _SAFE_INTEGER = 2**53 - 1  # I-JSON: beyond this JCS (IEEE doubles) would alter the value
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024  # a passport is a few KiB; a record of a long session a few hundred
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_DEPTH = 64  # nesting levels (objects and arrays); passports and records use fewer than ten
 
 
@@ -283,8 +284,11 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def first_non_json_value(value: Any, path: str = "$") -> str | None:
     """Describe the first value JSON/JCS cannot carry exactly, with its JSON path; None if all can."""
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, str):
+        # a lone surrogate (JSON's "\\ud800") is not Unicode text: I-JSON refuses it, JCS cannot encode it
+        return f"{path}: string with a lone surrogate (not Unicode text)" if _SURROGATE.search(value) else None
     if isinstance(value, int):
         if abs(value) > _SAFE_INTEGER:
             return f"{path}: integer {value} is beyond 2**53 and would change under JCS"
@@ -295,6 +299,8 @@ def first_non_json_value(value: Any, path: str = "$") -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"{path}: key {key!r} is not a string"
+            if _SURROGATE.search(key):
+                return f"{path}: key with a lone surrogate (not Unicode text)"
             problem = first_non_json_value(item, f"{path}{_member(key)}")
             if problem:
                 return problem

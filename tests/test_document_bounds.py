@@ -73,6 +73,15 @@ def test_arrays_nest_under_the_same_bound():
         parse_document(b'{"a":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}")
 
 
+def test_a_lone_surrogate_is_refused_where_jcs_would_fail():
+    # JSON may escape one; it is not Unicode text, and the digest (JCS, UTF-8) could not be taken
+    with pytest.raises(DocumentError, match=r"\$\.a: string with a lone surrogate"):
+        parse_document(b'{"a": "\\ud800"}')
+    with pytest.raises(DocumentError, match="key with a lone surrogate"):
+        parse_document(b'{"b": {"\\udfff": 1}}')
+    assert parse_document(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}  # a pair is a character
+
+
 def test_size_is_bounded_for_bytes_and_text():
     small = b'{"a": "' + b"x" * 100 + b'"}'
     assert parse_document(small, max_bytes=len(small)) == {"a": "x" * 100}

@@ -34,8 +34,10 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
 
+LONE_SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udc00"])  # JSON can escape them; not Unicode text
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**60, 2**60) | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-2**60, 2**60) | st.floats(allow_nan=True) | st.text(max_size=20)
+    | LONE_SURROGATES,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=30,
 )
@@ -81,6 +83,8 @@ def loads_or_refuses(data: bytes | str) -> None:
 @example(nested_json(50_000))
 @example(nested_yaml(50_000))
 @example(b"\xef\xbb\xbf{}")
+@example(b'{"a": "\\ud800"}')
+@example(b'{"\\udfff": 1}')
 def test_passport_bytes(data):
     loads_or_refuses(data)
 
@@ -133,6 +137,7 @@ def header_digest_or_refusal(value: str) -> None:
 @example(header_value(alias_bomb(9)))
 @example(header_value(b"[" * 60_000))
 @example("A" * 100_000)
+@example(header_value(b'{"a": "\\ud800"}'))
 def test_header_any_text(value):
     header_digest_or_refusal(value)
 
@@ -182,6 +187,7 @@ _KEY = ed25519.Ed25519PrivateKey.generate()
 @FUZZ
 @given(st.binary(max_size=2000) | json_values.map(lambda v: json.dumps(v).encode()))
 @example(nested_json(100_000))
+@example(b'{"a": "\\ud800"}')
 def test_record_bytes(data):
     try:
         record = parse_record(data)

@@ -137,6 +137,8 @@ async def test_the_pinned_passport_presented_whole_still_passes(running, llm):
         assert "neither sha256=<digest> nor base64url" in refusal(not_base64)["message"]
         not_a_passport = await chat(agent, llm, "list", header_value(b"- a\n- b\n"))
         assert "must be a JSON object" in refusal(not_a_passport)["message"]
+        surrogate = await chat(agent, llm, "surrogate", header_value(b'{"a": "\\ud800"}'))
+        assert "lone surrogate" in refusal(surrogate)["message"]  # before: the digest raised, a 503
     assert llm.served == 3
 
 
