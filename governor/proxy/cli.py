@@ -23,6 +23,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "config": ("GOVERNOR_CONFIG", "a YAML file of settings (keys: these options, plus routes, ...)"),
     "listen": ("GOVERNOR_LISTEN", "proxy address HOST:PORT (default 127.0.0.1:8080)"),
     "control": ("GOVERNOR_CONTROL", "control plane address HOST:PORT, or 'off' (default 127.0.0.1:8081)"),
+    "control_host": ("GOVERNOR_CONTROL_HOST", "extra Host names the control plane answers to, comma-separated "
+                     "(default: its listen address, localhost, 127.0.0.1, ::1; '*': any)"),
     "mode": ("GOVERNOR_MODE", "regular (explicit HTTPS_PROXY, default) or reverse:URL (agent's base URL = the proxy)"),
     "data_dir": ("GOVERNOR_DATA_DIR", "state, journals, records, the governor key and the CA (default ./.governor)"),
     "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
@@ -121,6 +123,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.listen = _address(listen, "--listen")
     if (control := value("control")) is not None:
         settings.control = None if str(control).lower() == "off" else _address(control, "--control")
+    if (hosts := value("control_host")) is not None:
+        names = hosts if isinstance(hosts, list) else str(hosts).split(",")
+        settings.control_hosts = tuple(str(h).strip() for h in names if str(h).strip())
     if (mode := value("mode")) is not None:
         if mode != "regular" and not str(mode).startswith("reverse:"):
             raise UsageError(f"--mode: expected regular or reverse:URL, got {mode!r}")

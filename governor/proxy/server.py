@@ -71,6 +71,7 @@ class Settings:
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
+    control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
 
     @property
@@ -183,7 +184,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
         origin = ProxyOrigin()
         app = create_app(runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
-                         metrics=metrics, origin=origin)
+                         metrics=metrics, origin=origin, control_hosts=settings.control_hosts)
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
