@@ -28,10 +28,11 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Sequence
 
+import orjson
 from aiohttp import web
 
 from governor.control.auth import TokenSet, bearer
-from governor.control.guard import ControlGuard, Refusal, json_object
+from governor.control.guard import ControlGuard, Refusal, json_object, page_query
 from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
@@ -193,9 +194,20 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def list_sessions(request: web.Request) -> web.Response:
+    """A page of sessions sorted by id: `?limit=` (default 100, at most 1000) after the
+    cursor `?after=` (the previous page's `next`); `next` is null on the last page."""
     if refusal := _operator_refusal(request):
         return refusal
-    return ok({"sessions": await request.app[RUNTIME].sessions()})
+    try:
+        after, limit = page_query(request.query)
+    except Refusal as refusal:
+        return error(refusal.status, refusal.code, refusal.message)
+    views = await request.app[RUNTIME].sessions(after=after, limit=limit + 1)
+    more = len(views) > limit
+    views = views[:limit]
+    page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
+    # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop
+    return web.Response(body=orjson.dumps(page, default=_jsonable), content_type="application/json")
 
 
 def _unknown_session(session: str) -> web.Response:

@@ -117,6 +117,24 @@ class ControlGuard:
         return authority.rstrip("/") == host.strip().lower() and (self.any_host or host_name(authority) in self.hosts)
 
 
+def page_query(query: Mapping[str, str]) -> tuple[str | None, int]:
+    """(after, limit) of a listing's query string: `limit` 1..MAX_PAGE (default
+    DEFAULT_PAGE), `after` the cursor (the last id of the previous page)."""
+    from governor.session_index import DEFAULT_PAGE, MAX_PAGE
+
+    raw = query.get("limit")
+    if raw is None:
+        limit = DEFAULT_PAGE
+    elif raw.isdigit() and 1 <= len(raw) <= 6 and 1 <= int(raw) <= MAX_PAGE:
+        limit = int(raw)
+    else:
+        raise Refusal(400, "bad_limit", f"limit must be a whole number from 1 to {MAX_PAGE}, not {raw[:40]!r}")
+    after = query.get("after") or None
+    if after is not None and len(after) > 1024:
+        raise Refusal(400, "bad_cursor", "after: a session id of at most 1024 characters")
+    return after, limit
+
+
 def json_object(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     """A request body that must be a JSON object nested at most `max_depth` deep.
 
