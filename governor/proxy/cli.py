@@ -33,6 +33,15 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "session": ("GOVERNOR_SESSION", "the session of requests without an ADL-Session header (default: one per process)"),
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
+    "client_header_timeout": ("GOVERNOR_CLIENT_HEADER_TIMEOUT", "seconds a new client connection has to send its "
+                              "first request's headers (default 30)"),
+    "client_body_timeout": ("GOVERNOR_CLIENT_BODY_TIMEOUT", "seconds a request body has to arrive after its headers "
+                            "(default 120)"),
+    "client_idle_timeout": ("GOVERNOR_CLIENT_IDLE_TIMEOUT", "seconds a keep-alive client connection may sit idle "
+                            "(default 60)"),
+    "max_client_connections": ("GOVERNOR_MAX_CLIENT_CONNECTIONS", "client connections open at once (default: from "
+                               "the file-descriptor limit, about 7/16 of it); over it the longest-waiting idle one is "
+                               "closed, or the newcomer refused"),
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
@@ -151,6 +160,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             raise UsageError(f"--upstream-ca {ca}: no such file")
     if (timeout := value("upstream_timeout")) is not None:
         settings.upstream_timeout = _number(timeout, "--upstream-timeout")
+    for name in ("client_header_timeout", "client_body_timeout", "client_idle_timeout"):
+        if (seconds := value(name)) is not None:
+            setattr(settings, name, _number(seconds, "--" + name.replace("_", "-")))
+    if (cap := value("max_client_connections")) is not None:
+        if not str(cap).isdigit() or int(cap) < 1:
+            raise UsageError(f"--max-client-connections: expected a whole number >= 1, got {cap!r}")
+        settings.max_client_connections = int(cap)
     if (pricing := value("pricing")) is not None:
         settings.pricing = Path(pricing)
     if (store := value("store")) is not None:
