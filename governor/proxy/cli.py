@@ -221,6 +221,10 @@ def instructions(running: Any) -> str:
     limits = getattr(runtime, "limits", None)
     lines.append(f"  tier:           {limits.tier.value if limits is not None else settings.tier.value}")
     lines.append(f"  proxy:          {running.proxy_url} (mode {settings.mode})")
+    guard = getattr(running, "connections", None)
+    if guard is not None:
+        lines.append(f"  clients:        at most {guard.cap} connections; headers within {settings.client_header_timeout:g}s, "
+                     f"bodies {settings.client_body_timeout:g}s, idle keep-alive closed after {settings.client_idle_timeout:g}s")
     if running.control_url:
         lines.append(f"  control plane:  {running.control_url}")
         lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
