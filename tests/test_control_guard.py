@@ -192,3 +192,34 @@ def test_guard_bound_to_all_interfaces_knows_this_host():
     guard.check("GET", "/v1/sessions", {"Host": f"{socket.gethostname()}:8081"}, False)
     with pytest.raises(Refusal):
         guard.check("GET", "/v1/sessions", {"Host": "attacker.example"}, False)
+
+
+# --- slow clients ----------------------------------------------------------------------
+
+
+async def test_half_sent_and_dribbled_requests_are_closed(serve):
+    import asyncio
+    import time
+
+    runtime = ScriptedRuntime()
+    app = create_app(runtime, metrics=Metrics(), origin=ProxyOrigin())
+    runner = await start_control(app, "127.0.0.1", 0, keepalive_timeout=1.0)
+    port = runner.addresses[0][1]
+    try:
+        opened = time.monotonic()
+        half = await asyncio.open_connection("127.0.0.1", port)
+        half[1].write(b"GET /v1/sess")
+        dribbler = await asyncio.open_connection("127.0.0.1", port)
+        dribbler[1].write(b"GET /v1/sessions?x=")
+        closed = asyncio.gather(half[0].read(), dribbler[0].read())
+        for _ in range(8):  # a byte every 0.5 s: never idle, never a whole request
+            if closed.done():
+                break
+            dribbler[1].write(b"a")
+            await asyncio.sleep(0.5)
+        assert await asyncio.wait_for(closed, 5) == [b"", b""]
+        assert time.monotonic() - opened < 4.0
+        for _, writer in (half, dribbler):
+            writer.close()
+    finally:
+        await runner.cleanup()

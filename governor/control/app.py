@@ -343,13 +343,19 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     return app
 
 
-async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081) -> web.AppRunner:
+CONTROL_KEEPALIVE = 15.0
+
+
+async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081, *,
+                        keepalive_timeout: float = CONTROL_KEEPALIVE) -> web.AppRunner:
     """Serve `app` on host:port (port 0: any free port); returns the runner (`await runner.cleanup()`).
 
     The bound addresses are handed to the app's ProxyOrigin so the proxy can refuse
-    to connect to them.
+    to connect to them. `keepalive_timeout` closes a connection that has not completed a
+    request that long after it opened or after its last response: half-sent and
+    dribbled requests included (aiohttp does not move it for partial data).
     """
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
