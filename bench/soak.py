@@ -218,7 +218,7 @@ class Soak:
         ms = sorted(x * 1000 for x in self.latencies)
         return {
             "duration_s": round(elapsed, 1), "nofile": NOFILE, "rate_per_s": RATE,
-            "honest": {"answered": len(ms), "errors": len(self.errors), "error_samples": self.errors[:5],
+            "honest": {"answered": len(ms), "answered_per_s": round(len(ms) / elapsed, 1), "errors": len(self.errors), "error_samples": self.errors[:5],
                        "p50_ms": _round(percentile(ms, 50)), "p99_ms": _round(percentile(ms, 99)),
                        "max_ms": _round(ms[-1] if ms else None)},
             "hostile": self.hostile,
@@ -247,7 +247,7 @@ def run(duration: float = 150.0) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     honest, gov = result["honest"], result["governor"]
     rows = [
-        ["honest requests answered", honest["answered"]],
+        ["honest requests answered", f"{honest['answered']} ({honest['answered_per_s']}/s)"],
         ["honest errors", honest["errors"]],
         ["honest p50 / p99 / max (ms)", f"{honest['p50_ms']} / {honest['p99_ms']} / {honest['max_ms']}"],
         ["open files start / end / max", f"{gov['start']['open_files']} / {gov['end']['open_files']} / "
