@@ -222,3 +222,82 @@ def test_default_cap_leaves_headroom():
     assert default_cap(1024) == (1024 - 128) // 2
     assert default_cap(65536) == (65536 - 8192) // 2
     assert default_cap(64) == 16
+
+
+# --- the guard's bookkeeping, with a fake clock (no sockets) ------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Client:
+    def __init__(self, name: str) -> None:
+        self.id, self.peername, self.error = name, (name, 1), None
+
+
+class _Flow:
+    count = 0
+
+    def __init__(self, client: _Client) -> None:
+        _Flow.count += 1
+        self.id, self.client_conn = f"flow-{_Flow.count}", client
+
+
+def _guard(**limits):
+    from governor.proxy.connections import ConnectionGuard
+
+    clock = _Clock()
+    return ConnectionGuard(ConnectionLimits(**{"max_connections": 100, **limits}), clock=clock), clock
+
+
+def test_guard_deadlines():
+    guard, clock = _guard(header_timeout=30, body_timeout=120, idle_timeout=60)
+    silent, tunnel, slow_body, served, early = (_Client(n) for n in ("silent", "tunnel", "body", "served", "early"))
+    for client in (silent, tunnel, slow_body, served, early):
+        guard.client_connected(client)
+    clock.now += 20
+    guard.http_connect(_Flow(tunnel))  # the tunnel's TLS and first request are due 30 s from now
+    body_flow, served_flow, early_flow = _Flow(slow_body), _Flow(served), _Flow(early)
+    guard.requestheaders(body_flow)
+    guard.requestheaders(served_flow)
+    guard.request(served_flow)
+    guard.response(served_flow)  # now idle
+    guard.requestheaders(early_flow)
+    guard.response(early_flow)  # refused at its headers: no body deadline left behind
+    assert list(guard._bodies) == [body_flow.id]
+    clock.now += 15  # 35 s after connecting
+    guard.sweep()
+    assert guard.closed["header_timeout"] == 1 and guard.open_connections == 4  # only `silent`
+    clock.now += 20
+    guard.sweep()
+    assert guard.closed["header_timeout"] == 2  # the tunnel, 30 s after its CONNECT
+    clock.now += 30  # 65 s after `served` went idle
+    guard.sweep()
+    assert guard.closed["idle_timeout"] == 2  # served and early
+    clock.now += 60  # 125 s after the body's headers
+    guard.sweep()
+    assert guard.closed["body_timeout"] == 1 and guard.open_connections == 0
+
+
+def test_guard_cap_evicts_the_longest_waiting_idle_connection_never_a_busy_one():
+    guard, clock = _guard(max_connections=3)
+    a, b, c, d, e = (_Client(n) for n in "abcde")
+    guard.client_connected(a)
+    clock.now += 1
+    guard.client_connected(b)
+    clock.now += 1
+    guard.client_connected(c)
+    guard.requestheaders(_Flow(a))  # a is busy: not evictable, though the oldest
+    guard.client_connected(d)  # over the cap: b, the longest-waiting idle one, goes
+    assert guard.closed["evicted"] == 1 and guard.open_connections == 3 and d.error is None
+    guard.requestheaders(_Flow(c))
+    guard.requestheaders(_Flow(d))
+    guard.client_connected(e)  # every connection busy: the newcomer is refused
+    assert e.error and guard.closed["refused"] == 1 and guard.open_connections == 3
+    guard.client_disconnected(b)  # mitmproxy's own notice of the evicted one: nothing left to do
+    assert guard.open_connections == 3

@@ -147,6 +147,7 @@ class ConnectionGuard:
         self._bodies.pop(flow.id, None)
 
     def response(self, flow: Any) -> None:
+        self._bodies.pop(flow.id, None)  # answered before its body was read (a refusal at the headers)
         self._finished(flow.client_conn.id, flow.id)
 
     def error(self, flow: Any) -> None:
