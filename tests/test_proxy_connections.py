@@ -246,6 +246,11 @@ class _Flow:
     def __init__(self, client: _Client) -> None:
         _Flow.count += 1
         self.id, self.client_conn = f"flow-{_Flow.count}", client
+        self.request = type("Request", (), {"timestamp_end": None})()
+
+
+def _body_done(flow: _Flow) -> None:  # what mitmproxy sets when a request's body is complete
+    flow.request.timestamp_end = 1.0
 
 
 def _guard(**limits):
@@ -257,22 +262,26 @@ def _guard(**limits):
 
 def test_guard_deadlines():
     guard, clock = _guard(header_timeout=30, body_timeout=120, idle_timeout=60)
-    silent, tunnel, slow_body, served, early = (_Client(n) for n in ("silent", "tunnel", "body", "served", "early"))
-    for client in (silent, tunnel, slow_body, served, early):
+    silent, tunnel, slow_body, served, early, held = (
+        _Client(n) for n in ("silent", "tunnel", "body", "served", "early", "held"))
+    for client in (silent, tunnel, slow_body, served, early, held):
         guard.client_connected(client)
     clock.now += 20
     guard.http_connect(_Flow(tunnel))  # the tunnel's TLS and first request are due 30 s from now
     body_flow, served_flow, early_flow = _Flow(slow_body), _Flow(served), _Flow(early)
     guard.requestheaders(body_flow)
     guard.requestheaders(served_flow)
-    guard.request(served_flow)
+    _body_done(served_flow)
     guard.response(served_flow)  # now idle
     guard.requestheaders(early_flow)
+    held_flow = _Flow(held)  # its body is in; its answer waits (an approval, a long upstream)
+    guard.requestheaders(held_flow)
+    _body_done(held_flow)
     guard.response(early_flow)  # refused at its headers: no body deadline left behind
-    assert list(guard._bodies) == [body_flow.id]
+    assert list(guard._bodies) == [body_flow.id, held_flow.id]
     clock.now += 15  # 35 s after connecting
     guard.sweep()
-    assert guard.closed["header_timeout"] == 1 and guard.open_connections == 4  # only `silent`
+    assert guard.closed["header_timeout"] == 1 and guard.open_connections == 5  # only `silent`
     clock.now += 20
     guard.sweep()
     assert guard.closed["header_timeout"] == 2  # the tunnel, 30 s after its CONNECT
@@ -281,7 +290,10 @@ def test_guard_deadlines():
     assert guard.closed["idle_timeout"] == 2  # served and early
     clock.now += 60  # 125 s after the body's headers
     guard.sweep()
-    assert guard.closed["body_timeout"] == 1 and guard.open_connections == 0
+    assert guard.closed["body_timeout"] == 1 and guard.open_connections == 1  # `held` waits on
+    clock.now += 1000
+    guard.sweep()
+    assert guard.open_connections == 1 and sum(guard.closed.values()) == 5
 
 
 def test_guard_cap_evicts_the_longest_waiting_idle_connection_never_a_busy_one():

@@ -70,8 +70,7 @@ class _Conn:
 
 
 class ConnectionGuard:
-    """The mitmproxy addon. Add it before the governor's addon (its `request` hook ends a
-    request's body deadline before the governor's, which may wait for an approval)."""
+    """The mitmproxy addon: two cheap hooks per request (requestheaders, response)."""
 
     def __init__(self, limits: ConnectionLimits = ConnectionLimits(), *, clock=time.monotonic) -> None:
         self.limits = limits
@@ -81,7 +80,7 @@ class ConnectionGuard:
         # client id -> since; insertion order is deadline order within each (one timeout each)
         self._unserved: dict[str, float] = {}  # no complete request headers yet
         self._idle: dict[str, float] = {}  # served, nothing in flight
-        self._bodies: dict[str, tuple[str, float]] = {}  # flow id -> (client id, since headers)
+        self._bodies: dict[str, tuple[Any, float]] = {}  # flow id -> (flow, since its headers)
         self._task: asyncio.Task | None = None
         self._proxyserver: Any = None
         self.closed = {"header_timeout": 0, "body_timeout": 0, "idle_timeout": 0, "evicted": 0, "refused": 0}
@@ -141,10 +140,7 @@ class ConnectionGuard:
             self._idle.pop(conn.client.id, None)
         conn.served = True
         conn.busy.add(flow.id)
-        self._bodies[flow.id] = (conn.client.id, self.clock())
-
-    def request(self, flow: Any) -> None:
-        self._bodies.pop(flow.id, None)
+        self._bodies[flow.id] = (flow, self.clock())
 
     def response(self, flow: Any) -> None:
         self._bodies.pop(flow.id, None)  # answered before its body was read (a refusal at the headers)
@@ -201,11 +197,13 @@ class ConnectionGuard:
         self._expire(self._idle, now - self.limits.idle_timeout, "idle_timeout")
         cutoff = now - self.limits.body_timeout
         while self._bodies:
-            flow_id, (client_id, since) = next(iter(self._bodies.items()))
+            flow_id, (flow, since) = next(iter(self._bodies.items()))
             if since > cutoff:
                 break
             del self._bodies[flow_id]
-            if self._close(client_id, "body_timeout"):
+            if getattr(flow.request, "timestamp_end", None) is not None:
+                continue  # its body arrived (read here rather than in a request hook: one hook less per request)
+            if self._close(flow.client_conn.id, "body_timeout"):
                 log.info("closed a client connection: request body incomplete %gs after its headers",
                          self.limits.body_timeout)
 
