@@ -223,3 +223,29 @@ async def test_half_sent_and_dribbled_requests_are_closed(serve):
             writer.close()
     finally:
         await runner.cleanup()
+
+
+async def test_control_connections_are_capped_oldest_idle_first():
+    import asyncio
+
+    app = create_app(ScriptedRuntime(), metrics=Metrics(), origin=ProxyOrigin())
+    runner = await start_control(app, "127.0.0.1", 0, max_connections=5)
+    port = runner.addresses[0][1]
+    held = []
+    try:
+        for _ in range(20):  # half-sent requests, as a flood would hold them
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /v1/sess")
+            held.append((reader, writer))
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert len(runner.server.connections) <= 5
+        closed = [await asyncio.wait_for(reader.read(), 5) for reader, _ in held[:15]]
+        assert closed == [b""] * 15  # the oldest were closed to make room
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+    finally:
+        for _, writer in held:
+            writer.close()
+        await runner.cleanup()

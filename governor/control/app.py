@@ -344,19 +344,23 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
 
 
 CONTROL_KEEPALIVE = 15.0
+CONTROL_MAX_CONNECTIONS = 64
 
 
 async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081, *,
-                        keepalive_timeout: float = CONTROL_KEEPALIVE) -> web.AppRunner:
+                        keepalive_timeout: float = CONTROL_KEEPALIVE,
+                        max_connections: int = CONTROL_MAX_CONNECTIONS) -> web.AppRunner:
     """Serve `app` on host:port (port 0: any free port); returns the runner (`await runner.cleanup()`).
 
     The bound addresses are handed to the app's ProxyOrigin so the proxy can refuse
     to connect to them. `keepalive_timeout` closes a connection that has not completed a
     request that long after it opened or after its last response: half-sent and
-    dribbled requests included (aiohttp does not move it for partial data).
+    dribbled requests included (aiohttp does not move it for partial data). Over
+    `max_connections` open connections (see `cap_connections`), the oldest idle one is closed.
     """
     runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout)
     await runner.setup()
+    cap_connections(runner.server, max_connections)
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
@@ -367,6 +371,26 @@ async def start_control(app: web.Application, host: str = "127.0.0.1", port: int
     await asyncio.to_thread(app[ORIGIN].listening, addresses)
     await asyncio.to_thread(app[GUARD].listening, addresses)
     return runner
+
+
+def cap_connections(server: Any, cap: int) -> None:
+    """At most `cap` connections to the control plane: its sockets share the process's
+    descriptors with the proxy, journals and the store. A connection over the cap closes the
+    oldest one with no request in progress (idle or still sending its headers), else itself."""
+    made = server.connection_made
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        made(handler, transport)
+        if len(server.connections) <= cap:
+            return
+        for other in server.connections:  # oldest first
+            if other is not handler and not getattr(other, "_request_in_progress", True):
+                other.force_close()
+                return
+        log.warning("control plane: %d connections, all busy; refused one", cap)
+        handler.force_close()
+
+    server.connection_made = connection_made
 
 
 def control_url(runner: web.AppRunner) -> str:
