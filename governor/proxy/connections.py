@@ -61,12 +61,11 @@ def default_cap(soft_limit: int | None = None) -> int:
 
 
 class _Conn:
-    __slots__ = ("client", "busy", "served")
+    __slots__ = ("client", "busy")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.busy: set[str] = set()  # flows (and websocket/tcp streams) in flight
-        self.served = False  # a first request's headers arrived
 
 
 class ConnectionGuard:
@@ -138,7 +137,6 @@ class ConnectionGuard:
         if not conn.busy:
             self._unserved.pop(conn.client.id, None)
             self._idle.pop(conn.client.id, None)
-        conn.served = True
         conn.busy.add(flow.id)
         self._bodies[flow.id] = (flow, self.clock())
 
@@ -170,7 +168,6 @@ class ConnectionGuard:
         if conn is not None:
             self._unserved.pop(client_id, None)
             self._idle.pop(client_id, None)
-            conn.served = True
             conn.busy.add(key)
 
     def _finished(self, client_id: str, key: str) -> None:
