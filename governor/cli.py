@@ -25,12 +25,39 @@ COMMAND_MODULES = (
 )
 
 
+DISTRIBUTION = "adl-governor"
+
+
 class UsageError(Exception):
     """Bad arguments or unreadable input: exit 2 with the message."""
 
 
+def package_version() -> str:
+    """The installed distribution's version; the source tree's when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        from governor import __version__
+
+        return __version__
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: looked up only when asked, so other commands do not pay for it."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"governor {package_version()}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor", description="Runtime governor for ADL agents")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
