@@ -101,6 +101,16 @@ def test_kept_record_verifies_with_governor_verify(demo):
     checked = governor("verify", str(record_file), "--key", str(public_key))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "VALID" in checked.stdout
+    assert "Events (" not in checked.stdout
+
+    # --events lists every event of the real record, one a line, in order
+    listed = governor("verify", str(record_file), "--key", str(public_key), "--events")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    lines = listed.stdout[listed.stdout.index(f"Events ({len(record['events'])})"):].splitlines()[1:]
+    assert len(lines) == len(record["events"])
+    for line, event in zip(lines, record["events"]):
+        assert line.split()[:4] == [str(event["seq"]), event["at"], event["cause"], event["action"]], line
+    assert '"dimension":"tokens"' in lines[-1] and '"limit":20000' in lines[-1]
 
     # the verdict is real: the same record with one event changed is rejected
     record["events"][-1]["action"] = "continue"

@@ -84,6 +84,20 @@ def test_valid_record(tmp_path, capsys, keydir, key):
     assert "SKIP  4 passport binding" in out and "PASS  6 hash chain" in out
 
 
+def test_events_are_listed_one_a_line_and_hostile_text_is_escaped(tmp_path, capsys, keydir, key):
+    events = [("on_tool_error", "continue", {"tool": "search", "message": "\x1b[2Jcleared" + "x" * 300}),
+              ("on_budget_exhausted", "halt", {"dimension": "tokens", "observed": 1040, "limit": 1000})]
+    path = write(tmp_path, "r.json", signed_record(key, events=events, governor="did:web:gov.example:governor"))
+    code, out, _ = run(capsys, "verify", path, "--did-document", str(keydir / "did.json"), "--events")
+    assert code == 0 and "VALID" in out
+    listed = out[out.index("Events (2)"):].splitlines()[1:]
+    assert len(listed) == 2
+    assert listed[0].split()[:4] == ["0", "2026-11-18T11:06:41.500Z", "on_tool_error", "continue"]
+    assert "\x1b" not in out and "\\u001b[2J" in listed[0] and listed[0].endswith("...")
+    assert listed[1].split()[2:4] == ["on_budget_exhausted", "halt"]
+    assert listed[1].endswith('{"dimension":"tokens","limit":1000,"observed":1040}')
+
+
 def test_pinned_key_and_nonce_with_ttl(tmp_path, capsys, keydir, key):
     path = write(tmp_path, "r.json", signed_record(key, nonce="c-1"))  # iat = START + 61
     issued = "2026-11-18T11:07:00Z"  # START + 20 s

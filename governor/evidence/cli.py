@@ -62,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--nonce-issued-at", metavar="ISO", help="when you issued it (ISO 8601 with a zone)")
     verify.add_argument("--nonce-ttl", type=float, metavar="SECONDS", help="its time to live")
     verify.add_argument("--json", action="store_true", help="print a machine-readable report")
+    verify.add_argument(
+        "--events", action="store_true",
+        help="also list the record's events, one a line: seq, time, cause, action, short detail",
+    )
     verify.set_defaults(func=run_verify)
 
 
@@ -121,6 +125,9 @@ def run_verify(args: argparse.Namespace) -> int:
         print(json.dumps({"record": str(args.record), **report.to_json()}, indent=2, ensure_ascii=False))
     else:
         _print_report(args.record, record, report)
+        if args.events:
+            for line in event_lines(record):
+                print(line)
     return 0 if report.ok else 1
 
 
@@ -137,6 +144,40 @@ def _describe(record: Any) -> list[str]:
         f"  window    {window.get('start')} .. {window.get('end')}  issued {record.get('iat')}",
         f"  events    {len(events)}",
     ]
+
+
+DETAIL_WIDTH = 120  # characters of an event's detail shown by --events
+
+
+def _shown(value: Any) -> str:
+    """One printable token: the record is untrusted, so no control characters reach the terminal."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def _short(detail: Any) -> str:
+    if detail is None:
+        return ""
+    text = _shown(json.dumps(detail, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
+    return text if len(text) <= DETAIL_WIDTH else text[: DETAIL_WIDTH - 3] + "..."
+
+
+def event_lines(record: Any) -> list[str]:
+    """The record's events as printed by `verify --events` (whatever the verdict: an
+    invalid record's events are shown too, marked by the INVALID line above them)."""
+    events = record.get("events") if isinstance(record, dict) else None
+    if not isinstance(events, list):
+        return ["Events: none (the record has no events list)"]
+    lines = [f"Events ({len(events)})"]
+    for event in events:
+        if not isinstance(event, dict):
+            lines.append(f"  ?     not an object: {_short(event)}")
+            continue
+        lines.append(
+            f"  {_shown(event.get('seq', '?')):>4}  {_shown(event.get('at', '?'))}  "
+            f"{_shown(event.get('cause', '?'))}  {_shown(event.get('action', '?'))}  {_short(event.get('detail'))}"
+        )
+    return lines
 
 
 def _print_report(path: Path, record: Any, report: VerificationReport) -> None:
