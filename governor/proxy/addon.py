@@ -68,6 +68,7 @@ GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's,
 _GOVERNOR_PREFIX = GOVERNOR_HEADER_PREFIX.encode()  # as header field names are stored
 _SESSION_FIELD, _PERSONA_FIELD, _PASSPORT_FIELD = (h.lower() for h in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER))
 ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
+REPLACED_KEY = "governor.replaced"  # flow.metadata: set when the governor replaced the answer
 METADATA_KEY = "governor"
 SESSION_KEY = "governor.session"
 
@@ -487,6 +488,9 @@ class Governor:
     def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
                  gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
         gov = gov or governor_object(decision, session)
+        # who answered, for the log: the upstream's status (None: it was never asked) and our cause
+        flow.metadata[REPLACED_KEY] = (flow.response.status_code if flow.response is not None else None,
+                                       gov.get("cause") or gov.get("reason"))
         flow.response = _response(self._refusal_reply(adapter, decision, gov, exchange), decision.action.value)
 
     def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
@@ -764,7 +768,14 @@ class Governor:
         if flight is not None and flight.refusal is not None:
             gov = flight.refusal[1]
             return f"governor: {gov.get('cause') or gov.get('reason')}"
-        if flow.response is not None and flow.response.status_code >= 400:
+        if flow.response is None:
+            return None
+        replaced = flow.metadata.get(REPLACED_KEY)
+        if replaced is not None:  # the governor answered, not the upstream: say so
+            upstream, cause = replaced
+            before = f"upstream answered {upstream}, " if upstream is not None else ""
+            return f"{before}governor refused it with {flow.response.status_code} ({cause})"
+        if flow.response.status_code >= 400:
             return f"upstream answered {flow.response.status_code}"
         return None
 
