@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,42 @@ class StartupError(Exception):
     def __init__(self, message: str, report: Any = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class _ListenAdvice(logging.Filter):
+    """While the proxy starts: mitmproxy's "could not listen" error advises `--mode MODE@PORT`,
+    a mitmproxy option the governor does not have; the advice is rewritten to name `--listen`,
+    and the errors are kept for the StartupError."""
+
+    MITMPROXY_ADVICE = re.compile(r"\s*Try specifying a different port by using `--mode [^`]*`\.?")
+    ADVICE = "choose another address with --listen HOST:PORT"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            message = self.MITMPROXY_ADVICE.sub("", record.getMessage())
+            self.errors.append(message)
+            record.msg, record.args = f"{message}; {self.ADVICE}", None
+        return True
+
+
+class _ProxyStartFailed(Exception):
+    """mitmproxy logged errors while starting (a port in use, a bad certificate)."""
+
+
+class _StartupErrorCheck(errorcheck.ErrorCheck):
+    """mitmproxy's start-up check, ending the proxy's task instead of the process
+    (mitmproxy's calls sys.exit): `serve` then raises a StartupError that says why."""
+
+    name = "errorcheck"  # the name mitmproxy's Master looks it up by
+
+    async def shutdown_if_errored(self) -> None:
+        await asyncio.sleep(0)  # as mitmproxy's: let the logging tasks finish first
+        if self.logger.has_errored:
+            raise _ProxyStartFailed("; ".join(r.getMessage() for r in self.logger.has_errored))
 
 
 @dataclass
@@ -210,25 +247,38 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
     master = Master(options.Options())
     master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
-                      errorcheck.ErrorCheck(), guard, addon, started)
+                      _StartupErrorCheck(), guard, addon, started)
     try:
         master.options.update(**master_options(settings))
     except Exception as exc:  # mitmproxy's OptionsError, a bad mode spec, an unreadable CA file
         raise StartupError(f"invalid proxy settings: {exc}") from None
+    advice = _ListenAdvice()
+    proxy_log = logging.getLogger(proxyserver.__name__)
+    proxy_log.addFilter(advice)
     task = asyncio.get_running_loop().create_task(master.run(), name="governor proxy")
     waiter = asyncio.ensure_future(started.event.wait())
-    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        proxy_log.removeFilter(advice)
     if task.done() or not master.addons.get("proxyserver").listen_addrs():
         waiter.cancel()
         if not task.done():
             master.shutdown()
-            await task
+            await asyncio.wait([task])
+        master.addons.get("errorcheck").finish()  # its log handler, left installed when start-up fails
+        failure = None if task.cancelled() else task.exception()  # retrieved: it goes in the message
         if control_runner is not None:
             await control_runner.cleanup()
         if peers is not None:
             await peers.close()
+        if failure is not None and not advice.errors:  # something else than listening failed
+            if not isinstance(failure, _ProxyStartFailed):
+                log.error("the proxy stopped while starting", exc_info=failure)
+            raise StartupError(f"the proxy could not start (mode {settings.mode}): {failure}")
+        why = f": {advice.errors[0]}" if advice.errors else "; see the log above"
         raise StartupError(f"the proxy could not listen on {settings.listen[0]}:{settings.listen[1]} "
-                           f"(mode {settings.mode}); see the log above")
+                           f"(mode {settings.mode}){why}; {_ListenAdvice.ADVICE}")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers,
                    connections=guard)
