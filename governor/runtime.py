@@ -171,9 +171,12 @@ class Runtime:
             for session in list(self._sessions.values()):
                 if not session.ended:
                     try:
-                        await self.end_session(session.id)
+                        record = await self.end_session(session.id)
                     except Exception:  # a session that cannot end is finalized from its journal later
                         log.exception("could not end session %s on shutdown", session.id)
+                    else:  # say where each final record went
+                        log.info("session %s ended on shutdown (%s): final record %s", session.id,
+                                 record.get("outcome"), record_path(self.data_dir, session.id))
         for session in self._sessions.values():
             if session.unsaved:
                 self._save(session)
