@@ -333,13 +333,24 @@ def describe(governor: Mapping[str, Any]) -> str:
     if "dimension" in governor:
         scope = governor.get("scope")
         parts.append(f"{governor['dimension']}{' ' + scope if scope else ''}")
-    if "projected" in governor and "limit" in governor:
+    unpriced = governor.get("reason") == "unpriced_model"
+    if governor.get("loop") is True:
+        parts.append(f"loop: {governor.get('tool')} called again with the same arguments after "
+                     f"{governor.get('repeats_in_window')} identical calls in the last {governor.get('window')} "
+                     f"tool calls (loop threshold {governor.get('threshold')})")
+    elif unpriced:
+        limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
+        parts.append(f"model {governor.get('model')!r} has no price, so its cost cannot be checked{limit}: "
+                     f"price it in the pricing file (governor run --pricing FILE; default policies/pricing.yaml)")
+    elif "projected" in governor and "limit" in governor:
         parts.append(f"projected {governor['projected']} > limit {governor['limit']}"
                      + (f" (used {governor['observed']})" if "observed" in governor else ""))
     elif "observed" in governor and "limit" in governor:
         parts.append(f"observed {governor['observed']} > limit {governor['limit']}")
-    if governor.get("reason"):
+    if governor.get("reason") and not unpriced:
         parts.append(str(governor["reason"]))
+    if governor.get("message"):  # the passport's declared message for this degradation
+        parts.append(str(governor["message"]))
     return "; ".join(parts)
 
 

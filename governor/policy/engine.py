@@ -231,7 +231,10 @@ class _Run:
             if resolution.message is not None:
                 detail["message"] = resolution.message
             return self.stop(Action.FALLBACK, cause, detail, fallback_value=resolution.value, fallback_message=resolution.message)
-        return self.stop(Action.HALT, cause, detail, fail_closed=resolution.fail_closed)
+        if resolution.message is not None:  # the passport's words for this halt reach the client
+            detail["message"] = resolution.message
+        return self.stop(Action.HALT, cause, detail, fail_closed=resolution.fail_closed,
+                         fallback_message=resolution.message)
 
     def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
         """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
