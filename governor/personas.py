@@ -37,6 +37,9 @@ MAX_PERSONA_LENGTH = 128
 MAX_INSTANCE_LENGTH = 128
 _INSTANCE = re.compile(r"[A-Za-z0-9._:@~-]+")
 DEFAULT_IDLE_SEC = 60.0
+# Live instances one session may hold, whatever the passport declares: an agent inventing
+# instance ids cannot grow the governor's memory (or its record) without bound.
+MAX_INSTANCES_PER_SESSION = 1024
 
 
 class PersonaHeaderError(ValueError):
@@ -139,6 +142,7 @@ class PersonaInstances:
         self._spawning: dict[Key, _Spawning] = {}
         self._changing: dict[str, int] = {}  # session -> spawns and ends under way (see reconcile)
         self._orphans = 0
+        self.max_per_session = MAX_INSTANCES_PER_SESSION
 
     # --- the wire ----------------------------------------------------------------------
 
@@ -169,6 +173,13 @@ class PersonaInstances:
     async def _spawn(self, key: Key) -> Admission:
         session, persona, instance = key
         runtime = self.runtime
+        if len(self._by_session.get(session, ())) >= self.max_per_session:
+            reason = (f"the session already has {self.max_per_session} live persona instances, the governor's "
+                      f"limit; end some (POST /v1/sessions/{session}/personas/{persona}/end) or let them idle out")
+            log.warning("session %s: persona instance %s refused: %s", session, key[1:], reason)
+            return Admission(Decision(action=Action.DENY, details={"reason": reason}), session, None,
+                             {"session": session, "cause": None, "action": "deny", "reason": reason,
+                              "persona": persona})
         self._changing[session] = self._changing.get(session, 0) + 1
         try:
             await self._settle_clock(session)

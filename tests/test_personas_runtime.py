@@ -111,3 +111,15 @@ async def test_an_instance_ended_while_its_request_runs_is_not_revived_by_its_re
     assert runtime.personas.instances("s") == []
     with pytest.raises(KeyError):
         await runtime.personas.end("s", "searcher", None, "ended_by_control")
+
+
+async def test_invented_instance_ids_cannot_grow_a_session_without_bound(world):
+    runtime, _ = world
+    runtime.personas.max_per_session = 3
+    for n in range(3):  # the example's `searcher` has max_parallel 2, declared `continue` on denial
+        assert not (await runtime.admit("s", PersonaActivity("searcher", f"i{n}"))).decision.blocks
+    refused = await runtime.admit("s", PersonaActivity("searcher", "i3"))
+    assert refused.decision.blocks and refused.ticket is None
+    assert "3 live persona instances" in refused.governor_object["reason"]
+    assert len(runtime.personas.instances("s")) == 3
+    assert not (await runtime.admit("t", PersonaActivity("searcher", "i3"))).decision.blocks  # per session
