@@ -146,7 +146,9 @@ async def peers():
 
 
 async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers):
-    runtime, passport = real_runtime(OURS, tmp_path)
+    document = copy.deepcopy(OURS)
+    document["permissions"]["sub_agents"] = [{"name": "scout", "description": "finds summaries"}]
+    runtime, passport = real_runtime(document, tmp_path)
     resolver = PeerResolver(admission_verifier())
     running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
                                    adapters=AdapterConfig(extra={"a2a_peers": resolver})), runtime)
@@ -156,6 +158,9 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
                                      headers={"ADL-Session": "delegating"})
             refused = await client.post(f"{peers['untrusted-bot'].url}/a2a", json=send("message/send"),
                                         headers={"ADL-Session": "delegating-2"})
+            by_persona = await client.post(f"{peers['summarizer'].url}/a2a", json=send("message/send"),
+                                           headers={"ADL-Session": "delegating-3", "ADL-Persona": "scout"})
+        scouted = await runtime.end_session("delegating-3")
         record = await runtime.end_session("delegating")
     finally:
         await running.stop()
@@ -170,6 +175,10 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
     assert detail["peer"] == "https://127.0.0.1/agents/summarizer" and detail["decision"] == "permit"
     assert detail["matched_rule"] == "match:https://127.0.0.1/agents/*" and detail["chain_depth"] == 1
     assert detail["attenuation"]["scopes_subset"]["ok"] is True
+    assert by_persona.status_code == 200 and "result" in by_persona.json()
+    assert verify_record(scouted, public_key=runtime.key.public_key(), passport=passport).ok
+    assert [(e["cause"], e["detail"].get("persona")) for e in scouted["events"]] == [
+        ("on_sub_agent_spawned", "scout"), ("on_delegation_admitted", "scout"), ("on_sub_agent_ended", "scout")]
 
 
 # --- max_parallel at the wire ---------------------------------------------------------------

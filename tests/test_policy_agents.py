@@ -200,6 +200,10 @@ def test_s4_2_5_an_admitted_delegation_is_recorded():
     assert detail["matched_rule"] == "match:https://partners.example/agents/*" and "overridden_cause" not in detail
     denied = _delegate(Driver(_delegating()), verified=False)
     assert [e["cause"] for e in denied.events] == [ON_DELEGATION_DENIED]  # a refusal is not also an admission
+    by_persona = Driver(_delegating()).run(Delegation(PEER, _peer(), True, 1, persona="scout"))
+    assert by_persona.event["detail"]["persona"] == "scout"  # §8.3: attributed to the persona
+    refused = Driver(_delegating()).run(Delegation(PEER, None, False, 1, persona="scout"))
+    assert refused.event["detail"]["persona"] == "scout"
 
 
 def test_s4_2_unverified_peer_passport_is_denied():

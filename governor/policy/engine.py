@@ -780,6 +780,8 @@ def _delegation(run: _Run, step: Delegation) -> Decision:
             return d
         return run.finish()
     d, _, _ = _clock(run, settle=False)
+    if step.persona is not None:
+        detail["persona"] = step.persona
     return d or _went_ahead(run.finish(details=detail), ON_DELEGATION_ADMITTED, run, dict(detail))
 
 

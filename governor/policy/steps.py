@@ -171,6 +171,7 @@ class Delegation:
     chain_depth: int  # depth of the delegation this step would create (root call = 1)
     peer_url: str | None = None
     approval_id: str | None = None
+    persona: str | None = None  # the persona delegating, when one is named (§8.3 attribution)
 
 
 @dataclass(frozen=True, slots=True)
