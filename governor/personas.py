@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from governor.policy.steps import Action, Decision, PersonaExit, PersonaSpawn, Tick
+from governor.policy.steps import PERMIT, Action, Decision, PersonaExit, PersonaSpawn, Tick
 from governor.runtime_api import Admission
 
 log = logging.getLogger("governor.personas")
@@ -153,7 +153,7 @@ class PersonaInstances:
         live = self._live.get(key)
         if live is not None:  # the usual case: no decision round
             live.last_active = self.clock()
-            return Admission(Decision(), session, InstanceLease(live, self.clock))
+            return Admission(PERMIT, session, InstanceLease(live, self.clock))
         spawning = self._spawning.get(key)
         if spawning is None:
             spawning = self._spawning[key] = _Spawning()
@@ -163,7 +163,7 @@ class PersonaInstances:
                 live = self._live.get(key)
                 if live is not None:
                     live.last_active = self.clock()
-                    return Admission(Decision(), session, InstanceLease(live, self.clock))
+                    return Admission(PERMIT, session, InstanceLease(live, self.clock))
                 return await self._spawn(key)
         finally:
             spawning.waiting -= 1
