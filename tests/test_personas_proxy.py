@@ -35,6 +35,8 @@ LEAD = {
             {"name": "reviewer", "description": "reviews drafts", "max_parallel": 2},
             {"name": "timed", "description": "has one second of wall-clock",
              "budget_share": {"wall_clock_sec": {"per_session": 1}}},
+            {"name": "patient", "description": "has a minute of wall-clock",
+             "budget_share": {"wall_clock_sec": {"per_session": 60}}},
         ],
     },
 }
@@ -273,16 +275,23 @@ async def test_a_personas_wall_clock_share_cap_fires_through_the_proxy(tmp_path)
 
 async def test_an_ended_instance_stops_drawing_on_the_wall_clock_share(tmp_path):
     world = await _world(tmp_path, LEAD, tick_interval_sec=0.1)
-    try:
-        assert (await world.chat("stopped", "timed")).status_code == 200
-        assert (await world.control.post("/v1/sessions/stopped/personas/timed/end")).status_code == 200
-        await asyncio.sleep(1.5)  # past the share, had the instance still lived
-        assert (await world.chat("stopped")).status_code == 200
+
+    async def used() -> float:
         view = (await world.control.get("/v1/sessions/stopped")).json()
+        [share] = [b for b in view["budgets"] if b["persona"] == "patient" and b["scope"] == "per_session"]
+        return share["used"]
+
+    try:
+        assert (await world.chat("stopped", "patient")).status_code == 200
+        await asyncio.sleep(0.5)
+        assert (await world.control.post("/v1/sessions/stopped/personas/patient/end")).status_code == 200
+        at_end = await used()
+        await asyncio.sleep(1.0)  # ticks go on for the session, not for the ended persona
+        assert (await world.chat("stopped")).status_code == 200
+        later = await used()
     finally:
         await _close(world)
-    [used] = [b["used"] for b in view["budgets"] if b["persona"] == "timed" and b["scope"] == "per_session"]
-    assert 0 < used < 1 and view["state"] == "active"
+    assert at_end >= 0.5 and later == at_end
 
 
 # --- hostile ADL-Persona values ---------------------------------------------------------------
