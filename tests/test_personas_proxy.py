@@ -183,6 +183,32 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
         ("on_sub_agent_spawned", "scout"), ("on_delegation_admitted", "scout"), ("on_sub_agent_ended", "scout")]
 
 
+async def test_persona_refusals_on_a2a_are_json_rpc_errors_and_the_peer_sees_nothing(tmp_path, peers):
+    from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
+
+    runtime, _ = real_runtime(OURS, tmp_path)  # declares no persona
+    resolver = PeerResolver(admission_verifier())
+    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+                                   adapters=AdapterConfig(extra={"a2a_peers": resolver})), runtime)
+    peer = peers["summarizer"]
+    try:
+        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30) as client:
+            undeclared = await client.post(f"{peer.url}/a2a", json=send("message/send"),
+                                           headers={"ADL-Session": "a2a-ghost", "ADL-Persona": "ghost"})
+            malformed = await client.post(f"{peer.url}/a2a", json=send("message/send"),
+                                          headers={"ADL-Session": "a2a-bad", "ADL-Persona": "x; instance=a/b"})
+    finally:
+        await running.stop()
+        await resolver.close()
+    error = undeclared.json()["error"]
+    assert error["code"] == GOVERNOR_ERROR_CODE
+    assert undeclared.json()["id"] == send("message/send")["id"]
+    assert (error["data"]["governor"]["cause"], error["data"]["governor"]["reason"]) == (
+        "on_sub_agent_denied", "undeclared_persona")
+    assert malformed.status_code == 400 and "instance must be" in malformed.json()["error"]["message"]
+    assert peer.received == []
+
+
 # --- max_parallel at the wire ---------------------------------------------------------------
 
 
