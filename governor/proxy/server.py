@@ -50,7 +50,7 @@ class StartupError(Exception):
 class _ListenAdvice(logging.Filter):
     """While the proxy starts: mitmproxy's "could not listen" error advises `--mode MODE@PORT`,
     a mitmproxy option the governor does not have; the advice is rewritten to name `--listen`,
-    and the errors are kept for the StartupError."""
+    and the listen errors are kept for the StartupError (other errors are left as they are)."""
 
     MITMPROXY_ADVICE = re.compile(r"\s*Try specifying a different port by using `--mode [^`]*`\.?")
     ADVICE = "choose another address with --listen HOST:PORT"
@@ -60,8 +60,8 @@ class _ListenAdvice(logging.Filter):
         self.errors: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            message = self.MITMPROXY_ADVICE.sub("", record.getMessage())
+        if record.levelno >= logging.ERROR and "failed to listen" in (text := record.getMessage()):
+            message = self.MITMPROXY_ADVICE.sub("", text)
             self.errors.append(message)
             record.msg, record.args = f"{message}; {self.ADVICE}", None
         return True
