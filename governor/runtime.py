@@ -482,8 +482,7 @@ class Runtime:
         """What the store keeps of a session: its state and the pin it was admitted with."""
         header = live.journal.record.header
         return {**live.state.to_dict(),
-                PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id,
-                          "limits": header.limits}}
+                PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}}
 
     def _save(self, live: _Session) -> None:
         try:

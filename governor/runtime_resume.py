@@ -9,7 +9,7 @@ The rule, and why:
     A graceful stop ends its sessions itself (`Runtime.close`).
   * A session may still be *resumed* from its state in the store (a shared store, a session
     a replica opened, a journal removed): its saved state carries the pin it was admitted
-    with (`PIN_KEY`: passport digest, tier, subject, limits summary). When that pin is not
+    with (`PIN_KEY`: passport digest, tier, subject). When that pin is not
     the governor's (another passport, re-signed, or another tier), §1.3 anti-swap applies:
     a session-integrity fault, resolved with the session's ORIGINAL passport's degradation
     (halt by default), recorded in its journal, whose header keeps naming the original
@@ -49,12 +49,6 @@ _DIGEST = re.compile(r"^[A-Za-z0-9_-]{43}$")
 
 
 # --- the pin a session carries ---------------------------------------------------------
-
-
-def pin_of(limits: Limits, subject: str) -> dict[str, Any]:
-    """What a session's saved state records about its admission (see PIN_KEY)."""
-    return {"digest": limits.passport_digest, "tier": limits.tier.value, "subject": subject,
-            "limits": dict(limits.summary) or None}
 
 
 def saved_pin(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -116,9 +110,11 @@ def resumed_header(runtime: Runtime, session: str, pin: Mapping[str, Any] | None
     pin it was admitted with when its state names one, else the governor's."""
     if pin is None:
         return runtime.session_header(session, now)
+    # its limits as admitted, when the passport is archived here; else the record names none
+    original = original_limits(runtime.data_dir, pin["digest"], pin["tier"], runtime.limits.pricing)
     return SessionHeader(governor=runtime.governor_id, subject_id=str(pin.get("subject") or runtime.agent_id),
                          passport_digest=pin["digest"], session=session, tier=pin["tier"], start=now,
-                         limits=pin.get("limits") if isinstance(pin.get("limits"), Mapping) else None)
+                         limits=dict(original.summary) or None if original is not None else None)
 
 
 def check_pin(runtime: Runtime, live: _Session, digest: str | None, tier: str | None, now: float) -> None:
@@ -192,4 +188,4 @@ def _halted_states(runtime: Runtime, report: FinalizeReport) -> list[SessionStat
 
 
 __all__ = ["PASSPORTS_DIR", "PIN_KEY", "archive_passport", "check_pin", "finalize_at_start", "original_limits",
-           "pin_of", "resumed_header", "saved_pin"]
+           "resumed_header", "saved_pin"]
