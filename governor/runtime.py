@@ -73,6 +73,12 @@ log = logging.getLogger("governor.runtime")
 # fresh snapshot; the projection then reports the exhaustion. More rounds than this
 # means the counters keep moving under us: fail closed rather than spin.
 MAX_DECIDE_ROUNDS = 4
+# The sweeper charges wall-clock and refreshes the budget gauges of a session that was
+# active since its last sweep; an idle one only every IDLE_SWEEP_SEC, at most
+# IDLE_SWEEPS_PER_PASS of them a pass, so a pass over 10,000 idle sessions stays cheap. An
+# idle session loses nothing by it: its next step projects the clock to its own time.
+IDLE_SWEEP_SEC = 30.0
+IDLE_SWEEPS_PER_PASS = 200
 
 @dataclass(slots=True)
 class Ticket:
@@ -109,6 +115,7 @@ class _Session:
     # the limits this session is governed by: the runtime's, or, for a session resumed
     # under another pin, its original ones (governor.runtime_resume)
     limits: Any = None
+    swept_at: float = 0.0  # when the sweeper last charged its wall-clock and refreshed its gauges
 
 
 class Runtime:
@@ -733,22 +740,29 @@ class Runtime:
     async def sweep(self) -> None:
         """One pass: charge wall-clock, expire unanswered approvals, end idle sessions."""
         now = self.clock()
+        idle_budget = IDLE_SWEEPS_PER_PASS
         for live in list(self._sessions.values()):
             if live.ended:
                 continue
             for approval_id, pending in list(live.pending.items()):
                 if now >= pending.expires_at and not pending.answer.done():
                     await self._expire(live, approval_id)
+            if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
+                await self.end_session(live.id)
+                continue
+            if live.unsaved:
+                await self._store(self._save, live)
+            active = live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+            if not active:
+                if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
+                    continue
+                idle_budget -= 1
+            live.swept_at = now
             if live.limits.clock_checked and not live.state.halted:
                 async with live.lock:
                     await self._apply(live, Tick(), None)
-            if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
-                await self.end_session(live.id)
-            else:
-                if live.unsaved:
-                    await self._store(self._save, live)
-                # keep the budget gauges current for scrapers (a store read: off the loop for Redis)
-                await self._store(self._budgets, live.id)
+            # keep the budget gauges current for scrapers (a store read: off the loop for Redis)
+            await self._store(self._budgets, live.id)
 
 
 # --- helpers ---------------------------------------------------------------------------
