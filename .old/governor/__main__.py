@@ -1,0 +1,7 @@
+"""`python -m governor ...` is the `governor` command."""
+
+import sys
+
+from governor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,276 @@
+"""Anthropic wire protocol: Messages (POST .../v1/messages), plain and streamed (SSE).
+
+Usage: input tokens are `input_tokens + cache_creation_input_tokens +
+cache_read_input_tokens` (Anthropic reports them apart; the budget counts them
+all), cached = `cache_read_input_tokens`, output = `output_tokens`. In a stream,
+`message_start` carries the input usage and each `message_delta` carries
+CUMULATIVE usage: the latest figure replaces the previous one, never adds to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import orjson
+
+from governor.adapters import sse
+from governor.adapters.base import (
+    Adapter,
+    BadRequest,
+    Exchange,
+    Observation,
+    Reply,
+    RequestView,
+    StreamEvent,
+    StreamWatcher,
+    estimate_tokens,
+    model_call,
+    positive_int,
+    requested_tool_call,
+    within_admission,
+    fallback_text,
+)
+from governor.policy.steps import Decision, Step, UsageReport
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    403: "permission_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+}
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bool) -> UsageReport:
+    return UsageReport(
+        model=model,
+        input_tokens=usage.get("input_tokens", 0)
+        + usage.get("cache_creation_input_tokens", 0)
+        + usage.get("cache_read_input_tokens", 0),
+        output_tokens=usage.get("output_tokens", 0),
+        cached_input_tokens=usage.get("cache_read_input_tokens", 0),
+        persona=persona,
+        final=final,
+    )
+
+
+def _usage_fields(usage: Any) -> dict[str, int]:
+    if not isinstance(usage, dict):
+        return {}
+    return {key: positive_int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
+
+
+class AnthropicAdapter(Adapter):
+    name = "anthropic"
+    provider = "anthropic"
+
+    def match(self, request: RequestView) -> bool:
+        return request.method == "POST" and request.route.endswith("/v1/messages")
+
+    def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
+        body = request.json()
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' is required and must be a string")
+        if not isinstance(body.get("messages"), list):
+            raise BadRequest("'messages' must be an array")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("'tools' must be an array")
+        return Exchange(
+            adapter=self,
+            method=request.method,
+            host=request.host,
+            path=request.path,
+            body=body,
+            session=session,
+            persona=persona,
+            stream=body.get("stream") is True,
+            model=model,
+            state={
+                "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
+                "expected_output": positive_int(body.get("max_tokens")) or self.config.default_output_tokens,
+            },
+        )
+
+    async def steps(self, exchange: Exchange) -> list[Step]:
+        offered = tuple(
+            t["name"] for t in exchange.body.get("tools") or () if isinstance(t, dict) and isinstance(t.get("name"), str)
+        )
+        return [model_call(self, exchange, offered)]
+
+    def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
+        body = exchange.body
+        tools = body.get("tools")
+        if decision.allowed_tools is None or not tools:
+            return None
+        kept = [t for t in tools if isinstance(t, dict) and t.get("name") in decision.allowed_tools]
+        if len(kept) == len(tools):
+            return None
+        exchange.state["tools_removed"] = [t.get("name") for t in tools if isinstance(t, dict) and t not in kept]
+        if kept:
+            body["tools"] = kept
+            choice = body.get("tool_choice")
+            if isinstance(choice, dict) and choice.get("type") == "tool" and choice.get("name") not in decision.allowed_tools:
+                body.pop("tool_choice")
+        else:
+            body.pop("tools")
+            body.pop("tool_choice", None)
+        return orjson.dumps(body)
+
+    def observe_response(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
+    ) -> Observation:
+        if status != 200:
+            return Observation()
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return Observation()
+        if not isinstance(data, dict):
+            return Observation()
+        model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
+        fields = _usage_fields(data.get("usage"))
+        usage = _report(fields, model, exchange.persona, final=True) if fields else None
+        steps: list[Step] = []
+        for block in data.get("content") or ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                if step := requested_tool_call(block.get("name"), block.get("input"), exchange.persona):
+                    steps.append(step)
+        return Observation(usage=usage, steps=steps)
+
+    def stream_watcher(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str]
+    ) -> StreamWatcher | None:
+        if status != 200 or "text/event-stream" not in (headers.get("content-type") or ""):
+            return None
+        return MessagesStreamWatcher(exchange, self.config.bytes_per_token)
+
+    def error_response(
+        self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
+    ) -> Reply:
+        body: dict[str, Any] = {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
+        if governor is not None:
+            body["governor"] = dict(governor)
+        return Reply.json(status, body)
+
+    def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
+        text = fallback_text(decision)
+        usage = {"input_tokens": 0, "output_tokens": 0}
+        message = {"id": "msg_governor_fallback", "type": "message", "role": "assistant", "model": exchange.model,
+                   "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+                   "usage": usage}
+        if not exchange.stream:
+            return Reply.json(200, {**message, "governor": dict(governor)})
+        events = [
+            sse.encode({"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+                       "message_start"),
+            sse.encode({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                       "content_block_start"),
+            sse.encode({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+                       "content_block_delta"),
+            sse.encode({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            sse.encode({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                        "usage": {"output_tokens": 0}}, "message_delta"),
+            sse.encode({"type": "message_stop"}, "message_stop"),
+        ]
+        return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
+
+
+class MessagesStreamWatcher(StreamWatcher):
+    def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
+        self.exchange = exchange
+        self.bpt = bytes_per_token
+        self.decoder = sse.SSEDecoder()
+        self.model = exchange.model
+        self.fields: dict[str, int] = {}  # latest cumulative usage per field
+        self.generated_bytes = 0
+        self.blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index
+        self.completed = False  # message_stop seen
+        self._last: UsageReport | None = None
+
+    @property
+    def usage(self) -> UsageReport | None:
+        return self._last
+
+    def _current(self, final: bool) -> UsageReport:
+        """The provider's figures once the message completed; until then (and after a cut)
+        the provider's cumulative output or our estimate from the text, whichever is larger."""
+        fields = dict(self.fields)
+        fields.setdefault("input_tokens", self.exchange.state["expected_input"])
+        if not (final and self.completed):
+            estimate = estimate_tokens(self.generated_bytes, self.bpt)
+            fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
+        return _report(fields, self.model, self.exchange.persona, final)
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.feed(chunk):
+            self._event(event, out)
+        return out
+
+    def close(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.close():
+            self._event(event, out)
+        out.append(self._current(final=True))
+        return out
+
+    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
+        data = event.json()
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type") or event.event
+        if kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            index = data.get("index")
+            for key in ("text", "partial_json", "thinking"):
+                piece = delta.get(key)
+                if isinstance(piece, str):
+                    self.generated_bytes += len(piece.encode())
+                    if key == "partial_json" and index in self.blocks:
+                        self.blocks[index]["args"].append(piece)
+        elif kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                self.blocks[data.get("index")] = {"name": block.get("name"), "input": block.get("input"), "args": []}
+        elif kind == "content_block_stop":
+            block = self.blocks.pop(data.get("index"), None)
+            if block is not None:
+                args = "".join(block["args"]) if block["args"] else block["input"]
+                if step := requested_tool_call(block["name"], args, self.exchange.persona):
+                    out.append(step)
+        elif kind == "message_start":
+            message = data.get("message") or {}
+            if isinstance(message.get("model"), str):
+                self.model = message["model"]
+            self.fields.update(_usage_fields(message.get("usage")))
+        elif kind == "message_delta":
+            # cumulative: each figure present replaces the previous one
+            self.fields.update(_usage_fields(data.get("usage")))
+        elif kind == "message_stop":
+            self.completed = True
+            return
+        else:
+            return
+        current = self._current(final=False)
+        if current != self._last and not within_admission(self.exchange, current.model, current.input_tokens,
+                                                          current.output_tokens):
+            self._last = current
+            out.append(current)
+
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        status = 429 if governor.get("cause") in ("on_budget_exhausted", "on_iteration_limit") else 403
+        body = {"type": "error", "error": {"type": ERROR_TYPES[status], "message": message}, "governor": dict(governor)}
+        return sse.encode(body, "error")
+
+
+ADAPTERS = (AnthropicAdapter,)
+
+__all__ = ["AnthropicAdapter", "MessagesStreamWatcher", "ADAPTERS"]

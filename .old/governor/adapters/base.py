@@ -1,0 +1,440 @@
+"""The adapter contract: one adapter per wire protocol.
+
+An adapter turns one HTTP exchange into policy steps and turns the runtime's
+decisions back into bytes its protocol's clients understand. It never decides
+and never does I/O of its own (A2A peer resolution is the one allowed exception,
+which is why `steps` is async): the proxy addon asks the runtime and applies
+the answers, the adapter only translates.
+
+Lifecycle of a governed exchange, as the addon drives it:
+
+    adapter.match(view)                 cheap: path (+ body shape when needed)
+    exchange = adapter.open(view, ...)  parse the body once; BadRequest -> 400
+    steps = await adapter.steps(exchange)
+        ... runtime.admit(step) for each; a block answers with
+            adapter.error_response(...) or adapter.fallback_response(...)
+    body = adapter.rewrite_request(exchange, decision)   None: unchanged
+    -- upstream --
+    plain:  adapter.observe_response(exchange, status, headers, body)
+    stream: watcher = adapter.stream_watcher(exchange, status, headers)
+            watcher.feed(chunk) per chunk, watcher.close() at the end,
+            watcher.terminal(...) when the governor cuts the stream
+
+Adapters are chosen by path and body shape, never by vendor hostnames, so a
+local vLLM or an Azure deployment is governed exactly like api.openai.com.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
+
+import orjson
+
+from governor.policy.steps import (
+    ON_BUDGET_EXHAUSTED,
+    ON_GOVERNOR_ERROR,
+    ON_ITERATION_LIMIT,
+    Decision,
+    ModelCall,
+    Step,
+    ToolCall,
+    ToolError,
+    UsageReport,
+)
+
+from governor.runtime_api import governor_object  # noqa: F401  (one builder for every client-facing reason)
+
+JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
+
+
+class BadRequest(Exception):
+    """The request cannot be understood: answered with a 400 in the protocol's format, never forwarded."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    """Knobs shared by the adapters (documented in the README)."""
+
+    # Expected input tokens are estimated as len(serialized prompt) / bytes_per_token.
+    bytes_per_token: float = 4.0
+    # Expected output tokens when the request names no max_tokens (or equivalent).
+    default_output_tokens: int = 4096
+    # OpenAI chat streams: ask for a final usage chunk when the client did not.
+    inject_stream_usage: bool = True
+    # Free-form settings for other adapters (e.g. A2A peer resolution).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class RawHeaders(Mapping[str, str]):
+    """Request headers as the agent sent them, read from mitmproxy's raw (name, value)
+    byte pairs without copying them into a Headers object: case-insensitive, repeats
+    joined with ", " as `Headers.get` joins them. Decoded on first use (most requests'
+    adapters never look)."""
+
+    __slots__ = ("_fields", "_folded")
+
+    def __init__(self, fields: Sequence[tuple[bytes, bytes]]) -> None:
+        self._fields = fields
+        self._folded: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        if self._folded is None:
+            folded: dict[str, str] = {}
+            for name, value in self._fields:
+                key = name.decode("utf-8", "surrogateescape").lower()
+                text = value.decode("utf-8", "surrogateescape")
+                folded[key] = f"{folded[key]}, {text}" if key in folded else text
+            self._folded = folded
+        return self._folded
+
+    def __getitem__(self, name: str) -> str:
+        return self._decoded()[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+
+class RequestView:
+    """A read-only view of an HTTP request for matching; parses the body lazily, once.
+
+    Built by the addon from a mitmproxy request (or by tests from raw parts).
+    Matching on the path costs nothing; `json()` parses the body with orjson on
+    first use and caches the result (or the failure), so whichever adapter looks
+    first pays and the others reuse it.
+    """
+
+    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error")
+
+    _UNPARSED: ClassVar[object] = object()
+
+    def __init__(
+        self,
+        method: str,
+        host: str,
+        path: str,
+        headers: Mapping[str, str],
+        content: bytes | None,
+        *,
+        port: int = 443,
+        scheme: str = "https",
+    ) -> None:
+        self.method = method.upper()
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.path = path
+        self.headers = headers  # case-insensitive mapping (mitmproxy Headers) or lower-case dict
+        self.content = content or b""
+        self._json: Any = self._UNPARSED
+        self._error: str | None = None
+
+    @property
+    def route(self) -> str:
+        """The path without its query string."""
+        return self.path.split("?", 1)[0]
+
+    @property
+    def content_type(self) -> str:
+        return (self.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+
+    def json(self) -> Any:
+        """The parsed body; raises BadRequest (once computed, cached) when it is not JSON."""
+        if self._json is self._UNPARSED and self._error is None:
+            try:
+                self._json = orjson.loads(self.content)
+            except orjson.JSONDecodeError as exc:
+                self._error = f"request body is not valid JSON: {exc}"
+        if self._error is not None:
+            raise BadRequest(self._error)
+        return self._json
+
+    def json_or_none(self) -> Any:
+        """The parsed body, or None when absent or not JSON (for body-shape matching).
+        Bodies declared as something other than JSON are not even parsed."""
+        if not self.content:
+            return None
+        content_type = self.content_type
+        if content_type and "json" not in content_type:
+            return None
+        try:
+            return self.json()
+        except BadRequest:
+            return None
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One governed request/response as its adapter sees it; created by `Adapter.open`.
+
+    `body` is the parsed request body; adapters keep what they learn in `state`
+    (e.g. the model name, whether the client asked for usage in its stream).
+    The addon sets `decision` to the admitted decision of the exchange's main step
+    so `observe_response` can apply it to the answer (e.g. filter a tools/list).
+    """
+
+    adapter: "Adapter"
+    method: str
+    host: str
+    path: str
+    body: Any
+    session: str
+    persona: str | None = None
+    stream: bool = False  # the client asked for a streamed answer
+    model: str = ""
+    state: dict[str, Any] = field(default_factory=dict)
+    decision: Decision | None = None
+    # Headers to set on the request that goes upstream once admitted (e.g. the A2A
+    # delegation depth for the peer's own governor); the agent's ADL-* headers are
+    # always stripped before these are applied.
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A response the governor answers with instead of (or in place of) the upstream's."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @classmethod
+    def json(cls, status: int, value: Any, headers: Mapping[str, str] | None = None) -> "Reply":
+        return cls(status, {**JSON_HEADERS, **(headers or {})}, orjson.dumps(value))
+
+
+@dataclass(slots=True)
+class Observation:
+    """What a finished (non-streamed) response tells the governor.
+
+    usage:   the final usage of a model call, or None (no usage in the answer).
+    steps:   further steps the answer implies: ToolCall for each tool an LLM asks
+             the agent to run, ToolError for a failed tool, ...
+    replace_body: a rewritten response body (e.g. tools/list filtered), or None.
+    """
+
+    usage: UsageReport | None = None
+    steps: list[Step] = field(default_factory=list)
+    replace_body: bytes | None = None
+
+
+StreamEvent = UsageReport | ToolCall | ToolError
+"""What a stream watcher reports: cumulative usage (final=False), tool calls, tool errors."""
+
+
+class StreamWatcher(abc.ABC):
+    """An incremental parser for one streamed (SSE) response.
+
+    Fed the raw chunks exactly as they arrive (event boundaries fall anywhere);
+    it never changes them. The proxy forwards whole SSE events only, untouched,
+    until the governor cuts the stream; then it sends `terminal(...)` and nothing
+    else, so the terminal bytes always start on an event boundary.
+    """
+
+    @abc.abstractmethod
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        """Parse a chunk; return usage updates (final=False) and tool calls seen in it."""
+
+    @abc.abstractmethod
+    def close(self) -> list[StreamEvent]:
+        """The upstream ended the stream: return what is left, ending with the final usage
+        (a UsageReport with final=True) when any usage was seen."""
+
+    @abc.abstractmethod
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        """Bytes that end the stream protocol-correctly after a cut, carrying the reason
+        (`message` for humans, `governor` the machine-readable object)."""
+
+    @property
+    @abc.abstractmethod
+    def usage(self) -> UsageReport | None:
+        """The latest cumulative usage seen so far (final=False), or None."""
+
+
+class Adapter(abc.ABC):
+    """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange."""
+
+    name: ClassVar[str]  # registry key and mapping target: "openai", "anthropic", "mcp", "a2a"
+    provider: ClassVar[str] = ""  # ModelCall.provider for LLM adapters
+
+    def __init__(self, config: AdapterConfig | None = None) -> None:
+        self.config = config or AdapterConfig()
+
+    @abc.abstractmethod
+    def match(self, request: RequestView) -> bool:
+        """True when this adapter speaks the request's protocol. Must be cheap: decide on
+        method and path first; look at `request.json_or_none()` only when the path
+        cannot tell (JSON-RPC)."""
+
+    @abc.abstractmethod
+    def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
+        """Parse the request (once) into an Exchange; raise BadRequest when it cannot be."""
+
+    @abc.abstractmethod
+    async def steps(self, exchange: Exchange) -> list[Step]:
+        """The steps this request asks the runtime to admit, in order. The first
+        ModelCall's admission is the one whose ticket carries the usage."""
+
+    def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
+        """The request body to send upstream once admitted, or None to send it unchanged."""
+        return None
+
+    @abc.abstractmethod
+    def observe_response(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
+    ) -> Observation:
+        """Read a complete (non-streamed) upstream response. Never raises on bad bodies:
+        unparseable upstream output yields an Observation without usage."""
+
+    def stream_watcher(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str]
+    ) -> StreamWatcher | None:
+        """A watcher when this response is a stream the adapter understands, else None
+        (the response is then buffered and given to observe_response)."""
+        return None
+
+    @abc.abstractmethod
+    def error_response(
+        self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
+    ) -> Reply:
+        """An error in the protocol's own format, carrying the machine-readable governor object."""
+
+    @abc.abstractmethod
+    def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
+        """A §6 fallback: the declared value/message in the protocol's normal response shape."""
+
+
+# --- mapping decisions to HTTP ---------------------------------------------------------
+
+
+def status_for(decision: Decision) -> int:
+    """HTTP status of a refusal: 429 exhausted budget or iteration limit, 503 governor
+    failure (fail closed), 403 anything else the policy denies."""
+    if decision.cause == ON_GOVERNOR_ERROR:
+        return 503
+    if decision.cause in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT):
+        return 429
+    return 403
+
+
+def describe(governor: Mapping[str, Any]) -> str:
+    """A one-line human reason for an error message, from a governor object."""
+    cause = governor.get("cause") or "governor"
+    parts = [f"governor: {governor.get('action', 'halt')} ({cause})"]
+    if "dimension" in governor:
+        scope = governor.get("scope")
+        parts.append(f"{governor['dimension']}{' ' + scope if scope else ''}")
+    if "projected" in governor and "limit" in governor:
+        parts.append(f"projected {governor['projected']} > limit {governor['limit']}"
+                     + (f" (used {governor['observed']})" if "observed" in governor else ""))
+    elif "observed" in governor and "limit" in governor:
+        parts.append(f"observed {governor['observed']} > limit {governor['limit']}")
+    if governor.get("reason"):
+        parts.append(str(governor["reason"]))
+    return "; ".join(parts)
+
+
+def tool_names(tools: Sequence[Any], key_path: Sequence[str]) -> tuple[str, ...]:
+    """Names of offered tools: each tool's name found by following key_path
+    (e.g. ("function", "name") for OpenAI chat, ("name",) for Anthropic)."""
+    names = []
+    for tool in tools:
+        value: Any = tool
+        for key in key_path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            names.append(value)
+    return tuple(names)
+
+
+def fallback_text(decision: Decision) -> str:
+    """The text a fallback answers with: the declared value (JSON when not a string),
+    else the declared message."""
+    value = decision.fallback_value
+    if isinstance(value, str):
+        return value
+    if value is not None:
+        return orjson.dumps(value).decode()
+    return decision.fallback_message or ""
+
+
+def positive_int(value: Any) -> int:
+    """A token count or limit from a body: a positive integer, else 0 (absent, bad, bool)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def model_call(adapter: Adapter, exchange: Exchange, offered: tuple[str, ...]) -> ModelCall:
+    """The step an LLM request is: its model, expected consumption and offered tools."""
+    return ModelCall(
+        model=exchange.model,
+        expected_input_tokens=exchange.state["expected_input"],
+        expected_output_tokens=exchange.state["expected_output"],
+        tools_offered=offered,
+        persona=exchange.persona,
+        provider=adapter.provider,
+    )
+
+
+def within_admission(exchange: Exchange, model: str, input_tokens: int, output_tokens: int) -> bool:
+    """A running usage figure no larger, term by term, than the model call was admitted with
+    (model_call() above: the same model, the exchange's expected input and output).
+
+    The runtime reserved exactly that expectation and the decision point does not re-judge
+    usage within its reservation, so stream watchers do not report such figures: asking
+    about them on every chunk would cost a report, a decision and a store round trip each,
+    for nothing. Figures past it are reported at once (and can cut the stream); the final
+    figure always is."""
+    state = exchange.state
+    return (model == exchange.model and input_tokens <= state["expected_input"]
+            and output_tokens <= state["expected_output"])
+
+
+def requested_tool_call(name: Any, arguments: Any, persona: str | None) -> ToolCall | None:
+    """A tool call an LLM response asks the agent to run (announced, see ToolCall.origin)."""
+    if not isinstance(name, str) or not name:
+        return None
+    args = parse_arguments(arguments)
+    return ToolCall(tool=name, arguments=args, target_path=target_path(args), persona=persona, origin="model")
+
+
+def estimate_tokens(nbytes: int, bytes_per_token: float) -> int:
+    """ceil(nbytes / bytes_per_token): the governor's token estimate for text it has not
+    seen counted by the provider (request prompts, stream text before usage arrives)."""
+    return int(-(-nbytes // bytes_per_token)) if nbytes > 0 else 0
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as a mapping: JSON text is parsed; anything unparseable is kept
+    under "_raw" so the step (and a loop signature) still sees it."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {"_raw": raw}
+        return value if isinstance(value, dict) else {"_value": value}
+    return {} if raw is None else {"_value": raw}
+
+
+# Argument names taken as the path a tool call targets (oversight's path_matches).
+TARGET_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "url", "uri", "target")
+
+
+def target_path(arguments: Mapping[str, Any]) -> str | None:
+    for key in TARGET_PATH_KEYS:
+        value = arguments.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None

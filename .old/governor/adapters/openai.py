@@ -1,0 +1,496 @@
+"""OpenAI wire protocol: Chat Completions and Responses, plain and streamed (SSE).
+
+Matched on the path, whoever serves it (api.openai.com, Azure, vLLM, a mock):
+POST .../chat/completions and POST .../responses.
+
+Usage: Chat `usage.prompt_tokens / completion_tokens / prompt_tokens_details.cached_tokens`;
+Responses `usage.input_tokens / output_tokens / input_tokens_details.cached_tokens`.
+Input tokens include the cached ones (as OpenAI counts them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import orjson
+
+from governor.adapters import sse
+from governor.adapters.base import (
+    Adapter,
+    BadRequest,
+    Exchange,
+    Observation,
+    Reply,
+    RequestView,
+    StreamEvent,
+    StreamWatcher,
+    estimate_tokens,
+    model_call,
+    positive_int,
+    requested_tool_call,
+    within_admission,
+    fallback_text,
+)
+from governor.policy.steps import Decision, Step, UsageReport
+
+CHAT = "chat"
+RESPONSES = "responses"
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    403: "governor_denied",
+    429: "governor_limit_reached",
+    502: "upstream_error",
+    503: "governor_unavailable",
+    504: "upstream_timeout",
+}
+
+
+def _kind(route: str) -> str | None:
+    if route.endswith("/chat/completions"):
+        return CHAT
+    if route.endswith("/responses"):
+        return RESPONSES
+    return None
+
+
+def _tool_name(tool: Any) -> str | None:
+    """Chat: {"type":"function","function":{"name"}}; Responses: {"type":"function","name"};
+    built-in tools (web_search, file_search, ...) are named by their type."""
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+        return fn["name"]
+    if isinstance(tool.get("name"), str):
+        return tool["name"]
+    return tool.get("type") if isinstance(tool.get("type"), str) else None
+
+
+
+def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
+    if not isinstance(usage, dict):
+        return None
+    if kind == CHAT:
+        details = usage.get("prompt_tokens_details")
+        return UsageReport(
+            model=model,
+            input_tokens=positive_int(usage.get("prompt_tokens")),
+            output_tokens=positive_int(usage.get("completion_tokens")),
+            cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+            persona=persona,
+            final=final,
+        )
+    details = usage.get("input_tokens_details")
+    return UsageReport(
+        model=model,
+        input_tokens=positive_int(usage.get("input_tokens")),
+        output_tokens=positive_int(usage.get("output_tokens")),
+        cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        persona=persona,
+        final=final,
+    )
+
+
+
+class OpenAIAdapter(Adapter):
+    name = "openai"
+    provider = "openai"
+
+    def match(self, request: RequestView) -> bool:
+        return request.method == "POST" and _kind(request.route) is not None
+
+    def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
+        kind = _kind(request.route)
+        if kind is None:
+            raise BadRequest(f"not an OpenAI model call: {request.method} {request.route}")
+        body = request.json()
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is None:  # Azure names the deployment in the path instead
+            parts = request.route.split("/")
+            model = parts[parts.index("deployments") + 1] if "deployments" in parts[:-1] else ""
+        if not isinstance(model, str):
+            raise BadRequest("'model' must be a string")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("'tools' must be an array")
+        stream = body.get("stream") is True
+        if kind == CHAT:
+            if not isinstance(body.get("messages"), list):
+                raise BadRequest("'messages' must be an array")
+            limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        else:
+            if body.get("input") is None and body.get("previous_response_id") is None:
+                raise BadRequest("'input' is required")
+            limit = body.get("max_output_tokens")
+        expected_output = positive_int(limit) or self.config.default_output_tokens
+        return Exchange(
+            adapter=self,
+            method=request.method,
+            host=request.host,
+            path=request.path,
+            body=body,
+            session=session,
+            persona=persona,
+            stream=stream,
+            model=model,
+            state={
+                "kind": kind,
+                "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
+                "expected_output": expected_output,
+            },
+        )
+
+    async def steps(self, exchange: Exchange) -> list[Step]:
+        tools = exchange.body.get("tools")
+        offered = tuple(n for n in map(_tool_name, tools) if n) if tools else ()
+        return [model_call(self, exchange, offered)]
+
+    def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
+        body = exchange.body
+        changed = False
+        tools = body.get("tools")
+        if decision.allowed_tools is not None and tools:
+            kept = [t for t in tools if _tool_name(t) in decision.allowed_tools]
+            if len(kept) != len(tools):
+                changed = True
+                exchange.state["tools_removed"] = [_tool_name(t) for t in tools if t not in kept]
+                if kept:
+                    body["tools"] = kept
+                    choice = body.get("tool_choice")
+                    if isinstance(choice, dict) and _tool_name(choice) not in decision.allowed_tools:
+                        body.pop("tool_choice")
+                else:
+                    for key in ("tools", "tool_choice", "parallel_tool_calls"):
+                        body.pop(key, None)
+        if exchange.state["kind"] == CHAT and exchange.stream and self.config.inject_stream_usage:
+            options = body.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage")):
+                body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                exchange.state["usage_injected"] = True
+                changed = True
+        return orjson.dumps(body) if changed else None
+
+    def observe_response(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
+    ) -> Observation:
+        if status != 200:
+            return Observation()
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return Observation()
+        if not isinstance(data, dict):
+            return Observation()
+        kind = exchange.state["kind"]
+        model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
+        usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
+        steps: list[Step] = []
+        if kind == CHAT:
+            for choice in data.get("choices") or ():
+                message = choice.get("message") if isinstance(choice, dict) else None
+                for call in (message or {}).get("tool_calls") or ():
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(fn, dict) and (step := requested_tool_call(fn.get("name"), fn.get("arguments"), exchange.persona)):
+                        steps.append(step)
+        else:
+            for item in data.get("output") or ():
+                if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
+                    if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), exchange.persona):
+                        steps.append(step)
+        return Observation(usage=usage, steps=steps)
+
+    def stream_watcher(
+        self, exchange: Exchange, status: int, headers: Mapping[str, str]
+    ) -> StreamWatcher | None:
+        if status != 200 or "text/event-stream" not in (headers.get("content-type") or ""):
+            return None
+        if exchange.state["kind"] == CHAT:
+            return ChatStreamWatcher(exchange, self.config.bytes_per_token)
+        return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+
+    def error_response(
+        self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
+    ) -> Reply:
+        error: dict[str, Any] = {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "governor_error"),
+            "param": None,
+            "code": (governor or {}).get("cause"),
+        }
+        if governor is not None:
+            error["governor"] = dict(governor)
+        return Reply.json(status, {"error": error})
+
+    def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
+        text = fallback_text(decision)
+        model = exchange.model
+        created = int(time.time())
+        if exchange.state["kind"] == CHAT:
+            base = {"id": "chatcmpl-governor-fallback", "created": created, "model": model}
+            zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            if not exchange.stream:
+                return Reply.json(200, {
+                    **base, "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": "stop", "logprobs": None}],
+                    "usage": zero, "governor": dict(governor),
+                })
+            chunk = {**base, "object": "chat.completion.chunk"}
+            events = [
+                sse.encode({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                                  "finish_reason": None}]}),
+                sse.encode({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ]
+            options = exchange.body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
+                events.append(sse.encode({**chunk, "choices": [], "usage": zero}))
+            events.append(b"data: [DONE]\n\n")
+            return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
+        output = [{"id": "msg_governor_fallback", "type": "message", "role": "assistant", "status": "completed",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+        response = {
+            "id": "resp_governor_fallback", "object": "response", "created_at": created, "model": model,
+            "status": "completed", "output": output, "error": None, "incomplete_details": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "governor": dict(governor),
+        }
+        if not exchange.stream:
+            return Reply.json(200, response)
+        events = [
+            sse.encode({"type": "response.created", "sequence_number": 0,
+                        "response": {**response, "status": "in_progress", "output": []}}, "response.created"),
+            sse.encode({"type": "response.output_text.delta", "sequence_number": 1, "item_id": output[0]["id"],
+                        "output_index": 0, "content_index": 0, "delta": text, "logprobs": []},
+                       "response.output_text.delta"),
+            sse.encode({"type": "response.completed", "sequence_number": 2, "response": response},
+                       "response.completed"),
+        ]
+        return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
+
+
+class _Watcher(StreamWatcher):
+    def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
+        self.exchange = exchange
+        self.bpt = bytes_per_token
+        self.decoder = sse.SSEDecoder()
+        self.generated_bytes = 0  # text and tool-argument bytes seen so far
+        self.reported: UsageReport | None = None  # latest provider usage (cumulative)
+        self.completed = False  # the upstream finished the response normally
+        self._last: UsageReport | None = None
+        # our own estimate stays within the admission up to this many generated bytes
+        self._quiet_bytes = exchange.state["expected_output"] * bytes_per_token
+
+    def _estimate(self, final: bool) -> UsageReport:
+        """The provider's usage once the response completed; until then (and after a cut)
+        its latest cumulative output or our estimate from the text, whichever is larger,
+        and the request's estimated input when the provider has not said."""
+        reported = self.reported
+        if final and self.completed and reported is not None:
+            return UsageReport(
+                model=reported.model,
+                input_tokens=reported.input_tokens,
+                output_tokens=reported.output_tokens,
+                cached_input_tokens=reported.cached_input_tokens,
+                persona=self.exchange.persona,
+                final=True,
+            )
+        estimate = estimate_tokens(self.generated_bytes, self.bpt)
+        return UsageReport(
+            model=reported.model if reported else self.exchange.model,
+            input_tokens=reported.input_tokens if reported else self.exchange.state["expected_input"],
+            output_tokens=max(reported.output_tokens, estimate) if reported else estimate,
+            cached_input_tokens=reported.cached_input_tokens if reported else 0,
+            persona=self.exchange.persona,
+            final=final,
+        )
+
+    def _progress(self, out: list[StreamEvent]) -> None:
+        """Append a usage update when the running figure changed and is past the admission
+        (within_admission); the figure is checked as numbers before a report is built."""
+        reported = self.reported
+        if reported is None:
+            # our estimate (the exchange's model and expected input) is within the admission
+            # while ceil(bytes / bytes_per_token) <= expected output, i.e. bytes <= _quiet_bytes
+            if self.generated_bytes <= self._quiet_bytes:
+                return
+        elif within_admission(self.exchange, reported.model, reported.input_tokens,
+                              max(reported.output_tokens, estimate_tokens(self.generated_bytes, self.bpt))):
+            return
+        current = self._estimate(final=False)
+        if current != self._last:
+            self._last = current
+            out.append(current)
+
+    @property
+    def usage(self) -> UsageReport | None:
+        return self._last
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.feed(chunk):
+            self._event(event, out)
+        return out
+
+    def close(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.close():
+            self._event(event, out)
+        self._finish(out)
+        out.append(self._estimate(final=True))
+        return out
+
+    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
+        raise NotImplementedError
+
+    def _finish(self, out: list[StreamEvent]) -> None:
+        pass
+
+
+_NO_ID = "chatcmpl-governor"  # a chat stream's chunk id until the upstream's first chunk gives one
+
+
+class ChatStreamWatcher(_Watcher):
+    """chat.completion.chunk events; tool calls arrive as indexed argument deltas."""
+
+    def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
+        super().__init__(exchange, bytes_per_token)
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.chunk_id = _NO_ID  # the upstream's chunk id, once a chunk gave one
+        self.model = exchange.model
+        self.created = int(time.time())
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        # nearly every chunk is one whole `data: {...}` event: its JSON is parsed from the
+        # bytes as they came, without the line decoder and its str copies
+        # (bytes tests by int: `13 in chunk` is a memchr, `b"\r" in chunk` a substring search)
+        if chunk[:7] != b"data: {" or 13 in chunk or chunk.find(10) != len(chunk) - 2 or chunk[-1] != 10 \
+                or not self.decoder.idle:
+            return super().feed(chunk)
+        try:
+            data = orjson.loads(chunk[6:-2])
+        except orjson.JSONDecodeError:  # e.g. invalid UTF-8: the decoder reads it leniently
+            return super().feed(chunk)
+        if type(data) is not dict:
+            return []
+        # the usual chunk past the first: one choice whose delta carries text and nothing
+        # else the governor acts on (no usage, tool call or finish), with no tool call
+        # being assembled. What _chunk does for it, without its walk: the text is counted,
+        # and a report is due only past the admission (_progress)
+        choices = data.get("choices")
+        if (self.chunk_id != _NO_ID and not self.calls and type(choices) is list and len(choices) == 1
+                and type(choice := choices[0]) is dict and not choice.get("finish_reason")
+                and type(delta := choice.get("delta")) is dict and not delta.get("tool_calls")
+                and not data.get("usage")):
+            content = delta.get("content")
+            if type(content) is str:
+                self.generated_bytes += len(content) if content.isascii() else len(content.encode())
+            if self.reported is None and self.generated_bytes <= self._quiet_bytes:
+                return []
+            out: list[StreamEvent] = []
+            self._progress(out)
+            return out
+        out = []
+        self._chunk(data, out)
+        return out
+
+    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
+        if event.data.startswith("[DONE]"):
+            self.completed = True
+            return
+        data = event.json()
+        if isinstance(data, dict):
+            self._chunk(data, out)
+
+    def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
+            self.chunk_id = data["id"]
+            self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
+            self.created = data.get("created") if isinstance(data.get("created"), int) else self.created
+        if data.get("usage"):
+            if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
+                self.reported = usage
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if isinstance(content, str):
+                self.generated_bytes += len(content) if content.isascii() else len(content.encode())
+            for call in delta.get("tool_calls") or ():
+                if not isinstance(call, dict):
+                    continue
+                slot = self.calls.setdefault(call.get("index", 0), {"name": None, "args": []})
+                fn = call.get("function") or {}
+                if isinstance(fn.get("name"), str):
+                    slot["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    slot["args"].append(fn["arguments"])
+                    self.generated_bytes += len(fn["arguments"].encode())
+            if choice.get("finish_reason"):
+                self._finish(out)
+        self._progress(out)
+
+    def _finish(self, out: list[StreamEvent]) -> None:
+        for index in sorted(self.calls):
+            slot = self.calls[index]
+            if step := requested_tool_call(slot["name"], "".join(slot["args"]), self.exchange.persona):
+                out.append(step)
+        self.calls.clear()
+
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        chunk = {"id": self.chunk_id, "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        error = {"message": message, "type": "governor_stream_cut", "param": None,
+                 "code": governor.get("cause"), "governor": dict(governor)}
+        return sse.encode(chunk) + sse.encode({"error": error}) + b"data: [DONE]\n\n"
+
+
+class ResponsesStreamWatcher(_Watcher):
+    """Typed Responses events; usage arrives in response.completed (or .incomplete/.failed)."""
+
+    FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+    def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
+        super().__init__(exchange, bytes_per_token)
+        self.sequence = 0
+
+    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
+        data = event.json()
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type") or event.event
+        if isinstance(data.get("sequence_number"), int):
+            self.sequence = data["sequence_number"]
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta",
+                    "response.refusal.delta", "response.reasoning_summary_text.delta"):
+            delta = data.get("delta")
+            if isinstance(delta, str):
+                self.generated_bytes += len(delta.encode())
+        elif kind == "response.output_item.done":
+            item = data.get("item")
+            if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
+                if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), self.exchange.persona):
+                    out.append(step)
+        elif kind in self.FINAL_EVENTS:
+            self.completed = True
+            response = data.get("response") or {}
+            model = response.get("model") if isinstance(response.get("model"), str) else self.exchange.model
+            if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
+                self.reported = usage
+        self._progress(out)
+
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        error = {"message": message, "type": "governor_stream_cut", "param": None,
+                 "code": governor.get("cause"), "governor": dict(governor)}
+        return sse.encode({"type": "error", "sequence_number": self.sequence + 1, "code": governor.get("cause"),
+                           "message": message, "param": None, "error": error}, "error")
+
+
+ADAPTERS = (OpenAIAdapter,)
+
+__all__ = ["OpenAIAdapter", "ChatStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]

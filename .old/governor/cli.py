@@ -1,0 +1,64 @@
+"""The `governor` command line.
+
+Each area keeps its commands beside its library code, in a `cli` module with
+`register(subparsers)`; this file only assembles them, so the verifier's CLI
+stays apart from the library it calls (an auditor's `governor verify` imports
+nothing but `governor.evidence`).
+
+Exit codes, for every command: 0 success; 1 the thing checked is invalid
+(a rejected passport, a broken record); 2 usage or input errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module -> registers these commands; imported lazily so `governor verify` does
+# not pay for mitmproxy.
+COMMAND_MODULES = (
+    "governor.evidence.cli",  # keygen, verify
+    "governor.passport.cli",  # passport verify|digest|sign
+    "governor.proxy.cli",  # run
+    "governor.demo.cli",  # demo
+)
+
+
+class UsageError(Exception):
+    """Bad arguments or unreadable input: exit 2 with the message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="governor", description="Runtime governor for ADL agents")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that area has no commands yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"governor {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    # `python -m governor.cli`: run the imported module's main, so the areas'
+    # `governor.cli.UsageError` is the class caught here (not a `__main__` twin).
+    from governor.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,343 @@
+"""The control plane: health, metrics, sessions, approvals, nonces and records over HTTP.
+
+A thin aiohttp shell over `RuntimeAPI`: every handler reads or asks the runtime,
+never the store or the policy directly. It listens on its own port (loopback by
+default), apart from the proxy, and refuses requests that came through the proxy
+(see `origin`), so the governed agent cannot answer its own pause.
+
+Access:
+  /healthz, /readyz, /metrics           open (probes and scrapers carry no token)
+  /v1/* reads, nonces, records, end     open, or the control token when one is set
+                                        (a reviewer token is accepted too)
+  POST /v1/approvals/{id}               a reviewer token, always; none configured:
+                                        every answer is refused
+Errors are JSON: {"error": {"code": "...", "message": "..."}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import inspect
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from governor.control.auth import TokenSet, bearer
+from governor.control.nonces import (
+    ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
+)
+from governor.control.origin import ProxyOrigin
+from governor.metrics import CONTENT_TYPE, Metrics
+from governor.runtime_api import RuntimeAPI
+
+log = logging.getLogger("governor.control")
+
+MAX_BODY = 64 * 1024
+MAX_REVIEWER_LENGTH = 200
+
+RUNTIME = web.AppKey("runtime", object)
+REVIEWERS = web.AppKey("reviewers", TokenSet)
+OPERATORS = web.AppKey("operators", TokenSet)  # empty: reads are open
+NONCES = web.AppKey("nonces", object)
+METRICS = web.AppKey("metrics", Metrics)
+ORIGIN = web.AppKey("origin", ProxyOrigin)
+READY_TIMEOUT = web.AppKey("ready_timeout", float)
+
+_NONCE_STATUS = {ReusedNonce: 409, ExpiredNonce: 410, MalformedNonce: 400, TooManyNonces: 503}
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, default=_jsonable, ensure_ascii=False)
+
+
+def ok(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(data, status=status, headers=headers, dumps=_dumps)
+
+
+def error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# --- middleware ------------------------------------------------------------------------
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    """Refuse proxied requests; turn every failure into a JSON error, never a traceback."""
+    origin = request.app[ORIGIN]
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    reason = origin.through_proxy(request.headers, peer)
+    if reason is not None:
+        log.warning("refused %s %s: %s", request.method, request.path, reason)
+        return error(403, "through_proxy",
+                     f"the control plane does not accept requests relayed by the governor's proxy ({reason}); "
+                     "a governed agent cannot act on its own session")
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason,
+                     headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+    except Exception:
+        log.exception("control plane error on %s %s", request.method, request.path)
+        return error(500, "internal_error", "the governor failed to handle this request; see its log")
+
+
+# --- access ----------------------------------------------------------------------------
+
+
+def _operator_refusal(request: web.Request) -> web.Response | None:
+    operators = request.app[OPERATORS]
+    if not operators:
+        return None
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        return error(401, "token_required", "this control plane requires `Authorization: Bearer <control token>`",
+                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
+    if token in operators or token in request.app[REVIEWERS]:
+        return None
+    return error(401, "token_invalid", "the bearer token is not a control or reviewer token",
+                 headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
+
+
+def _reviewer_refusal(request: web.Request) -> web.Response | None:
+    reviewers = request.app[REVIEWERS]
+    if not reviewers:
+        return error(403, "approvals_disabled",
+                     "no reviewer token is configured, so no approval can be answered here; set "
+                     "GOVERNOR_REVIEWER_TOKENS or a reviewer token file and restart the governor")
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        return error(401, "token_required", "answering an approval requires `Authorization: Bearer <reviewer token>`",
+                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers"'})
+    if token not in reviewers:
+        return error(401, "token_invalid", "the bearer token is not a reviewer token",
+                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers", error="invalid_token"'})
+    return None
+
+
+async def _json_body(request: web.Request, *, optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
+    raw = await request.read()
+    if not raw.strip():
+        if optional:
+            return {}, None
+        return None, error(400, "body_required", "a JSON object body is required")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, error(400, "bad_json", f"the body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        return None, error(400, "bad_json", "the body must be a JSON object")
+    return body, None
+
+
+# --- handlers --------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return ok({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    check = getattr(runtime, "ready", None)
+    if check is None:
+        return ok({"ready": False, "reason": "the runtime does not report readiness"}, status=503)
+    try:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await asyncio.wait_for(result, request.app[READY_TIMEOUT])
+    except asyncio.TimeoutError:
+        return ok({"ready": False, "reason": f"readiness check took over {request.app[READY_TIMEOUT]:g}s"}, status=503)
+    except Exception as exc:  # the runtime's check failed: not ready, and say why
+        return ok({"ready": False, "reason": f"readiness check failed: {exc}"}, status=503)
+    body = dict(result) if isinstance(result, dict) else {"ready": bool(result)}
+    return ok(body, status=200 if body.get("ready") else 503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    registry = request.app[METRICS]
+    registry.set_pending_approvals(len(request.app[RUNTIME].approvals()))
+    return web.Response(body=registry.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    return ok({"sessions": await request.app[RUNTIME].sessions()})
+
+
+def _unknown_session(session: str) -> web.Response:
+    return error(404, "unknown_session", f"no session {session!r} on this governor")
+
+
+async def get_session(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    session = request.match_info["session"]
+    view = await request.app[RUNTIME].session_view(session)
+    if view is None:
+        return _unknown_session(session)
+    return ok(view)
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    return ok({"approvals": request.app[RUNTIME].approvals()})
+
+
+async def answer_approval(request: web.Request) -> web.Response:
+    if refusal := _reviewer_refusal(request):
+        return refusal
+    body, refusal = await _json_body(request)
+    if refusal:
+        return refusal
+    decision = body.get("decision")
+    if decision not in ("approve", "reject"):
+        return error(400, "bad_decision", f'"decision" must be "approve" or "reject", not {decision!r}')
+    reviewer = body.get("reviewer")
+    if not isinstance(reviewer, str) or not reviewer.strip() or len(reviewer) > MAX_REVIEWER_LENGTH \
+            or not reviewer.isprintable():
+        return error(400, "bad_reviewer",
+                     f'"reviewer" must name who answers: printable text of 1-{MAX_REVIEWER_LENGTH} characters')
+    approval_id = request.match_info["approval"]
+    try:
+        result = await request.app[RUNTIME].resolve_approval(approval_id, decision == "approve", reviewer.strip())
+    except KeyError:
+        return error(404, "approval_not_pending",
+                     f"approval {approval_id!r} is unknown, already answered or timed out")
+    log.info("approval %s %sd by %s", approval_id, decision, reviewer.strip())
+    return ok(result)
+
+
+async def issue_nonce(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    body, refusal = await _json_body(request, optional=True)
+    if refusal:
+        return refusal
+    nonces: NonceIssuer = request.app[NONCES]
+    own = body.get("nonce")
+    try:
+        if own is None:
+            value, expires_at = nonces.issue()
+        elif isinstance(own, str):
+            value, expires_at = own, nonces.register(own)
+        else:
+            return error(400, "nonce_malformed", '"nonce" must be a string')
+    except NonceError as exc:
+        return error(_NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
+    return ok({"nonce": value, "expires_at": iso(expires_at), "ttl_seconds": nonces.ttl}, status=201,
+              headers={"WWW-Authenticate": f'ADL nonce="{value}"', "Cache-Control": "no-store"})
+
+
+async def get_record(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    runtime = request.app[RUNTIME]
+    session = request.match_info["session"]
+    if not runtime.has_session(session):
+        return _unknown_session(session)
+    nonce = request.query.get("nonce")
+    if nonce is not None:
+        try:
+            request.app[NONCES].consume(nonce)
+        except NonceError as exc:
+            return error(_NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
+    try:
+        record = runtime.record(session, nonce)
+    except KeyError:
+        return _unknown_session(session)
+    return ok(record, headers={"Cache-Control": "no-store"})
+
+
+async def end_session(request: web.Request) -> web.Response:
+    if refusal := _operator_refusal(request):
+        return refusal
+    session = request.match_info["session"]
+    try:
+        record = await request.app[RUNTIME].end_session(session)
+    except KeyError:
+        return _unknown_session(session)
+    log.info("session %s ended through the control plane", session)
+    return ok(record)
+
+
+# --- assembly --------------------------------------------------------------------------
+
+
+def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
+               nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
+               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0) -> web.Application:
+    """The control plane application.
+
+    `origin` is shared with the proxy addon (it reports its upstream sockets there);
+    `nonces` defaults to an in-process issuer with `nonce_ttl`.
+    """
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app[RUNTIME] = runtime
+    app[REVIEWERS] = TokenSet(reviewer_tokens)
+    app[OPERATORS] = TokenSet([control_token] if control_token else [])
+    app[NONCES] = nonces if nonces is not None else MemoryNonces(nonce_ttl)
+    app[METRICS] = metrics if metrics is not None else Metrics()
+    app[ORIGIN] = origin if origin is not None else ProxyOrigin()
+    app[READY_TIMEOUT] = float(ready_timeout)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/v1/sessions", list_sessions)
+    app.router.add_get("/v1/sessions/{session}", get_session)
+    app.router.add_get("/v1/sessions/{session}/record", get_record)
+    app.router.add_post("/v1/sessions/{session}/end", end_session)
+    app.router.add_get("/v1/approvals", list_approvals)
+    app.router.add_post("/v1/approvals/{approval}", answer_approval)
+    app.router.add_post("/v1/nonces", issue_nonce)
+    return app
+
+
+async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081) -> web.AppRunner:
+    """Serve `app` on host:port (port 0: any free port); returns the runner (`await runner.cleanup()`).
+
+    The bound addresses are handed to the app's ProxyOrigin so the proxy can refuse
+    to connect to them.
+    """
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    await asyncio.to_thread(app[ORIGIN].listening, list(runner.addresses))
+    return runner
+
+
+def control_url(runner: web.AppRunner) -> str:
+    """http://host:port of a started control plane (the first bound address)."""
+    host, port = runner.addresses[0][:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"

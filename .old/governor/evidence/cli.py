@@ -1,0 +1,158 @@
+"""`governor keygen` and `governor verify`: the evidence room's commands.
+
+Kept apart from the library: the commands parse arguments, read files and print;
+`governor.evidence` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from governor.cli import UsageError
+from governor.evidence.errors import InputError, SchemaNotFoundError
+from governor.evidence.keys import (
+    DEFAULT_IDENTIFIER,
+    check_identifier,
+    did_for,
+    did_web_document_url,
+    key_fingerprint,
+    load_did_document,
+    load_private_key,
+    load_public_key,
+    write_key_files,
+)
+from governor.evidence.passport_file import load_passport
+from governor.evidence.verify import VerificationReport, load_record, verify_record
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    keygen = subparsers.add_parser(
+        "keygen",
+        help="create the governor's Ed25519 signing key and DID document",
+        description="Create the governor's Ed25519 key pair (private key mode 0600) and a did.json "
+        "publishing the public key as its assertionMethod.",
+    )
+    keygen.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write the key files into")
+    keygen.add_argument(
+        "--id", dest="identifier", default=DEFAULT_IDENTIFIER, metavar="ID",
+        help=f"the governor's identifier, did:web:... or https://... (default: {DEFAULT_IDENTIFIER})",
+    )
+    keygen.add_argument("--force", action="store_true", help="replace an existing key")
+    keygen.set_defaults(func=run_keygen)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="verify an enforcement record offline (Runtime §8.6)",
+        description="Verify an enforcement record: schema, governor key, signature, passport binding, "
+        "nonce and hash chain (Runtime §8.6 steps 1-6). Exit 0 valid, 1 invalid, 2 usage or input error.",
+    )
+    verify.add_argument("record", type=Path, metavar="RECORD", help="the record (JSON)")
+    key = verify.add_mutually_exclusive_group()
+    key.add_argument("--key", type=Path, metavar="PUB.pem", help="the governor's public key (pinned)")
+    key.add_argument(
+        "--did-document", type=Path, metavar="did.json",
+        help="the governor's DID document (fetched from its did:web location); its id must be the record's governor",
+    )
+    verify.add_argument("--passport", type=Path, metavar="FILE", help="the admitted passport (JSON or YAML), for step 4")
+    verify.add_argument("--nonce", metavar="VALUE", help="the nonce you issued (step 5)")
+    verify.add_argument("--nonce-issued-at", metavar="ISO", help="when you issued it (ISO 8601 with a zone)")
+    verify.add_argument("--nonce-ttl", type=float, metavar="SECONDS", help="its time to live")
+    verify.add_argument("--json", action="store_true", help="print a machine-readable report")
+    verify.set_defaults(func=run_verify)
+
+
+# --- keygen ---------------------------------------------------------------------------
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    try:
+        check_identifier(args.identifier)
+        files = write_key_files(args.out, args.identifier, force=args.force)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except FileExistsError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write into {args.out}: {exc.strerror or exc}") from None
+    key = load_private_key(files.private_key)
+    publish = did_web_document_url(did_for(args.identifier))
+    print(f"private key   {files.private_key}  (mode 0600: keep it secret)")
+    print(f"public key    {files.public_key}  ({key_fingerprint(key)})")
+    print(f"DID document  {files.did_document}  (publish it at {publish})")
+    print(f"identifier    {args.identifier}")
+    return 0
+
+
+# --- verify ---------------------------------------------------------------------------
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    if args.key is None and args.did_document is None:
+        raise UsageError("no governor key given: pass --key PUB.pem or --did-document did.json")
+    if (args.nonce_issued_at is None) != (args.nonce_ttl is None):
+        raise UsageError("--nonce-issued-at and --nonce-ttl go together")
+    if args.nonce_issued_at is not None and args.nonce is None:
+        raise UsageError("--nonce-issued-at/--nonce-ttl need --nonce")
+    if args.nonce_ttl is not None and not args.nonce_ttl >= 0:
+        raise UsageError("--nonce-ttl must be a number of seconds >= 0")
+    try:
+        record = load_record(args.record)
+        public_key = load_public_key(args.key) if args.key else None
+        did_document = load_did_document(args.did_document) if args.did_document else None
+        passport = load_passport(args.passport) if args.passport else None
+        report = verify_record(
+            record,
+            public_key=public_key,
+            did_document=did_document,
+            passport=passport,
+            expected_nonce=args.nonce,
+            nonce_issued_at=args.nonce_issued_at,
+            nonce_ttl=args.nonce_ttl,
+        )
+    except (InputError, SchemaNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # inconsistent nonce arguments, a malformed --nonce-issued-at
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"record": str(args.record), **report.to_json()}, indent=2, ensure_ascii=False))
+    else:
+        _print_report(args.record, record, report)
+    return 0 if report.ok else 1
+
+
+def _describe(record: Any) -> list[str]:
+    if not isinstance(record, dict):
+        return []
+    subject = record.get("subject") if isinstance(record.get("subject"), dict) else {}
+    window = record.get("window") if isinstance(record.get("window"), dict) else {}
+    events = record.get("events") if isinstance(record.get("events"), list) else []
+    return [
+        f"  governor  {record.get('governor')}",
+        f"  subject   {subject.get('id')}  (passport digest {subject.get('passport_digest')})",
+        f"  session   {record.get('session')}  tier {record.get('tier')}  outcome {record.get('outcome')}",
+        f"  window    {window.get('start')} .. {window.get('end')}  issued {record.get('iat')}",
+        f"  events    {len(events)}",
+    ]
+
+
+def _print_report(path: Path, record: Any, report: VerificationReport) -> None:
+    out = sys.stdout
+    print(f"Enforcement record {path}", file=out)
+    for line in _describe(record):
+        print(line, file=out)
+    print(file=out)
+    width = max(len(s.name) for s in report.steps)
+    for step in report.steps:
+        print(f"  {step.status.upper():4}  {step.number} {step.name:<{width}}  {step.message}", file=out)
+    print(file=out)
+    failure = report.first_failure
+    if failure is None:
+        print("VALID", file=out)
+    else:
+        print(f"INVALID: step {failure.number} ({failure.name}): {failure.message}", file=out)
+    for line in report.interpretation():
+        print(f"  {line}", file=out)

@@ -1,0 +1,863 @@
+"""The enforcement point: the mitmproxy addon that governs every request the agent sends.
+
+Thin by design: adapters turn a flow into steps and decisions back into bytes,
+the runtime decides; this addon only sequences them over mitmproxy's hooks:
+
+  request          session/persona from ADL-* headers (stripped), anti-swap check,
+                   adapter selection, admit each step (a PAUSE holds the request
+                   here until a reviewer answers), refuse in the provider's format
+                   or rewrite and forward.
+  responseheaders  a stream the adapter understands is relayed event by event
+                   (StreamRelay), anything else governed is buffered.
+  response         plain answers: usage, tool calls the model asks for, finish;
+                   streams: final usage and release.
+  error            the exchange failed: release what it holds.
+
+While a session has exchanges in flight, one ticker per session admits Tick steps
+(wall-clock limits), and one watchdog pass a second enforces the upstream timeout of
+every exchange (no headers, or a stream gone silent). Their refusals, and those of
+usage checks on a stream, are applied to the flow in flight by `transit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from mitmproxy import ctx, http
+
+from governor.adapters import IGNORE, AdapterRegistry
+from governor.adapters import sse
+from governor.adapters.base import (
+    Adapter,
+    BadRequest,
+    Exchange,
+    RawHeaders,
+    Reply,
+    RequestView,
+    StreamWatcher,
+    describe,
+    governor_object,
+    status_for,
+)
+from governor.canonical import b64url_decode, sha256_b64url
+from governor.policy.steps import (
+    Action,
+    Decision,
+    ModelCall,
+    PassportPresented,
+    Step,
+    Tick,
+    ToolCall,
+    ToolError,
+    UsageReport,
+)
+from governor.proxy import transit
+from governor.runtime_api import Admission, RuntimeAPI
+
+log = logging.getLogger("governor.proxy")
+
+SESSION_HEADER = "ADL-Session"
+PERSONA_HEADER = "ADL-Persona"
+PASSPORT_HEADER = "ADL-Passport"
+GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
+_GOVERNOR_PREFIX = GOVERNOR_HEADER_PREFIX.encode()  # as header field names are stored
+_SESSION_FIELD, _PERSONA_FIELD, _PASSPORT_FIELD = (h.lower() for h in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER))
+ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
+METADATA_KEY = "governor"
+SESSION_KEY = "governor.session"
+
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 429: "Too Many Requests",
+                502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyPolicy:
+    """How the enforcement point behaves (the `governor run` options)."""
+
+    default_session: str | None = None  # None: the runtime's (one per process), else one generated here
+    unknown_traffic: str = "forward"  # "forward" (logged and counted) | "deny"
+    upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
+    tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
+    max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this: 413
+
+
+def presented_digest(value: str) -> str:
+    """The digest of a passport presented in an ADL-Passport header.
+
+    `sha256=<digest>`: the digest itself (as `governor passport digest` prints it);
+    anything else: base64url of the passport document (JSON or YAML), digested as the
+    pin is. Bytes that are not a passport digest to themselves, which never equals a pin.
+    """
+    value = value.strip()
+    if value.startswith("sha256="):
+        return value[len("sha256="):]
+    from governor.passport import PassportError, parse_passport, passport_digest
+
+    try:
+        raw = b64url_decode(value)
+    except (ValueError, UnicodeError):
+        return sha256_b64url(value.encode())
+    try:
+        return passport_digest(parse_passport(raw, source=PASSPORT_HEADER))
+    except PassportError:
+        return sha256_b64url(raw)
+
+
+@dataclass(eq=False)
+class Flight:
+    """One governed exchange in flight."""
+
+    exchange: Exchange
+    admissions: list[Admission]
+    usage_ticket: Any = None  # the ModelCall admission's ticket, None when the exchange has no model call
+    started: float = field(default_factory=time.monotonic)
+    last_activity: float = field(default_factory=time.monotonic)
+    relay: "StreamRelay | None" = None
+    refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
+    finished: bool = False
+
+
+class StreamRelay:
+    """The `flow.response.stream` callable of a governed stream.
+
+    Synchronous (mitmproxy calls it per chunk): it forwards whole SSE events as they
+    arrive, hands the watcher's findings to the governor (which checks them
+    asynchronously) and, once the governor cut the stream, forwards nothing more
+    but the adapter's terminal event. It never returns b"" for a chunk (mitmproxy
+    would frame it as the chunked-encoding terminator and corrupt the connection).
+    """
+
+    def __init__(self, governor: "Governor", flow: http.HTTPFlow, flight: Flight, watcher: StreamWatcher) -> None:
+        self.governor = governor
+        self.flow = flow
+        self.flight = flight
+        self.watcher = watcher
+        self.held = b""  # the incomplete tail of the last event, forwarded once complete
+        self.terminal: bytes | None = None
+        self.ended = False
+        self.final_events: list[Any] = []
+        self.latest_usage: UsageReport | None = None
+        self.checked_usage: UsageReport | None = None
+        self.checking = False
+        self.pending_steps: list[Step] = []
+        self.admitting = False
+        self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
+        self.held_steps: set[int] = set()  # ids of the steps holding the stream
+        self.kept = b""  # whole events kept back while holds > 0
+        self.gate: transit.Gate | None = None
+
+    def __call__(self, data: bytes) -> list[bytes]:
+        if data == b"":
+            return self.end()
+        self.flight.last_activity = time.monotonic()
+        if self.terminal is not None:
+            return []
+        try:
+            events = self.watcher.feed(data)
+        except Exception:  # a watcher bug must not break the relay: log, keep counting nothing
+            log.exception("governor: stream watcher failed on %s", self.flow.request.url)
+            events = []
+        if events:
+            self.governor.stream_events(self, events)
+            if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
+                return []
+        if not self.held and not self.holds and not self.kept and data.endswith(b"\n\n"):
+            return [data]  # whole events, nothing kept back: the usual chunk, as it came
+        buf = self.held + data
+        cut = sse.last_boundary(buf)
+        self.held = buf[cut:]
+        out = buf[:cut]
+        if self.holds:
+            self.kept += out
+            return []
+        if self.kept:
+            out, self.kept = self.kept + out, b""
+        return [out] if out else []
+
+    def hold(self) -> None:
+        """Keep output back (and the upstream's end) until `unhold` balances this."""
+        self.holds += 1
+        if self.gate is None:
+            self.gate = self.governor.gate(self.flow)
+
+    def unhold(self) -> None:
+        self.holds -= 1
+        if self.holds == 0 and self.terminal is None:
+            self.flight.last_activity = time.monotonic()
+            if self.gate is not None:
+                gate, self.gate = self.gate, None
+                gate.release()
+
+    def cut(self, message: str, governor_obj: Mapping[str, Any]) -> bool:
+        """Stop forwarding and arrange for the terminal event; False when already over."""
+        if self.terminal is not None or (self.ended and not self.holds):
+            return False
+        try:
+            self.terminal = self.watcher.terminal(message, governor_obj)
+        except Exception:
+            log.exception("governor: stream watcher could not build a terminal event")
+            self.terminal = b""
+        self.held = b""
+        return True
+
+    def end(self) -> list[bytes]:
+        """The upstream message ended (naturally, or because the governor cut it)."""
+        self.ended = True
+        try:
+            self.final_events = self.watcher.close()
+        except Exception:
+            log.exception("governor: stream watcher failed at end of stream")
+            self.final_events = []
+        if self.terminal is None and self.holds:
+            # the upstream ended while a tool call it asked for was still being admitted
+            # and its end could not be withheld: fail closed, do not deliver it
+            self.cut("governor: the stream ended before its tool calls were admitted",
+                     _governor_error_object(self.flight.exchange.session))
+        if self.terminal is not None:
+            return [self.terminal] if self.terminal else []
+        tail, self.held, self.kept = self.kept + self.held, b"", b""
+        return [tail] if tail else []
+
+
+class Governor:
+    """The mitmproxy addon. One instance per proxy; all per-flow state lives in flow.metadata."""
+
+    def __init__(
+        self,
+        runtime: RuntimeAPI,
+        registry: AdapterRegistry,
+        policy: ProxyPolicy,
+        *,
+        metrics: Any = None,
+        origin: Any = None,
+    ) -> None:
+        self.runtime = runtime
+        self.registry = registry
+        self.policy = policy
+        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.origin = origin  # governor.control.origin.ProxyOrigin, optional
+        self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
+        self.tasks: set[asyncio.Task] = set()
+        self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
+        self._own_session = f"session-{uuid.uuid4().hex[:12]}"
+        self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
+        self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
+        self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+
+    def session_of(self, headers: Any) -> str:
+        """ADL-Session names the session; without it: the configured default, else the
+        runtime's default session (one per process), else one of our own."""
+        return self._session(headers.get(SESSION_HEADER))
+
+    def _session(self, named: str | None) -> str:
+        return (named or self.policy.default_session
+                or getattr(self.runtime, "default_session", None) or self._own_session)
+
+    def load(self, loader: Any) -> None:
+        # ctx.master is the master adding us right now; remember its proxyserver rather than
+        # reading the process-global ctx later.
+        self.proxyserver = ctx.master.addons.get("proxyserver")
+
+    # --- mitmproxy hooks ---------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        admitted: list[Admission] = []  # released if governing the request fails half-way
+        try:
+            await self._request(flow, admitted)
+        except Exception:  # fail closed: never forward what could not be governed
+            log.exception("governor: internal error on %s", flow.request.url)
+            session = flow.metadata.get(SESSION_KEY) or self.session_of(flow.request.headers)
+            flow.metadata.pop(METADATA_KEY, None)
+            for admission in admitted:
+                await self._release(session, admission.ticket, error="governor error")
+            self._fail_closed(flow, session, "internal error while governing the request")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        response = flow.response
+        assert response is not None
+        if flight is None:
+            response.stream = True  # ungoverned traffic: relay as it comes, never buffer
+            return
+        flight.last_activity = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started)
+        exchange = flight.exchange
+        try:
+            watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
+        except Exception:
+            log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
+            watcher = None
+        if watcher is not None:
+            flight.relay = StreamRelay(self, flow, flight, watcher)
+            response.stream = flight.relay
+            if flight.refusal is not None:  # decided while we waited for the headers
+                self._cut(flow, flight, *flight.refusal)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is None or flight.finished:
+            return
+        try:
+            if flight.relay is not None:
+                await self._stream_finished(flow, flight)
+            else:
+                await self._plain_response(flow, flight)
+        except Exception:
+            log.exception("governor: internal error on the response of %s", flow.request.url)
+            if flight.relay is None:
+                session = flight.exchange.session
+                self._replace(flow, flight.exchange.adapter, _governor_error(), session,
+                              _governor_error_object(session), flight.exchange)
+        finally:
+            await self._finish(flight, self._upstream_error(flow))
+            self._forget(flow, flight, stream_over=True)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is None or flight.finished:
+            return
+        try:
+            if flight.relay is not None and flight.usage_ticket is not None:
+                relay = flight.relay
+                if not relay.ended:
+                    relay.end()
+                await self._stream_finished(flow, flight)
+        except Exception:
+            log.exception("governor: internal error while closing %s", flow.request.url)
+        finally:
+            message = flow.error.msg if flow.error else "exchange failed"
+            await self._finish(flight, message)
+            self._forget(flow, flight, stream_over=False)
+
+    def server_connected(self, data: Any) -> None:
+        if self.origin is not None:
+            self.origin.connected(data.server.sockname)
+
+    def server_disconnected(self, data: Any) -> None:
+        if self.origin is not None:
+            self.origin.disconnected(data.server.sockname)
+
+    def server_connect(self, data: Any) -> None:
+        address = data.server.address
+        if self.origin is not None and address and self.origin.refuses_connect(address[0], address[1]):
+            data.server.error = "the governor does not connect to its own control plane"
+
+    def done(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    # --- request -----------------------------------------------------------------------
+
+    async def _request(self, flow: http.HTTPFlow, admitted: list[Admission]) -> None:
+        request = flow.request
+        headers = request.headers
+        fields = headers.fields
+        governing, encoded = _scan_headers(fields)
+        session = self._session(governing.get(_SESSION_FIELD))
+        flow.metadata[SESSION_KEY] = session
+        persona = governing.get(_PERSONA_FIELD) or None
+        presented = governing.get(_PASSPORT_FIELD)
+        # the adapters see the headers as the agent sent them (A2A reads its delegation depth
+        # from one): a view over the field tuple as it is now (rewriting headers replaces it)
+        view = RequestView(
+            request.method, request.host, request.path, RawHeaders(fields), request.raw_content,
+            port=request.port, scheme=request.scheme,
+        )
+        # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded
+        forwarded = tuple([f for f in fields if f[0][:4].lower() != _GOVERNOR_PREFIX]) if governing else fields
+        if self.origin is not None:
+            forwarded += ((self.origin.header.encode(), self.origin.marker.encode()),)
+        if forwarded is not fields:
+            headers.fields = forwarded
+        if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
+            flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
+            return
+
+        selected = self.registry.select(view)
+        adapter = selected if isinstance(selected, Adapter) else None
+
+        if presented is not None:
+            admission = await self._admit(session, PassportPresented(presented_digest(presented)))
+            await self._release(session, admission.ticket)
+            if admission.decision.blocks:
+                self._refuse(flow, adapter, admission, session)
+                return
+
+        if selected == IGNORE:
+            return
+        if adapter is None:
+            self._unknown(flow, session)
+            return
+        if encoded:
+            try:
+                view.content = request.content or b""
+            except ValueError:
+                self._bad_request(flow, adapter, session, "request body cannot be decoded (content-encoding)")
+                return
+        if len(view.content) > self.policy.max_body_bytes:
+            self._bad_request(flow, adapter, session,
+                              f"request body of {len(view.content)} bytes exceeds the governor's limit of "
+                              f"{self.policy.max_body_bytes} bytes", status=413)
+            return
+        try:
+            exchange = adapter.open(view, session=session, persona=persona)
+        except BadRequest as exc:
+            self._bad_request(flow, adapter, session, exc.message, status=exc.status)
+            return
+
+        admissions = admitted
+        usage_ticket = None
+        main: Decision | None = None
+        for step in await adapter.steps(exchange):
+            admission = await self._admit(session, step)
+            admissions.append(admission)
+            if admission.decision.blocks:
+                for held in admissions:
+                    await self._release(session, held.ticket, error="refused")
+                admissions.clear()
+                self._refuse(flow, adapter, admission, session, exchange)
+                return
+            if isinstance(step, ModelCall) and main is None:
+                usage_ticket = admission.ticket
+                main = admission.decision
+        exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
+
+        body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
+        if body is not None and encoded:
+            request.content = body  # mitmproxy encodes it as the agent had
+            body = None
+        if body is not None or exchange.stream or exchange.upstream_headers:
+            _rewrite_for_upstream(request, body, exchange.stream, exchange.upstream_headers)
+        flight = Flight(exchange, admissions, usage_ticket)
+        flow.metadata[METADATA_KEY] = flight
+        self._track(flow, flight)
+
+    async def _admit(self, session: str, step: Step) -> Admission:
+        """Admit one step; a PAUSE is held right here until the reviewer's answer (or the
+        timeout's resolution) comes back."""
+        admission = await self.runtime.admit(session, step)
+        decision = admission.decision
+        if decision.action is Action.PAUSE and decision.enforced and decision.approval is not None:
+            log.info("governor: holding %s in session %s for approval %s",
+                     type(step).__name__, session, decision.approval.id)
+            held = admission
+            admission = await self.runtime.await_approval(session, decision.approval.id)
+            if held.ticket is not None and held.ticket is not admission.ticket:
+                await self._release(session, held.ticket)
+        return admission
+
+    async def _release(self, session: str, ticket: Any, error: str | None = None) -> None:
+        if ticket is None:
+            return
+        try:
+            await self.runtime.finish(session, ticket, error=error)
+        except Exception:
+            log.exception("governor: runtime.finish failed in session %s", session)
+
+    # --- answering instead of the upstream ---------------------------------------------
+
+    def _refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
+                       exchange: Exchange | None) -> Reply:
+        if decision.action is Action.FALLBACK and adapter is not None and exchange is not None:
+            return adapter.fallback_response(exchange, decision, gov)
+        status = status_for(decision)
+        if adapter is None:
+            return _generic_error(status, describe(gov), gov)
+        return adapter.error_response(status, describe(gov), gov, exchange)
+
+    def _refuse(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
+                exchange: Exchange | None = None) -> None:
+        decision = admission.decision
+        gov = admission.governor_object or governor_object(decision, session)
+        reply = self._refusal_reply(adapter, decision, gov, exchange)
+        flow.response = _response(reply, decision.action.value)
+        log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
+                 flow.request.pretty_url, session, decision.cause)
+
+    def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
+                 gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
+        gov = gov or governor_object(decision, session)
+        flow.response = _response(self._refusal_reply(adapter, decision, gov, exchange), decision.action.value)
+
+    def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
+                     status: int = 400) -> None:
+        gov = {"cause": None, "action": "deny", "reason": message, "session": session}
+        flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
+        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
+
+    def _unknown(self, flow: http.HTTPFlow, session: str) -> None:
+        host = flow.request.host
+        halted = getattr(self.runtime, "halted", None)
+        cause = halted(session) if halted is not None else None
+        if cause is not None:  # after a halt the session refuses everything, ungoverned traffic too
+            gov = {"cause": cause, "action": "halt", "reason": "the session is halted", "session": session}
+            flow.response = _response(_generic_error(403, f"governor: session halted ({cause})", gov), "halt")
+            return
+        if self.policy.unknown_traffic == "deny":
+            message = f"no adapter governs {flow.request.method} {host}{flow.request.path.split('?', 1)[0]}"
+            gov = {"cause": None, "action": "deny", "reason": f"unknown traffic: {message}", "session": session}
+            flow.response = _response(_generic_error(403, f"governor: {gov['reason']}", gov), "deny")
+            return
+        count = self.unknown_seen.get(host, 0)
+        self.unknown_seen[host] = count + 1
+        if count == 0:
+            log.info("governor: forwarding ungoverned traffic to %s (no adapter matched %s %s)",
+                     host, flow.request.method, flow.request.path.split("?", 1)[0])
+
+    def _fail_closed(self, flow: http.HTTPFlow, session: str, message: str) -> None:
+        gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
+               "session": session}
+        flow.response = _response(_generic_error(503, f"governor: {message}", gov), "deny")
+
+    # --- responses ---------------------------------------------------------------------
+
+    async def _plain_response(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        response = flow.response
+        assert response is not None
+        exchange = flight.exchange
+        adapter = exchange.adapter
+        session = exchange.session
+        if flight.refusal is not None:
+            if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
+                decision, gov = flight.refusal
+                self._replace(flow, adapter, decision, session, gov, exchange)
+            return
+        body = _decoded_body(response)
+        observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        if observation.usage is not None and flight.usage_ticket is not None:
+            decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
+            if decision.blocks:
+                self._replace(flow, adapter, decision, session, exchange=exchange)
+                return
+        for step in observation.steps:
+            admission = await self._admit(session, step)
+            await self._release(session, admission.ticket)
+            if admission.decision.blocks:
+                decision = admission.decision
+                gov = admission.governor_object or governor_object(decision, session)
+                self._replace(flow, adapter, decision, session, gov, exchange)
+                return
+        if observation.replace_body is not None:
+            response.content = observation.replace_body
+
+    async def _stream_finished(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        relay = flight.relay
+        assert relay is not None
+        final: UsageReport | None = None
+        for event in relay.final_events:
+            if isinstance(event, UsageReport):
+                final = event
+            else:
+                relay.pending_steps.append(event)
+        relay.final_events = []
+        self._admit_stream_steps_soon(flow, flight, relay)
+        if final is not None and flight.usage_ticket is not None:
+            await self.runtime.usage(flight.exchange.session, flight.usage_ticket, final)
+
+    # --- streams -----------------------------------------------------------------------
+
+    def stream_events(self, relay: StreamRelay, events: list[Any]) -> None:
+        """Called by the relay (synchronously) with what its watcher saw in a chunk."""
+        flight = relay.flight
+        for event in events:
+            if isinstance(event, UsageReport):  # past the admission (watchers report only those)
+                relay.latest_usage = event
+            elif isinstance(event, (ToolCall, ToolError)):
+                relay.pending_steps.append(event)
+                if isinstance(event, ToolCall) and not relay.ended:
+                    relay.held_steps.add(id(event))
+                    relay.hold()
+        if (relay.latest_usage is not relay.checked_usage and not relay.checking
+                and flight.usage_ticket is not None):
+            relay.checking = True
+            self._spawn(self._check_usage(relay.flow, flight, relay))
+        self._admit_stream_steps_soon(relay.flow, flight, relay)
+
+    async def _check_usage(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        session = flight.exchange.session
+        try:
+            while (relay.latest_usage is not relay.checked_usage and not relay.ended
+                   and relay.terminal is None):
+                report = relay.checked_usage = relay.latest_usage
+                assert report is not None
+                decision = await self.runtime.usage(session, flight.usage_ticket, report)
+                if decision.blocks:
+                    self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
+                    return
+        except Exception:
+            log.exception("governor: usage check failed in session %s; cutting the stream", session)
+            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+        finally:
+            relay.checking = False
+
+    def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        if relay.pending_steps and not relay.admitting:
+            relay.admitting = True
+            self._spawn(self._admit_stream_steps(flow, flight, relay))
+
+    async def _admit_stream_steps(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        """Tool calls the model asks for in a stream, admitted in order. From the chunk that
+        completes a tool call, output (and the upstream's end) is kept back until the call
+        is admitted (a pause holds it for the reviewer); a refusal cuts the stream."""
+        session = flight.exchange.session
+        try:
+            while relay.pending_steps:
+                step = relay.pending_steps.pop(0)
+                admission = await self._admit(session, step)
+                await self._release(session, admission.ticket)
+                held = id(step) in relay.held_steps
+                relay.held_steps.discard(id(step))
+                if admission.decision.blocks:
+                    decision = admission.decision
+                    gov = admission.governor_object or governor_object(decision, session)
+                    self._enforce_in_flight(flow, flight, decision, gov)
+                elif held:
+                    relay.unhold()
+        except Exception:
+            log.exception("governor: admitting a streamed tool call failed in session %s", session)
+            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+        finally:
+            relay.admitting = False
+
+    # --- in flight: ticks, timeouts, cuts ----------------------------------------------
+
+    async def _watch(self) -> None:
+        """The upstream timeout of every exchange in flight (no response headers, or a stream
+        gone silent), checked every min(1 s, timeout / 4): one periodic pass over what is in
+        flight instead of a timer armed and cancelled per request."""
+        timeout = self.policy.upstream_timeout
+        period = min(1.0, timeout / 4)
+        try:
+            while self.in_flight:
+                await asyncio.sleep(period)
+                now = time.monotonic()
+                for live in list(self.in_flight.values()):
+                    for flight, flow in list(live.items()):
+                        self._check_upstream(flow, flight, now, timeout)
+        finally:
+            self.watchdog = None
+
+    def _check_upstream(self, flow: http.HTTPFlow, flight: Flight, now: float, timeout: float) -> None:
+        if flight.finished or flight.refusal is not None:
+            return
+        relay = flight.relay
+        if relay is not None and relay.holds:  # waiting for us (an admission), not for the upstream
+            flight.last_activity = now
+        elif relay is not None and relay.ended:
+            return
+        elif now - flight.last_activity >= timeout:
+            self._upstream_timeout(flow, flight, timeout)
+
+    def _track(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        """Count the exchange as in flight: for its session's wall-clock ticker and the
+        upstream-timeout watchdog."""
+        session = flight.exchange.session
+        live = self.in_flight.setdefault(session, {})
+        live[flight] = flow
+        if self.policy.tick_interval > 0 and session not in self.tickers:
+            self.tickers[session] = self._spawn(self._tick(session))
+        if self.watchdog is None or self.watchdog.done():
+            self.watchdog = self._spawn(self._watch())
+
+    async def _tick(self, session: str) -> None:
+        """While a session has exchanges in flight, admit a Tick every tick_interval: the
+        runtime charges wall-clock and checks its limits, and a refusal cuts (or answers)
+        every exchange of the session still in flight."""
+        try:
+            while self.in_flight.get(session):
+                await asyncio.sleep(self.policy.tick_interval)
+                if not self.in_flight.get(session):
+                    return
+                try:
+                    admission = await self.runtime.admit(session, Tick())
+                    await self._release(session, admission.ticket)
+                    decision = admission.decision
+                    gov = admission.governor_object or governor_object(decision, session)
+                except Exception:
+                    log.exception("governor: wall-clock check failed in session %s", session)
+                    decision, gov = _governor_error(), _governor_error_object(session)
+                if decision.blocks:
+                    for flight, flow in list(self.in_flight.get(session, {}).items()):
+                        self._enforce_in_flight(flow, flight, decision, gov)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.tickers.pop(session, None)
+
+    def gate(self, flow: http.HTTPFlow) -> transit.Gate | None:
+        return transit.gate(self.proxyserver, flow)
+
+    def _enforce_in_flight(self, flow: http.HTTPFlow, flight: Flight, decision: Decision,
+                           gov: dict[str, Any]) -> None:
+        """Apply a refusal to an exchange already forwarded upstream."""
+        if flight.finished or flight.refusal is not None:
+            return
+        flight.refusal = (decision, gov)
+        if flight.relay is not None:
+            self._cut(flow, flight, decision, gov)
+        elif flow.response is None:
+            reply = self._refusal_reply(flight.exchange.adapter, decision, gov, flight.exchange)
+            transit.answer(self.proxyserver, flow, _raw(reply, decision.action.value))
+        # else: a plain response is being read; the response hook replaces it.
+
+    def _cut(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:
+        relay = flight.relay
+        assert relay is not None
+        if relay.cut(describe(gov), gov):
+            log.info("governor: cutting the stream of %s in session %s (%s)", flow.request.pretty_url,
+                     flight.exchange.session, gov.get("cause") or gov.get("reason"))
+            if self.metrics is not None:
+                self.metrics.stream_cut(gov.get("cause"), flight.exchange.adapter.name)
+            transit.end_stream(self.proxyserver, flow)
+
+    def _upstream_timeout(self, flow: http.HTTPFlow, flight: Flight, timeout: float) -> None:
+        exchange = flight.exchange
+        phase = "sent no response" if flow.response is None else "went silent"
+        reason = f"upstream {phase} for {timeout:g}s; the request was aborted"
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
+        decision = Decision(action=Action.DENY)
+        flight.refusal = (decision, gov)
+        log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
+        if flight.relay is not None:
+            self._cut(flow, flight, decision, gov)
+        elif flow.response is None:
+            reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
+            transit.answer(self.proxyserver, flow, _raw(reply, "deny"))
+
+    async def _finish(self, flight: Flight, error: str | None) -> None:
+        if flight.finished:
+            return
+        flight.finished = True
+        live = self.in_flight.get(flight.exchange.session)
+        if live is not None:
+            live.pop(flight, None)
+            if not live:
+                del self.in_flight[flight.exchange.session]
+        for admission in flight.admissions:
+            await self._release(flight.exchange.session, admission.ticket, error)
+
+    @staticmethod
+    def _forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
+        """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
+        reference cycles, freed only by the cyclic collector: what hangs off one waits for it
+        too, and makes each young collection longer. Off the flow, the flight, watcher,
+        tickets and decisions are freed as soon as the hook and any task still using them
+        return. A stream's relay comes off its response once mitmproxy has called the response
+        hook (the stream is over; it calls the relay no more), and off the flight, which
+        `_finish` closed to every later use of it."""
+        flow.metadata.pop(METADATA_KEY, None)
+        if stream_over and flight.relay is not None and flow.response is not None:
+            flow.response.stream, flight.relay = True, None
+
+    def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
+        flight: Flight | None = flow.metadata.get(METADATA_KEY)
+        if flight is not None and flight.refusal is not None:
+            gov = flight.refusal[1]
+            return f"governor: {gov.get('cause') or gov.get('reason')}"
+        if flow.response is not None and flow.response.status_code >= 400:
+            return f"upstream answered {flow.response.status_code}"
+        return None
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,
+                          extra: Mapping[str, str]) -> None:
+    """The admitted request as it goes upstream, its header fields rebuilt once: a rewritten
+    (unencoded) body with its Content-Length, `Accept-Encoding: identity` for a stream (it is
+    parsed as it flows), the adapter's own headers (replacing any of the same name)."""
+    fields = request.headers.fields
+    drop: set[bytes] = set()
+    add: list[tuple[bytes, bytes]] = []
+    if body is not None:
+        request.raw_content = body
+        # as mitmproxy's own content setter: no Content-Length beside a Transfer-Encoding
+        if b"transfer-encoding" not in [name.lower() for name, _ in fields]:
+            drop.add(b"content-length")
+            add.append((b"content-length", str(len(body)).encode()))
+    if stream:
+        drop.add(b"accept-encoding")
+        add.append((b"accept-encoding", b"identity"))
+    for name, value in extra.items():
+        raw = name.encode()
+        drop.add(raw.lower())
+        add.append((raw, value.encode()))
+    request.headers.fields = tuple([f for f in fields if f[0].lower() not in drop] + add)
+
+
+def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
+    """The request's ADL-* headers by lower-case name (repeats folded as `Headers.get` folds
+    them) and whether it has a Content-Encoding: one pass over the raw fields instead of a
+    case-insensitive lookup per header."""
+    found: dict[str, str] = {}
+    encoded = False
+    for name, value in fields:
+        prefix = name[:4].lower()
+        if prefix == _GOVERNOR_PREFIX:
+            key = name.decode("utf-8", "surrogateescape").lower()
+            text = value.decode("utf-8", "surrogateescape")
+            found[key] = f"{found[key]}, {text}" if key in found else text
+        elif prefix == b"cont" and name.lower() == b"content-encoding":
+            encoded = True
+    return found, encoded
+
+
+def _decoded_body(message: http.Message) -> bytes:
+    """The body with its Content-Encoding undone (as sent when it cannot be); without one,
+    the raw bytes, found by a pass over the raw fields rather than `Headers.get`."""
+    for name, _ in message.headers.fields:  # a loop, not any(generator): no frame per response
+        if name.lower() == b"content-encoding":
+            try:
+                return message.content or b""
+            except ValueError:
+                break
+    return message.raw_content or b""
+
+
+def _governor_error() -> Decision:
+    return Decision(action=Action.HALT, cause="on_governor_error", fail_closed=True)
+
+
+def _governor_error_object(session: str) -> dict[str, Any]:
+    return {"cause": "on_governor_error", "action": "halt", "fail_closed": True, "session": session,
+            "reason": "the governor could not decide"}
+
+
+def _generic_error(status: int, message: str, gov: Mapping[str, Any]) -> Reply:
+    """A refusal for traffic no adapter speaks: OpenAI's error shape, the most widely understood."""
+    return Reply.json(status, {"error": {"message": message, "type": "governor_error",
+                                         "code": gov.get("cause"), "governor": dict(gov)}})
+
+
+def _plain_error(status: int, message: str) -> http.Response:
+    return _response(_generic_error(status, message, {"cause": None, "action": "deny", "reason": message}), "deny")
+
+
+def _response(reply: Reply, action: str) -> http.Response:
+    headers = {**reply.headers, ACTION_HEADER: action}
+    if reply.status >= 400:
+        headers["x-should-retry"] = "false"  # SDKs would otherwise retry a refusal (429, 503)
+    return http.Response.make(reply.status, reply.body, headers)
+
+
+def _raw(reply: Reply, action: str) -> bytes:
+    """A complete HTTP/1.1 response, as an upstream would have sent it."""
+    head = [f"HTTP/1.1 {reply.status} {_STATUS_TEXT.get(reply.status, 'Error')}"]
+    headers = {**reply.headers, ACTION_HEADER: action, "content-length": str(len(reply.body))}
+    if reply.status >= 400:
+        headers["x-should-retry"] = "false"
+    head += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + reply.body

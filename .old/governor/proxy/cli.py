@@ -1,0 +1,290 @@
+"""`governor run`: start the proxy (the enforcement point) and the control plane.
+
+Every option has an environment variable (GOVERNOR_<OPTION>, e.g. GOVERNOR_LISTEN)
+and a key in the --config YAML file (the option name with underscores); the command
+line wins over the environment, which wins over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from governor.cli import UsageError
+
+# option name -> (environment variable, help)
+OPTIONS: dict[str, tuple[str, str]] = {
+    "passport": ("GOVERNOR_PASSPORT", "the ADL passport to enforce (default: the bundled example)"),
+    "config": ("GOVERNOR_CONFIG", "a YAML file of settings (keys: these options, plus routes, ...)"),
+    "listen": ("GOVERNOR_LISTEN", "proxy address HOST:PORT (default 127.0.0.1:8080)"),
+    "control": ("GOVERNOR_CONTROL", "control plane address HOST:PORT, or 'off' (default 127.0.0.1:8081)"),
+    "mode": ("GOVERNOR_MODE", "regular (explicit HTTPS_PROXY, default) or reverse:URL (agent's base URL = the proxy)"),
+    "data_dir": ("GOVERNOR_DATA_DIR", "state, journals, records, the governor key and the CA (default ./.governor)"),
+    "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
+    "session_idle": ("GOVERNOR_SESSION_IDLE", "end a session idle this many seconds (default 900)"),
+    "unknown_traffic": ("GOVERNOR_UNKNOWN_TRAFFIC", "traffic no adapter governs: forward (default, logged) or deny"),
+    "session": ("GOVERNOR_SESSION", "the session of requests without an ADL-Session header (default: one per process)"),
+    "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
+    "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
+    "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
+    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
+    "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
+    "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
+           "default: the key's did.json, else did:web:localhost:governor)"),
+    "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
+                  "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
+}
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run", help="run the governor: the intercepting proxy and its control plane",
+        description="Run the governor on an admitted passport: an intercepting proxy that governs the "
+        "agent's LLM, MCP and A2A traffic, and the control plane (sessions, approvals, records). "
+        "Each option can also be set with its environment variable or in the --config file.",
+    )
+    for name, (env, text) in OPTIONS.items():
+        run.add_argument("--" + name.replace("_", "-"), dest=name, metavar=name.split("_")[-1].upper(),
+                         help=f"{text} [${env}]")
+    run.set_defaults(func=run_command)
+
+
+def _address(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"{what}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _number(value: Any, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what}: expected a number of seconds, got {value!r}") from None
+    if number <= 0:
+        raise UsageError(f"{what}: must be positive")
+    return number
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise UsageError(f"config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config {path}: expected a mapping of settings")
+    return data
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Any:
+    """Settings from the command line, then the environment, then the config file."""
+    from governor.adapters import Route
+    from governor.adapters.base import AdapterConfig
+    from governor.policy.steps import Tier
+    from governor.proxy.server import Settings
+
+    def given(name: str) -> Any:
+        value = getattr(args, name, None)
+        if value is None:
+            value = environ.get(OPTIONS[name][0]) or None
+        return value
+
+    config_path = given("config")
+    file = _load_config(Path(config_path)) if config_path else {}
+    known = set(OPTIONS) | {"routes", "upstream_insecure", "tick_interval", "max_body_bytes", "default_output_tokens",
+                            "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
+                            "peers", "delegation_depth"}
+    unknown = set(file) - known
+    if unknown:
+        raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
+
+    def value(name: str) -> Any:
+        v = given(name) if name in OPTIONS else None
+        return v if v is not None else file.get(name)
+
+    settings = Settings()
+    if (passport := value("passport")) is not None:
+        settings.passport = Path(passport)
+        if not settings.passport.is_file():
+            raise UsageError(f"passport {passport}: no such file")
+    if (listen := value("listen")) is not None:
+        settings.listen = _address(listen, "--listen")
+    if (control := value("control")) is not None:
+        settings.control = None if str(control).lower() == "off" else _address(control, "--control")
+    if (mode := value("mode")) is not None:
+        if mode != "regular" and not str(mode).startswith("reverse:"):
+            raise UsageError(f"--mode: expected regular or reverse:URL, got {mode!r}")
+        settings.mode = mode
+    if (data_dir := value("data_dir")) is not None:
+        settings.data_dir = Path(data_dir)
+    if (tier := value("tier")) is not None:
+        try:
+            settings.tier = Tier(str(tier).upper())
+        except ValueError:
+            raise UsageError(f"--tier: expected R1, R2 or R3, got {tier!r}") from None
+    if (idle := value("session_idle")) is not None:
+        settings.session_idle = _number(idle, "--session-idle")
+    if (unknown_traffic := value("unknown_traffic")) is not None:
+        if unknown_traffic not in ("forward", "deny"):
+            raise UsageError(f"--unknown-traffic: expected forward or deny, got {unknown_traffic!r}")
+        settings.unknown_traffic = unknown_traffic
+    if (session := value("session")) is not None:
+        settings.session = str(session)
+    if (ca := value("upstream_ca")) is not None:
+        settings.upstream_ca = Path(ca)
+        if not settings.upstream_ca.is_file():
+            raise UsageError(f"--upstream-ca {ca}: no such file")
+    if (timeout := value("upstream_timeout")) is not None:
+        settings.upstream_timeout = _number(timeout, "--upstream-timeout")
+    if (pricing := value("pricing")) is not None:
+        settings.pricing = Path(pricing)
+    if (store := value("store")) is not None:
+        settings.store = str(store)
+    settings.upstream_insecure = bool(file.get("upstream_insecure", False))
+    if "tick_interval" in file:
+        settings.tick_interval = float(file["tick_interval"])
+    if "max_body_bytes" in file:
+        settings.max_body_bytes = int(file["max_body_bytes"])
+    if (identifier := value("id") or file.get("governor_id")) is not None:
+        settings.governor_id = str(identifier)
+    peers = file.get("peers") or {}
+    if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
+        raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")
+    for prefix, passport_file in peers.items():
+        if not Path(passport_file).is_file():
+            raise UsageError(f"config {config_path}: peers[{prefix!r}]: no such file {passport_file}")
+    settings.peers = dict(peers)
+    if "delegation_depth" in file:
+        depth = file["delegation_depth"]
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise UsageError(f"config {config_path}: delegation_depth must be a whole number >= 0")
+        settings.delegation_depth = depth
+    try:
+        settings.routes = tuple(Route.parse(r) for r in file.get("routes") or ())
+        settings.adapters = AdapterConfig(
+            bytes_per_token=float(file.get("bytes_per_token", 4.0)),
+            default_output_tokens=int(file.get("default_output_tokens", 4096)),
+            inject_stream_usage=bool(file.get("inject_stream_usage", True)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"config {config_path}: {exc}") from None
+    from governor.control.auth import TokenConfigError, load_control_token, load_reviewer_tokens
+
+    try:
+        settings.reviewer_tokens = load_reviewer_tokens(value("reviewer_tokens"), environ)
+        settings.control_token = load_control_token(file.get("control_token"), environ)
+    except TokenConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return settings
+
+
+def instructions(running: Any) -> str:
+    settings, runtime = running.settings, running.runtime
+    data = settings.data_dir.resolve()
+    lines = ["governor running"]
+    report, pinned = getattr(runtime, "admission", None), getattr(runtime, "pinned", None)
+    if report is not None and pinned is not None:
+        lines.append(f"  passport:       {pinned.name} {pinned.version} ({settings.passport or 'bundled example'})")
+        lines.append(f"                  digest {report.digest}")
+        lines += [f"                  warning: {step.section} {step.message}" for step in report.warnings]
+    limits = getattr(runtime, "limits", None)
+    lines.append(f"  tier:           {limits.tier.value if limits is not None else settings.tier.value}")
+    lines.append(f"  proxy:          {running.proxy_url} (mode {settings.mode})")
+    if running.control_url:
+        lines.append(f"  control plane:  {running.control_url}")
+        lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
+                     if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
+                     "paused steps can only time out"))
+    lines.append(f"  data:           {data}")
+    if getattr(runtime, "governor_id", None):
+        lines.append(f"  governor id:    {runtime.governor_id}")
+        from governor.evidence.keys import KeyFiles
+
+        keys = KeyFiles(data / "keys")
+        lines.append(f"  records:        {data / 'records'}")
+        lines.append(f"  verify with:    governor verify RECORD --key {keys.public_key}  (or --did-document {keys.did_document})")
+    lines.append("Set in the agent's environment:")
+    lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
+    lines.append("Name sessions and personas with the ADL-Session / ADL-Persona request headers. Ctrl-C stops.")
+    return "\n".join(lines)
+
+
+async def _serve_until_stopped(settings: Any) -> int:
+    from governor.proxy.server import StartupError, serve
+
+    try:
+        running = await serve(settings)
+    except StartupError as exc:
+        print(f"governor run: {exc}", file=sys.stderr)
+        if exc.report is not None:
+            from governor.passport.cli import format_report
+
+            print(format_report(settings.passport or Path("passport"), exc.report), file=sys.stderr)
+        return 1
+    print(instructions(running), flush=True)
+    _freeze_startup_objects()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
+    return 0
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything start-up made (modules, schemas, the pinned passport, mitmproxy's
+    addons and certificates) out of the cyclic GC's reach, as long-running servers do.
+
+    They live as long as the process, yet every full collection walked all of them again:
+    in `governor run` under load that was ~75 ms per full collection, about twice a bare
+    mitmproxy's, and ~50 us per request of GC in all (README, Benchmarks). Frozen
+    objects are still freed by reference counting; only cycles among them would stay,
+    and start-up garbage is collected first."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+def log_level(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The --log-level setting (command line, environment, config file), or None when not set."""
+    value = getattr(args, "log_level", None) or environ.get(OPTIONS["log_level"][0]) or None
+    if value is None:
+        config_path = getattr(args, "config", None) or environ.get(OPTIONS["config"][0]) or None
+        value = _load_config(Path(config_path)).get("log_level") if config_path else None
+    if value is None:
+        return None
+    level = str(value).upper()
+    if level not in LOG_LEVELS:
+        raise UsageError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return level
+
+
+def configure_logging(level: str | None) -> None:
+    """INFO for the governor's own loggers; mitmproxy's at WARNING unless a level is set.
+
+    At INFO mitmproxy logs every client connection and every streamed response: a log
+    record per request is measurable CPU on the proxy's hot path (bench/overhead.py)."""
+    import logging
+
+    logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
+    logging.getLogger("mitmproxy").setLevel(level or "WARNING")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    configure_logging(log_level(args))
+    settings = resolve(args)
+    return asyncio.run(_serve_until_stopped(settings))

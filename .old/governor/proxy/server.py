@@ -1,0 +1,293 @@
+"""Assembling a running governor: admitted pin -> runtime -> proxy master + control plane, one loop.
+
+    running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0)))
+    ... running.proxy_url, running.ca_file, running.control_url ...
+    await running.stop()
+
+mitmproxy is embedded as a library: a bare `mitmproxy.master.Master` with only the
+addons a proxy needs (core, proxyserver, next_layer, tlsconfig, errorcheck) plus
+the governor's; its confdir is the data directory, where it creates its CA
+(`mitmproxy-ca-cert.pem`) on first run. `serve` takes an already-built runtime
+(tests, embedding) or builds the real one from the settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import options
+from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
+from mitmproxy.master import Master
+
+from governor.adapters import AdapterRegistry, Route
+from governor.adapters.base import AdapterConfig
+from governor.policy.steps import Tier
+from governor.proxy.addon import Governor, ProxyPolicy
+from governor.runtime_api import RuntimeAPI
+
+log = logging.getLogger("governor.proxy")
+
+CA_FILE = "mitmproxy-ca-cert.pem"
+
+
+class StartupError(Exception):
+    """The governor cannot start (a passport refused at admission, a port in use, ...)."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class Settings:
+    """Everything `governor run` can be told (CLI flags, GOVERNOR_* variables, --config file)."""
+
+    passport: Path | None = None  # None: the bundled example passport
+    config: Path | None = None
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
+    mode: str = "regular"  # "regular" or "reverse:URL"
+    data_dir: Path = Path(".governor")
+    tier: Tier = Tier.R2
+    session_idle: float = 900.0
+    session: str | None = None  # the default session's name (no ADL-Session header); None: generated
+    unknown_traffic: str = "forward"  # "forward" | "deny"
+    upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
+    upstream_insecure: bool = False  # do not verify upstream certificates (tests only)
+    upstream_timeout: float = 300.0
+    tick_interval: float = 1.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    routes: tuple[Route, ...] = ()
+    adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
+    store: str | None = None  # state store URL/path; None: SQLite in the data directory
+    governor_id: str | None = None  # the record's governor identifier; None: the key's did.json, else did:web:localhost:governor
+    peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
+    delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
+    reviewer_tokens: tuple[str, ...] = ()
+    control_token: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / CA_FILE
+
+
+@dataclass
+class Running:
+    """A started governor. `stop()` shuts everything down and waits for it."""
+
+    settings: Settings
+    runtime: RuntimeAPI
+    master: Master
+    addon: Governor
+    proxy_address: tuple[str, int]
+    control_address: tuple[str, int] | None
+    _master_task: asyncio.Task
+    _control_runner: Any = None
+    _peers: Any = None  # the A2A PeerResolver serve() built (closed on stop)
+
+    @property
+    def proxy_url(self) -> str:
+        host, port = self.proxy_address
+        return f"http://{host}:{port}"
+
+    @property
+    def control_url(self) -> str | None:
+        if self.control_address is None:
+            return None
+        host, port = self.control_address
+        return f"http://{host}:{port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.settings.ca_file
+
+    def agent_environment(self) -> dict[str, str]:
+        """What to set in the agent's environment to send its traffic through the governor."""
+        ca = str(self.ca_file.resolve())
+        if self.settings.mode.startswith("reverse:"):
+            return {"OPENAI_BASE_URL": f"{self.proxy_url}/v1", "ANTHROPIC_BASE_URL": self.proxy_url}
+        return {
+            "HTTPS_PROXY": self.proxy_url,
+            "HTTP_PROXY": self.proxy_url,
+            "SSL_CERT_FILE": ca,
+            "REQUESTS_CA_BUNDLE": ca,
+            "NODE_EXTRA_CA_CERTS": ca,
+        }
+
+    async def stop(self) -> None:
+        self.master.shutdown()
+        try:
+            await asyncio.wait_for(self._master_task, timeout=10)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self._master_task.cancel()
+        if self._control_runner is not None:
+            await self._control_runner.cleanup()
+            self._control_runner = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
+        close = getattr(self.runtime, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+class _Started:
+    """Tells serve() when mitmproxy's servers are up (or failed to come up)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def running(self) -> None:
+        self.event.set()
+
+
+def master_options(settings: Settings) -> dict[str, Any]:
+    """mitmproxy options for these settings (set once the addons that define them are added)."""
+    opts: dict[str, Any] = dict(
+        listen_host=settings.listen[0],
+        listen_port=settings.listen[1],
+        mode=[settings.mode],
+        confdir=str(settings.data_dir),
+        connection_strategy="lazy",
+        ssl_insecure=settings.upstream_insecure,
+    )
+    if settings.upstream_ca is not None:
+        opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)
+    return opts
+
+
+async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metrics: Any = None) -> Running:
+    """Start the proxy (and the control plane when settings.control is set) in this loop."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if metrics is None:
+        from governor.metrics import Metrics
+
+        metrics = Metrics()
+    if runtime is None:
+        runtime = build_runtime(settings, metrics)
+    origin = None
+    control_runner = None
+    control_address = None
+    if settings.control is not None:
+        from governor.control.app import create_app, start_control
+        from governor.control.origin import ProxyOrigin
+
+        origin = ProxyOrigin()
+        app = create_app(runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
+                         metrics=metrics, origin=origin)
+        try:
+            control_runner = await start_control(app, settings.control[0], settings.control[1])
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {settings.control[0]}:{settings.control[1]} "
+                               f"for the control plane: {exc}") from None
+        control_address = tuple(control_runner.addresses[0][:2])
+
+    addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin)
+    started = _Started()
+    master = Master(options.Options())
+    master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
+                      errorcheck.ErrorCheck(), addon, started)
+    try:
+        master.options.update(**master_options(settings))
+    except Exception as exc:  # mitmproxy's OptionsError, a bad mode spec, an unreadable CA file
+        raise StartupError(f"invalid proxy settings: {exc}") from None
+    task = asyncio.get_running_loop().create_task(master.run(), name="governor proxy")
+    waiter = asyncio.ensure_future(started.event.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if task.done() or not master.addons.get("proxyserver").listen_addrs():
+        waiter.cancel()
+        if not task.done():
+            master.shutdown()
+            await task
+        if control_runner is not None:
+            await control_runner.cleanup()
+        if peers is not None:
+            await peers.close()
+        raise StartupError(f"the proxy could not listen on {settings.listen[0]}:{settings.listen[1]} "
+                           f"(mode {settings.mode}); see the log above")
+    host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
+    return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers)
+
+
+def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
+                origin: Any = None) -> tuple[Governor, Any]:
+    """The enforcement point for these settings over `runtime`: the addon with its adapters,
+    and the A2A peer resolver it made (None when the settings bring their own), which the
+    caller closes when done."""
+    policy = ProxyPolicy(
+        default_session=settings.session,
+        unknown_traffic=settings.unknown_traffic,
+        upstream_timeout=settings.upstream_timeout,
+        tick_interval=settings.tick_interval,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    adapter_config = settings.adapters
+    if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
+        # the MCP adapter filters tools/list answers by what the session (persona) may use
+        adapter_config = dataclasses.replace(
+            adapter_config, extra={**adapter_config.extra, "allowed_tools": runtime.allowed_tools})
+    peers = None
+    if "a2a_peers" not in adapter_config.extra:
+        # A2A: a peer's passport is verified with the admission code before §4.2 is evaluated
+        from governor.adapters.a2a import PeerResolver, admission_verifier
+
+        pinned = getattr(runtime, "pinned", None)
+        verifier = admission_verifier(requesting_agent=pinned.document if pinned is not None else None)
+        peers = PeerResolver(verifier, static=settings.peers)
+        adapter_config = dataclasses.replace(adapter_config, extra={
+            **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
+    registry = AdapterRegistry.default(adapter_config, settings.routes)
+    return Governor(runtime, registry, policy, metrics=metrics, origin=origin), peers
+
+
+def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
+    """The real runtime: the passport admitted and pinned, the policy compiled, SQLite state
+    (or settings.store), the governor's key in the data directory (created on first run).
+    Refuses (StartupError, with the admission report) a passport that fails admission."""
+    from datetime import datetime, timezone
+
+    from governor.evidence import EvidenceError, ensure_governor_key
+    from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
+    from governor.policy import compile_limits, load_pricing
+    from governor.policy.pricing import default_pricing_path
+    from governor.runtime import Runtime
+    from governor.store import open_store
+
+    path = settings.passport or example_passport_path()
+    try:
+        document = load_passport(path)
+    except PassportError as exc:
+        raise StartupError(f"passport {path}: {exc}") from None
+    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
+    if not report.verified or report.pinned is None:
+        raise StartupError(f"passport {path} refused at admission", report)
+    pricing = settings.pricing or default_pricing_path()
+    try:
+        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
+                                passport_digest=report.digest)
+    except Exception as exc:  # LimitsError, PricingError: say which file and why
+        raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    try:  # <data-dir>/keys: private key (0600), public key, did.json for auditors (§8.2)
+        key, governor_id = ensure_governor_key(settings.data_dir, settings.governor_id)
+    except (EvidenceError, OSError, ValueError) as exc:
+        raise StartupError(f"governor key in {settings.data_dir / 'keys'}: {exc}") from None
+    location = settings.store or settings.data_dir / "state.db"
+    try:
+        store = open_store(location)
+    except Exception as exc:  # StoreError, a bad URL: nothing can be decided without state
+        raise StartupError(f"state store {location}: {exc}") from None
+    runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
+                      governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
+                      session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True)
+    runtime.admission = report  # shown at startup: warnings such as trust on first use
+    runtime.start()
+    return runtime

@@ -1,0 +1,197 @@
+"""Ending a flow that is already in transit: the one place that reaches into mitmproxy's layers.
+
+mitmproxy can kill a flow only from inside an event hook (mitmproxy#4711), and a
+stream callback is synchronous, while the governor's verdict on a stream (a cap
+crossed, a wall-clock limit, a denied tool call) arrives asynchronously. So the
+proxy ends in-transit flows from the *server side*, which keeps the client side
+entirely in mitmproxy's hands and therefore protocol-correct:
+
+`proxyserver` is the master's Proxyserver addon (which holds the live connections).
+
+* `end_stream(proxyserver, flow)` — mid-body cut. The HTTP/1 reader of the upstream
+  connection is told that end-of-file ends the body, and the upstream connection
+  is closed: the upstream sees the disconnect (generation stops), mitmproxy sees a
+  normal end of message, calls the stream callback one last time (which emits the
+  adapter's terminal event) and finishes the client's response with correct
+  framing, so the client's keep-alive connection stays usable.
+
+* `gate(proxyserver, flow)` — hold the end of a streamed body (a tool call the
+  model asked for awaits admission): the upstream's end-of-message is kept until
+  the gate is released, so the client never sees a clean end before the verdict.
+
+* `answer(proxyserver, flow, raw)` — no response headers yet (a hung upstream). The upstream
+  reader is handed a complete HTTP/1.1 response (the governor's error in the
+  provider's format) as if the upstream had sent it, and the upstream connection
+  is closed. The client gets a clean error response on its kept-alive connection.
+
+Both need the HTTP/1 client layer of the flow's upstream connection. When it
+cannot be found (an HTTP/2 upstream, a changed mitmproxy), they fall back to
+closing the upstream connection, which ends the client's response abruptly but
+still stops generation (fail closed), and return False so the caller can log it.
+The tests in tests/test_proxy_transit.py pin this behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+import h11
+from h11._receivebuffer import ReceiveBuffer
+from mitmproxy import http
+from mitmproxy.proxy import events, layer
+from mitmproxy.proxy.layers.http import HttpLayer
+from mitmproxy.proxy.layers.http._http1 import Http1Client
+
+logger = logging.getLogger(__name__)
+
+
+class _EndAtEOF:
+    """A body reader for a cut body: swallows whatever the upstream still sends, and
+    reports end-of-message when the connection closes."""
+
+    def __call__(self, buf: ReceiveBuffer) -> None:
+        buf.maybe_extract_at_most(len(buf))
+        return None
+
+    def read_eof(self) -> h11.EndOfMessage:
+        return h11.EndOfMessage()
+
+
+def _handler(proxyserver: Any, flow: http.HTTPFlow) -> Any | None:
+    """The connection handler serving the flow's client (mitmproxy's Proxyserver addon keeps them)."""
+    return proxyserver.connections.get(flow.client_conn.id) if proxyserver is not None else None
+
+
+def _layers(root: layer.Layer) -> Iterator[layer.Layer]:
+    seen: set[int] = set()
+    todo: list[Any] = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        for attr in ("layer", "child_layer"):
+            child = getattr(node, attr, None)
+            if isinstance(child, layer.Layer):
+                todo.append(child)
+        # Mode layers (HttpProxy) hand their events straight to a child they keep
+        # only as the bound method that replaced their own _handle_event.
+        delegate = getattr(getattr(node, "_handle_event", None), "__self__", None)
+        if isinstance(delegate, layer.Layer):
+            todo.append(delegate)
+        if isinstance(node, HttpLayer):
+            todo.extend(node.connections.values())
+            todo.extend(node.streams.values())
+
+
+def _http1_client(handler: Any, flow: http.HTTPFlow) -> Http1Client | None:
+    for node in _layers(handler.layer):
+        if isinstance(node, Http1Client) and node.conn is flow.server_conn:
+            return node
+    return None
+
+
+def _close_upstream(handler: Any, flow: http.HTTPFlow) -> None:
+    if flow.server_conn in handler.transports and flow.server_conn.connected:
+        handler.close_connection(flow.server_conn)
+
+
+class Gate:
+    """Withholds the end of an upstream body until released.
+
+    Installed as the upstream reader's body reader while a streamed tool call waits
+    for admission: data still flows (the relay keeps it back), but the upstream's
+    end-of-message is kept until `release()`. Released after the end was withheld,
+    the gate closes the upstream connection, whose end-of-file then delivers it.
+    """
+
+    def __init__(self, handler: Any, flow: http.HTTPFlow, inner: Any) -> None:
+        self.handler = handler
+        self.flow = flow
+        self.inner = inner
+        self.released = False
+        self.withheld = False  # the upstream's end-of-message arrived and is kept
+
+    def __call__(self, buf: ReceiveBuffer) -> Any:
+        if self.withheld:
+            buf.maybe_extract_at_most(len(buf))
+            return None
+        event = self.inner(buf)
+        if isinstance(event, h11.EndOfMessage) and not self.released:
+            self.withheld = True
+            return None
+        return event
+
+    def read_eof(self) -> Any:
+        if self.withheld:
+            return h11.EndOfMessage()
+        return self.inner.read_eof()
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        if self.withheld:
+            _close_upstream(self.handler, self.flow)
+
+
+def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
+    """Install a Gate on the flow's upstream body (None when it cannot be done)."""
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live:
+        return None
+    client = _http1_client(handler, flow)
+    if client is None or client.state != client.read_body:
+        return None
+    installed = Gate(handler, flow, client.body_reader)
+    client.body_reader = installed  # type: ignore[assignment]
+    return installed
+
+
+def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
+    """Cut a streaming response now: stop the upstream, end the client's response cleanly.
+
+    Returns True when the clean path was taken, False when only the upstream
+    connection could be closed (or the flow is no longer live).
+    """
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live:
+        return False
+    client = _http1_client(handler, flow)
+    clean = client is not None and client.state == client.read_body
+    if clean:
+        assert client is not None
+        client.body_reader = _EndAtEOF()  # type: ignore[assignment]
+        client.buf = ReceiveBuffer()
+    else:
+        logger.warning("governor: cannot end %s cleanly; closing the upstream connection", flow.request.url)
+    _close_upstream(handler, flow)
+    return clean
+
+
+def answer(proxyserver: Any, flow: http.HTTPFlow, raw_response: bytes) -> bool:
+    """Answer a flow still waiting for its upstream's response headers with raw_response
+    (a complete HTTP/1.1 response with Content-Length and Connection: close), and
+    close the upstream connection. False when the flow is not in that state."""
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live or flow.response is not None:
+        return False
+    client = _http1_client(handler, flow)
+    if client is None or client.state != client.read_headers or not client.request_done:
+        logger.warning("governor: cannot answer %s in transit; closing the upstream connection", flow.request.url)
+        _close_upstream(handler, flow)
+        return False
+    read_headers = client.read_headers
+    client.buf = ReceiveBuffer()
+    client.buf += raw_response
+
+    def on_close(event: events.Event) -> layer.CommandGenerator[None]:
+        # The upstream connection closing is the cue to parse the response we planted.
+        client.state = read_headers
+        yield from read_headers(events.DataReceived(client.conn, b""))
+
+    client.state = on_close
+    _close_upstream(handler, flow)
+    return True

@@ -1,0 +1,740 @@
+"""The runtime: the pure decision point, the state store and the evidence journal, composed.
+
+It implements `governor.runtime_api.RuntimeAPI`, the one door the proxy and the
+control plane use. Per step:
+
+  1. snapshot the budget counters the step may touch (store);
+  2. decide (pure: `governor.policy.decide`);
+  3. reserve the decision's charges atomically (store); when a concurrent step took
+     the room first, re-read the counters and decide again, so the projection itself
+     reports the exhaustion;
+  4. journal every event of the decision, durably, BEFORE the decision takes effect;
+  5. advance the session state and persist it.
+
+Steps of one session are decided one at a time (an asyncio lock per session); the
+upstream work they admit runs concurrently. Anything that goes wrong in 1-5 fails
+closed: the step is refused with cause on_governor_error and, when the journal is
+still writable, that is recorded too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from governor.evidence import (
+    Journal,
+    SessionHeader,
+    iso_utc,
+    journal_path,
+    record_path,
+    sign_record,
+    write_record,
+)
+from governor.metrics import Metrics
+from governor.policy import (
+    Action,
+    ApprovalExpired,
+    ApprovalGranted,
+    ApprovalRejected,
+    Decision,
+    Limits,
+    ModelCall,
+    SessionEnd,
+    SessionState,
+    Step,
+    StepDone,
+    Tick,
+    ToolCall,
+    UsageReport,
+    advance,
+    decide,
+    governor_error,
+    quiet_model_call,
+    quiet_settlement,
+)
+from governor.policy.state import PENDING
+from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
+from governor.runtime_api import Admission, governor_object
+from governor.store import Store, StoreError
+
+log = logging.getLogger("governor.runtime")
+
+# A reservation refused because a concurrent step got there first is re-decided with a
+# fresh snapshot; the projection then reports the exhaustion. More rounds than this
+# means the counters keep moving under us: fail closed rather than spin.
+MAX_DECIDE_ROUNDS = 4
+
+@dataclass(slots=True)
+class Ticket:
+    """What an admitted step holds until `finish`: its reservation and in-flight slot."""
+
+    kind: str  # "model" | "tool" | "other"
+    persona: str | None
+    charges: tuple = ()
+    reservation: str | None = None
+    in_flight: bool = False
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    step: Step
+    expires_at: float
+    answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
+    reason: str
+    trigger: str
+
+
+@dataclass(slots=True)
+class _Session:
+    id: str
+    state: SessionState
+    journal: Journal
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    last_activity: float = 0.0
+    ended: bool = False
+    final_record: dict[str, Any] | None = None
+    unsaved: bool = False  # state changed since it was last persisted
+
+
+class Runtime:
+    """One governor's sessions against one pinned passport."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        store: Store,
+        data_dir: Path | str,
+        key: Ed25519PrivateKey,
+        governor_id: str,
+        agent_id: str,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        session_idle_sec: float = 900.0,
+        tick_interval_sec: float = 1.0,
+        journal_sync: bool = True,
+        pinned: Any = None,
+        owns_store: bool = False,
+    ) -> None:
+        self.limits = limits
+        self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
+        self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
+        self.store = store
+        self.data_dir = Path(data_dir)
+        self.key = key
+        self.governor_id = governor_id
+        self.agent_id = agent_id
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.session_idle_sec = session_idle_sec
+        self.tick_interval_sec = tick_interval_sec
+        self.journal_sync = journal_sync
+        self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
+        self._sessions: dict[str, _Session] = {}
+        self._default_generation = itertools.count(1)
+        self._default_session = self._new_default_session()
+        self._caps = _caps_by_key(limits)
+        self._store_in_thread = bool(getattr(store, "remote", False))
+        self._opening: dict[str, asyncio.Lock] = {}  # sessions being opened (their first request)
+        self._sweeper: asyncio.Task | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background sweeper (wall-clock ticks, approval expiry, idle sessions)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="governor-sweeper")
+
+    async def close(self, *, end_sessions: bool = True) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+            self._sweeper = None
+        if end_sessions:
+            for session in list(self._sessions.values()):
+                if not session.ended:
+                    try:
+                        await self.end_session(session.id)
+                    except Exception:  # a session that cannot end is finalized from its journal later
+                        log.exception("could not end session %s on shutdown", session.id)
+        for session in self._sessions.values():
+            if session.unsaved:
+                self._save(session)
+            session.journal.close()
+        if self.owns_store:
+            try:
+                await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
+            except StoreError:
+                log.exception("the state store could not be closed cleanly")
+
+    @property
+    def default_session(self) -> str:
+        """The session for traffic without an ADL-Session header: one per process, renewed when it ends."""
+        return self._default_session
+
+    def _new_default_session(self) -> str:
+        started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+        return f"default-{started}-{next(self._default_generation)}"
+
+    # --- sessions ----------------------------------------------------------------------
+
+    async def _session(self, session_id: str) -> _Session:
+        """The live session, opened on first use (resumed from the store and its journal
+        after a restart). Opening reads the store and creates the journal with an fsync:
+        done in a worker thread, once, whatever the number of concurrent first requests."""
+        live = self._sessions.get(session_id)
+        if live is not None:
+            return live
+        opening = self._opening.setdefault(session_id, asyncio.Lock())
+        async with opening:
+            live = self._sessions.get(session_id)
+            if live is None:
+                live = await asyncio.to_thread(self._open_session, session_id)
+                self._sessions[session_id] = live
+        self._opening.pop(session_id, None)
+        return live
+
+    def _open_session(self, session_id: str) -> _Session:
+        now = self.clock()
+        path = journal_path(self.data_dir, session_id)
+        saved = self.store.load_session(session_id)
+        if path.exists():
+            journal = Journal.open(path, repair_torn_tail=True, sync=self.journal_sync)
+            if journal.repaired is not None:
+                log.warning("session %s: %s", session_id, journal.repaired.describe())
+            state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
+            session = _Session(session_id, state, journal, last_activity=now)
+            if journal.ending is not None:  # ended before: it stays ended
+                session.ended = True
+        else:
+            header = SessionHeader(
+                governor=self.governor_id,
+                subject_id=self.limits.passport_id or self.agent_id,
+                passport_digest=self.limits.passport_digest,
+                session=session_id,
+                tier=self.limits.tier.value,
+                start=now,
+                limits=dict(self.limits.summary) or None,
+            )
+            journal = Journal.create(path, header, sync=self.journal_sync)
+            state = SessionState.start(session_id, now)
+            session = _Session(session_id, state, journal, last_activity=now)
+            self.store.save_session(session_id, state.to_dict())
+        return session
+
+    # --- steps -------------------------------------------------------------------------
+
+    async def admit(self, session: str, step: Step) -> Admission:
+        started = time.perf_counter()
+        try:
+            live = self._sessions.get(session) or await self._session(session)
+        except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
+            log.exception("session %s could not be opened", session)
+            decision = _unrecorded_failure(step, exc)
+            return self._admission(session, decision, None)
+        admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
+        if admitted is not None:
+            decision, ticket = admitted
+        else:
+            async with live.lock:
+                decision, ticket = await self._apply(live, step, None)
+        self.metrics.decided(decision, time.perf_counter() - started)
+        if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
+            self._hold(live, step, decision)
+        return self._admission(session, decision, ticket)
+
+    async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
+        live = self._sessions.get(session)
+        if live is None or not isinstance(ticket, Ticket):
+            return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
+        started = time.perf_counter()
+        decision = self._settle_at_once(live, ticket, report)
+        if decision is None:
+            async with live.lock:
+                # the final usage is the call's end: the same step frees its in-flight slot
+                # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
+                ends_call = report.final and ticket.in_flight and not live.ended
+                before = live.state
+                decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
+                if ends_call:
+                    ticket.in_flight = False
+                    if live.state is before and not live.ended:  # not applied (it could not be recorded)
+                        await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+        self.metrics.decided(decision, time.perf_counter() - started)
+        return decision
+
+    def _admit_at_once(self, live: _Session, step: ModelCall) -> tuple[Decision, Ticket] | None:
+        """The usual model call, admitted without a full decision round: one that fires
+        nothing and warns of nothing (`quiet_model_call`, the engine's own decision and
+        state transition for it), its charges reserved, in one synchronous step. What
+        `_apply` would do for it under the lock, minus the engine's general run.
+
+        Taken only when `_outside_the_round` allows it. None: not taken, and nothing changed (a
+        failed or refused reservation holds nothing); the full round then decides, records
+        what fires, and fails closed when the store is down."""
+        if not self._outside_the_round(live):
+            return None
+        now = self.clock()
+        try:
+            counters = self.store.snapshot(self.agent_id, live.id, now, self.limits.counter_keys(step))
+            quiet = quiet_model_call(self.limits, live.state, step, counters, now)
+            if quiet is None:
+                return None
+            decision, state = quiet
+            held = self.store.reserve(self.agent_id, live.id, decision.charges, now)
+        except Exception:
+            log.debug("session %s: admitting a model call at once failed", live.id, exc_info=True)
+            return None
+        if not held.ok:  # a concurrent step got there first: the full round reports it
+            return None
+        self._advanced(live, state, now)
+        return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
+
+    def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
+        """The usual end of a model call, without a full decision round: a final report within
+        its reservation, in a session not halted, settled (commit) and freed in one synchronous
+        step. What `usage` would do for it under the lock, minus the counter-key pass and the
+        engine's general run: the decision and the next state are the engine's own
+        (`quiet_settlement`: the `settlement` that `decide` returns for such a report, and
+        what `advance` makes of it).
+
+        Taken only when `_outside_the_round` allows it, and not when the commit fails (the full
+        round then decides again and fails closed, recorded). None: not taken."""
+        if (not report.final or not ticket.in_flight or ticket.reservation is None
+                or not self._outside_the_round(live)):
+            return None
+        step = report.with_reserved(ticket.charges, True)
+        now = self.clock()
+        try:
+            settled = quiet_settlement(self.limits, live.state, step)
+            if settled is None:
+                return None
+            decision, state = settled
+            self.store.commit(ticket.reservation, decision.charges, now)
+        except Exception:
+            # nothing changed: the full round below tries again, and fails closed and
+            # records what it cannot do (decide() turns an error into on_governor_error)
+            log.debug("session %s: settling a model call at once failed", live.id, exc_info=True)
+            return None
+        ticket.reservation = None
+        ticket.in_flight = False
+        self._advanced(live, state, now)
+        return decision
+
+    def _outside_the_round(self, live: _Session) -> bool:
+        """Whether a step may be decided and applied at once, without the session's lock.
+        Nothing else of the session interleaves with it (no await), but not while a step
+        holds the lock (it may be between deciding and advancing: its state would overwrite
+        ours), not for a store across the network (its calls go off the loop), and not in an
+        ended session."""
+        return not (self._store_in_thread or live.ended or live.lock.locked())
+
+    @staticmethod
+    def _advanced(live: _Session, state: SessionState, now: float) -> None:
+        """A step decided at once took effect: the session's state and activity move on."""
+        live.last_activity = now
+        live.state = state
+        live.unsaved = True
+
+    async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
+        live = self._sessions.get(session)
+        if live is None or not isinstance(ticket, Ticket) or ticket.done:
+            return
+        ticket.done = True
+        # a ticket its final usage report settled and freed holds nothing: no lock round
+        if ticket.reservation is not None or ticket.in_flight:
+            await self._finish_held(live, ticket)
+        if error:
+            log.info("session %s: step finished with error: %s", session, error)
+
+    async def _finish_held(self, live: _Session, ticket: Ticket) -> None:
+        """Release what an unsettled step still holds: its reservation, its in-flight slot."""
+        session = live.id
+        async with live.lock:
+            if ticket.reservation is not None:
+                # never settled by a final usage report (upstream failed, client left):
+                # the reservation was never consumption, so it is released
+                try:
+                    await self._store(self.store.release, ticket.reservation)
+                except StoreError:
+                    log.exception("session %s: could not release reservation %s", session, ticket.reservation)
+                ticket.reservation = None
+            if ticket.in_flight and not live.ended:
+                await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+
+    async def _apply(self, live: _Session, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
+        """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
+        now = self.clock()
+        if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
+            live.last_activity = now
+        if live.ended:
+            return _ended(live), None
+        state = live.state
+        reservation: str | None = None
+        try:
+            if self._store_in_thread:
+                state, decision, reservation = await asyncio.to_thread(self._decide, live, step, ticket, now)
+            else:  # a local store answers in microseconds: no thread hop on the per-request path
+                state, decision, reservation = self._decide(live, step, ticket, now)
+        except Exception as exc:  # store down, internal error: fail closed and say why
+            log.exception("session %s: could not decide %s", live.id, type(step).__name__)
+            decision = governor_error(self.limits, live.state, step, exc)  # _decide holds nothing then
+            state = live.state
+        try:
+            for event in decision.events:
+                await asyncio.to_thread(live.journal.append, event["cause"], event["action"], now, event.get("detail"))
+        except Exception as exc:  # the event cannot be recorded, so the step must not take effect
+            log.exception("session %s: could not journal an enforcement event", live.id)
+            if reservation is not None:
+                await self._store(self._release_quietly, reservation)
+            return _unrecorded_failure(step, exc), None
+        live.state = advance(self.limits, state, step, decision, now)
+        live.unsaved = True
+        if decision.events or decision.blocks or type(step) is SessionEnd:
+            # enforcement changed the session: persist now. Plain permits are persisted by
+            # the sweeper within a tick (budget counters and the journal are durable per step).
+            await self._store(self._save, live)
+        new_ticket = None
+        if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
+            kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
+            new_ticket = Ticket(kind, getattr(step, "persona", None), decision.charges if reservation else (),
+                                reservation, in_flight=kind != "other" and getattr(step, "origin", "agent") != "model")
+        elif reservation is not None:  # a reservation nobody will settle
+            await self._store(self._release_quietly, reservation)  # a Redis round trip: off the loop
+        return decision, new_ticket
+
+    def _decide(self, live: _Session, step: Step, ticket: Ticket | None,
+                now: float) -> tuple[SessionState, Decision, str | None]:
+        """Steps 1-3: snapshot, decide, reserve (or settle). Synchronous: called inline for a
+        local store, from a worker thread for a remote one (the session lock is held)."""
+        store = self.store
+        keys = self.limits.counter_keys(step)
+        state = live.state
+        for _ in range(MAX_DECIDE_ROUNDS):
+            if keys:
+                state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
+            # else: the step reads no counter, the state's last snapshot is left as it is
+            decision = decide(self.limits, state, step, now)
+            if not decision.charges or decision.blocks and not decision.settles:
+                return state, decision, None
+            if decision.settles:
+                if ticket is not None and ticket.reservation is not None:
+                    store.commit(ticket.reservation, decision.charges, now)
+                    ticket.reservation = None
+                else:
+                    store.add(self.agent_id, live.id, decision.charges, now)
+                return state, decision, None
+            held = store.reserve(self.agent_id, live.id, decision.charges, now)
+            if held.ok:
+                return state, decision, held.id
+        raise RuntimeError("budget counters kept changing under concurrent steps; refusing rather than guessing")
+
+    async def _store(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Call the store: inline when local, from a worker thread when it crosses the network."""
+        if self._store_in_thread:
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
+
+    def _save(self, live: _Session) -> None:
+        try:
+            self.store.save_session(live.id, live.state.to_dict())
+            live.unsaved = False
+        except StoreError:  # the next step's snapshot will fail closed if the store stays down
+            log.exception("session %s: could not save session state", live.id)
+
+    def _release_quietly(self, reservation: str) -> None:
+        try:
+            self.store.release(reservation)
+        except StoreError:
+            log.exception("could not release reservation %s", reservation)
+
+    def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
+        # a plain permit has no reason to give: skip building one on every request
+        plain = decision.action is Action.PERMIT and decision.event is None
+        return Admission(decision=decision, session=session, ticket=ticket,
+                         governor_object={} if plain else governor_object(decision, session))
+
+    # --- oversight (§5) ----------------------------------------------------------------
+
+    def _hold(self, live: _Session, step: Step, decision: Decision) -> None:
+        request = decision.approval
+        assert request is not None
+        live.pending[request.id] = _Pending(
+            step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
+            reason=request.reason, trigger=request.trigger,
+        )
+        self.metrics.set_pending_approvals(self._pending_count())
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        while True:
+            live = self._sessions.get(session)
+            pending = live.pending.get(approval_id) if live is not None else None
+            if live is None or pending is None:
+                decision = _unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
+                return self._admission(session, decision, None)
+            timeout = max(0.0, pending.expires_at - self.clock())
+            try:
+                approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
+            except TimeoutError:
+                answered = await self._expire(live, approval_id)
+                approved = False
+            if approved:
+                answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
+            decision = answered.decision
+            if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
+                return answered
+            # released from one pause into another (a second trigger, an anomaly, a declared
+            # re-review on timeout): the request stays held for that review too
+            approval_id = decision.approval.id
+
+    async def _expire(self, live: _Session, approval_id: str) -> Admission:
+        """§5.3: nobody answered in time; resolve on_oversight_timeout (halt by default)."""
+        async with live.lock:
+            pending = live.pending.get(approval_id)
+            if pending is not None and pending.answer.done():  # answered while we waited for the lock
+                approved, answered = pending.answer.result()
+                return answered if not approved else self._admission(live.id, Decision(), None)
+            decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
+            admission = self._admission(live.id, decision, None)
+            self._answer(live, approval_id, False, admission)
+        if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
+            self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
+        return admission
+
+    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None) -> None:
+        pending = live.pending.pop(approval_id, None)
+        if pending is not None and not pending.answer.done():
+            pending.answer.set_result((approved, admission))
+        self.metrics.set_pending_approvals(self._pending_count())
+
+    def _pending_count(self) -> int:
+        return sum(len(s.pending) for s in self._sessions.values())
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+        live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
+        if live is None:
+            raise KeyError(approval_id)
+        async with live.lock:
+            pending = live.pending.get(approval_id)
+            approval = live.state.approvals.get(approval_id)
+            if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
+                raise KeyError(approval_id)
+            step = ApprovalGranted(approval_id, reviewer) if approve else ApprovalRejected(approval_id, reviewer)
+            decision, _ = await self._apply(live, step, None)
+            admission = self._admission(live.id, decision, None)
+            # approved: the waiting request re-admits the held step, released by its digest
+            granted = approve and decision.action is Action.CONTINUE
+            self._answer(live, approval_id, granted, None if granted else admission)
+        review = decision.details.get("review", "approved" if approve else "rejected")
+        return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
+                "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
+
+    def approvals(self) -> list[dict[str, Any]]:
+        out = []
+        for live in self._sessions.values():
+            for approval_id, pending in live.pending.items():
+                approval = live.state.approvals.get(approval_id)
+                out.append({
+                    "id": approval_id, "session": live.id, "reason": pending.reason, "trigger": pending.trigger,
+                    "tool": getattr(pending.step, "tool", None),
+                    "arguments": dict(getattr(pending.step, "arguments", {}) or {}),
+                    "persona": getattr(pending.step, "persona", None),
+                    "step_digest": approval.step_digest if approval else None,
+                    "expires_at": iso_utc(pending.expires_at),
+                })
+        return out
+
+    def halted(self, session: str) -> str | None:
+        """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""
+        live = self._sessions.get(session)
+        if live is None:
+            return None
+        if live.state.halted:
+            return live.state.halt_cause or ON_GOVERNOR_ERROR
+        return "session_ended" if live.ended else None
+
+    # --- tools a session may use (MCP tools/list filtering) ----------------------------
+
+    def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        if persona is not None:
+            declared = self.limits.personas.get(persona)
+            return declared.tools if declared is not None else frozenset()
+        return self.limits.parent_tools or None
+
+    # --- session end, records ----------------------------------------------------------
+
+    def _outcome(self, live: _Session) -> str:
+        if live.state.halted:
+            return "halted"
+        if live.pending:
+            return "paused"
+        return "completed"
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        if session not in self._sessions and not journal_path(self.data_dir, session).exists():
+            raise KeyError(session)
+        live = await self._session(session)
+        async with live.lock:
+            if live.ended:
+                return live.final_record or self._signed(live, None)
+            await self._apply(live, SessionEnd(), None)
+            outcome = self._outcome(live)
+            now = self.clock()
+            await asyncio.to_thread(live.journal.end, outcome, now)
+            live.ended = True
+            for approval_id in list(live.pending):  # a held step never runs after its session ended
+                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None))
+            record = self._signed(live, None, kind="final")
+            await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
+            live.final_record = record
+        self.metrics.forget_session(session)
+        if session == self._default_session:
+            self._default_session = self._new_default_session()
+        return record
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        live = self._sessions.get(session)
+        if live is None:
+            raise KeyError(session)
+        return self._signed(live, nonce)
+
+    def _signed(self, live: _Session, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
+        now = self.clock()
+        ending = live.journal.ending
+        if ending is not None:
+            outcome, end = ending.outcome, ending.at
+        else:
+            # a record of a running session: its outcome so far (the format has no "running")
+            outcome, end = self._outcome(live), now
+        record = sign_record(live.journal.record.build(outcome=outcome, end=end, iat=now, nonce=nonce), self.key)
+        self.metrics.record_signed(kind, nonce=nonce is not None)
+        return record
+
+    # --- views (control plane) ---------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        try:
+            await asyncio.to_thread(self.store.snapshot, self.agent_id, "readiness-probe", self.clock(), ())
+        except StoreError as exc:
+            return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
+        return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
+                "tier": self.limits.tier.value}
+
+    def has_session(self, session: str) -> bool:
+        return session in self._sessions
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return [view for s in sorted(self._sessions) if (view := await self.session_view(s)) is not None]
+
+    async def session_view(self, session: str) -> dict[str, Any] | None:
+        live = self._sessions.get(session)
+        if live is None:
+            return None
+        try:  # a store read: off the loop for Redis, as on the per-request path
+            budgets, store_error = await self._store(self._budgets, session, not live.ended), None
+        except StoreError as exc:
+            budgets, store_error = [], str(exc)
+        state = live.state
+        view = {
+            "session": session,
+            "state": "ended" if live.ended else "halted" if state.halted else "paused" if live.pending else "active",
+            "tier": self.limits.tier.value,
+            "started_at": iso_utc(state.started_at),
+            "iterations": state.iterations,
+            "tool_calls": state.tool_calls,
+            "in_flight": state.in_flight,
+            "halt_cause": state.halt_cause,
+            "budgets": budgets,
+            "limits": {"max_iterations": self.limits.max_iterations, "max_tool_calls_per_session": self.limits.max_tool_calls},
+            "events": len(live.journal.record),
+            "pending_approvals": [a for a in self.approvals() if a["session"] == session],
+        }
+        if store_error:
+            view["store_error"] = store_error
+        return view
+
+    def _budgets(self, session: str, gauges: bool = True) -> list[dict[str, Any]]:
+        """Every counter in use or capped, against its cap; refreshes the budget gauges
+        (not for an ended session: its per-session series were dropped)."""
+        counters = self.store.snapshot(self.agent_id, session, self.clock())
+        budgets = []
+        for key in sorted(set(counters) | set(self._caps), key=lambda k: (k[0], k[1] or "", k[2])):
+            scope, persona, dimension = key
+            used, cap = counters.get(key, 0.0), self._caps.get(key)
+            budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
+            if gauges:
+                self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
+        return budgets
+
+    # --- the sweeper -------------------------------------------------------------------
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_sec)
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must outlive any one bad session
+                log.exception("sweep failed")
+
+    async def sweep(self) -> None:
+        """One pass: charge wall-clock, expire unanswered approvals, end idle sessions."""
+        now = self.clock()
+        for live in list(self._sessions.values()):
+            if live.ended:
+                continue
+            for approval_id, pending in list(live.pending.items()):
+                if now >= pending.expires_at and not pending.answer.done():
+                    await self._expire(live, approval_id)
+            if self.limits.clock_checked and not live.state.halted:
+                async with live.lock:
+                    await self._apply(live, Tick(), None)
+            if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
+                await self.end_session(live.id)
+            else:
+                if live.unsaved:
+                    await self._store(self._save, live)
+                # keep the budget gauges current for scrapers (a store read: off the loop for Redis)
+                await self._store(self._budgets, live.id)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _caps_by_key(limits: Limits) -> dict[tuple, float]:
+    caps: dict[tuple, float] = {}
+    for table in (limits.meters, limits.clock_meters):
+        for meters in table.values():
+            for meter in meters:
+                if meter.cap is not None:
+                    caps[meter.key] = meter.cap
+    return caps
+
+
+def _ended(live: _Session) -> Decision:
+    return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
+                    details={"reason": "the session has ended; start a new one (ADL-Session)",
+                             "halt_cause": live.state.halt_cause})
+
+
+def _unrecorded_failure(step: Step, exc: BaseException) -> Decision:
+    """Fail closed when not even the journal can be trusted: refuse, say why."""
+    return Decision(action=Action.HALT, cause=ON_GOVERNOR_ERROR, fail_closed=True,
+                    details={"reason": f"governor could not decide or record this step: {type(exc).__name__}: {exc}"[:500],
+                             "step": type(step).__name__})
+
+
+__all__ = ["Runtime", "Ticket"]

@@ -1,0 +1,115 @@
+"""The one door between the enforcement point (proxy, control plane) and the rest.
+
+The proxy turns traffic into steps (adapters), asks the runtime, and applies the
+answer. The runtime composes the pure decision point, the state store and the
+evidence journal. This module fixes that contract so both sides can be built and
+tested independently; `governor.runtime.Runtime` implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from governor.policy.steps import Action, Decision, Step, UsageReport
+
+# Keys of Decision.details that clients and the record's readers care about.
+_OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
+                "tool", "peer", "rule", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause")
+
+
+def _plain_number(value: Any) -> Any:
+    # 20000.0 tokens read better as 20000; costs keep their fraction
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def governor_object(decision: Decision, session: str) -> dict[str, Any]:
+    """The machine-readable reason a client gets with a refusal (and the control plane shows)."""
+    obj: dict[str, Any] = {
+        "session": session,
+        "cause": decision.cause,
+        "action": decision.action.value,
+        "enforced": decision.enforced,
+        "fail_closed": decision.fail_closed,
+    }
+    details = decision.details or {}
+    for key in _OBJECT_KEYS:
+        if details.get(key) is not None:
+            obj[key] = _plain_number(details[key])
+    if decision.approval is not None:
+        obj["approval_id"] = decision.approval.id
+        obj["expires_at"] = decision.approval.expires_at
+    if decision.fallback_message and decision.action in (Action.FALLBACK, Action.HALT, Action.CONTINUE):
+        obj["message"] = decision.fallback_message
+    return obj
+
+
+@dataclass(slots=True)
+class Admission:
+    """The runtime's answer to `admit`: the decision plus what the proxy must hand back.
+
+    `ticket` is opaque to the proxy: it names the reservation and the in-flight slot
+    the step holds, and must be passed to `usage` / `finish` exactly once finished.
+    """
+
+    decision: Decision
+    session: str
+    ticket: Any = None
+    governor_object: dict[str, Any] = field(default_factory=dict)  # machine-readable reason for clients
+
+
+class RuntimeAPI(Protocol):
+    # --- steps ---------------------------------------------------------------------
+    async def admit(self, session: str, step: Step) -> Admission:
+        """Decide a step, reserve its expected consumption, journal any event.
+
+        Never raises: an internal failure is a fail-closed HALT (cause
+        on_governor_error) that is itself recorded. For a PAUSE the returned
+        decision carries `approval`; the caller then awaits `await_approval`.
+        """
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        """Hold until a reviewer answers or the response time runs out.
+
+        Approved: a PERMIT admission for the held step. Rejected: DENY.
+        Timeout: the resolution of on_oversight_timeout (HALT by default).
+        """
+
+    async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
+        """Account usage for an admitted model call (streams: cumulative, final=False).
+
+        Returns PERMIT to go on, or the enforcement decision that cuts the stream.
+        A final report replaces the step's reservation with the actual usage.
+        """
+
+    async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
+        """The step is over (completed, failed or cut): release what it still holds."""
+
+    def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        """The tools the session (persona) may use; None: no restriction declared (MCP tools/list)."""
+
+    def halted(self, session: str) -> str | None:
+        """The cause that halted the session, or None: the proxy refuses ungoverned traffic of a halted session."""
+
+    # --- sessions, approvals, records (control plane) --------------------------------
+    async def ready(self) -> dict[str, Any]:
+        """{"ready": bool, ...}: the store answers and a passport is pinned (/readyz)."""
+
+    def has_session(self, session: str) -> bool:
+        """Whether the governor knows the session (running or ended), without reading the store."""
+
+    async def sessions(self) -> list[dict[str, Any]]: ...
+
+    async def session_view(self, session: str) -> dict[str, Any] | None:
+        """The session's state and budgets (a store read), or None when unknown."""
+
+    def approvals(self) -> list[dict[str, Any]]: ...
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+        """Record and apply a reviewer's answer; KeyError when unknown or already answered."""
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        """Finalize, sign and write the session's record; returns it."""
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        """A freshly signed record of the session so far, bound to `nonce` when given."""

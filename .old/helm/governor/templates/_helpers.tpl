@@ -1,0 +1,119 @@
+{{- define "governor.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "governor.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "governor.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "governor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "governor.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "governor.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "governor.passportConfigMap" -}}
+{{- default (printf "%s-passport" (include "governor.fullname" .)) .Values.passport.existingConfigMap -}}
+{{- end -}}
+
+{{/* The governor container; placed in initContainers (native sidecar) or containers. */}}
+{{- define "governor.container" -}}
+- name: governor
+  image: "{{ .Values.governor.image.repository }}:{{ .Values.governor.image.tag | default .Chart.AppVersion }}"
+  imagePullPolicy: {{ .Values.governor.image.pullPolicy }}
+  {{- if .Values.governor.nativeSidecar }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - run
+    - --listen
+    - "127.0.0.1:{{ .Values.governor.ports.proxy }}"
+    - --control
+    - "0.0.0.0:{{ .Values.governor.ports.control }}"
+    - --passport
+    - "/etc/governor/passport/{{ .Values.passport.key }}"
+    - --data-dir
+    - {{ .Values.dataDir.mountPath | quote }}
+    - --tier
+    - {{ .Values.governor.tier | quote }}
+    {{- range .Values.governor.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  ports:
+    - name: proxy
+      containerPort: {{ .Values.governor.ports.proxy }}
+    - name: control
+      containerPort: {{ .Values.governor.ports.control }}
+  env:
+    {{- if .Values.reviewerTokens.existingSecret }}
+    - name: GOVERNOR_REVIEWER_TOKENS
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.reviewerTokens.existingSecret }}
+          key: {{ .Values.reviewerTokens.key }}
+    {{- end }}
+    {{- if .Values.controlToken.existingSecret }}
+    - name: GOVERNOR_CONTROL_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.controlToken.existingSecret }}
+          key: {{ .Values.controlToken.key }}
+    {{- end }}
+    {{- with .Values.governor.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- if not .Values.ca.existingSecret }}
+  lifecycle:
+    postStart:
+      exec:
+        # Hand the agent the CA certificate alone (the key stays in the data directory).
+        command:
+          - sh
+          - -c
+          - >-
+            for i in $(seq 1 60); do
+            [ -f {{ .Values.dataDir.mountPath }}/mitmproxy-ca-cert.pem ] &&
+            cp {{ .Values.dataDir.mountPath }}/mitmproxy-ca-cert.pem /var/run/governor-ca/ && exit 0;
+            sleep 1; done; exit 1
+  {{- end }}
+  startupProbe:
+    httpGet: {path: /healthz, port: control}
+    {{- toYaml .Values.probes.startup | nindent 4 }}
+  livenessProbe:
+    httpGet: {path: /healthz, port: control}
+    {{- toYaml .Values.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet: {path: /readyz, port: control}
+    {{- toYaml .Values.probes.readiness | nindent 4 }}
+  resources:
+    {{- toYaml .Values.governor.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.governor.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: passport
+      mountPath: /etc/governor/passport
+      readOnly: true
+    - name: data
+      mountPath: {{ .Values.dataDir.mountPath }}
+    - name: tmp
+      mountPath: /tmp
+    {{- if .Values.ca.existingSecret }}
+    - name: ca
+      mountPath: "{{ .Values.dataDir.mountPath }}/mitmproxy-ca.pem"
+      subPath: mitmproxy-ca.pem
+      readOnly: true
+    {{- else }}
+    - name: agent-ca
+      mountPath: /var/run/governor-ca
+    {{- end }}
+{{- end -}}
