@@ -175,8 +175,9 @@ def _halted_states(runtime: Runtime, report: FinalizeReport) -> list[SessionStat
             from governor.evidence.record import parse_iso
 
             state = SessionState.start(finalized.session, parse_iso(start).timestamp())
-        state = state.evolve(halted=True, halt_cause=state.halt_cause or ON_GOVERNOR_ERROR, ended=True, in_flight=0,
-                             tools_in_flight=0, personas_live={})
+        if finalized.record["outcome"] == "halted":
+            state = state.evolve(halted=True, halt_cause=state.halt_cause or ON_GOVERNOR_ERROR)
+        state = state.evolve(ended=True, in_flight=0, tools_in_flight=0, personas_live={})
         states.append(state)
         try:
             saved = {**state.to_dict(), PIN_KEY: {"digest": finalized.journal.record.header.passport_digest,

@@ -47,9 +47,9 @@ def test_an_interrupted_journal_is_ended_halted_signed_and_loses_nothing(tmp_pat
     ended.end("completed", NOW + 5)
 
     report = finalize_interrupted(tmp_path, key=key, pin=Pin(DIGEST, "R2"), clock=lambda: NOW + 60)
-    assert (len(report.finalized), report.already_ended, report.failed) == (1, 1, [])
+    assert (sorted(f.session for f in report.finalized), report.already_ended, report.failed) == (["cut", "done"], 0, [])
     record = json.loads(record_path(tmp_path, "cut").read_text())
-    assert record == report.finalized[0].record
+    assert record == next(f.record for f in report.finalized if f.session == "cut")
     assert verify_record(record, public_key=key.public_key()).ok
     assert record["outcome"] == "halted" and record["window"]["end"].startswith("2026-09-21")
     events = record["events"]
@@ -59,7 +59,11 @@ def test_an_interrupted_journal_is_ended_halted_signed_and_loses_nothing(tmp_pat
     assert events[3]["detail"]["last_recorded_at"] == events[2]["at"] and len(events) == 4
     [torn] = path.parent.glob("cut.jsonl.torn-*")  # the torn bytes are set aside, not dropped
     assert torn.read_bytes() == b'{"kind":"event","body":{"seq":3,"cau'
-    assert has_ended(path) and not record_path(tmp_path, "done").exists()  # an ended journal is left alone
+    assert has_ended(path)
+    # ended before the governor died, but its record was never written: now it is, as it ended
+    done = json.loads(record_path(tmp_path, "done").read_text())
+    assert done["outcome"] == "completed" and done["events"] == [] and verify_record(done, public_key=key.public_key()).ok
+    assert has_ended(journal_path(tmp_path, "done")) and journal_path(tmp_path, "done").read_bytes().count(b"\n") == 2
     # a second start finds nothing to do
     again = finalize_interrupted(tmp_path, key=key, pin=Pin(DIGEST, "R2"))
     assert (len(again.finalized), again.already_ended) == (0, 2)

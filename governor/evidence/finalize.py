@@ -17,6 +17,9 @@ the proxy serves traffic, each such journal is:
      passport the session was admitted with (its journal header);
   4. ended, outcome `halted`, and its record signed and written to `records/<session>.json`.
 
+A journal that ended but has no record (the governor died between the two) gets its
+record, with the outcome it ended with.
+
 Both causes match the record schema's `^on_[a-z0-9_]+$` and `halt` is a §6 action, so
 `governor verify` checks these records like any other. The work runs in a small thread
 pool (the fsyncs overlap; one fsync per journal, one per record, one per directory).
@@ -25,6 +28,7 @@ Imports only the evidence room, so it can run without the proxy or the policy en
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -111,13 +115,28 @@ def has_ended(path: Path) -> bool:
     return tail[:-1].rsplit(b"\n", 1)[-1].startswith(_END_LINE)
 
 
+def _session_of(path: Path) -> str:
+    """The session a journal file belongs to, from its header line (file names may be digests)."""
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 20)
+    try:
+        return str(json.loads(first)["body"]["session"])
+    except (ValueError, KeyError, TypeError):
+        return path.stem  # unreadable header: the full read in finalize_journal reports it
+
+
 def finalize_journal(path: Path, *, data_dir: Path, key: Ed25519PrivateKey, now: float,
                      pin: Pin | None = None, sync: bool = True) -> Finalized:
-    """End one unfinished journal as halted (see the module docstring) and write its record."""
+    """End one unfinished journal as halted (see the module docstring) and write its record.
+    A journal that ended without its record (the governor died in between) gets its record."""
     journal = Journal.open(path, repair_torn_tail=True, sync=False)  # one fsync below for all lines
     if journal.repaired is not None:
         log.warning("journal %s: %s", path, journal.repaired.describe())
     header = journal.record.header
+    if journal.ending is not None:
+        record = sign_record(journal.record.build(outcome=journal.ending.outcome, end=journal.ending.at, iat=now), key)
+        write_record(record_path(data_dir, header.session), record, sync_directory=False)
+        return Finalized(header.session, journal, record, False)
     events = journal.record.events()
     last = events[-1]["at"] if events else header.start
     journal.append(ON_GOVERNOR_ERROR, "halt", now, {
@@ -163,10 +182,12 @@ def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: P
         except OSError as exc:
             report.failed.append((path, f"cannot read: {exc}"))
             continue
-        if ended:
-            report.already_ended += 1
-        else:
+        if not ended:
             unfinished.append(path)
+        elif not record_path(data_dir, _session_of(path)).exists():
+            unfinished.append(path)  # ended, but the governor died before writing its record
+        else:
+            report.already_ended += 1
     now = clock()
 
     def one(path: Path) -> Finalized | tuple[Path, str]:
