@@ -107,12 +107,17 @@ def has_ended(path: Path) -> bool:
     with open(path, "rb") as fh:
         try:
             fh.seek(-4096, os.SEEK_END)
+            whole = False
         except OSError:  # shorter than that
             fh.seek(0)
+            whole = True
         tail = fh.read()
     if not tail.endswith(b"\n"):
         return False
-    return tail[:-1].rsplit(b"\n", 1)[-1].startswith(_END_LINE)
+    before, newline, last = tail[:-1].rpartition(b"\n")
+    if not newline and not whole:  # the last line starts before the window: read it all
+        return False
+    return last.startswith(_END_LINE)
 
 
 def _session_of(path: Path) -> str:
@@ -195,6 +200,9 @@ def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: P
             return finalize_journal(path, data_dir=data_dir, key=key, now=now, pin=pin, sync=sync)
         except (EvidenceError, OSError, ValueError) as exc:
             return path, str(exc)
+        except Exception as exc:  # one journal must not stop the others, nor the start
+            log.exception("journal %s: unexpected error while finalizing", path)
+            return path, f"{type(exc).__name__}: {exc}"
 
     if unfinished:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(unfinished))),
