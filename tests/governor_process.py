@@ -1,153 +1,111 @@
-"""`governor run` as a real subprocess, for tests that kill it, restart it or limit it.
-
-    passport = write_passport(tmp_path / "p.json", tokens_per_session=20_000)
-    gov = GovernorProcess(tmp_path / "data", passport).start()     # waits for the banner
-    ... gov.proxy_url, gov.control_url ...
-    gov.kill()        # SIGKILL, no clean-up at all
-    gov.stop()        # SIGTERM, waits
-
-The proxy and the control plane listen on free loopback ports (port 0); their addresses
-are read from the start-up banner. The governor's log goes to `<data>/../governor-N.log`.
-"""
+"""`governor run` as a real child process, for tests and the soak that need its own
+file-descriptor limit, its own event loop and /proc figures (RSS, open files)."""
 
 from __future__ import annotations
 
-import copy
-import json
+import asyncio
 import os
 import re
 import resource
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
 
-from governor.passport import example_passport_path, load_passport
-
-_URL = re.compile(r"^\s*(proxy|control plane):\s+(http://\S+)")
-
-
-def example_passport() -> dict[str, Any]:
-    return copy.deepcopy(load_passport(example_passport_path()))
-
-
-def write_passport(path: Path, *, scale: float = 1.0, mutate: Callable[[dict], None] | None = None) -> Path:
-    """The bundled example passport with every token cap multiplied by `scale`, then `mutate`
-    applied; written as JSON. A changed passport is written unsigned (admitted by default)."""
-    document = example_passport()
-    budget = document["permissions"]["resource_limits"]["budget"]
-    for scope in budget["tokens"]:
-        budget["tokens"][scope] = int(budget["tokens"][scope] * scale)
-    if mutate is not None:
-        mutate(document)
-    if scale != 1 or mutate is not None:  # changed: its signature no longer holds, so drop it (unsigned)
-        document.get("security", {}).get("attestation", {}).pop("signature", None)
-    path.write_text(json.dumps(document), encoding="utf-8")
-    return path
+REPO = Path(__file__).resolve().parent.parent
 
 
 class GovernorProcess:
-    _count = 0
-
-    def __init__(self, data_dir: Path, passport: Path, *, nofile: int | None = None, extra: tuple[str, ...] = (),
+    def __init__(self, data_dir: Path, args: list[str], *, nofile: int | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.passport = Path(passport)
+        self.args = args
         self.nofile = nofile
-        self.extra = extra
         self.env = env or {}
-        self.process: subprocess.Popen | None = None
-        self.proxy_url = ""
-        self.control_url = ""
-        self.banner: list[str] = []
-        GovernorProcess._count += 1
-        self.log_path = self.data_dir.parent / f"governor-{GovernorProcess._count}.log"
+        self.proc: subprocess.Popen | None = None
+        self.proxy: tuple[str, int] | None = None
+        self.control_url: str | None = None
+        self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
 
-    def _limit(self) -> None:  # runs in the child, before exec
-        if self.nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "mitmproxy-ca-cert.pem"
 
-    def start(self, timeout: float = 60.0) -> GovernorProcess:
-        command = [sys.executable, "-m", "governor", "run", "--passport", str(self.passport),
-                   "--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
-                   *self.extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-            env.pop(name, None)
-        log = open(self.log_path, "ab")
-        try:
-            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env,
-                                            preexec_fn=self._limit if self.nofile else None)
-        finally:
-            log.close()
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, timeout: float = 60.0) -> "GovernorProcess":
+        nofile = self.nofile
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO),
+               **self.env}
+        command = [sys.executable, "-m", "governor", "run", "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
+                   "--data-dir", str(self.data_dir), *self.args]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
+                                         preexec_fn=limit)
         lines: list[str] = []
-        done = threading.Event()
 
-        def read() -> None:
-            assert self.process is not None and self.process.stdout is not None
-            for raw in self.process.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
+        def read_banner() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
                 lines.append(line)
-                if "Ctrl-C stops" in line:
-                    break
-            done.set()
+                if line.startswith("Set in the agent's environment"):
+                    return
 
-        threading.Thread(target=read, daemon=True).start()
-        if not done.wait(timeout) or self.process.poll() is not None and not any("Ctrl-C" in x for x in lines):
-            self.kill()
-            raise RuntimeError(f"governor did not start within {timeout}s; log:\n{self.log()[-3000:]}")
-        self.banner = lines
-        for line in lines:
-            if match := _URL.match(line):
-                if match.group(1) == "proxy":
-                    self.proxy_url = match.group(2)
-                else:
-                    self.control_url = match.group(2)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(read_banner), timeout)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise AssertionError(f"governor did not start in {timeout}s: {lines} {self.log.read_text()[-2000:]}")
+        text = "\n".join(lines)
+        proxy = re.search(r"proxy:\s+http://([\d.]+):(\d+)", text)
+        control = re.search(r"control plane:\s+(http://\S+)", text)
+        if proxy is None or control is None:
+            await self.stop()
+            raise AssertionError(f"unexpected banner: {text}\n{self.log.read_text()[-2000:]}")
+        self.proxy = (proxy.group(1), int(proxy.group(2)))
+        self.control_url = control.group(1)
+        # keep reading stdout so the child never blocks on a full pipe
+        asyncio.get_running_loop().run_in_executor(None, self._drain)
         return self
 
-    def log(self) -> str:
+    def _drain(self) -> None:
         try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+            assert self.proc is not None and self.proc.stdout is not None
+            for _ in self.proc.stdout:
+                pass
+        except (OSError, ValueError):
+            pass
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: the governor gets no chance to end a session or flush anything."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        if self.process is not None:
-            self.process.wait(timeout=30)
-            if self.process.stdout is not None:
-                self.process.stdout.close()
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+    async def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        return self.process.returncode
+                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+        return self.proc.returncode
+
+    # --- /proc figures -------------------------------------------------------------------
 
     def open_files(self) -> int:
-        assert self.process is not None
-        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
 
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0

@@ -15,7 +15,7 @@ import time
 import aiohttp
 import httpx
 
-from tests.governor_process import GovernorProcess, write_passport
+from tests.restartable_governor import GovernorProcess, write_passport
 from tests.upstreams import Behaviour, MockLLM
 
 SESSIONS = 10_000

@@ -28,7 +28,7 @@ import pytest
 from governor.evidence import KeyFiles, load_public_key, verify_record
 from governor.evidence.record import record_path
 from governor.passport import passport_digest
-from tests.governor_process import GovernorProcess, write_passport
+from tests.restartable_governor import GovernorProcess, write_passport
 from tests.upstreams import Behaviour, MockLLM
 
 
@@ -117,7 +117,7 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
         timings.append(time.monotonic() - started)
         if generation:  # the previous generation's interrupted sessions are known, ended
             async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:
-                listed = (await control.get("/v1/sessions")).json()["sessions"]
+                listed = (await control.get("/v1/sessions?limit=1000")).json()["sessions"]
             finalized_listed += sum(1 for s in listed if s["session"].startswith(f"g{generation - 1}-"))
             assert all(s["state"] == "ended" for s in listed)
         stop = asyncio.Event()
@@ -140,7 +140,7 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
     final = await start(GovernorProcess(data, passport))  # finalizes the last generation
     try:
         async with httpx.AsyncClient(base_url=final.control_url, trust_env=False, timeout=30) as control:
-            listed = {s["session"] for s in (await control.get("/v1/sessions")).json()["sessions"]}
+            listed = {s["session"] for s in (await control.get("/v1/sessions?limit=1000")).json()["sessions"]}
             some = sorted(s for s in listed if s.startswith("g9-"))[0]
             served = await control.get(f"/v1/sessions/{some}/record")
         finalized_listed += sum(1 for s in listed if s.startswith("g9-"))
@@ -208,7 +208,7 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
         assert step.status_code != 200 and len(llm.requests) == served_before + 1, step.text
         assert fresh.status_code == 200, fresh.text  # a new session is admitted with the new passport
         async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:
-            listed = {s["session"]: s for s in (await control.get("/v1/sessions")).json()["sessions"]}
+            listed = {s["session"]: s for s in (await control.get("/v1/sessions?limit=1000")).json()["sessions"]}
             answer = await control.get("/v1/sessions/admitted/record")
     finally:
         gov.stop()
