@@ -14,7 +14,7 @@ import pytest
 
 from governor.evidence import Journal, SessionHeader, generate_key, verify_record
 from governor.evidence.finalize import Pin, finalize_interrupted, has_ended
-from governor.evidence.record import journal_path, record_path
+from governor.evidence.record import iso_utc, journal_path, record_path
 from governor.policy import Action, SessionState, Tier, compile_limits, load_pricing
 from governor.policy.integrity import pin_changed
 from governor.store import SQLiteStore
@@ -51,7 +51,7 @@ def test_an_interrupted_journal_is_ended_halted_signed_and_loses_nothing(tmp_pat
     record = json.loads(record_path(tmp_path, "cut").read_text())
     assert record == next(f.record for f in report.finalized if f.session == "cut")
     assert verify_record(record, public_key=key.public_key()).ok
-    assert record["outcome"] == "halted" and record["window"]["end"].startswith("2026-09-21")
+    assert record["outcome"] == "halted" and record["window"]["end"] == iso_utc(NOW + 60)
     events = record["events"]
     assert [e["detail"].get("observed") for e in events[:3]] == [0, 1, 2]
     assert (events[3]["cause"], events[3]["action"], events[3]["detail"]["reason"]) == \
