@@ -31,12 +31,14 @@ fresh_chain() {  # $1 command, $2 table
   "$1" -w -t "$2" -C OUTPUT -j "$chain" 2>/dev/null || "$1" -w -t "$2" -A OUTPUT -j "$chain"
 }
 
-# Refuse what the agent may not send directly (filter table; runs after nat's redirect,
-# so a redirected connection is seen here going to loopback and passes).
-refuse_the_rest() {  # $1 command
+# Refuse what the agent may not send directly (filter table; it runs after nat's redirect,
+# so a redirected connection is seen here going to 127.0.0.1 and passes; its output
+# interface is still the original one, hence the address match beside -o lo).
+refuse_the_rest() {  # $1 command, $2 the loopback network
   fresh_chain "$1" filter
   "$1" -w -t filter -A "$chain" -m owner --uid-owner "$uid" -j RETURN
   "$1" -w -t filter -A "$chain" -o lo -j RETURN
+  "$1" -w -t filter -A "$chain" -d "$2" -j RETURN
   if [ "$allow_dns" = 1 ]; then
     "$1" -w -t filter -A "$chain" -p udp --dport 53 -j RETURN
     "$1" -w -t filter -A "$chain" -p tcp --dport 53 -j RETURN
@@ -49,10 +51,10 @@ fresh_chain "$ipt" nat
 "$ipt" -w -t nat -A "$chain" -m owner --uid-owner "$uid" -j RETURN
 "$ipt" -w -t nat -A "$chain" -o lo -j RETURN
 "$ipt" -w -t nat -A "$chain" -p tcp -m multiport --dports "$ports" -j REDIRECT --to-ports "$port"
-refuse_the_rest "$ipt"
+refuse_the_rest "$ipt" 127.0.0.0/8
 
 # The listener is IPv4 (127.0.0.1): the agent's IPv6 is refused outright, never left open.
 if [ -n "$ip6t" ] && command -v "$ip6t" >/dev/null 2>&1; then
-  refuse_the_rest "$ip6t"
+  refuse_the_rest "$ip6t" ::1/128
 fi
 echo "intercept: outbound TCP to ports $ports -> 127.0.0.1:$port; other outbound refused; uid $uid exempt"
