@@ -8,6 +8,7 @@ Security "restricted" profile."""
 from __future__ import annotations
 
 import json
+import subprocess
 import re
 import pytest
 import yaml
@@ -231,3 +232,19 @@ def test_the_chart_names_the_image_the_containerfile_builds(values):
     script = (REPO / ".ci" / "image").read_text()
     assert "IMAGE=${IMAGE:-" + values["governor"]["image"]["repository"] + ":$VERSION}" in script
     assert 'ENTRYPOINT ["governor"]' in (REPO / "Containerfile").read_text()
+
+
+def test_the_interception_script_refuses_bad_settings_before_touching_iptables(tmp_path):
+    """Hostile or mistyped values stop the script (exit 2) before any rule is written;
+    IPTABLES points at a file that would record a call."""
+    called = tmp_path / "called"
+    fake = tmp_path / "iptables"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\n")
+    fake.chmod(0o755)
+    script = str(CHART / "files" / "intercept.sh")
+    for env in ({}, {"GOVERNOR_UID": "10001; reboot"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": "80,443 -j ACCEPT"},
+                {"GOVERNOR_UID": "10001", "TRANSPARENT_PORT": "15001x"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": "80,,443"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": ",443"}):
+        done = subprocess.run(["sh", script], env={"PATH": "/usr/bin:/bin", "IPTABLES": str(fake), "IP6TABLES": "", **env},
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0, env
+        assert not called.exists(), env

@@ -23,7 +23,7 @@ ip6t=${IP6TABLES-ip6tables}
 chain=GOVERNOR_OUTPUT
 
 case "$uid$port" in *[!0-9]*) echo "intercept: GOVERNOR_UID and TRANSPARENT_PORT must be numbers" >&2; exit 2;; esac
-case "$ports" in *[!0-9,]*|'') echo "intercept: INTERCEPT_PORTS must be comma-separated port numbers" >&2; exit 2;; esac
+case "$ports" in *[!0-9,]*|''|,*|*,|*,,*) echo "intercept: INTERCEPT_PORTS must be comma-separated port numbers" >&2; exit 2;; esac
 
 # A chain of our own, emptied first: running this again (a restarted init container) is harmless.
 fresh_chain() {  # $1 command, $2 table
