@@ -112,6 +112,25 @@ def _control(pod: str, path: str) -> dict:
     return json.loads(done.stdout)
 
 
+SERVE_ONCE = ("import socket; s = socket.create_server(('0.0.0.0', 9000)); print('listening', flush=True); "
+              "c, _ = s.accept(); c.sendall(b'agent here'); c.close()")
+FETCH = ("import socket, sys; c = socket.create_connection((sys.argv[1], 9000), timeout=10); "
+         "print(c.recv(64).decode())")
+
+
+def _inbound_answer(pod: str, upstream_ns: str) -> str:
+    """A connection from the upstream's namespace to a port the agent's user serves in the pod."""
+    server = subprocess.Popen(["ip", "netns", "exec", pod, "setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}",
+                               "--clear-groups", AGENT_PYTHON, "-c", SERVE_ONCE], stdout=subprocess.PIPE, text=True)
+    try:
+        _readline(server, "listening")
+        done = _run("ip", "netns", "exec", upstream_ns, AGENT_PYTHON, "-c", FETCH, POD_ADDRESS, check=False)
+        return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+    finally:
+        server.kill()
+        server.wait(timeout=GUARD_SEC)
+
+
 def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
     pod, upstream_ns = namespaces
     upstream = subprocess.Popen(["ip", "netns", "exec", upstream_ns, sys.executable, "-m", "tests.netns_upstream",
@@ -145,6 +164,9 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         # the limit held: the governor answered in the model's place (never forwarded: see the upstream's count)
         assert refused.get("governor") == "fallback" and "iteration limit" in refused["body"], refused
         assert after["other_port"].startswith("ConnectionRefusedError"), after
+
+        # what reaches the pod still gets its answers (a kubelet probe, a port the agent serves)
+        assert _inbound_answer(pod, upstream_ns) == "agent here"
 
         view = _control(pod, "/v1/sessions/intercepted")
         charged = {(b["dimension"], b["scope"]): b["used"] for b in view["budgets"] if b["persona"] is None}

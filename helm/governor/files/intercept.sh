@@ -36,6 +36,9 @@ fresh_chain() {  # $1 command, $2 table
 # interface is still the original one, hence the address match beside -o lo).
 refuse_the_rest() {  # $1 command, $2 the loopback network
   fresh_chain "$1" filter
+  # answers on connections made to the pod (probes, a port the agent serves), and the rest
+  # of connections whose first packet passed these rules
+  "$1" -w -t filter -A "$chain" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
   "$1" -w -t filter -A "$chain" -m owner --uid-owner "$uid" -j RETURN
   "$1" -w -t filter -A "$chain" -o lo -j RETURN
   "$1" -w -t filter -A "$chain" -d "$2" -j RETURN
