@@ -55,6 +55,7 @@ class Settings:
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
     mode: str = "regular"  # "regular" or "reverse:URL"
+    transparent: tuple[str, int] | None = None  # a second listener in transparent mode (iptables REDIRECT)
     data_dir: Path = Path(".governor")
     tier: Tier = Tier.R2
     session_idle: float = 900.0
@@ -165,7 +166,8 @@ def master_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = dict(
         listen_host=settings.listen[0],
         listen_port=settings.listen[1],
-        mode=[settings.mode],
+        mode=[settings.mode] + ([f"transparent@{settings.transparent[0]}:{settings.transparent[1]}"]
+                                if settings.transparent is not None else []),
         confdir=str(settings.data_dir),
         connection_strategy="lazy",
         ssl_insecure=settings.upstream_insecure,
