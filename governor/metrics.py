@@ -4,11 +4,15 @@ Every metric the proxy, the runtime and the control plane update is defined here
 so names and labels stay consistent and a test can make a fresh, isolated set
 (`Metrics()`) instead of sharing prometheus_client's global registry.
 
-Cardinality: labels take values from small closed sets (causes, actions, budget
-dimensions and scopes, declared personas, wire protocols). The one open-ended
-label is `session`, and only on the per-session budget gauges; `forget_session`
-drops those series when a session ends, so a long-running governor exports the
-live sessions only. Per-day budget gauges are agent-wide and carry `session=""`.
+Cardinality: every label takes its values from a closed set fixed by the code or
+the pinned passport (causes, actions, budget scopes, declared personas, wire
+protocols, record kinds); nothing an agent sends becomes a label value. A persona
+the passport does not declare is labelled "undeclared". Budgets are one family per
+unit (tokens, USD, seconds); the per-session scope exports the highest consumption
+among live sessions. Series per session (label `session`, the agent's own
+ADL-Session value) exist only when opted in (`Metrics(per_session=N)`,
+`governor run --metrics-per-session N`), for at most N live sessions;
+`forget_session` frees a session's slot when it ends.
 
 Hot paths make one call per event (`decided`, `upstream`, ...). The per-request series
 (decision counts, decision and upstream latency) are plain numbers behind a collector
@@ -24,7 +28,7 @@ from bisect import bisect_left
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from governor.policy.steps import Decision
@@ -109,21 +113,83 @@ class _PerRequestSeries:
         yield upstream
 
 
+# budget dimension (policy.limits.DIMENSIONS) -> the unit in the family's name
+BUDGET_UNITS = {"tokens": "tokens", "cost_usd": "usd", "wall_clock_sec": "seconds"}
+UNDECLARED = "undeclared"
+MAX_SESSION_LABEL = 128  # opted-in session label values are cut to this many characters
+
+
+class _BudgetSeries:
+    """Collector of the budget gauges: `governor_budget_{used,limit}_{tokens,usd,seconds}`
+    by scope and persona, and the opted-in per-session families.
+
+    Values are kept as plain numbers and the families built at scrape time. Agent-wide
+    scopes (per_day, ...) are one value each; scope per_session exports the maximum over
+    live sessions (the one a "near its limit" alert needs), computed per scrape over the
+    sessions the sweeper has refreshed."""
+
+    def __init__(self, per_session: int) -> None:
+        self.per_session = per_session  # 0: no series by session
+        self.agent_wide: dict[tuple[str, str, str], tuple[float, float | None]] = {}  # (unit, scope, persona)
+        self.sessions: dict[str, dict[tuple[str, str], tuple[float, float | None]]] = {}  # session -> (unit, persona)
+
+    def set(self, unit: str, scope: str, persona: str, used: float, limit: float | None, session: str | None) -> None:
+        if scope == "per_session":
+            if session is None:
+                return
+            self.sessions.setdefault(session, {})[(unit, persona)] = (used, limit)
+        else:
+            self.agent_wide[(unit, scope, persona)] = (used, limit)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(fill=True))
+
+    def _families(self, fill: bool = False) -> list[Metric]:
+        used = {u: GaugeMetricFamily(f"governor_budget_used_{u}", f"Budget consumed, in {u}, by scope (per_session: "
+                                     "the highest among live sessions); persona empty for the agent's aggregate",
+                                     labels=["scope", "persona"]) for u in BUDGET_UNITS.values()}
+        limit = {u: GaugeMetricFamily(f"governor_budget_limit_{u}", f"Declared budget cap, in {u}, by scope and persona",
+                                      labels=["scope", "persona"]) for u in BUDGET_UNITS.values()}
+        families: list[Metric] = [*used.values(), *limit.values()]
+        if self.per_session:
+            s_used = {u: GaugeMetricFamily(f"governor_session_budget_used_{u}", f"Budget consumed by one session, in {u} "
+                                           "(opt-in, at most --metrics-per-session sessions)", labels=["session", "persona"])
+                      for u in BUDGET_UNITS.values()}
+            families += s_used.values()
+        if not fill:
+            return families
+        for (unit, scope, persona), (value, cap) in sorted(list(self.agent_wide.items())):
+            used[unit].add_metric([scope, persona], value)
+            if cap is not None:
+                limit[unit].add_metric([scope, persona], cap)
+        highest: dict[tuple[str, str], tuple[float, float | None]] = {}
+        for n, (session, counters) in enumerate(list(self.sessions.items())):
+            for key, (value, cap) in list(counters.items()):
+                best = highest.get(key)
+                highest[key] = (max(value, best[0]) if best else value, cap if cap is not None else (best[1] if best else None))
+                if n < self.per_session:
+                    s_used[key[0]].add_metric([session[:MAX_SESSION_LABEL], key[1]], value)
+        for (unit, persona), (value, cap) in sorted(highest.items()):
+            used[unit].add_metric(["per_session", persona], value)
+            if cap is not None:
+                limit[unit].add_metric(["per_session", persona], cap)
+        return families
+
+
 class Metrics:
     """The governor's metric objects, registered on `self.registry`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, per_session: int = 0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.per_request = _PerRequestSeries()
         r.register(self.per_request)
-        self.budget_used = Gauge(
-            "governor_budget_used", "Budget consumed, by dimension and scope; session is set for "
-            "per_session only; persona is empty for the parent's aggregate",
-            ["dimension", "scope", "session", "persona"], registry=r)
-        self.budget_limit = Gauge(
-            "governor_budget_limit", "Declared budget cap, by dimension and scope (same labels as "
-            "governor_budget_used)", ["dimension", "scope", "session", "persona"], registry=r)
+        self.budgets = _BudgetSeries(per_session)
+        r.register(self.budgets)
+        self.personas: frozenset[str] = frozenset()  # declared in the pinned passport
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
         self.streams_cut = Counter(
@@ -135,8 +201,7 @@ class Metrics:
             ["kind", "nonce"], registry=r)
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
-            ["dimension", "scope", "fraction"], registry=r)
-        self._session_series: dict[str, set[tuple[str, str, str, str]]] = {}
+            ["dimension", "scope"], registry=r)
 
     # --- hot path ----------------------------------------------------------------------
 
@@ -168,32 +233,29 @@ class Metrics:
         self.records_signed.labels(kind, "true" if nonce else "false").inc()
 
     def threshold_warning(self, dimension: str, scope: str, fraction: float) -> None:
-        self.threshold_warnings.labels(dimension, scope, f"{fraction:g}").inc()
+        # the fraction crossed is not a label: it is a measured ratio, not a closed set
+        self.threshold_warnings.labels(dimension, scope).inc()
 
     # --- state gauges ------------------------------------------------------------------
+
+    def declare_personas(self, names: object) -> None:
+        """The personas the pinned passport declares: the only persona label values."""
+        self.personas = frozenset(str(n) for n in names)  # type: ignore[attr-defined]
 
     def budget(self, dimension: str, scope: str, used: float, limit: float | None, *,
                session: str | None = None, persona: str | None = None) -> None:
         """Set one budget counter's consumption and cap (cap None: tracked, not capped).
 
-        `session` is used for scope "per_session" only: per-day counters are agent-wide.
-        """
-        session_label = (session or "") if scope == "per_session" else ""
-        labels = (dimension, scope, session_label, persona or "")
-        self.budget_used.labels(*labels).set(used)
-        if limit is not None:
-            self.budget_limit.labels(*labels).set(limit)
-        if session_label:
-            self._session_series.setdefault(session_label, set()).add(labels)
+        `session` is used for scope "per_session" only: other scopes are agent-wide."""
+        unit = BUDGET_UNITS.get(dimension)
+        if unit is None:  # not a dimension the policy knows: no family for it
+            return
+        label = "" if not persona else persona if persona in self.personas else UNDECLARED
+        self.budgets.set(unit, scope, label, used, limit, session)
 
     def forget_session(self, session: str) -> None:
-        """Drop the session's per-session series (call when the session ends)."""
-        for labels in self._session_series.pop(session, ()):
-            for gauge in (self.budget_used, self.budget_limit):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:  # a capless counter has no limit series
-                    pass
+        """Drop the session's budget values (call when the session ends)."""
+        self.budgets.sessions.pop(session, None)
 
     def set_pending_approvals(self, count: int) -> None:
         self.pending_approvals.set(count)

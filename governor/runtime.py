@@ -137,6 +137,7 @@ class Runtime:
         self.governor_id = governor_id
         self.agent_id = agent_id
         self.metrics = metrics or Metrics()
+        self.metrics.declare_personas(limits.personas)  # the only persona label values
         self.clock = clock
         self.session_idle_sec = session_idle_sec
         self.tick_interval_sec = tick_interval_sec

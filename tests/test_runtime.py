@@ -234,15 +234,17 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
     await model_step(runtime, "s", 1000, 500)
     await runtime.sweep()
     text = runtime.metrics.exposition().decode()
-    assert 'governor_budget_used{dimension="tokens",persona="",scope="per_session",session="s"} 1500.0' in text
-    assert 'governor_budget_limit{dimension="tokens",persona="",scope="per_day",session=""} 200000.0' in text
+    assert 'governor_budget_used_tokens{persona="",scope="per_session"} 1500.0' in text
+    assert 'governor_budget_limit_tokens{persona="",scope="per_day"} 200000.0' in text
+    assert "session=" not in text  # no series by session unless opted in
     runtime.session_idle_sec = 60
     for _ in range(61):  # a minute of sweeps with no traffic: the ticks are not activity
         clock.t += 1
         await runtime.sweep()
     assert (await runtime.session_view("s"))["state"] == "ended"
     assert (runtime.data_dir / "records" / "s.json").exists()
-    assert 'session="s"' not in runtime.metrics.exposition().decode()  # per-session series dropped
+    # the ended session's values are dropped: no live session, no per_session maximum
+    assert 'scope="per_session"} 1500.0' not in runtime.metrics.exposition().decode()
 
 
 def test_the_refusal_reason_states_the_comparison_the_decision_made():

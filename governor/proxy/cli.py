@@ -47,6 +47,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
+    "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
+                            "ADL-Session value) for at most this many live sessions (default 0: none; every other "
+                            "label is a closed set)"),
     "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
                   "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
 }
@@ -167,6 +170,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if not str(cap).isdigit() or int(cap) < 1:
             raise UsageError(f"--max-client-connections: expected a whole number >= 1, got {cap!r}")
         settings.max_client_connections = int(cap)
+    if (per_session := value("metrics_per_session")) is not None:
+        if not str(per_session).isdigit():
+            raise UsageError(f"--metrics-per-session: expected a whole number >= 0, got {per_session!r}")
+        settings.metrics_per_session = int(per_session)
     if (pricing := value("pricing")) is not None:
         settings.pricing = Path(pricing)
     if (store := value("store")) is not None:

@@ -67,6 +67,7 @@ class Settings:
     client_body_timeout: float = DEFAULT_BODY_TIMEOUT  # a request body, complete within this after its headers
     client_idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # a keep-alive connection with nothing in flight, closed after
     max_client_connections: int = 0  # 0: derived from the file-descriptor limit
+    metrics_per_session: int = 0  # budget series labelled by session, for at most this many live sessions
     tick_interval: float = 1.0
     max_body_bytes: int = 64 * 1024 * 1024
     routes: tuple[Route, ...] = ()
@@ -183,7 +184,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     if metrics is None:
         from governor.metrics import Metrics
 
-        metrics = Metrics()
+        metrics = Metrics(per_session=settings.metrics_per_session)
     if runtime is None:
         runtime = build_runtime(settings, metrics)
     origin = None
