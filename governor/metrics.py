@@ -27,7 +27,12 @@ import enum
 from bisect import bisect_left
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import platform
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -40,6 +45,10 @@ DECISION_BUCKETS = (
     1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
 )
 # Upstream calls: LLM completions and tool calls, from milliseconds to minutes.
+# Human review: from seconds to the longest response_time a passport declares (hours).
+APPROVAL_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
+APPROVAL_OUTCOMES = ("approved", "rejected", "expired", "session_ended")
+SESSION_STATES = ("active", "paused", "halted", "ended")
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -84,16 +93,20 @@ class _PerRequestSeries:
                  "is what would have happened)")
     DECISION_SECONDS = ("governor_decision_seconds", "Time to decide one step (policy, store reservation, journal)")
     UPSTREAM_SECONDS = ("governor_upstream_seconds", "Upstream response time, by wire protocol")
+    UPSTREAM_ERRORS = ("governor_upstream_errors", "Upstream answers with an HTTP error status (code 400-599), "
+                       "or no answer at all (code=none), by wire protocol")
 
     def __init__(self) -> None:
         self.decisions: dict[tuple[object, object, bool], int] = {}  # raw (cause, action, enforced)
         self.decision_seconds = _Histogram(DECISION_BUCKETS)
         self.upstream_seconds: dict[str, _Histogram] = {}  # by protocol
+        self.upstream_errors: dict[tuple[str, str], int] = {}  # (protocol, code)
 
     def describe(self) -> Iterator[Metric]:
         yield CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
         yield HistogramMetricFamily(*self.DECISION_SECONDS)
         yield HistogramMetricFamily(*self.UPSTREAM_SECONDS, labels=["protocol"])
+        yield CounterMetricFamily(*self.UPSTREAM_ERRORS, labels=["protocol", "code"])
 
     def collect(self) -> Iterator[Metric]:
         decisions = CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
@@ -111,6 +124,10 @@ class _PerRequestSeries:
         for protocol, histogram in sorted(list(self.upstream_seconds.items())):
             upstream.add_metric([protocol], histogram.cumulative(), histogram.sum)
         yield upstream
+        errors = CounterMetricFamily(*self.UPSTREAM_ERRORS, labels=["protocol", "code"])
+        for labels, count in sorted(list(self.upstream_errors.items())):
+            errors.add_metric(list(labels), count)
+        yield errors
 
 
 # budget dimension (policy.limits.DIMENSIONS) -> the unit in the family's name
@@ -190,6 +207,28 @@ class Metrics:
         self.budgets = _BudgetSeries(per_session)
         r.register(self.budgets)
         self.personas: frozenset[str] = frozenset()  # declared in the pinned passport
+        # the standard process_* and python_* families, on this registry rather than the global one
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Gauge(
+            "governor_build_info", "Always 1: the governor's version, the Python running it and the digest of "
+            "the pinned passport", ["version", "python", "passport_digest"], registry=r)
+        self.approvals = Counter(
+            "governor_approvals", "Paused steps resolved, by outcome (approved, rejected, expired, session_ended)",
+            ["outcome"], registry=r)
+        self.approval_wait = Histogram(
+            "governor_approval_wait_seconds", "Time a paused step waited for its resolution, by outcome",
+            ["outcome"], buckets=APPROVAL_BUCKETS, registry=r)
+        for outcome in APPROVAL_OUTCOMES:  # every outcome exported from the start, at 0
+            self.approvals.labels(outcome)
+            self.approval_wait.labels(outcome)
+        self.sessions = Gauge(
+            "governor_sessions", "Sessions this process holds, by state (ended: since it started); kept on "
+            "transitions", ["state"], registry=r)
+        self._session_counts = {state: 0 for state in SESSION_STATES}
+        for state in SESSION_STATES:
+            self.sessions.labels(state).set_function(lambda state=state: self._session_counts[state])
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
         self.streams_cut = Counter(
@@ -218,12 +257,21 @@ class Metrics:
         for dimension, scope, fraction in decision.warnings:
             self.threshold_warning(dimension, scope, fraction)
 
-    def upstream(self, protocol: str, seconds: float) -> None:
-        """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...)."""
+    def upstream(self, protocol: str, seconds: float, status: int = 200) -> None:
+        """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...) and
+        count it as an error when its status is 400-599."""
         histogram = self.per_request.upstream_seconds.get(protocol)
         if histogram is None:
             histogram = self.per_request.upstream_seconds[protocol] = _Histogram(UPSTREAM_BUCKETS)
         histogram.observe(seconds)
+        if status >= 400:
+            # 600+ is not HTTP: one "other" value, so an upstream cannot mint label values
+            self.upstream_error(protocol, str(status) if status < 600 else "other")
+
+    def upstream_error(self, protocol: str, code: str = "none") -> None:
+        """Count an upstream error: an HTTP status code, or "none" when no answer came."""
+        errors = self.per_request.upstream_errors
+        errors[(protocol, code)] = errors.get((protocol, code), 0) + 1
 
     def stream_cut(self, cause: str | None, protocol: str) -> None:
         self.streams_cut.labels(_label(cause), protocol).inc()
@@ -256,6 +304,26 @@ class Metrics:
     def forget_session(self, session: str) -> None:
         """Drop the session's budget values (call when the session ends)."""
         self.budgets.sessions.pop(session, None)
+
+    def set_build_info(self, passport_digest: str) -> None:
+        from governor import __version__
+
+        self.build_info.clear()  # one series: the passport pinned now
+        self.build_info.labels(__version__, platform.python_version(), passport_digest).set(1)
+
+    def approval_resolved(self, outcome: str, waited: float) -> None:
+        """One paused step resolved: outcome in APPROVAL_OUTCOMES, after `waited` seconds."""
+        if outcome not in APPROVAL_OUTCOMES:
+            raise ValueError(f"unknown approval outcome {outcome!r}")
+        self.approvals.labels(outcome).inc()
+        self.approval_wait.labels(outcome).observe(max(0.0, waited))
+
+    def session_moved(self, before: str | None, after: str) -> None:
+        """A session entered state `after` (from `before`, None when it just opened)."""
+        counts = self._session_counts
+        if before is not None:
+            counts[before] -= 1
+        counts[after] += 1
 
     def set_pending_approvals(self, count: int) -> None:
         self.pending_approvals.set(count)

@@ -93,6 +93,7 @@ class _Pending:
     answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
     reason: str
     trigger: str
+    held_at: float = 0.0  # when the step was paused (the approval wait histogram)
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ class _Session:
     ended: bool = False
     final_record: dict[str, Any] | None = None
     unsaved: bool = False  # state changed since it was last persisted
+    metric_state: str | None = None  # its state as counted in governor_sessions
 
 
 class Runtime:
@@ -138,6 +140,7 @@ class Runtime:
         self.agent_id = agent_id
         self.metrics = metrics or Metrics()
         self.metrics.declare_personas(limits.personas)  # the only persona label values
+        self.metrics.set_build_info(limits.passport_digest)
         self.clock = clock
         self.session_idle_sec = session_idle_sec
         self.tick_interval_sec = tick_interval_sec
@@ -210,6 +213,7 @@ class Runtime:
                 live = await asyncio.to_thread(self._open_session, session_id)
                 self._sessions[session_id] = live
                 self._index.add(session_id)
+                self._restate(live)
         self._opening.pop(session_id, None)
         return live
 
@@ -348,12 +352,12 @@ class Runtime:
         ended session."""
         return not (self._store_in_thread or live.ended or live.lock.locked())
 
-    @staticmethod
-    def _advanced(live: _Session, state: SessionState, now: float) -> None:
+    def _advanced(self, live: _Session, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
         live.last_activity = now
         live.state = state
         live.unsaved = True
+        self._restate(live)
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         live = self._sessions.get(session)
@@ -409,6 +413,7 @@ class Runtime:
             return _unrecorded_failure(step, exc), None
         live.state = advance(self.limits, state, step, decision, now)
         live.unsaved = True
+        self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
@@ -480,9 +485,10 @@ class Runtime:
         assert request is not None
         live.pending[request.id] = _Pending(
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
-            reason=request.reason, trigger=request.trigger,
+            reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
         self.metrics.set_pending_approvals(self._pending_count())
+        self._restate(live)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
         while True:
@@ -515,16 +521,27 @@ class Runtime:
                 return answered if not approved else self._admission(live.id, Decision(), None)
             decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
             admission = self._admission(live.id, decision, None)
-            self._answer(live, approval_id, False, admission)
+            self._answer(live, approval_id, False, admission, "expired")
         if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
             self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
         return admission
 
-    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None) -> None:
+    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None,
+                outcome: str) -> None:
         pending = live.pending.pop(approval_id, None)
         if pending is not None and not pending.answer.done():
             pending.answer.set_result((approved, admission))
+        if pending is not None:
+            self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
         self.metrics.set_pending_approvals(self._pending_count())
+        self._restate(live)
+
+    def _restate(self, live: _Session) -> None:
+        """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
+        state = "ended" if live.ended else "halted" if live.state.halted else "paused" if live.pending else "active"
+        if state != live.metric_state:
+            self.metrics.session_moved(live.metric_state, state)
+            live.metric_state = state
 
     def _pending_count(self) -> int:
         return sum(len(s.pending) for s in self._sessions.values())
@@ -543,7 +560,8 @@ class Runtime:
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
             granted = approve and decision.action is Action.CONTINUE
-            self._answer(live, approval_id, granted, None if granted else admission)
+            self._answer(live, approval_id, granted, None if granted else admission,
+                         "approved" if approve else "rejected")
         review = decision.details.get("review", "approved" if approve else "rejected")
         return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
                 "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
@@ -603,8 +621,9 @@ class Runtime:
             now = self.clock()
             await asyncio.to_thread(live.journal.end, outcome, now)
             live.ended = True
+            self._restate(live)
             for approval_id in list(live.pending):  # a held step never runs after its session ended
-                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None))
+                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None), "session_ended")
             record = self._signed(live, None, kind="final")
             await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
             live.final_record = record

@@ -93,8 +93,17 @@ def test_counters_for_streams_records_upstream_and_pending():
     m.record_signed("final")
     m.record_signed("snapshot", nonce=True)
     m.upstream("mcp", 0.02)
+    m.upstream("openai", 0.5, 503)
+    m.upstream("openai", 0.5, 429)
+    m.upstream("openai", 0.5, 200)
+    m.upstream("openai", 0.5, 999)  # not HTTP: one bounded value
+    m.upstream("openai", 0.5, 1234)
+    m.upstream_error("anthropic")  # no answer at all
     m.set_pending_approvals(3)
     s = _samples(m)
+    errors = {labels: v for (name, labels), v in s.items() if name == "governor_upstream_errors_total"}
+    assert errors == {(("code", "503"), ("protocol", "openai")): 1, (("code", "429"), ("protocol", "openai")): 1,
+                      (("code", "other"), ("protocol", "openai")): 2, (("code", "none"), ("protocol", "anthropic")): 1}
     assert s[("governor_streams_cut_total", (("cause", "on_budget_exhausted"), ("protocol", "openai")))] == 1
     assert s[("governor_records_signed_total", (("kind", "final"), ("nonce", "false")))] == 1
     assert s[("governor_records_signed_total", (("kind", "snapshot"), ("nonce", "true")))] == 1

@@ -286,7 +286,7 @@ class Governor:
             return
         flight.last_activity = time.monotonic()
         if self.metrics is not None:
-            self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started)
+            self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started, response.status_code)
         exchange = flight.exchange
         try:
             watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
@@ -332,6 +332,8 @@ class Governor:
             log.exception("governor: internal error while closing %s", flow.request.url)
         finally:
             message = flow.error.msg if flow.error else "exchange failed"
+            if flow.response is None and self.metrics is not None:  # the upstream never answered
+                self.metrics.upstream_error(flight.exchange.adapter.name)
             await self._finish(flight, message)
             self._forget(flow, flight, stream_over=False)
 
