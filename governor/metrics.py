@@ -28,6 +28,7 @@ from bisect import bisect_left
 from typing import Iterator
 
 import platform
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -231,6 +232,15 @@ class Metrics:
             self.sessions.labels(state).set_function(lambda state=state: self._session_counts[state])
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
+        self.oldest_pending_at: float | None = None  # wall-clock time the oldest pending step was paused
+        self.oldest_pending_age = Gauge(
+            "governor_pending_approval_oldest_age_seconds", "How long the oldest step still awaiting review "
+            "has waited (0: none waits)", registry=r)
+        self.oldest_pending_age.set_function(
+            lambda: 0.0 if self.oldest_pending_at is None else max(0.0, time.time() - self.oldest_pending_at))
+        self.store_errors = Counter(
+            "governor_store_errors", "State-store operations that failed (the step they served failed closed, "
+            "or a save, release or probe was missed)", registry=r)
         self.streams_cut = Counter(
             "governor_streams_cut", "Streaming responses cut mid-flight because a limit fired",
             ["cause", "protocol"], registry=r)
@@ -325,8 +335,12 @@ class Metrics:
             counts[before] -= 1
         counts[after] += 1
 
-    def set_pending_approvals(self, count: int) -> None:
+    def set_pending_approvals(self, count: int, *, oldest_held_at: float | None = None) -> None:
         self.pending_approvals.set(count)
+        self.oldest_pending_at = oldest_held_at
+
+    def store_error(self) -> None:
+        self.store_errors.inc()
 
     # --- exposition --------------------------------------------------------------------
 

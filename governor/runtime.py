@@ -380,6 +380,7 @@ class Runtime:
                 try:
                     await self._store(self.store.release, ticket.reservation)
                 except StoreError:
+                    self.metrics.store_error()
                     log.exception("session %s: could not release reservation %s", session, ticket.reservation)
                 ticket.reservation = None
             if ticket.in_flight and not live.ended:
@@ -401,6 +402,8 @@ class Runtime:
                 state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
             log.exception("session %s: could not decide %s", live.id, type(step).__name__)
+            if isinstance(exc, StoreError):
+                self.metrics.store_error()
             decision = governor_error(self.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
         try:
@@ -464,12 +467,14 @@ class Runtime:
             self.store.save_session(live.id, live.state.to_dict())
             live.unsaved = False
         except StoreError:  # the next step's snapshot will fail closed if the store stays down
+            self.metrics.store_error()
             log.exception("session %s: could not save session state", live.id)
 
     def _release_quietly(self, reservation: str) -> None:
         try:
             self.store.release(reservation)
         except StoreError:
+            self.metrics.store_error()
             log.exception("could not release reservation %s", reservation)
 
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
@@ -487,7 +492,7 @@ class Runtime:
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
-        self.metrics.set_pending_approvals(self._pending_count())
+        self._pending_metrics()
         self._restate(live)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
@@ -533,7 +538,7 @@ class Runtime:
             pending.answer.set_result((approved, admission))
         if pending is not None:
             self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
-        self.metrics.set_pending_approvals(self._pending_count())
+        self._pending_metrics()
         self._restate(live)
 
     def _restate(self, live: _Session) -> None:
@@ -545,6 +550,11 @@ class Runtime:
 
     def _pending_count(self) -> int:
         return sum(len(s.pending) for s in self._sessions.values())
+
+    def _pending_metrics(self) -> None:
+        """The pending-approval gauges, on a hold or an answer (not per request)."""
+        held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
+        self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
     async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
@@ -656,6 +666,7 @@ class Runtime:
         try:
             await asyncio.to_thread(self.store.snapshot, self.agent_id, "readiness-probe", self.clock(), ())
         except StoreError as exc:
+            self.metrics.store_error()
             return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
@@ -765,6 +776,7 @@ class Runtime:
             try:
                 self._budgets(session)
             except StoreError:  # the next step's snapshot fails closed; a gauge can wait
+                self.metrics.store_error()
                 log.warning("could not read the budgets of session %s for its gauges", session)
 
 

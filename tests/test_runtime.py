@@ -125,6 +125,7 @@ async def test_requires_confirmation_pauses_and_approval_releases_only_that_step
     waiter = asyncio.create_task(runtime.await_approval("s", approval_id))
     await asyncio.sleep(0)
     assert metric(runtime, "governor_sessions", state="paused") == 1
+    assert runtime.metrics.oldest_pending_at == clock.t  # the age gauge reads it against the wall clock
     clock.t += 42  # the reviewer takes 42 s
     answer = await runtime.resolve_approval(approval_id, True, "lab-lead")
     assert metric(runtime, "governor_approvals_total", outcome="approved") == 1
@@ -132,6 +133,7 @@ async def test_requires_confirmation_pauses_and_approval_releases_only_that_step
     assert metric(runtime, "governor_approval_wait_seconds_bucket", outcome="approved", le="30.0") == 0
     assert metric(runtime, "governor_approval_wait_seconds_bucket", outcome="approved", le="60.0") == 1
     assert metric(runtime, "governor_sessions", state="active") == 1
+    assert metric(runtime, "governor_pending_approval_oldest_age_seconds") == 0
     assert answer["outcome"] == "approved"
     released = await waiter
     assert not released.decision.blocks
@@ -185,6 +187,7 @@ async def test_store_down_fails_closed_and_is_recorded(runtime):
     admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10))
     assert admission.decision.halts and admission.decision.fail_closed
     assert admission.governor_object["cause"] == ON_GOVERNOR_ERROR
+    assert metric(runtime, "governor_store_errors_total") >= 1
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
     assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "halt"
 
