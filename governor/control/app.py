@@ -37,6 +37,7 @@ from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
 from governor.control.origin import ProxyOrigin
+from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -358,7 +359,8 @@ async def start_control(app: web.Application, host: str = "127.0.0.1", port: int
     dribbled requests included (aiohttp does not move it for partial data). Over
     `max_connections` open connections (see `cap_connections`), the oldest idle one is closed.
     """
-    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout)
+    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout, access_log_class=ControlAccessLogger,
+                           access_log=logging.getLogger(ACCESS_LOGGER))
     await runner.setup()
     cap_connections(runner.server, max_connections)
     site = web.TCPSite(runner, host, port)

@@ -480,7 +480,8 @@ class Governor:
         reply = self._refusal_reply(adapter, decision, gov, exchange)
         flow.response = _response(reply, decision.action.value)
         log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
-                 flow.request.pretty_url, session, decision.cause)
+                 flow.request.pretty_url, session, decision.cause,
+                 extra={"session": session, "cause": decision.cause, "action": decision.action.value})
 
     def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
                  gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:

@@ -52,8 +52,11 @@ OPTIONS: dict[str, tuple[str, str]] = {
                             "label is a closed set)"),
     "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
                   "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
+    "log_format": ("GOVERNOR_LOG_FORMAT", "text (default) or json: one JSON object per line (timestamp, level, "
+                   "logger, message and the call's extras such as session and cause)"),
 }
 
+LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -305,18 +308,37 @@ def log_level(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     return level
 
 
-def configure_logging(level: str | None) -> None:
+def log_format(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
+    """The --log-format setting (command line, environment, config file): text or json."""
+    value = getattr(args, "log_format", None) or environ.get(OPTIONS["log_format"][0]) or None
+    if value is None:
+        config_path = getattr(args, "config", None) or environ.get(OPTIONS["config"][0]) or None
+        value = _load_config(Path(config_path)).get("log_format") if config_path else None
+    value = str(value or "text").lower()
+    if value not in LOG_FORMATS:
+        raise UsageError(f"--log-format: expected text or json, got {value!r}")
+    return value
+
+
+def configure_logging(level: str | None, fmt: str = "text") -> None:
     """INFO for the governor's own loggers; mitmproxy's at WARNING unless a level is set.
 
     At INFO mitmproxy logs every client connection and every streamed response: a log
     record per request is measurable CPU on the proxy's hot path (bench/overhead.py)."""
     import logging
 
-    logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
+    if fmt == "json":
+        from governor.logjson import JSONFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JSONFormatter())
+        logging.basicConfig(level=level or "INFO", handlers=[handler], force=True)
+    else:
+        logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
     logging.getLogger("mitmproxy").setLevel(level or "WARNING")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    configure_logging(log_level(args))
+    configure_logging(log_level(args), log_format(args))
     settings = resolve(args)
     return asyncio.run(_serve_until_stopped(settings))
