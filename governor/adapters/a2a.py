@@ -292,7 +292,7 @@ class A2AAdapter(Adapter):
             peer = await self._peers.resolve(url)
         exchange.state["peer"] = peer
         return [Delegation(peer_id=peer.peer_id, peer_passport=peer.passport, peer_verified=peer.verified,
-                           chain_depth=exchange.state["delegation_depth"], peer_url=url)]
+                           chain_depth=exchange.state["delegation_depth"], peer_url=url, persona=exchange.persona)]
 
     def observe_response(self, exchange: Exchange, status: int, headers: Mapping[str, str],
                          body: bytes) -> Observation:

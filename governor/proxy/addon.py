@@ -55,6 +55,7 @@ from governor.policy.steps import (
     ToolError,
     UsageReport,
 )
+from governor.personas import PersonaHeaderError, parse_persona
 from governor.proxy import transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
@@ -387,6 +388,14 @@ class Governor:
         if adapter is None:
             self._unknown(flow, session)
             return
+        activity = None
+        if persona is not None:  # `name` or `name; instance=id` (governor.personas)
+            try:
+                activity = parse_persona(persona)
+            except PersonaHeaderError as exc:
+                self._bad_request(flow, adapter, session, str(exc))
+                return
+            persona = activity.persona
         if encoded:
             try:
                 view.content = request.content or b""
@@ -405,6 +414,15 @@ class Governor:
             return
 
         admissions = admitted
+        if activity is not None:  # the persona instance first: its first request spawns it
+            admission = await self._admit(session, activity)  # type: ignore[arg-type]
+            admissions.append(admission)
+            if admission.decision.blocks:
+                await self._release(session, admission.ticket, error="refused")
+                admissions.clear()
+                self._refuse(flow, adapter, admission, session, exchange)
+                return
+        first = len(admissions)
         usage_ticket = None
         main: Decision | None = None
         for step in await adapter.steps(exchange):
@@ -419,7 +437,7 @@ class Governor:
             if isinstance(step, ModelCall) and main is None:
                 usage_ticket = admission.ticket
                 main = admission.decision
-        exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
+        exchange.decision = main if main is not None else (admissions[first].decision if len(admissions) > first else None)
 
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
         if body is not None and encoded:
