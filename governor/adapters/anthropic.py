@@ -68,8 +68,13 @@ class AnthropicAdapter(Adapter):
     name = "anthropic"
     provider = "anthropic"
 
+    def claims(self, route: str) -> bool:
+        # /v1/messages/count_tokens is free (it generates nothing) and /v1/messages/batches
+        # is refused by selection (shapes): neither is a Messages call
+        return route.endswith("/v1/messages")
+
     def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.route.endswith("/v1/messages")
+        return request.method == "POST" and request.match_route.endswith("/v1/messages")
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         body = request.json()

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
+from governor.adapters.shapes import normalize_path
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -113,7 +114,7 @@ class RequestView:
     first pays and the others reuse it.
     """
 
-    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error")
+    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error", "_normal")
 
     _UNPARSED: ClassVar[object] = object()
 
@@ -137,11 +138,25 @@ class RequestView:
         self.content = content or b""
         self._json: Any = self._UNPARSED
         self._error: str | None = None
+        self._normal: str | None = None
 
     @property
     def route(self) -> str:
         """The path without its query string."""
         return self.path.split("?", 1)[0]
+
+    @property
+    def normal_route(self) -> str:
+        """The route as a server routes it (shapes.normalize_path: percent-decoded, slashes
+        collapsed, dot segments resolved, no trailing slash), letter case kept."""
+        if self._normal is None:
+            self._normal = normalize_path(self.path)
+        return self._normal
+
+    @property
+    def match_route(self) -> str:
+        """The normalized route in lower case: what adapters and routes match on."""
+        return self.normal_route.lower()
 
     @property
     def content_type(self) -> str:
@@ -160,11 +175,9 @@ class RequestView:
 
     def json_or_none(self) -> Any:
         """The parsed body, or None when absent or not JSON (for body-shape matching).
-        Bodies declared as something other than JSON are not even parsed."""
+        Whatever the Content-Type says: servers that parse JSON regardless of it exist, so a
+        JSON body is what it is."""
         if not self.content:
-            return None
-        content_type = self.content_type
-        if content_type and "json" not in content_type:
             return None
         try:
             return self.json()
@@ -268,6 +281,13 @@ class Adapter(abc.ABC):
 
     def __init__(self, config: AdapterConfig | None = None) -> None:
         self.config = config or AdapterConfig()
+
+    def claims(self, route: str) -> bool:
+        """True when `route` (RequestView.match_route: normalized, lower case) is one of this
+        protocol's model-call endpoints, whatever the method: selection refuses a model
+        endpoint reached with a method the adapter does not govern instead of forwarding it.
+        Path-matched adapters override it; body-matched (JSON-RPC) ones claim no path."""
+        return False
 
     @abc.abstractmethod
     def match(self, request: RequestView) -> bool:

@@ -1,11 +1,13 @@
-"""OpenAI wire protocol: Chat Completions and Responses, plain and streamed (SSE).
+"""OpenAI wire protocol: Chat Completions, Responses, legacy Completions (plain and
+streamed, SSE) and Embeddings.
 
-Matched on the path, whoever serves it (api.openai.com, Azure, vLLM, a mock):
-POST .../chat/completions and POST .../responses.
+Matched on the normalized path (shapes.normalize_path), whoever serves it (api.openai.com,
+Azure, vLLM, a mock): POST .../chat/completions, .../responses, .../completions, .../embeddings.
 
-Usage: Chat `usage.prompt_tokens / completion_tokens / prompt_tokens_details.cached_tokens`;
-Responses `usage.input_tokens / output_tokens / input_tokens_details.cached_tokens`.
-Input tokens include the cached ones (as OpenAI counts them).
+Usage: Chat, Completions and Embeddings `usage.prompt_tokens / completion_tokens /
+prompt_tokens_details.cached_tokens` (embeddings have no completion tokens); Responses
+`usage.input_tokens / output_tokens / input_tokens_details.cached_tokens`. Input tokens
+include the cached ones (as OpenAI counts them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from governor.adapters.base import (
     RequestView,
     StreamEvent,
     StreamWatcher,
+    describe,
     estimate_tokens,
     model_call,
     positive_int,
@@ -36,6 +39,8 @@ from governor.policy.steps import Decision, Step, UsageReport
 
 CHAT = "chat"
 RESPONSES = "responses"
+COMPLETIONS = "completions"  # the legacy text completions endpoint
+EMBEDDINGS = "embeddings"
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -48,11 +53,32 @@ ERROR_TYPES = {
 
 
 def _kind(route: str) -> str | None:
+    """The endpoint a normalized, lower-case route names (None: not a model call)."""
     if route.endswith("/chat/completions"):
         return CHAT
     if route.endswith("/responses"):
         return RESPONSES
+    if route.endswith("/completions"):
+        return COMPLETIONS
+    if route.endswith("/embeddings"):
+        return EMBEDDINGS
     return None
+
+
+def _choices(body: dict[str, Any]) -> int:
+    """How many answers one request generates (`n`, or the legacy `best_of`, which bills
+    every candidate): the expected output is per answer."""
+    return max(positive_int(body.get("n")), positive_int(body.get("best_of")), 1)
+
+
+def _token_ids(value: Any) -> int:
+    """Tokens given as ids (an array of ints, or of arrays of ints): counted, since their
+    JSON is shorter per token than bytes_per_token assumes for text."""
+    if not isinstance(value, list):
+        return 0
+    if all(type(item) is int for item in value):
+        return len(value)
+    return sum(len(item) for item in value if isinstance(item, list))
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -72,7 +98,7 @@ def _tool_name(tool: Any) -> str | None:
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
         return None
-    if kind == CHAT:
+    if kind != RESPONSES:
         details = usage.get("prompt_tokens_details")
         return UsageReport(
             model=model,
@@ -98,35 +124,57 @@ class OpenAIAdapter(Adapter):
     name = "openai"
     provider = "openai"
 
+    def claims(self, route: str) -> bool:
+        return _kind(route) is not None
+
     def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and _kind(request.route) is not None
+        return request.method == "POST" and _kind(request.match_route) is not None
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        kind = _kind(request.route)
-        if kind is None:
-            raise BadRequest(f"not an OpenAI model call: {request.method} {request.route}")
+        kind = _kind(request.match_route)
         body = request.json()
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        if kind is None:  # a path a `routes` entry gave this adapter: the body says which endpoint
+            kind = CHAT if "messages" in body else COMPLETIONS if "prompt" in body else \
+                RESPONSES if "input" in body or "previous_response_id" in body else None
+            if kind is None:
+                raise BadRequest(f"not an OpenAI model call: {request.method} {request.route}")
         model = body.get("model")
         if model is None:  # Azure names the deployment in the path instead
-            parts = request.route.split("/")
-            model = parts[parts.index("deployments") + 1] if "deployments" in parts[:-1] else ""
+            parts = request.normal_route.split("/")
+            lowered = [part.lower() for part in parts]
+            model = parts[lowered.index("deployments") + 1] if "deployments" in lowered[:-1] else ""
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise BadRequest("'tools' must be an array")
         stream = body.get("stream") is True
+        expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
         if kind == CHAT:
             if not isinstance(body.get("messages"), list):
                 raise BadRequest("'messages' must be an array")
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        else:
+            expected_output = (positive_int(limit) or self.config.default_output_tokens) * _choices(body)
+        elif kind == RESPONSES:
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
-            limit = body.get("max_output_tokens")
-        expected_output = positive_int(limit) or self.config.default_output_tokens
+            expected_output = positive_int(body.get("max_output_tokens")) or self.config.default_output_tokens
+        elif kind == COMPLETIONS:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, (str, list)):
+                raise BadRequest("'prompt' is required and must be a string or an array")
+            expected_input = max(expected_input, _token_ids(prompt))
+            expected_output = (positive_int(body.get("max_tokens")) or self.config.default_output_tokens) \
+                * _choices(body)
+        else:  # embeddings: input tokens only, never streamed
+            embedded = body.get("input")
+            if not isinstance(embedded, (str, list)):
+                raise BadRequest("'input' is required and must be a string or an array")
+            expected_input = max(expected_input, _token_ids(embedded))
+            expected_output = 0
+            stream = False
         return Exchange(
             adapter=self,
             method=request.method,
@@ -139,7 +187,7 @@ class OpenAIAdapter(Adapter):
             model=model,
             state={
                 "kind": kind,
-                "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
+                "expected_input": expected_input,
                 "expected_output": expected_output,
             },
         )
@@ -166,7 +214,7 @@ class OpenAIAdapter(Adapter):
                 else:
                     for key in ("tools", "tool_choice", "parallel_tool_calls"):
                         body.pop(key, None)
-        if exchange.state["kind"] == CHAT and exchange.stream and self.config.inject_stream_usage:
+        if exchange.state["kind"] in (CHAT, COMPLETIONS) and exchange.stream and self.config.inject_stream_usage:
             options = body.get("stream_options")
             if not (isinstance(options, dict) and options.get("include_usage")):
                 body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
@@ -208,9 +256,14 @@ class OpenAIAdapter(Adapter):
     ) -> StreamWatcher | None:
         if status != 200 or "text/event-stream" not in (headers.get("content-type") or ""):
             return None
-        if exchange.state["kind"] == CHAT:
+        kind = exchange.state["kind"]
+        if kind == CHAT:
             return ChatStreamWatcher(exchange, self.config.bytes_per_token)
-        return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+        if kind == COMPLETIONS:
+            return CompletionsStreamWatcher(exchange, self.config.bytes_per_token)
+        if kind == RESPONSES:
+            return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+        return None  # embeddings are never streamed: a stream is buffered and read whole
 
     def error_response(
         self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
@@ -229,7 +282,17 @@ class OpenAIAdapter(Adapter):
         text = fallback_text(decision)
         model = exchange.model
         created = int(time.time())
-        if exchange.state["kind"] == CHAT:
+        kind = exchange.state["kind"]
+        if kind == EMBEDDINGS:  # no text to substitute for vectors: the refusal, as an error
+            return self.error_response(403, describe(governor), governor, exchange)
+        if kind == COMPLETIONS:
+            base = {"id": "cmpl-governor-fallback", "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}]}
+            zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            if not exchange.stream:
+                return Reply.json(200, {**base, "usage": zero, "governor": dict(governor)})
+            return Reply(200, {"content-type": "text/event-stream"}, sse.encode(base) + b"data: [DONE]\n\n")
+        if kind == CHAT:
             base = {"id": "chatcmpl-governor-fallback", "created": created, "model": model}
             zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
             if not exchange.stream:
@@ -450,6 +513,34 @@ class ChatStreamWatcher(_Watcher):
         return sse.encode(chunk) + sse.encode({"error": error}) + b"data: [DONE]\n\n"
 
 
+class CompletionsStreamWatcher(ChatStreamWatcher):
+    """Legacy text_completion chunks: the text is in each choice's `text`; usage and [DONE]
+    as in chat. No tool calls."""
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        return _Watcher.feed(self, chunk)  # chat's single-event fast path reads deltas
+
+    def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
+            self.chunk_id = data["id"]
+            self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
+        if data.get("usage"):
+            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
+                self.reported = usage
+        for choice in data.get("choices") or ():
+            text = choice.get("text") if isinstance(choice, dict) else None
+            if isinstance(text, str):
+                self.generated_bytes += len(text.encode())
+        self._progress(out)
+
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        chunk = {"id": self.chunk_id, "object": "text_completion", "created": self.created, "model": self.model,
+                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
+        error = {"message": message, "type": "governor_stream_cut", "param": None,
+                 "code": governor.get("cause"), "governor": dict(governor)}
+        return sse.encode(chunk) + sse.encode({"error": error}) + b"data: [DONE]\n\n"
+
+
 class ResponsesStreamWatcher(_Watcher):
     """Typed Responses events; usage arrives in response.completed (or .incomplete/.failed)."""
 
@@ -493,4 +584,4 @@ class ResponsesStreamWatcher(_Watcher):
 
 ADAPTERS = (OpenAIAdapter,)
 
-__all__ = ["OpenAIAdapter", "ChatStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]
+__all__ = ["OpenAIAdapter", "ChatStreamWatcher", "CompletionsStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]
