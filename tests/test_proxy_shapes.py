@@ -357,3 +357,26 @@ async def test_an_answer_in_an_unknown_encoding_is_refused_and_charged(env):
     mock.script(Behaviour(encoded_answer=("x-custom", usage)))
     status, _, _ = await send(running, mock, "POST", "/v1/chat/completions", CHAT, {"ADL-Session": "ru"})
     assert status == 502 and charged(runtime, "ru") == [(runtime.steps_of("ru", ModelCall)[0].expected_input_tokens, 40)]
+
+
+# --- streams that never end an event -----------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [b"data: " + b"x" * 8000 + b"\n", b": keep-alive " + b"y" * 8000 + b"\n"])
+async def test_a_stream_without_event_boundaries_is_cut_not_held(env, monkeypatch, line):
+    """An upstream that never ends an event (data lines, or comment lines, without a blank
+    line) would have the governor hold its stream forever: past the limit it is cut with a
+    clear error, the upstream is let go, and the call is charged."""
+    from governor.adapters import sse
+
+    monkeypatch.setattr(sse, "MAX_EVENT_BYTES", 64 * 1024)
+    running, mock, runtime = env
+    mock.script(Behaviour(boundless=(line, 400), chunk_delay=0.01))  # 3.2 MB without a boundary, over 4 s
+    body = orjson.dumps({"model": "gpt-test", "max_tokens": 40, "stream": True, "messages": []})
+    status, _, answer = await send(running, mock, "POST", "/v1/chat/completions", body, {"ADL-Session": "endless"})
+    assert status == 200
+    assert b"without an event boundary" in answer and answer.endswith(b"data: [DONE]\n\n")
+    assert line not in answer  # nothing of the unbounded event was forwarded
+    await asyncio.wait_for(mock.streams[0].done.wait(), 10)
+    assert mock.streams[0].disconnected and mock.streams[0].events_sent < 400
+    assert len(charged(runtime, "endless")) == 1

@@ -147,6 +147,7 @@ class Behaviour:
     stream_usage_always: bool = False  # OpenAI chat: send the usage chunk even when not asked
     gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
     encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat, plain: these bytes under this Content-Encoding
+    boundless: tuple[bytes, int] | None = None  # stream: after the first event, this line this many times, no blank line
 
 
 @dataclass
@@ -329,6 +330,9 @@ class MockLLM:
         chunk = {**base, "object": "chat.completion.chunk"}
         events = [self._sse({**chunk, "choices": [
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})]
+        if b.boundless is not None:
+            line, times = b.boundless
+            events += [line] * times
         pieces = _split(b.text, b.chunks)
         for n, piece in enumerate(pieces, 1):
             event: dict[str, Any] = {**chunk, "choices": [

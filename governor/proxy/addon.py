@@ -161,6 +161,8 @@ class StreamRelay:
             return []
         try:
             events = self.watcher.feed(data)
+        except sse.EventTooLarge as exc:
+            return self._overflow(str(exc))
         except Exception:  # a watcher bug must not break the relay: log, keep counting nothing
             log.exception("governor: stream watcher failed on %s", self.flow.request.url)
             events = []
@@ -173,6 +175,9 @@ class StreamRelay:
         buf = self.held + data
         cut = sse.last_boundary(buf)
         self.held = buf[cut:]
+        if len(self.held) > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
+            return self._overflow(f"the upstream sent {len(self.held)} bytes without an event boundary "
+                                  f"(the governor holds at most {sse.MAX_EVENT_BYTES})")
         out = buf[:cut]
         if self.holds:
             self.kept += out
@@ -180,6 +185,14 @@ class StreamRelay:
         if self.kept:
             out, self.kept = self.kept + out, b""
         return [out] if out else []
+
+    def _overflow(self, reason: str) -> list[bytes]:
+        """The upstream's event outgrew what the governor holds: cut the stream (fail closed)."""
+        log.warning("governor: %s; cutting the stream of %s", reason, self.flow.request.pretty_url)
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": self.flight.exchange.session}
+        self.held = b""
+        self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
+        return []
 
     def hold(self) -> None:
         """Keep output back (and the upstream's end) until `unhold` balances this."""
