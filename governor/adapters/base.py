@@ -387,6 +387,23 @@ def fallback_text(decision: Decision) -> str:
     return decision.fallback_message or ""
 
 
+def as_dict(value: Any) -> dict[str, Any]:
+    """A JSON field the parser expects to be an object, or {} when it is anything else
+    (an upstream's or agent's bytes: a list where a dict belongs must not raise)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """A JSON field expected to be an array, or [] when it is anything else."""
+    return value if isinstance(value, list) else []
+
+
+def as_key(value: Any) -> int | str | None:
+    """A JSON value used as a dict key (a stream's block or tool-call index): None unless
+    an int or a string (a list would be unhashable)."""
+    return value if isinstance(value, (int, str)) else None
+
+
 def positive_int(value: Any) -> int:
     """A token count or limit from a body: a positive integer, else 0 (absent, bad, bool)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -21,6 +21,8 @@ from governor.adapters import sse
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    as_dict,
+    as_list,
     Exchange,
     Observation,
     Reply,
@@ -238,14 +240,14 @@ class OpenAIAdapter(Adapter):
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
         steps: list[Step] = []
         if kind == CHAT:
-            for choice in data.get("choices") or ():
-                message = choice.get("message") if isinstance(choice, dict) else None
-                for call in (message or {}).get("tool_calls") or ():
+            for choice in as_list(data.get("choices")):
+                message = as_dict(choice.get("message") if isinstance(choice, dict) else None)
+                for call in as_list(message.get("tool_calls")):
                     fn = call.get("function") if isinstance(call, dict) else None
                     if isinstance(fn, dict) and (step := requested_tool_call(fn.get("name"), fn.get("arguments"), exchange.persona)):
                         steps.append(step)
         else:
-            for item in data.get("output") or ():
+            for item in as_list(data.get("output")):
                 if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
                     if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), exchange.persona):
                         steps.append(step)
@@ -477,18 +479,19 @@ class ChatStreamWatcher(_Watcher):
         if data.get("usage"):
             if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
                 self.reported = usage
-        for choice in data.get("choices") or ():
+        for choice in as_list(data.get("choices")):
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta") or {}
+            delta = as_dict(choice.get("delta"))
             content = delta.get("content")
             if isinstance(content, str):
                 self.generated_bytes += len(content) if content.isascii() else len(content.encode())
-            for call in delta.get("tool_calls") or ():
+            for call in as_list(delta.get("tool_calls")):
                 if not isinstance(call, dict):
                     continue
-                slot = self.calls.setdefault(call.get("index", 0), {"name": None, "args": []})
-                fn = call.get("function") or {}
+                index = call.get("index", 0)  # sorted at the end: ints only
+                slot = self.calls.setdefault(index if type(index) is int else -1, {"name": None, "args": []})
+                fn = as_dict(call.get("function"))
                 if isinstance(fn.get("name"), str):
                     slot["name"] = fn["name"]
                 if isinstance(fn.get("arguments"), str):
@@ -527,7 +530,7 @@ class CompletionsStreamWatcher(ChatStreamWatcher):
         if data.get("usage"):
             if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
                 self.reported = usage
-        for choice in data.get("choices") or ():
+        for choice in as_list(data.get("choices")):
             text = choice.get("text") if isinstance(choice, dict) else None
             if isinstance(text, str):
                 self.generated_bytes += len(text.encode())
@@ -569,7 +572,7 @@ class ResponsesStreamWatcher(_Watcher):
                     out.append(step)
         elif kind in self.FINAL_EVENTS:
             self.completed = True
-            response = data.get("response") or {}
+            response = as_dict(data.get("response"))
             model = response.get("model") if isinstance(response.get("model"), str) else self.exchange.model
             if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
                 self.reported = usage
