@@ -71,3 +71,15 @@ def test_governor_run_freezes_what_start_up_made_out_of_the_cyclic_gc() -> None:
         assert gc.get_count()[0] == 0  # nothing left young: the next collections see only new objects
     finally:
         gc.unfreeze()  # the test process goes on collecting as before
+
+
+def test_the_bounds_of_compressed_bodies_come_from_the_config_file(tmp_path: Path) -> None:
+    from governor.proxy.cli import OPTIONS, resolve
+
+    config = tmp_path / "governor.yaml"
+    config.write_text("max_response_bytes: 1048576\nmax_decoded_ratio: 50\n")
+    settings = resolve(argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)}), {})
+    assert (settings.max_response_bytes, settings.max_decoded_ratio) == (1048576, 50.0)
+    config.write_text("max_decoded_ratio: 0.5\n")
+    with pytest.raises(UsageError, match="max_decoded_ratio must be a number >= 1"):
+        resolve(argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)}), {})
