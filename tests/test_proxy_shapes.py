@@ -380,3 +380,20 @@ async def test_a_stream_without_event_boundaries_is_cut_not_held(env, monkeypatc
     await asyncio.wait_for(mock.streams[0].done.wait(), 10)
     assert mock.streams[0].disconnected and mock.streams[0].events_sent < 400
     assert len(charged(runtime, "endless")) == 1
+
+
+async def test_a_stream_the_upstream_compresses_anyway_is_read_whole_and_charged(env):
+    """The governor asks for an uncompressed stream; an upstream that compresses it anyway
+    cannot be read event by event: it is buffered, decoded within the bounds and read whole,
+    so its usage still counts (before, the watcher saw gzip and charged no output)."""
+    running, mock, runtime = env
+    events = (b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}\n\n'
+              b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":13,"completion_tokens":29}}\n\n'
+              b"data: [DONE]\n\n")
+    mock.script(Behaviour(encoded_answer=("gzip", gzip.compress(events))))
+    body = orjson.dumps({"model": "gpt-test", "max_tokens": 40, "stream": True, "messages": []})
+    status, headers, answer = await send(running, mock, "POST", "/v1/chat/completions", body, {"ADL-Session": "gzs"})
+    assert status == 200 and headers["content-encoding"] == "gzip"
+    assert gzip.decompress(answer) == events  # delivered as the upstream sent it
+    assert mock.requests[0].headers["Accept-Encoding"] == "identity"  # which the upstream ignored
+    assert charged(runtime, "gzs") == [(13, 29)]

@@ -146,7 +146,7 @@ class Behaviour:
     status: int = 200  # != 200: answer with an error in the API's format
     stream_usage_always: bool = False  # OpenAI chat: send the usage chunk even when not asked
     gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
-    encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat, plain: these bytes under this Content-Encoding
+    encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat: these bytes under this Content-Encoding
     boundless: tuple[bytes, int] | None = None  # stream: after the first event, this line this many times, no blank line
 
 
@@ -295,6 +295,11 @@ class MockLLM:
                 {"error": {"message": "mock upstream error", "type": "server_error", "code": None}},
                 status=b.status,
             )
+        if b.encoded_answer is not None:  # as given, whatever was asked (a stream, identity)
+            coding, raw = b.encoded_answer
+            streamed = isinstance(body, dict) and body.get("stream")
+            return web.Response(body=raw, headers={"Content-Encoding": coding,
+                                                   "Content-Type": "text/event-stream" if streamed else "application/json"})
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
         usage = {
             "prompt_tokens": b.input_tokens,
@@ -317,9 +322,6 @@ class MockLLM:
                              "finish_reason": "tool_calls" if b.tool_calls else "stop", "logprobs": None}],
                 "usage": usage,
             }
-            if b.encoded_answer is not None:
-                coding, raw = b.encoded_answer
-                return web.Response(body=raw, headers={"Content-Type": "application/json", "Content-Encoding": coding})
             if b.gzip:
                 import gzip
 

@@ -114,7 +114,8 @@ class RequestView:
     first pays and the others reuse it.
     """
 
-    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error", "_normal")
+    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error", "_normal",
+                 "_match")
 
     _UNPARSED: ClassVar[object] = object()
 
@@ -139,6 +140,7 @@ class RequestView:
         self._json: Any = self._UNPARSED
         self._error: str | None = None
         self._normal: str | None = None
+        self._match: str | None = None
 
     @property
     def route(self) -> str:
@@ -156,7 +158,9 @@ class RequestView:
     @property
     def match_route(self) -> str:
         """The normalized route in lower case: what adapters and routes match on."""
-        return self.normal_route.lower()
+        if self._match is None:
+            self._match = self.normal_route.lower()
+        return self._match
 
     @property
     def content_type(self) -> str:
@@ -331,6 +335,24 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
         """A §6 fallback: the declared value/message in the protocol's normal response shape."""
+
+
+def observe_stream_whole(adapter: Adapter, exchange: Exchange, status: int, headers: Mapping[str, str],
+                         body: bytes) -> Observation | None:
+    """A stream the adapter watches, read whole: for one that could not be relayed event by
+    event (the upstream compressed it although the governor asked for identity), so its
+    usage and tool calls still count. None when the adapter has no watcher for the answer.
+    Raises sse.EventTooLarge (the caller fails closed)."""
+    watcher = adapter.stream_watcher(exchange, status, headers)
+    if watcher is None:
+        return None
+    observation = Observation()
+    for event in watcher.feed(body) + watcher.close():
+        if isinstance(event, UsageReport):
+            observation.usage = event  # the last is the final figure
+        else:
+            observation.steps.append(event)
+    return observation
 
 
 # --- mapping decisions to HTTP ---------------------------------------------------------

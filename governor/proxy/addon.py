@@ -42,6 +42,7 @@ from governor.adapters.base import (
     StreamWatcher,
     describe,
     governor_object,
+    observe_stream_whole,
     status_for,
 )
 from governor.canonical import b64url_decode, sha256_b64url
@@ -308,6 +309,8 @@ class Governor:
         except Exception:
             log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
             watcher = None
+        if watcher is not None and _has_content_encoding(response.headers.fields):
+            watcher = None  # compressed although we asked for identity: buffered, read whole once decoded
         if watcher is not None:
             flight.relay = StreamRelay(self, flow, flight, watcher)
             response.stream = flight.relay
@@ -571,10 +574,14 @@ class Governor:
             return
         try:
             body = _decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
-        except bodies.BodyError as exc:
-            await self._unreadable_response(flow, flight, exc)
+            observation = None
+            if _has_content_encoding(response.headers.fields):  # a stream that came compressed is read whole
+                observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
+            if observation is None:
+                observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        except (bodies.BodyError, sse.EventTooLarge) as exc:
+            await self._unreadable_response(flow, flight, getattr(exc, "message", str(exc)))
             return
-        observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
         if observation.usage is not None and flight.usage_ticket is not None:
             decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
             if decision.blocks:
@@ -591,7 +598,7 @@ class Governor:
         if observation.replace_body is not None:
             response.content = observation.replace_body
 
-    async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, exc: bodies.BodyError) -> None:
+    async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
         """An answer the governor cannot read within its bounds (a decompression bomb, an
         encoding it does not know, corrupt bytes): fail closed. The agent gets a 502, and a
         model call is charged what it reserved, since what it consumed cannot be read."""
@@ -601,7 +608,7 @@ class Governor:
             report = UsageReport(model=exchange.model, input_tokens=state["expected_input"],
                                  output_tokens=state["expected_output"], persona=exchange.persona, final=True)
             await self.runtime.usage(exchange.session, flight.usage_ticket, report)
-        reason = f"the upstream's answer was refused: {exc.message}"
+        reason = f"the upstream's answer was refused: {why}"
         gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
         flow.response = _response(exchange.adapter.error_response(502, f"governor: {reason}", gov, exchange), "deny")
         log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
@@ -873,6 +880,13 @@ def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, st
         elif prefix == b"cont" and name.lower() == b"content-encoding":
             encoded = True
     return found, encoded
+
+
+def _has_content_encoding(fields: Any) -> bool:
+    for name, _ in fields:  # a loop, not any(generator): no frame per response
+        if name.lower() == b"content-encoding":
+            return True
+    return False
 
 
 def _decoded_body(message: http.Message, bounds: bodies.Bounds) -> bytes:
