@@ -575,7 +575,7 @@ class Governor:
         try:
             body = _decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
             observation = None
-            if _has_content_encoding(response.headers.fields):  # a stream that came compressed is read whole
+            if body is not (response.raw_content or b""):  # decoded: a stream that came so is read whole
                 observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
             if observation is None:
                 observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
