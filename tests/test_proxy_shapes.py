@@ -397,3 +397,21 @@ async def test_a_stream_the_upstream_compresses_anyway_is_read_whole_and_charged
     assert gzip.decompress(answer) == events  # delivered as the upstream sent it
     assert mock.requests[0].headers["Accept-Encoding"] == "identity"  # which the upstream ignored
     assert charged(runtime, "gzs") == [(13, 29)]
+
+
+async def test_an_upload_that_mentions_model_calls_is_not_one(env):
+    """A multipart upload of a JSONL file of chat bodies (a batch input file) is a file, not a
+    model call: forwarded as unknown traffic. The same lines sent raw are a model call."""
+    running, mock, runtime = env
+    line = orjson.dumps({"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}})
+    jsonl = line + b"\n" + line + b"\n"
+    form = (b"--b0undary\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            b"Content-Type: application/jsonl\r\n\r\n" + jsonl + b"\r\n--b0undary--\r\n")
+    status, _, _ = await send(running, mock, "POST", "/v1/files", form, {"ADL-Session": "files"},
+                              content_type="multipart/form-data; boundary=b0undary")
+    assert status == 200 and [r.path for r in mock.requests] == ["/v1/files"]
+    raw = CHAT + b"\n" + CHAT + b"\n"  # chat bodies as JSON lines: no parser reads them, the keys decide
+    status, _, _ = await send(running, mock, "POST", "/gateway/llm", raw, {"ADL-Session": "files"})
+    assert status == 403 and len(mock.requests) == 1

@@ -171,25 +171,32 @@ class AdapterRegistry:
                 return Refusal(405, f"{request.method} {request.normal_route} is a model endpoint; the governor "
                                     "governs model calls sent with POST and refuses every other method with a body",
                                adapter)
+        matched = None
+        for adapter in self.body_adapters:
+            if adapter.match(request):
+                matched = adapter
+                break
+        # after them, as they parse the body anyway; but before their verdict counts: MCP also
+        # matches on a session header alone, whatever the body
         if request.content and not route.endswith(FREE_SUFFIXES) and self._model_shaped(request):
             return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call "
                                 "(a JSON body with 'model' and 'messages', 'prompt' or 'input') to a path no "
                                 "adapter governs; it is refused, not forwarded ungoverned (a 'routes' entry can "
                                 "name the adapter that governs this path, or 'ignore')")
-        for adapter in self.body_adapters:
-            if adapter.match(request):
-                return adapter
-        return None
+        return matched
 
     @staticmethod
     def _model_shaped(request: RequestView) -> bool:
-        """The sniff: a byte search first (most bodies end there), the cached parse next,
-        the lenient parsers (shapes.model_shaped) only when the strict one failed."""
+        """The sniff: the parse a body adapter already made, if any (a few key lookups);
+        else a byte search first (most bodies end there), then the parse; the lenient
+        parsers (shapes.model_shaped) only when the strict one failed."""
         content = request.content
-        if not shapes.may_be_model_shaped(content):
+        if not request.parsed and not shapes.may_be_model_shaped(content):
             return False
         parsed = request.json_or_none()
-        return shapes.shape_of(parsed) if parsed is not None else shapes.model_shaped(content)
+        if parsed is not None:
+            return shapes.shape_of(parsed)
+        return request.unparseable and shapes.model_shaped(content)
 
 
 __all__ = ["AdapterRegistry", "Route", "Refusal", "IGNORE", "READ_METHODS", "FREE_SUFFIXES", "ADAPTER_MODULES",

@@ -177,6 +177,16 @@ class RequestView:
             raise BadRequest(self._error)
         return self._json
 
+    @property
+    def parsed(self) -> bool:
+        """The body was parsed already (or found not to be JSON): json_or_none costs nothing."""
+        return self._json is not self._UNPARSED or self._error is not None
+
+    @property
+    def unparseable(self) -> bool:
+        """A parse was tried and failed (not JSON to orjson)."""
+        return self._error is not None
+
     def json_or_none(self) -> Any:
         """The parsed body, or None when absent or not JSON (for body-shape matching).
         Whatever the Content-Type says: servers that parse JSON regardless of it exist, so a

@@ -129,7 +129,9 @@ def model_shaped(content: bytes) -> bool:
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if not any(marker in raw for marker in _MARKERS):
         return False
-    literal = any(marker in raw for marker in _MARKERS[:3])
+    # when no parser reads it, the keys in plain sight decide, for what looks like JSON (or
+    # JSON lines): a multipart upload that mentions "model" is not a model call
+    literal = raw.lstrip()[:1] in (b"{", b"[") and any(marker in raw for marker in _MARKERS[:3])
     try:
         return shape_of(orjson.loads(text))
     except orjson.JSONDecodeError:
@@ -138,7 +140,7 @@ def model_shaped(content: bytes) -> bool:
         return literal  # too large to try a second parser: the keys in plain sight decide
     try:
         return shape_of(json.loads(text))  # NaN, Infinity: what Python servers still accept
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # not JSON to Python either (JSON lines, truncated, ...)
         return literal
 
 
