@@ -6,6 +6,8 @@ each refused one is nowhere (not upstream, not charged).
 
 from __future__ import annotations
 
+import ssl
+
 import httpx
 import pytest
 
@@ -24,7 +26,8 @@ async def world(tmp_path):
     await mock.start()
     running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
                                    upstream_ca=tls.ca_file, tick_interval=0))
-    agent = httpx.AsyncClient(proxy=running.proxy_url, verify=str(running.ca_file), trust_env=False, timeout=30)
+    agent = httpx.AsyncClient(proxy=running.proxy_url, verify=ssl.create_default_context(cafile=str(running.ca_file)),
+                              trust_env=False, timeout=30)
     yield running, mock, agent
     await agent.aclose()
     await running.stop()
