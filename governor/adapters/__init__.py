@@ -169,8 +169,8 @@ class AdapterRegistry:
                 if request.method in READ_METHODS and not request.content:
                     return None
                 return Refusal(405, f"{request.method} {request.normal_route} is a model endpoint; the governor "
-                                    "governs model calls sent with POST and refuses every other method with a body",
-                               adapter)
+                                    "governs model calls sent with POST and refuses other methods there (a body, "
+                                    "or PUT/PATCH) rather than forward them ungoverned", adapter)
         matched = None
         for adapter in self.body_adapters:
             if adapter.match(request):
