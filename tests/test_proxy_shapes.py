@@ -415,3 +415,15 @@ async def test_an_upload_that_mentions_model_calls_is_not_one(env):
     raw = CHAT + b"\n" + CHAT + b"\n"  # chat bodies as JSON lines: no parser reads them, the keys decide
     status, _, _ = await send(running, mock, "POST", "/gateway/llm", raw, {"ADL-Session": "files"})
     assert status == 403 and len(mock.requests) == 1
+
+
+async def test_a_presented_passport_is_checked_even_when_the_body_is_refused(env):
+    """Refusing an undecodable body does not skip the anti-swap check of ADL-Passport."""
+    from governor.policy.steps import PassportPresented
+
+    running, mock, runtime = env
+    status, _, _ = await send(running, mock, "POST", "/v1/chat/completions", b"not gzip",
+                              {"ADL-Session": "pp", "Content-Encoding": "gzip", "ADL-Passport": "sha256=abc"})
+    assert status == 400 and mock.requests == []
+    [presented] = runtime.steps_of("pp", PassportPresented)
+    assert presented.digest == "abc"

@@ -397,9 +397,9 @@ class Governor:
             flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
             return
 
-        if encoded and not self._decode_request(flow, view, fields, session):
-            return
-        selected = self.registry.select(view)
+        # a body that cannot be decoded within the bounds is refused like a shape selection
+        # refuses (after the passport check below, which every request gets)
+        selected = (encoded and self._decode_request(view, fields)) or self.registry.select(view)
         adapter = selected if isinstance(selected, Adapter) else None
 
         if presented is not None:
@@ -508,21 +508,19 @@ class Governor:
         flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
         log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
 
-    def _decode_request(self, flow: http.HTTPFlow, view: RequestView, fields: Any, session: str) -> bool:
+    def _decode_request(self, view: RequestView, fields: Any) -> Refusal | None:
         """Undo the body's Content-Encoding (bounded: governor.proxy.bodies) before anything
-        reads it, selection included; False when the request was answered instead. Traffic a
-        route ignores is left as it is."""
+        reads it, selection included; a Refusal when it cannot be. Traffic a route ignores is
+        left as it is."""
         if self.registry.routes and self.registry.routed(view) == IGNORE:
-            return True
+            return None
         policy = self.policy
         try:
             view.content = bodies.decode(view.content, bodies.encodings(fields),
                                          bodies.Bounds(policy.max_body_bytes, policy.max_decoded_ratio))
         except bodies.BodyError as exc:
-            self._refuse_unselected(flow, Refusal(exc.status, f"request {exc.message}",
-                                                  self.registry.claimant(view)), session)
-            return False
-        return True
+            return Refusal(exc.status, f"request {exc.message}", self.registry.claimant(view))
+        return None
 
     def _refuse_unselected(self, flow: http.HTTPFlow, refusal: Refusal, session: str) -> None:
         """A request refused before any adapter opened it (selection, body decoding): in the
