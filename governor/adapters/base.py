@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
-from governor.adapters.shapes import normalize_path
+from governor.adapters.shapes import route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -152,14 +152,14 @@ class RequestView:
         """The route as a server routes it (shapes.normalize_path: percent-decoded, slashes
         collapsed, dot segments resolved, no trailing slash), letter case kept."""
         if self._normal is None:
-            self._normal = normalize_path(self.path)
+            self._normal, self._match = route_forms(self.path)
         return self._normal
 
     @property
     def match_route(self) -> str:
         """The normalized route in lower case: what adapters and routes match on."""
         if self._match is None:
-            self._match = self.normal_route.lower()
+            self._normal, self._match = route_forms(self.path)
         return self._match
 
     @property

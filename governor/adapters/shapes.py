@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -53,6 +54,13 @@ def normalize_path(path: str) -> str:
     if len(route) > 1 and route.endswith("/"):
         route = route.rstrip("/") or "/"
     return route or "/"
+
+
+@lru_cache(maxsize=4096)
+def route_forms(path: str) -> tuple[str, str]:
+    """(normalize_path(path), the same in lower case), cached: agents repeat a few paths."""
+    route = normalize_path(path)
+    return route, route.lower()
 
 
 # --- model calls by their body ----------------------------------------------------------
@@ -144,4 +152,4 @@ def model_shaped(content: bytes) -> bool:
         return literal
 
 
-__all__ = ["normalize_path", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS"]
+__all__ = ["normalize_path", "route_forms", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS"]
