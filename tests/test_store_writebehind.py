@@ -651,3 +651,22 @@ def test_each_operation_alone_wakes_the_flusher(tmp_path: Path):
         empty = store.reserve("agent", "s2", [], T0)  # a reservation of no charge
         wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(1,)])
         assert empty.ok
+
+
+def test_a_grown_reservation_reaches_the_file_with_its_grown_amounts(tmp_path):
+    from governor.policy.steps import CounterCharge as Charge
+    from governor.store import WriteBehindStore as WB
+
+    path = tmp_path / "grown.db"
+    store = WB(path, flush_interval=0.01)
+    r = store.reserve("agent", "s1", [Charge("per_session", "tokens", 100, 1000)], 1_699_999_980.0)
+    store.flush()  # the reservation is in the file with 100
+    assert store.extend(r.id, [Charge("per_session", "tokens", 250, 1000)], 1_699_999_981.0).ok
+    store.close()
+    reopened = WB(path, flush_interval=0.01)
+    try:  # the reservation came back grown: releasing it takes all 350 off
+        assert reopened.snapshot("agent", "s1", 1_699_999_982.0) == {("per_session", None, "tokens"): 350}
+        assert reopened.release(r.id)
+        assert reopened.snapshot("agent", "s1", 1_699_999_982.0) == {("per_session", None, "tokens"): 0}
+    finally:
+        reopened.close()

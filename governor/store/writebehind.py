@@ -148,6 +148,7 @@ class WriteBehindStore(MemoryStore):
         self._dirty_sessions: set[_SessionKey] = set()
         self._dirty_days: dict[_DayKey, set[int]] = {}
         self._persisted: set[str] = set()  # reservation ids the file holds (flush lock)
+        self._regrown: set[str] = set()  # reservations extended since the last cut (store lock)
         self._floors: dict[_DayKey, int] = {}  # the file has no bucket row below these (flush lock)
         self._pending = False  # something changed since the last cut (store lock)
         self._refusal: str | None = None  # why counter operations fail closed, if they do
@@ -180,6 +181,9 @@ class WriteBehindStore(MemoryStore):
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         super().commit(reservation_id, actual, now)
         self._poke()  # committed as reserved (actual None) changes no counter, but ends the reservation
+
+    def _extended(self, reservation_id: str) -> None:
+        self._regrown.add(reservation_id)  # the file's row is rewritten with the grown amounts
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         if session not in self._loaded_sessions or agent not in self._loaded_agents:
@@ -348,13 +352,18 @@ class WriteBehindStore(MemoryStore):
                 values = [(b, counter.buckets[b]) for b in buckets if b in counter.buckets]
                 drop_below = key not in self._floors or counter.oldest > self._floors[key]
                 cut.day_values.append((key, counter.oldest, counter.total, values, drop_below))
-        cut.held = {rid: self._held[rid] for rid in self._held.keys() - self._persisted}
+        # copies: `extend` replaces a reservation's amounts after the cut, the cut keeps its own
+        cut.held = {rid: _Held(h.agent, h.session, h.bucket, h.created, h.totals)
+                    for rid in (self._held.keys() - self._persisted) | (self._regrown & self._held.keys())
+                    for h in (self._held[rid],)}
+        self._regrown = set()
         cut.dropped = self._persisted - self._held.keys()
         return cut
 
     def _restore(self, cut: _Cut) -> None:
         """Mark a cut that could not be written dirty again (store lock held)."""
         self._dirty_sessions |= cut.dirty_sessions
+        self._regrown |= cut.held.keys()
         for key, buckets in cut.dirty_days.items():
             for bucket in buckets:
                 self._mark_day(key, bucket)
