@@ -61,6 +61,8 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
+from governor import stream_budget
+from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission, governor_object
@@ -304,6 +306,13 @@ class Runtime:
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
+    def covers(self, ticket: Any, report: UsageReport) -> bool:
+        """Whether a stream's running usage is within what its call holds, so the proxy may
+        forward the chunk at once (otherwise it keeps it back until `usage` grew the
+        reservation or cut the stream). Cheap: no store access."""
+        return (not isinstance(ticket, Ticket) or ticket.reservation is None
+                or covered(self.limits, report, ticket.charges))
+
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
@@ -424,6 +433,11 @@ class Runtime:
         store = self.store
         keys = self.limits.counter_keys(step)
         state = live.state
+        if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
+            state, decision = stream_budget.decide_running(
+                store, self.limits, self.agent_id, live.id, state, step, ticket, now,  # type: ignore[arg-type]
+                lambda: store.snapshot(self.agent_id, live.id, now, keys))
+            return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
             if keys:
                 state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))

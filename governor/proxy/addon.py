@@ -144,6 +144,7 @@ class StreamRelay:
         self.latest_usage: UsageReport | None = None
         self.checked_usage: UsageReport | None = None
         self.checking = False
+        self.over = False  # a running usage past the call's reservation holds the output (see hold)
         self.pending_steps: list[Step] = []
         self.admitting = False
         self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
@@ -248,6 +249,9 @@ class Governor:
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+        # whether a stream's running usage is within what its call reserved (runtimes without
+        # it: every chunk is forwarded and checked after, as before)
+        self._covers = getattr(runtime, "covers", None)
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -568,6 +572,10 @@ class Governor:
         for event in events:
             if isinstance(event, UsageReport):  # past the admission (watchers report only those)
                 relay.latest_usage = event
+                if not relay.over and self._covers is not None and flight.usage_ticket is not None \
+                        and not self._covers(flight.usage_ticket, event):
+                    relay.over = True  # past what the call holds: kept back until the reservation grew
+                    relay.hold()
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
                 if isinstance(event, ToolCall) and not relay.ended:
@@ -595,6 +603,9 @@ class Governor:
             self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
         finally:
             relay.checking = False
+            if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
+                relay.over = False  # every report so far permitted (its reservation grown): release
+                relay.unhold()
 
     def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
         if relay.pending_steps and not relay.admitting:
