@@ -648,6 +648,14 @@ class Runtime:
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
 
+    async def acknowledge_store(self) -> dict[str, Any]:
+        """An operator accepts that the store lost its data (StoreIntegrityError until then):
+        it serves again from what it holds. Sessions halted meanwhile stay halted."""
+        acknowledge = getattr(self.store, "acknowledge", None)
+        if acknowledge is None:
+            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
+        return await asyncio.to_thread(acknowledge)
+
     def has_session(self, session: str) -> bool:
         return session in self._sessions
 

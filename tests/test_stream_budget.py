@@ -71,3 +71,4 @@ async def test_two_honest_streams_longer_than_the_default_guess_stay_within_the_
     assert tally.total <= CAP + 2, tally
     assert tally.total > CAP // 2 and tally.cut >= 1  # one grew past its guess; the other was cut at the cap
     assert view["state"] == "halted"
+

@@ -11,6 +11,7 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused
+  POST /v1/store/acknowledge            the control token, always (store_ack)
 Errors are JSON: {"error": {"code": "...", "message": "..."}}.
 """
 
@@ -316,6 +317,9 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_post("/v1/approvals/{approval}", answer_approval)
     app.router.add_post("/v1/nonces", issue_nonce)
+    from governor.control.store_ack import acknowledge_store  # it imports this module's helpers
+
+    app.router.add_post("/v1/store/acknowledge", acknowledge_store)
     return app
 
 

@@ -15,10 +15,21 @@ Layout, under a key prefix (default "governor:"):
   r:<id>, sr:<session>, rt         a reservation; a session's reservations; all by time
   st:<session>, sessions           saved session state; the set of saved sessions
   n:<nonce>                        a nonce's expiry
+  fence                            the epoch written by the first store opened on this Redis
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
 so no two names collide.) Per-day keys expire two buckets past the window after
 their last write. The scripts derive key names from their arguments, so this
 runs on a single Redis primary (with replicas or Sentinel), not on Redis Cluster.
+
+Integrity: every counter script first checks that `fence` still holds the epoch this
+store adopted when it opened. A Redis that lost its data (FLUSHALL, a failover to an
+empty replica, a restart without persistence) has no fence (or, once another store
+opened on it, another epoch): the store then raises StoreIntegrityError on every
+operation, so every step is refused (recorded as on_governor_error) rather than
+counted from zero, until `acknowledge()` adopts the fence as it stands (the control
+plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
+cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
+fence reads as a loss.
 
 No command is retried: a retried reserve or add could count twice. Any failure
 raises StoreUnavailable within the socket timeout. A reserve that timed out may
