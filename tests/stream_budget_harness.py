@@ -64,7 +64,8 @@ class Tally:
 
 async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_tokens: int | None,
                      tally: Tally) -> None:
-    body: dict[str, Any] = {"model": "gpt-4o-mini", "stream": True,
+    anthropic = url.endswith("/v1/messages")
+    body: dict[str, Any] = {"model": "claude-haiku-4-5" if anthropic else "gpt-4o-mini", "stream": True,
                             "messages": [{"role": "user", "content": "write on"}]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
@@ -82,6 +83,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
                 if "governor" in data or "error" in data:
                     tally.cut += 1
                     continue
+                if data.get("type") == "content_block_delta":  # Anthropic
+                    chars += len((data.get("delta") or {}).get("text") or "")
                 for choice in data.get("choices") or ():
                     chars += len((choice.get("delta") or {}).get("content") or "")
     except httpx.HTTPError as exc:  # a broken connection still counts what arrived
@@ -91,14 +94,15 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
 
 
 async def parallel_streams(proxies: list[str], upstream: str, streams: int, max_tokens: int | None,
-                           session: str, timeout: float = 120.0) -> Tally:
-    """`streams` streams at once in one session, spread over the governors at `proxies`."""
+                           session: str, timeout: float = 120.0, api: str = "openai") -> Tally:
+    """`streams` streams at once in one session, spread over the governors at `proxies`
+    (OpenAI chat completions, or Anthropic messages with api="anthropic")."""
     tally = Tally()
     clients = [httpx.AsyncClient(proxy=p, trust_env=False, timeout=60,
                                  limits=httpx.Limits(max_connections=streams, max_keepalive_connections=0))
                for p in proxies]
     try:
-        url = f"{upstream}/v1/chat/completions"
+        url = f"{upstream}/v1/messages" if api == "anthropic" else f"{upstream}/v1/chat/completions"
         await asyncio.wait_for(asyncio.gather(*[
             one_stream(clients[i % len(clients)], url, session, max_tokens, tally) for i in range(streams)]),
             timeout)

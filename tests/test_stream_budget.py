@@ -25,11 +25,11 @@ async def governed(tmp_path, guess: int):
     return running, mock
 
 
-async def run(tmp_path, guess: int, streams: int, max_tokens: int | None, **upstream) -> tuple:
+async def run(tmp_path, guess: int, streams: int, max_tokens: int | None, api: str = "openai", **upstream) -> tuple:
     running, mock = await governed(tmp_path, guess)
     try:
         mock.default = behaviour(**upstream)
-        tally = await parallel_streams([running.proxy_url], mock.base_url, streams, max_tokens, "spender")
+        tally = await parallel_streams([running.proxy_url], mock.base_url, streams, max_tokens, "spender", api=api)
         view = await running.runtime.session_view("spender")
         used = next((b["used"] for b in view["budgets"] if b["scope"] == "per_session" and b["persona"] is None
                      and b["dimension"] == "tokens"), None)
@@ -72,3 +72,9 @@ async def test_two_honest_streams_longer_than_the_default_guess_stay_within_the_
     assert tally.total > CAP // 2 and tally.cut >= 1  # one grew past its guess; the other was cut at the cap
     assert view["state"] == "halted"
 
+
+
+async def test_parallel_anthropic_streams_from_an_upstream_ignoring_max_tokens_stay_within_the_cap(tmp_path):
+    # message_delta carries the cumulative output after every text delta
+    tally, view = await run(tmp_path, 4096, 64, 20, api="anthropic", tokens=500, per_chunk_usage=True, honest=False)
+    assert_within_the_cap(tally, view, 64)
