@@ -78,3 +78,20 @@ async def test_parallel_anthropic_streams_from_an_upstream_ignoring_max_tokens_s
     # message_delta carries the cumulative output after every text delta
     tally, view = await run(tmp_path, 4096, 64, 20, api="anthropic", tokens=500, per_chunk_usage=True, honest=False)
     assert_within_the_cap(tally, view, 64)
+
+
+async def test_an_upstream_claiming_absurd_usage_is_cut_before_the_chunk_that_claims_it(tmp_path):
+    from tests.upstreams import Behaviour
+
+    running, mock = await governed(tmp_path, 4096)
+    try:  # hostile: the first text chunk already reports 2 * 10^13 output tokens
+        mock.default = Behaviour(text="abcd" * 50, chunks=50, input_tokens=11, output_tokens=10**15,
+                                 progressive_usage=True)
+        tally = await parallel_streams([running.proxy_url], mock.base_url, 8, 20, "absurd")
+        view = await running.runtime.session_view("absurd")
+    finally:
+        await running.stop()
+        await mock.stop()
+    assert not tally.errors and tally.statuses == [200] * 8
+    assert tally.total == 0 and tally.cut == 8  # not one token of it delivered
+    assert view["state"] == "halted"
