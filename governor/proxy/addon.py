@@ -215,9 +215,11 @@ class StreamRelay:
             log.exception("governor: stream watcher failed at end of stream")
             self.final_events = []
         if self.terminal is None and self.holds:
-            # the upstream ended while a tool call it asked for was still being admitted
-            # and its end could not be withheld: fail closed, do not deliver it
-            self.cut("governor: the stream ended before its tool calls were admitted",
+            # the upstream ended while a tool call it asked for was still being admitted (or
+            # its usage past the reservation was being charged) and its end could not be
+            # withheld: fail closed, do not deliver it
+            what = "usage past its reservation was charged" if self.over else "its tool calls were admitted"
+            self.cut(f"governor: the stream ended before {what}",
                      _governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
