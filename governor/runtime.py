@@ -39,6 +39,7 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
+from governor import stream_budget
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -61,7 +62,6 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
-from governor import stream_budget
 from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
@@ -435,7 +435,7 @@ class Runtime:
         state = live.state
         if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
             state, decision = stream_budget.decide_running(
-                store, self.limits, self.agent_id, live.id, state, step, ticket, now,  # type: ignore[arg-type]
+                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
                 lambda: store.snapshot(self.agent_id, live.id, now, keys))
             return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):

@@ -44,8 +44,7 @@ def grow(store: Any, limits: Limits, ticket: Any, step: UsageReport, now: float)
     return False
 
 
-def decide_running(store: Any, limits: Limits, agent: str, session: str, state: SessionState,
-                   step: UsageReport, ticket: Any, now: float,
+def decide_running(store: Any, limits: Limits, state: SessionState, step: UsageReport, ticket: Any, now: float,
                    counters: Callable[[], dict]) -> tuple[SessionState, Decision]:
     """A running report of a call whose reservation is outstanding, in a session not halted:
     grow the reservation, then decide the report with what the ticket holds. `counters`
