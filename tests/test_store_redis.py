@@ -169,3 +169,12 @@ def test_a_reservation_made_before_the_loss_cannot_be_settled_after_it(own_serve
                      lambda: store.extend(r.id, [CounterCharge("per_session", "tokens", 5, 100)], T0)):
             with pytest.raises(StoreIntegrityError):
                 call()
+
+
+def test_acknowledging_a_loss_not_noticed_yet_says_it_was_lost(own_server: RedisServer):
+    with RedisStore(own_server.url, prefix=prefix()) as store:
+        assert store.acknowledge() == {"acknowledged": False, "lost": None}  # nothing lost
+        redis.Redis.from_url(own_server.url).flushall()
+        answer = store.acknowledge()  # before any operation noticed
+        assert answer["acknowledged"] is True and "FLUSHALL" in answer["lost"]
+        assert store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 100)], T0).ok

@@ -409,14 +409,14 @@ class RedisStore:
                 if not str(exc).startswith(_FENCE_ERROR):
                     raise
                 found = str(exc)[len(_FENCE_ERROR):].strip()
-                self._lost = (
-                    f"Redis store: its data was lost (the fence {self.prefix}fence is "
-                    f"{'gone' if found == 'false' else 'another epoch'}: FLUSHALL, a failover to an empty replica "
-                    "or a restart without persistence); budget counters cannot be trusted, every step is refused "
-                    "until an operator acknowledges the loss (POST /v1/store/acknowledge)"
-                )
+                self._lost = self._loss("gone" if found == "false" else "another epoch")
                 log.error("%s", self._lost)
                 raise StoreIntegrityError(self._lost) from None
+
+    def _loss(self, fence: str) -> str:
+        return (f"Redis store: its data was lost (the fence {self.prefix}fence is {fence}: FLUSHALL, a failover "
+                "to an empty replica or a restart without persistence); budget counters cannot be trusted, every "
+                "step is refused until an operator acknowledges the loss (POST /v1/store/acknowledge)")
 
     @property
     def integrity(self) -> str | None:
@@ -429,8 +429,10 @@ class RedisStore:
         acknowledges for itself (the first one writes the new fence, the others adopt it)."""
         if self._closed:
             raise StoreUnavailable("Redis store is closed")
-        was = self._lost
         try:
+            was = self._lost
+            if was is None and self._client.get(f"{self.prefix}fence") != self.epoch:
+                was = self._loss("gone or another epoch")  # lost, not noticed yet: acknowledged all the same
             epoch = self._open_fence(args=(self.prefix, uuid.uuid4().hex))
         except redis.RedisError as exc:
             raise StoreUnavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
