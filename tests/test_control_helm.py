@@ -124,3 +124,14 @@ def test_the_governor_command_line_is_one_governor_run_accepts(values):
     assert args[:2] == ["run", "--listen"] and "--passport" in args
     parsed = parser.parse_args(args)
     assert parsed.command == "run"
+
+
+def test_the_control_service_names_are_hosts_the_control_plane_answers_to():
+    from governor.proxy.cli import OPTIONS
+
+    text = _template_text()
+    assert f"name: {OPTIONS['control_host'][0]}\n" in text
+    hosts = text[text.index(f"name: {OPTIONS['control_host'][0]}"):].split("value:", 1)[1].splitlines()[0]
+    service = (CHART / "templates" / "service.yaml").read_text()
+    assert '{{ include "governor.fullname" . }}-control' in service  # the Service these names point at
+    assert hosts.count("{{ $control }}") == 4 and ".svc.cluster.local" in hosts
