@@ -85,7 +85,7 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
     assert (await control.post("/v1/store/acknowledge", headers={"Authorization": "Bearer nope"},
                                json={})).status_code == 401
     assert (await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"},
-                               content=b"ack")).status_code == 400
+                               content=b"ack")).status_code == 415  # the control plane's guard: JSON only
     assert (await chat(world, "third")).status_code == 503  # still refusing
     acked = await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"},
                                json={"reason": "redis failed over to an empty replica"})
