@@ -341,7 +341,11 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_post("/v1/approvals/{approval}", answer_approval)
     app.router.add_post("/v1/nonces", issue_nonce)
-    from governor.control.store_ack import acknowledge_store  # it imports this module's helpers
+    from governor.control import personas  # imports this module: added here, not at the top
+
+    personas.add_routes(app)
+
+    from governor.control.store_ack import acknowledge_store  # imports this module too
 
     app.router.add_post("/v1/store/acknowledge", acknowledge_store)
     return app
