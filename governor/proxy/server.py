@@ -55,6 +55,7 @@ class Settings:
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
     mode: str = "regular"  # "regular" or "reverse:URL"
+    transparent: tuple[str, int] | None = None  # a second listener in transparent mode (iptables REDIRECT)
     data_dir: Path = Path(".governor")
     tier: Tier = Tier.R2
     session_idle: float = 900.0
@@ -165,7 +166,8 @@ def master_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = dict(
         listen_host=settings.listen[0],
         listen_port=settings.listen[1],
-        mode=[settings.mode],
+        mode=[settings.mode] + ([f"transparent@{settings.transparent[0]}:{settings.transparent[1]}"]
+                                if settings.transparent is not None else []),
         confdir=str(settings.data_dir),
         connection_strategy="lazy",
         ssl_insecure=settings.upstream_insecure,
@@ -187,6 +189,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         metrics = Metrics()
     if runtime is None:
         runtime = build_runtime(settings, metrics)
+    recover = getattr(runtime, "recover", None)
+    if recover is not None:  # sessions the last run left unfinished: finalized before any traffic
+        try:
+            await recover()
+        except Exception as exc:
+            raise StartupError(f"cannot finalize the sessions left unfinished in {settings.data_dir}: {exc}") from None
     origin = None
     control_runner = None
     control_address = None
@@ -293,6 +301,12 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    from governor.runtime_resume import archive_passport
+
+    try:  # a session admitted with this passport keeps its limits across a restart with another
+        archive_passport(settings.data_dir, report.digest, report.pinned.canonical_bytes)
+    except OSError as exc:
+        raise StartupError(f"cannot archive the admitted passport in {settings.data_dir}: {exc}") from None
     try:  # <data-dir>/keys: private key (0600), public key, did.json for auditors (§8.2)
         key, governor_id = ensure_governor_key(settings.data_dir, settings.governor_id)
     except (EvidenceError, OSError, ValueError) as exc:
