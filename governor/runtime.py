@@ -39,6 +39,7 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
+from governor import stream_budget
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -61,6 +62,7 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
+from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
@@ -349,6 +351,13 @@ class Runtime:
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
+    def covers(self, ticket: Any, report: UsageReport) -> bool:
+        """Whether a stream's running usage is within what its call holds, so the proxy may
+        forward the chunk at once (otherwise it keeps it back until `usage` grew the
+        reservation or cut the stream). Cheap: no store access."""
+        return (not isinstance(ticket, Ticket) or ticket.reservation is None
+                or covered(self.limits, report, ticket.charges))
+
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
@@ -473,6 +482,11 @@ class Runtime:
         limits = live.limits
         keys = limits.counter_keys(step)
         state = live.state
+        if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
+            state, decision = stream_budget.decide_running(
+                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
+                lambda: store.snapshot(self.agent_id, live.id, now, keys))
+            return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
             if keys:
                 state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
@@ -695,6 +709,14 @@ class Runtime:
             return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
+
+    async def acknowledge_store(self) -> dict[str, Any]:
+        """An operator accepts that the store lost its data (StoreIntegrityError until then):
+        it serves again from what it holds. Sessions halted meanwhile stay halted."""
+        acknowledge = getattr(self.store, "acknowledge", None)
+        if acknowledge is None:
+            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
+        return await asyncio.to_thread(acknowledge)
 
     def has_session(self, session: str) -> bool:
         return session in self._sessions

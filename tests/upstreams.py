@@ -27,6 +27,7 @@ mock can serve HTTPS that the governor (ssl_verify_upstream_trusted_ca) trusts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import ipaddress
 import posixpath
@@ -148,6 +149,10 @@ class Behaviour:
     gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
     encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat: these bytes under this Content-Encoding
     boundless: tuple[bytes, int] | None = None  # stream: after the first event, this line this many times, no blank line
+    # stream: stop after max_tokens text deltas when the request names one (an honest provider;
+    # one delta is one token), counting the usage it reports accordingly. False: the request's
+    # max_tokens is ignored, every chunk is sent and its usage reported (a hostile upstream).
+    honour_max_tokens: bool = False
 
 
 @dataclass
@@ -172,6 +177,15 @@ def _split(text: str, n: int) -> list[str]:
     n = max(1, min(n, len(text) or 1))
     size = -(-len(text) // n)
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _honoured(b: Behaviour, body: Any) -> Behaviour:
+    """`b` cut to the request's max_tokens (one text delta per token) when it honours it."""
+    limit = body.get("max_tokens") if isinstance(body, dict) else None
+    if not b.honour_max_tokens or not isinstance(limit, int) or limit >= b.chunks:
+        return b
+    pieces = _split(b.text, b.chunks)
+    return dataclasses.replace(b, text="".join(pieces[:limit]), chunks=limit, output_tokens=limit)
 
 
 class MockLLM:
@@ -301,6 +315,7 @@ class MockLLM:
             return web.Response(body=raw, headers={"Content-Encoding": coding,
                                                    "Content-Type": "text/event-stream" if streamed else "application/json"})
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        b = _honoured(b, body)
         usage = {
             "prompt_tokens": b.input_tokens,
             "completion_tokens": b.output_tokens,
@@ -458,6 +473,7 @@ class MockLLM:
                 status=b.status,
             )
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        b = _honoured(b, body)
         usage = {"input_tokens": b.input_tokens - b.cached_tokens, "output_tokens": b.output_tokens,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": b.cached_tokens}
         blocks: list[dict[str, Any]] = [{"type": "text", "text": b.text}]

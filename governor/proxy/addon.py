@@ -126,6 +126,7 @@ class StreamRelay:
         self.latest_usage: UsageReport | None = None
         self.checked_usage: UsageReport | None = None
         self.checking = False
+        self.over = False  # a running usage past the call's reservation holds the output (see hold)
         self.pending_steps: list[Step] = []
         self.admitting = False
         self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
@@ -209,9 +210,11 @@ class StreamRelay:
             log.exception("governor: stream watcher failed at end of stream")
             self.final_events = []
         if self.terminal is None and self.holds:
-            # the upstream ended while a tool call it asked for was still being admitted
-            # and its end could not be withheld: fail closed, do not deliver it
-            self.cut("governor: the stream ended before its tool calls were admitted",
+            # the upstream ended while a tool call it asked for was still being admitted (or
+            # its usage past the reservation was being charged) and its end could not be
+            # withheld: fail closed, do not deliver it
+            what = "usage past its reservation was charged" if self.over else "its tool calls were admitted"
+            self.cut(f"governor: the stream ended before {what}",
                      _governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
@@ -243,6 +246,9 @@ class Governor:
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+        # whether a stream's running usage is within what its call reserved (runtimes without
+        # it: every chunk is forwarded and checked after, as before)
+        self._covers = getattr(runtime, "covers", None)
         self.presented = PresentedPassports()  # ADL-Passport headers, read off the event loop
 
     def session_of(self, headers: Any) -> str:
@@ -655,6 +661,10 @@ class Governor:
         for event in events:
             if isinstance(event, UsageReport):  # past the admission (watchers report only those)
                 relay.latest_usage = event
+                if not relay.over and self._covers is not None and flight.usage_ticket is not None \
+                        and not self._covers(flight.usage_ticket, event):
+                    relay.over = True  # past what the call holds: kept back until the reservation grew
+                    relay.hold()
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
                 if isinstance(event, ToolCall) and not relay.ended:
@@ -682,6 +692,9 @@ class Governor:
             self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
         finally:
             relay.checking = False
+            if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
+                relay.over = False  # every report so far permitted (its reservation grown): release
+                relay.unhold()
 
     def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
         if relay.pending_steps and not relay.admitting:
