@@ -812,7 +812,9 @@ class Runtime:
                 await self._store(self._save, live)
             if not live.limits.clock_checked or live.state.halted:
                 continue
-            active = live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+            # a live persona instance draws on its wall-clock share while idle: tick it each pass
+            active = (live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+                      or live.state.personas_live)
             if not active:
                 if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
                     continue
