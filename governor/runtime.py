@@ -39,6 +39,7 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
+from governor import stream_budget
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -61,6 +62,7 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
+from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
@@ -354,6 +356,13 @@ class Runtime:
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
+    def covers(self, ticket: Any, report: UsageReport) -> bool:
+        """Whether a stream's running usage is within what its call holds, so the proxy may
+        forward the chunk at once (otherwise it keeps it back until `usage` grew the
+        reservation or cut the stream). Cheap: no store access."""
+        return (not isinstance(ticket, Ticket) or ticket.reservation is None
+                or covered(self.limits, report, ticket.charges))
+
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
@@ -482,6 +491,11 @@ class Runtime:
         limits = live.limits
         keys = limits.counter_keys(step)
         state = live.state
+        if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
+            state, decision = stream_budget.decide_running(
+                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
+                lambda: store.snapshot(self.agent_id, live.id, now, keys))
+            return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
             if keys:
                 state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
@@ -727,6 +741,14 @@ class Runtime:
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
 
+    async def acknowledge_store(self) -> dict[str, Any]:
+        """An operator accepts that the store lost its data (StoreIntegrityError until then):
+        it serves again from what it holds. Sessions halted meanwhile stay halted."""
+        acknowledge = getattr(self.store, "acknowledge", None)
+        if acknowledge is None:
+            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
+        return await asyncio.to_thread(acknowledge)
+
     def has_session(self, session: str) -> bool:
         return session in self._sessions
 
@@ -821,7 +843,9 @@ class Runtime:
                 await self._store(self._save, live)
             if not live.limits.clock_checked or live.state.halted:
                 continue
-            active = live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+            # a live persona instance draws on its wall-clock share while idle: tick it each pass
+            active = (live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+                      or live.state.personas_live)
             if not active:
                 if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
                     continue

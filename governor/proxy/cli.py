@@ -124,6 +124,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     known = set(OPTIONS) | {"routes", "upstream_insecure", "tick_interval", "max_body_bytes", "default_output_tokens",
                             "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
                             "peers", "delegation_depth"}
+    known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -193,6 +194,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.tick_interval = float(file["tick_interval"])
     if "max_body_bytes" in file:
         settings.max_body_bytes = int(file["max_body_bytes"])
+    if "max_response_bytes" in file:
+        settings.max_response_bytes = int(file["max_response_bytes"])
+    if "max_decoded_ratio" in file:
+        ratio = file["max_decoded_ratio"]
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
+            raise UsageError(f"config {config_path}: max_decoded_ratio must be a number >= 1")
+        settings.max_decoded_ratio = float(ratio)
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     peers = file.get("peers") or {}

@@ -72,6 +72,8 @@ class Settings:
     tick_interval: float = 1.0
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     max_body_bytes: int = 64 * 1024 * 1024
+    max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
+    max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
@@ -255,6 +257,8 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         upstream_timeout=settings.upstream_timeout,
         tick_interval=settings.tick_interval,
         max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        max_decoded_ratio=settings.max_decoded_ratio,
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
