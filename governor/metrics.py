@@ -4,11 +4,15 @@ Every metric the proxy, the runtime and the control plane update is defined here
 so names and labels stay consistent and a test can make a fresh, isolated set
 (`Metrics()`) instead of sharing prometheus_client's global registry.
 
-Cardinality: labels take values from small closed sets (causes, actions, budget
-dimensions and scopes, declared personas, wire protocols). The one open-ended
-label is `session`, and only on the per-session budget gauges; `forget_session`
-drops those series when a session ends, so a long-running governor exports the
-live sessions only. Per-day budget gauges are agent-wide and carry `session=""`.
+Cardinality: every label takes its values from a closed set fixed by the code or
+the pinned passport (causes, actions, budget scopes, declared personas, wire
+protocols, record kinds); nothing an agent sends becomes a label value. A persona
+the passport does not declare is labelled "undeclared". Budgets are one family per
+unit (tokens, USD, seconds); the per-session scope exports the highest consumption
+among live sessions. Series per session (label `session`, the agent's own
+ADL-Session value) exist only when opted in (`Metrics(per_session=N)`,
+`governor run --metrics-per-session N`), for at most N live sessions;
+`forget_session` frees a session's slot when it ends.
 
 Hot paths make one call per event (`decided`, `upstream`, ...). The per-request series
 (decision counts, decision and upstream latency) are plain numbers behind a collector
@@ -23,8 +27,14 @@ import enum
 from bisect import bisect_left
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+import platform
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from governor.policy.steps import Decision
@@ -36,6 +46,10 @@ DECISION_BUCKETS = (
     1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
 )
 # Upstream calls: LLM completions and tool calls, from milliseconds to minutes.
+# Human review: from seconds to the longest response_time a passport declares (hours).
+APPROVAL_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
+APPROVAL_OUTCOMES = ("approved", "rejected", "expired", "session_ended")
+SESSION_STATES = ("active", "paused", "halted", "ended")
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -80,16 +94,20 @@ class _PerRequestSeries:
                  "is what would have happened)")
     DECISION_SECONDS = ("governor_decision_seconds", "Time to decide one step (policy, store reservation, journal)")
     UPSTREAM_SECONDS = ("governor_upstream_seconds", "Upstream response time, by wire protocol")
+    UPSTREAM_ERRORS = ("governor_upstream_errors", "Upstream answers with an HTTP error status (code 400-599), "
+                       "or no answer at all (code=none), by wire protocol")
 
     def __init__(self) -> None:
         self.decisions: dict[tuple[object, object, bool], int] = {}  # raw (cause, action, enforced)
         self.decision_seconds = _Histogram(DECISION_BUCKETS)
         self.upstream_seconds: dict[str, _Histogram] = {}  # by protocol
+        self.upstream_errors: dict[tuple[str, str], int] = {}  # (protocol, code)
 
     def describe(self) -> Iterator[Metric]:
         yield CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
         yield HistogramMetricFamily(*self.DECISION_SECONDS)
         yield HistogramMetricFamily(*self.UPSTREAM_SECONDS, labels=["protocol"])
+        yield CounterMetricFamily(*self.UPSTREAM_ERRORS, labels=["protocol", "code"])
 
     def collect(self) -> Iterator[Metric]:
         decisions = CounterMetricFamily(*self.DECISIONS, labels=["cause", "action", "enforced"])
@@ -107,25 +125,122 @@ class _PerRequestSeries:
         for protocol, histogram in sorted(list(self.upstream_seconds.items())):
             upstream.add_metric([protocol], histogram.cumulative(), histogram.sum)
         yield upstream
+        errors = CounterMetricFamily(*self.UPSTREAM_ERRORS, labels=["protocol", "code"])
+        for labels, count in sorted(list(self.upstream_errors.items())):
+            errors.add_metric(list(labels), count)
+        yield errors
+
+
+# budget dimension (policy.limits.DIMENSIONS) -> the unit in the family's name
+BUDGET_UNITS = {"tokens": "tokens", "cost_usd": "usd", "wall_clock_sec": "seconds"}
+UNDECLARED = "undeclared"
+MAX_SESSION_LABEL = 128  # opted-in session label values are cut to this many characters
+
+
+class _BudgetSeries:
+    """Collector of the budget gauges: `governor_budget_{used,limit}_{tokens,usd,seconds}`
+    by scope and persona, and the opted-in per-session families.
+
+    Values are kept as plain numbers and the families built at scrape time. Agent-wide
+    scopes (per_day, ...) are one value each; scope per_session exports the maximum over
+    live sessions (the one a "near its limit" alert needs), computed per scrape over the
+    sessions the sweeper has refreshed."""
+
+    def __init__(self, per_session: int) -> None:
+        self.per_session = per_session  # 0: no series by session
+        self.agent_wide: dict[tuple[str, str, str], tuple[float, float | None]] = {}  # (unit, scope, persona)
+        self.sessions: dict[str, dict[tuple[str, str], tuple[float, float | None]]] = {}  # session -> (unit, persona)
+
+    def set(self, unit: str, scope: str, persona: str, used: float, limit: float | None, session: str | None) -> None:
+        if scope == "per_session":
+            if session is None:
+                return
+            self.sessions.setdefault(session, {})[(unit, persona)] = (used, limit)
+        else:
+            self.agent_wide[(unit, scope, persona)] = (used, limit)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(fill=True))
+
+    def _families(self, fill: bool = False) -> list[Metric]:
+        used = {u: GaugeMetricFamily(f"governor_budget_used_{u}", f"Budget consumed, in {u}, by scope (per_session: "
+                                     "the highest among live sessions); persona empty for the agent's aggregate",
+                                     labels=["scope", "persona"]) for u in BUDGET_UNITS.values()}
+        limit = {u: GaugeMetricFamily(f"governor_budget_limit_{u}", f"Declared budget cap, in {u}, by scope and persona",
+                                      labels=["scope", "persona"]) for u in BUDGET_UNITS.values()}
+        families: list[Metric] = [*used.values(), *limit.values()]
+        if self.per_session:
+            s_used = {u: GaugeMetricFamily(f"governor_session_budget_used_{u}", f"Budget consumed by one session, in {u} "
+                                           "(opt-in, at most --metrics-per-session sessions)", labels=["session", "persona"])
+                      for u in BUDGET_UNITS.values()}
+            families += s_used.values()
+        if not fill:
+            return families
+        for (unit, scope, persona), (value, cap) in sorted(list(self.agent_wide.items())):
+            used[unit].add_metric([scope, persona], value)
+            if cap is not None:
+                limit[unit].add_metric([scope, persona], cap)
+        highest: dict[tuple[str, str], tuple[float, float | None]] = {}
+        for n, (session, counters) in enumerate(list(self.sessions.items())):
+            for key, (value, cap) in list(counters.items()):
+                best = highest.get(key)
+                highest[key] = (max(value, best[0]) if best else value, cap if cap is not None else (best[1] if best else None))
+                if n < self.per_session:
+                    s_used[key[0]].add_metric([session[:MAX_SESSION_LABEL], key[1]], value)
+        for (unit, persona), (value, cap) in sorted(highest.items()):
+            used[unit].add_metric(["per_session", persona], value)
+            if cap is not None:
+                limit[unit].add_metric(["per_session", persona], cap)
+        return families
 
 
 class Metrics:
     """The governor's metric objects, registered on `self.registry`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, per_session: int = 0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.per_request = _PerRequestSeries()
         r.register(self.per_request)
-        self.budget_used = Gauge(
-            "governor_budget_used", "Budget consumed, by dimension and scope; session is set for "
-            "per_session only; persona is empty for the parent's aggregate",
-            ["dimension", "scope", "session", "persona"], registry=r)
-        self.budget_limit = Gauge(
-            "governor_budget_limit", "Declared budget cap, by dimension and scope (same labels as "
-            "governor_budget_used)", ["dimension", "scope", "session", "persona"], registry=r)
+        self.budgets = _BudgetSeries(per_session)
+        r.register(self.budgets)
+        self.personas: frozenset[str] = frozenset()  # declared in the pinned passport
+        # the standard process_* and python_* families, on this registry rather than the global one
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Gauge(
+            "governor_build_info", "Always 1: the governor's version, the Python running it and the digest of "
+            "the pinned passport", ["version", "python", "passport_digest"], registry=r)
+        self.approvals = Counter(
+            "governor_approvals", "Paused steps resolved, by outcome (approved, rejected, expired, session_ended)",
+            ["outcome"], registry=r)
+        self.approval_wait = Histogram(
+            "governor_approval_wait_seconds", "Time a paused step waited for its resolution, by outcome",
+            ["outcome"], buckets=APPROVAL_BUCKETS, registry=r)
+        for outcome in APPROVAL_OUTCOMES:  # every outcome exported from the start, at 0
+            self.approvals.labels(outcome)
+            self.approval_wait.labels(outcome)
+        self.sessions = Gauge(
+            "governor_sessions", "Sessions this process holds, by state (ended: since it started); kept on "
+            "transitions", ["state"], registry=r)
+        self._session_counts = {state: 0 for state in SESSION_STATES}
+        for state in SESSION_STATES:
+            self.sessions.labels(state).set_function(lambda state=state: self._session_counts[state])
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
+        self.oldest_pending_at: float | None = None  # wall-clock time the oldest pending step was paused
+        self.oldest_pending_age = Gauge(
+            "governor_pending_approval_oldest_age_seconds", "How long the oldest step still awaiting review "
+            "has waited (0: none waits)", registry=r)
+        self.oldest_pending_age.set_function(
+            lambda: 0.0 if self.oldest_pending_at is None else max(0.0, time.time() - self.oldest_pending_at))
+        self.store_errors = Counter(
+            "governor_store_errors", "State-store operations that failed (the step they served failed closed, "
+            "or a save, release or probe was missed)", registry=r)
         self.streams_cut = Counter(
             "governor_streams_cut", "Streaming responses cut mid-flight because a limit fired",
             ["cause", "protocol"], registry=r)
@@ -135,8 +250,7 @@ class Metrics:
             ["kind", "nonce"], registry=r)
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
-            ["dimension", "scope", "fraction"], registry=r)
-        self._session_series: dict[str, set[tuple[str, str, str, str]]] = {}
+            ["dimension", "scope"], registry=r)
 
     # --- hot path ----------------------------------------------------------------------
 
@@ -153,12 +267,21 @@ class Metrics:
         for dimension, scope, fraction in decision.warnings:
             self.threshold_warning(dimension, scope, fraction)
 
-    def upstream(self, protocol: str, seconds: float) -> None:
-        """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...)."""
+    def upstream(self, protocol: str, seconds: float, status: int = 200) -> None:
+        """Observe one upstream round trip ("openai", "anthropic", "mcp", "a2a", ...) and
+        count it as an error when its status is 400-599."""
         histogram = self.per_request.upstream_seconds.get(protocol)
         if histogram is None:
             histogram = self.per_request.upstream_seconds[protocol] = _Histogram(UPSTREAM_BUCKETS)
         histogram.observe(seconds)
+        if status >= 400:
+            # 600+ is not HTTP: one "other" value, so an upstream cannot mint label values
+            self.upstream_error(protocol, str(status) if status < 600 else "other")
+
+    def upstream_error(self, protocol: str, code: str = "none") -> None:
+        """Count an upstream error: an HTTP status code, or "none" when no answer came."""
+        errors = self.per_request.upstream_errors
+        errors[(protocol, code)] = errors.get((protocol, code), 0) + 1
 
     def stream_cut(self, cause: str | None, protocol: str) -> None:
         self.streams_cut.labels(_label(cause), protocol).inc()
@@ -168,35 +291,56 @@ class Metrics:
         self.records_signed.labels(kind, "true" if nonce else "false").inc()
 
     def threshold_warning(self, dimension: str, scope: str, fraction: float) -> None:
-        self.threshold_warnings.labels(dimension, scope, f"{fraction:g}").inc()
+        # the fraction crossed is not a label: it is a measured ratio, not a closed set
+        self.threshold_warnings.labels(dimension, scope).inc()
 
     # --- state gauges ------------------------------------------------------------------
+
+    def declare_personas(self, names: object) -> None:
+        """The personas the pinned passport declares: the only persona label values."""
+        self.personas = frozenset(str(n) for n in names)  # type: ignore[attr-defined]
 
     def budget(self, dimension: str, scope: str, used: float, limit: float | None, *,
                session: str | None = None, persona: str | None = None) -> None:
         """Set one budget counter's consumption and cap (cap None: tracked, not capped).
 
-        `session` is used for scope "per_session" only: per-day counters are agent-wide.
-        """
-        session_label = (session or "") if scope == "per_session" else ""
-        labels = (dimension, scope, session_label, persona or "")
-        self.budget_used.labels(*labels).set(used)
-        if limit is not None:
-            self.budget_limit.labels(*labels).set(limit)
-        if session_label:
-            self._session_series.setdefault(session_label, set()).add(labels)
+        `session` is used for scope "per_session" only: other scopes are agent-wide."""
+        unit = BUDGET_UNITS.get(dimension)
+        if unit is None:  # not a dimension the policy knows: no family for it
+            return
+        label = "" if not persona else persona if persona in self.personas else UNDECLARED
+        self.budgets.set(unit, scope, label, used, limit, session)
 
     def forget_session(self, session: str) -> None:
-        """Drop the session's per-session series (call when the session ends)."""
-        for labels in self._session_series.pop(session, ()):
-            for gauge in (self.budget_used, self.budget_limit):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:  # a capless counter has no limit series
-                    pass
+        """Drop the session's budget values (call when the session ends)."""
+        self.budgets.sessions.pop(session, None)
 
-    def set_pending_approvals(self, count: int) -> None:
+    def set_build_info(self, passport_digest: str) -> None:
+        from governor import __version__
+
+        self.build_info.clear()  # one series: the passport pinned now
+        self.build_info.labels(__version__, platform.python_version(), passport_digest).set(1)
+
+    def approval_resolved(self, outcome: str, waited: float) -> None:
+        """One paused step resolved: outcome in APPROVAL_OUTCOMES, after `waited` seconds."""
+        if outcome not in APPROVAL_OUTCOMES:
+            raise ValueError(f"unknown approval outcome {outcome!r}")
+        self.approvals.labels(outcome).inc()
+        self.approval_wait.labels(outcome).observe(max(0.0, waited))
+
+    def session_moved(self, before: str | None, after: str) -> None:
+        """A session entered state `after` (from `before`, None when it just opened)."""
+        counts = self._session_counts
+        if before is not None:
+            counts[before] -= 1
+        counts[after] += 1
+
+    def set_pending_approvals(self, count: int, *, oldest_held_at: float | None = None) -> None:
         self.pending_approvals.set(count)
+        self.oldest_pending_at = oldest_held_at
+
+    def store_error(self) -> None:
+        self.store_errors.inc()
 
     # --- exposition --------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
+from governor import stream_budget
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -61,6 +62,7 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
+from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
@@ -101,6 +103,7 @@ class _Pending:
     answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
     reason: str
     trigger: str
+    held_at: float = 0.0  # when the step was paused (the approval wait histogram)
 
 
 @dataclass(slots=True)
@@ -114,6 +117,7 @@ class _Session:
     ended: bool = False
     final_record: dict[str, Any] | None = None
     unsaved: bool = False  # state changed since it was last persisted
+    metric_state: str | None = None  # its state as counted in governor_sessions
     # the limits this session is governed by: the runtime's, or, for a session resumed
     # under another pin, its original ones (governor.runtime_resume)
     limits: Any = None
@@ -150,6 +154,8 @@ class Runtime:
         self.governor_id = governor_id
         self.agent_id = agent_id
         self.metrics = metrics or Metrics()
+        self.metrics.declare_personas(limits.personas)  # the only persona label values
+        self.metrics.set_build_info(limits.passport_digest)
         self.clock = clock
         self.session_idle_sec = session_idle_sec
         self.tick_interval_sec = tick_interval_sec
@@ -226,6 +232,7 @@ class Runtime:
                 live = await asyncio.to_thread(self._open_session, session_id)
                 self._sessions[session_id] = live
                 self._index.add(session_id)
+                self._restate(live)
         self._opening.pop(session_id, None)
         return live
 
@@ -352,6 +359,13 @@ class Runtime:
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 
+    def covers(self, ticket: Any, report: UsageReport) -> bool:
+        """Whether a stream's running usage is within what its call holds, so the proxy may
+        forward the chunk at once (otherwise it keeps it back until `usage` grew the
+        reservation or cut the stream). Cheap: no store access."""
+        return (not isinstance(ticket, Ticket) or ticket.reservation is None
+                or covered(self.limits, report, ticket.charges))
+
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
@@ -391,12 +405,12 @@ class Runtime:
         ended session."""
         return not (self._store_in_thread or live.ended or live.lock.locked())
 
-    @staticmethod
-    def _advanced(live: _Session, state: SessionState, now: float) -> None:
+    def _advanced(self, live: _Session, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
         live.last_activity = now
         live.state = state
         live.unsaved = True
+        self._restate(live)
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         if type(ticket) is InstanceLease:  # the request of a persona instance is over
@@ -422,6 +436,7 @@ class Runtime:
                 try:
                     await self._store(self.store.release, ticket.reservation)
                 except StoreError:
+                    self.metrics.store_error()
                     log.exception("session %s: could not release reservation %s", session, ticket.reservation)
                 ticket.reservation = None
             if ticket.in_flight and not live.ended:
@@ -443,6 +458,8 @@ class Runtime:
                 state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
             log.exception("session %s: could not decide %s", live.id, type(step).__name__)
+            if isinstance(exc, StoreError):
+                self.metrics.store_error()
             decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
         try:
@@ -455,6 +472,7 @@ class Runtime:
             return _unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
+        self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
@@ -476,6 +494,11 @@ class Runtime:
         limits = live.limits
         keys = limits.counter_keys(step)
         state = live.state
+        if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
+            state, decision = stream_budget.decide_running(
+                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
+                lambda: store.snapshot(self.agent_id, live.id, now, keys))
+            return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
             if keys:
                 state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
@@ -512,12 +535,14 @@ class Runtime:
             self.store.save_session(live.id, self.saved_state(live))
             live.unsaved = False
         except StoreError:  # the next step's snapshot will fail closed if the store stays down
+            self.metrics.store_error()
             log.exception("session %s: could not save session state", live.id)
 
     def _release_quietly(self, reservation: str) -> None:
         try:
             self.store.release(reservation)
         except StoreError:
+            self.metrics.store_error()
             log.exception("could not release reservation %s", reservation)
 
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
@@ -533,9 +558,10 @@ class Runtime:
         assert request is not None
         live.pending[request.id] = _Pending(
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
-            reason=request.reason, trigger=request.trigger,
+            reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
-        self.metrics.set_pending_approvals(self._pending_count())
+        self._pending_metrics()
+        self._restate(live)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
         while True:
@@ -568,19 +594,35 @@ class Runtime:
                 return answered if not approved else self._admission(live.id, Decision(), None)
             decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
             admission = self._admission(live.id, decision, None)
-            self._answer(live, approval_id, False, admission)
+            self._answer(live, approval_id, False, admission, "expired")
         if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
             self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
         return admission
 
-    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None) -> None:
+    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None,
+                outcome: str) -> None:
         pending = live.pending.pop(approval_id, None)
         if pending is not None and not pending.answer.done():
             pending.answer.set_result((approved, admission))
-        self.metrics.set_pending_approvals(self._pending_count())
+        if pending is not None:
+            self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
+        self._pending_metrics()
+        self._restate(live)
+
+    def _restate(self, live: _Session) -> None:
+        """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
+        state = "ended" if live.ended else "halted" if live.state.halted else "paused" if live.pending else "active"
+        if state != live.metric_state:
+            self.metrics.session_moved(live.metric_state, state)
+            live.metric_state = state
 
     def _pending_count(self) -> int:
         return sum(len(s.pending) for s in self._sessions.values())
+
+    def _pending_metrics(self) -> None:
+        """The pending-approval gauges, on a hold or an answer (not per request)."""
+        held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
+        self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
     async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
@@ -596,7 +638,8 @@ class Runtime:
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
             granted = approve and decision.action is Action.CONTINUE
-            self._answer(live, approval_id, granted, None if granted else admission)
+            self._answer(live, approval_id, granted, None if granted else admission,
+                         "approved" if approve else "rejected")
         review = decision.details.get("review", "approved" if approve else "rejected")
         return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
                 "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
@@ -660,8 +703,9 @@ class Runtime:
             now = self.clock()
             await asyncio.to_thread(live.journal.end, outcome, now)
             live.ended = True
+            self._restate(live)
             for approval_id in list(live.pending):  # a held step never runs after its session ended
-                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None))
+                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None), "session_ended")
             record = self._signed(live, None, kind="final")
             await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
             live.final_record = record
@@ -695,9 +739,18 @@ class Runtime:
         try:
             await asyncio.to_thread(self.store.snapshot, self.agent_id, "readiness-probe", self.clock(), ())
         except StoreError as exc:
+            self.metrics.store_error()
             return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
+
+    async def acknowledge_store(self) -> dict[str, Any]:
+        """An operator accepts that the store lost its data (StoreIntegrityError until then):
+        it serves again from what it holds. Sessions halted meanwhile stay halted."""
+        acknowledge = getattr(self.store, "acknowledge", None)
+        if acknowledge is None:
+            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
+        return await asyncio.to_thread(acknowledge)
 
     def has_session(self, session: str) -> bool:
         return session in self._sessions
@@ -793,7 +846,9 @@ class Runtime:
                 await self._store(self._save, live)
             if not live.limits.clock_checked or live.state.halted:
                 continue
-            active = live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+            # a live persona instance draws on its wall-clock share while idle: tick it each pass
+            active = (live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+                      or live.state.personas_live)
             if not active:
                 if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
                     continue
@@ -820,6 +875,7 @@ class Runtime:
             try:
                 self._budgets(session)
             except StoreError:  # the next step's snapshot fails closed; a gauge can wait
+                self.metrics.store_error()
                 log.warning("could not read the budgets of session %s for its gauges", session)
 
 

@@ -129,15 +129,22 @@ async def test_metrics_exposes_the_governors_own_registry(serve):
     ctl = await serve(runtime)
     ctl.metrics.decision("on_budget_exhausted", Action.HALT, 0.0002)
     waiter = await _pause(runtime)
-    async with ctl.http.get(f"{ctl.url}/metrics") as resp:
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = await resp.text()
+    from prometheus_client import REGISTRY, Counter
+
+    global_only = Counter("on_the_global_registry_only", "x")  # prometheus_client's global registry
+    try:
+        async with ctl.http.get(f"{ctl.url}/metrics") as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = await resp.text()
+    finally:
+        REGISTRY.unregister(global_only)
     assert 'governor_decisions_total{action="halt",cause="on_budget_exhausted",enforced="true"} 1.0' in text
     assert "governor_pending_approvals 1.0" in text
     assert "governor_decision_seconds_bucket" in text
-    # The global prometheus_client registry is not mixed in.
-    assert "python_gc_objects_collected_total" not in text
+    # The global registry is not mixed in; the process and Python families are on the governor's own.
+    assert "on_the_global_registry_only" not in text
+    assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
     waiter.cancel()
 
 

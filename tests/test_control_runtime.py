@@ -86,8 +86,8 @@ async def test_ending_a_session_returns_its_final_record_and_metrics_follow(worl
         assert resp.status == 200
     text = (await (await http.get(f"{url}/metrics")).read()).decode()
     budgets = {tuple(sorted(s.labels.items())) for f in text_string_to_metric_families(text)
-               for s in f.samples if s.name == "governor_budget_limit"}
-    assert (("dimension", "tokens"), ("persona", ""), ("scope", "per_session"), ("session", "s2")) in budgets
+               for s in f.samples if s.name == "governor_budget_used_tokens"}
+    assert (("persona", ""), ("scope", "per_session")) in budgets  # the highest among live sessions
     async with http.post(f"{url}/v1/sessions/s2/end") as resp:
         assert resp.status == 200
         final = await resp.json()
@@ -98,6 +98,6 @@ async def test_ending_a_session_returns_its_final_record_and_metrics_follow(worl
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("governor_records_signed_total", (("kind", "final"), ("nonce", "false")))] == 1
     assert samples[("governor_decisions_total", (("action", "permit"), ("cause", "none"), ("enforced", "true")))] >= 1
-    assert not any(name == "governor_budget_limit" and ("session", "s2") in labels for name, labels in samples)
+    assert ("governor_budget_used_tokens", (("persona", ""), ("scope", "per_session"))) not in samples  # none live
     async with http.get(f"{url}/v1/sessions/nope/record") as resp:
         assert resp.status == 404

@@ -37,31 +37,54 @@ def test_decided_counts_cause_action_enforcement_latency_and_warnings():
     s = _samples(m)
     assert s[("governor_decisions_total", (("action", "halt"), ("cause", "on_budget_exhausted"),
                                            ("enforced", "false")))] == 2
-    assert s[("governor_threshold_warnings_total", (("dimension", "tokens"), ("fraction", "0.8"),
-                                                    ("scope", "per_session")))] == 2
+    assert s[("governor_threshold_warnings_total", (("dimension", "tokens"), ("scope", "per_session")))] == 2
     assert s[("governor_decision_seconds_count", ())] == 2
     # Microsecond resolution: the 3 µs decision lands below 5 µs, the 4 ms one does not.
     assert s[("governor_decision_seconds_bucket", (("le", "5e-06"),))] == 1
     assert s[("governor_decision_seconds_bucket", (("le", "0.005"),))] == 2
 
 
-def test_budget_gauges_label_session_only_per_session_and_are_forgotten():
+def test_budget_families_have_one_unit_each_and_no_session_label_by_default():
     m = Metrics()
+    m.declare_personas(["reviewer"])
     m.budget("tokens", "per_session", 1200, 5000, session="s1")
+    m.budget("tokens", "per_session", 3000, 5000, session="s2")
     m.budget("tokens", "per_session", 300, 1000, session="s1", persona="reviewer")
-    m.budget("tokens", "per_day", 1500, 50000, session="s1")  # agent-wide: session dropped
+    m.budget("tokens", "per_session", 7, 1000, session="s1", persona="made-up-by-the-agent")
+    m.budget("tokens", "per_day", 4200, 50000, session="s1")  # agent-wide: session dropped
     m.budget("cost_usd", "per_session", 0.5, None, session="s2")  # tracked, not capped
+    m.budget("wall_clock_sec", "per_day", 30, 3600)
     s = _samples(m)
-    key = (("dimension", "tokens"), ("persona", ""), ("scope", "per_session"), ("session", "s1"))
-    assert s[("governor_budget_used", key)] == 1200 and s[("governor_budget_limit", key)] == 5000
-    day = (("dimension", "tokens"), ("persona", ""), ("scope", "per_day"), ("session", ""))
-    assert s[("governor_budget_used", day)] == 1500
-    assert not any(name == "governor_budget_limit" and ("session", "s2") in labels for name, labels in s)
-    m.forget_session("s1")
+    assert s[("governor_budget_used_tokens", (("persona", ""), ("scope", "per_session")))] == 3000  # the highest
+    assert s[("governor_budget_limit_tokens", (("persona", ""), ("scope", "per_session")))] == 5000
+    assert s[("governor_budget_used_tokens", (("persona", "reviewer"), ("scope", "per_session")))] == 300
+    assert s[("governor_budget_used_tokens", (("persona", "undeclared"), ("scope", "per_session")))] == 7
+    assert s[("governor_budget_used_tokens", (("persona", ""), ("scope", "per_day")))] == 4200
+    assert s[("governor_budget_used_usd", (("persona", ""), ("scope", "per_session")))] == 0.5
+    assert ("governor_budget_limit_usd", (("persona", ""), ("scope", "per_session"))) not in s
+    assert s[("governor_budget_used_seconds", (("persona", ""), ("scope", "per_day")))] == 30
+    assert not any("session" in dict(labels) for _, labels in s)
+    assert not any("made-up" in str(labels) for _, labels in s)
     m.forget_session("s2")
+    assert _samples(m)[("governor_budget_used_tokens", (("persona", ""), ("scope", "per_session")))] == 1200
+    m.forget_session("s1")
     s = _samples(m)
-    remaining = {labels for name, labels in s if name.startswith("governor_budget")}
-    assert remaining == {day}
+    assert {labels for name, labels in s if name.startswith("governor_budget")} == {
+        (("persona", ""), ("scope", "per_day"))}
+
+
+def test_per_session_series_are_opt_in_and_capped():
+    m = Metrics(per_session=2)
+    for n in range(5):
+        m.budget("tokens", "per_session", 100 + n, 5000, session=f"s{n}")
+    s = _samples(m)
+    sessions = {dict(labels)["session"] for name, labels in s if name == "governor_session_budget_used_tokens"}
+    assert sessions == {"s0", "s1"}
+    m.forget_session("s0")  # a slot frees when a session ends
+    s = _samples(m)
+    sessions = {dict(labels)["session"] for name, labels in s if name == "governor_session_budget_used_tokens"}
+    assert sessions == {"s1", "s2"}
+    assert s[("governor_session_budget_used_tokens", (("persona", ""), ("session", "s2")))] == 102
 
 
 def test_counters_for_streams_records_upstream_and_pending():
@@ -70,8 +93,17 @@ def test_counters_for_streams_records_upstream_and_pending():
     m.record_signed("final")
     m.record_signed("snapshot", nonce=True)
     m.upstream("mcp", 0.02)
+    m.upstream("openai", 0.5, 503)
+    m.upstream("openai", 0.5, 429)
+    m.upstream("openai", 0.5, 200)
+    m.upstream("openai", 0.5, 999)  # not HTTP: one bounded value
+    m.upstream("openai", 0.5, 1234)
+    m.upstream_error("anthropic")  # no answer at all
     m.set_pending_approvals(3)
     s = _samples(m)
+    errors = {labels: v for (name, labels), v in s.items() if name == "governor_upstream_errors_total"}
+    assert errors == {(("code", "503"), ("protocol", "openai")): 1, (("code", "429"), ("protocol", "openai")): 1,
+                      (("code", "other"), ("protocol", "openai")): 2, (("code", "none"), ("protocol", "anthropic")): 1}
     assert s[("governor_streams_cut_total", (("cause", "on_budget_exhausted"), ("protocol", "openai")))] == 1
     assert s[("governor_records_signed_total", (("kind", "final"), ("nonce", "false")))] == 1
     assert s[("governor_records_signed_total", (("kind", "snapshot"), ("nonce", "true")))] == 1

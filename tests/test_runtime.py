@@ -45,6 +45,17 @@ def pinned():
     return report
 
 
+def metric(rt: Runtime, name: str, **labels: str) -> float | None:
+    """One sample of the runtime's exposition (None: not exported)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(rt.metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
 def make_runtime(pinned, data_dir: Path, clock: Clock, tier: Tier = Tier.R2, store=None, key=None) -> Runtime:
     limits = compile_limits(pinned.pinned.document, tier=tier, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
                             passport_digest=pinned.digest)
@@ -86,6 +97,8 @@ async def test_budget_exhaustion_halts_records_and_refuses_everything_after(runt
             blocked = admission
             break
     assert blocked is not None
+    assert metric(runtime, "governor_sessions", state="halted") == 1
+    assert metric(runtime, "governor_sessions", state="active") == 0
     # max_iterations (12) is declared with a fallback; tokens run out first: 8 x 2500 = 20000
     obj = blocked.governor_object
     assert obj["cause"] == ON_BUDGET_EXHAUSTED and obj["action"] == "halt"
@@ -97,6 +110,8 @@ async def test_budget_exhaustion_halts_records_and_refuses_everything_after(runt
     assert after.decision.halts and after.governor_object["cause"] == ON_BUDGET_EXHAUSTED
     record = await runtime.end_session("s")
     assert record["outcome"] == "halted"
+    assert metric(runtime, "governor_sessions", state="ended") == 1
+    assert metric(runtime, "governor_sessions", state="halted") == 0
     assert [e["cause"] for e in record["events"]] == [ON_BUDGET_EXHAUSTED]
     assert verify_record(record, public_key=runtime.key.public_key()).ok
 
@@ -109,7 +124,16 @@ async def test_requires_confirmation_pauses_and_approval_releases_only_that_step
     assert [a["id"] for a in runtime.approvals()] == [approval_id]
     waiter = asyncio.create_task(runtime.await_approval("s", approval_id))
     await asyncio.sleep(0)
+    assert metric(runtime, "governor_sessions", state="paused") == 1
+    assert runtime.metrics.oldest_pending_at == clock.t  # the age gauge reads it against the wall clock
+    clock.t += 42  # the reviewer takes 42 s
     answer = await runtime.resolve_approval(approval_id, True, "lab-lead")
+    assert metric(runtime, "governor_approvals_total", outcome="approved") == 1
+    assert metric(runtime, "governor_approval_wait_seconds_sum", outcome="approved") == 42
+    assert metric(runtime, "governor_approval_wait_seconds_bucket", outcome="approved", le="30.0") == 0
+    assert metric(runtime, "governor_approval_wait_seconds_bucket", outcome="approved", le="60.0") == 1
+    assert metric(runtime, "governor_sessions", state="active") == 1
+    assert metric(runtime, "governor_pending_approval_oldest_age_seconds") == 0
     assert answer["outcome"] == "approved"
     released = await waiter
     assert not released.decision.blocks
@@ -130,6 +154,8 @@ async def test_rejected_step_is_denied_and_session_goes_on(runtime):
     waiter = asyncio.create_task(runtime.await_approval("s", approval_id))
     await asyncio.sleep(0)
     await runtime.resolve_approval(approval_id, False, "lab-lead")
+    assert metric(runtime, "governor_approvals_total", outcome="rejected") == 1
+    assert metric(runtime, "governor_approvals_total", outcome="approved") == 0
     answered = await waiter
     assert answered.decision.blocks and not answered.decision.halts
     ok = await runtime.admit("s", ToolCall(tool="search_papers", arguments={"query": "governance"}))
@@ -141,8 +167,11 @@ async def test_oversight_timeout_fails_closed_when_undeclared(runtime, clock):
     clock.t += 15 * 60 + 1  # response_time_minutes: 15
     await runtime.sweep()
     assert runtime.approvals() == []
+    assert metric(runtime, "governor_approvals_total", outcome="expired") == 1
+    assert metric(runtime, "governor_approval_wait_seconds_sum", outcome="expired") == 15 * 60 + 1
     view = await runtime.session_view("s")
     assert view["state"] == "halted" and view["halt_cause"] == ON_OVERSIGHT_TIMEOUT
+    assert metric(runtime, "governor_sessions", state="halted") == 1
     record = runtime.record("s")
     timeout = record["events"][-1]
     assert timeout["cause"] == ON_OVERSIGHT_TIMEOUT and timeout["action"] == "halt"
@@ -158,6 +187,7 @@ async def test_store_down_fails_closed_and_is_recorded(runtime):
     admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10))
     assert admission.decision.halts and admission.decision.fail_closed
     assert admission.governor_object["cause"] == ON_GOVERNOR_ERROR
+    assert metric(runtime, "governor_store_errors_total") >= 1
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
     assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "halt"
 
@@ -234,15 +264,19 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
     await model_step(runtime, "s", 1000, 500)
     await runtime.sweep()
     text = runtime.metrics.exposition().decode()
-    assert 'governor_budget_used{dimension="tokens",persona="",scope="per_session",session="s"} 1500.0' in text
-    assert 'governor_budget_limit{dimension="tokens",persona="",scope="per_day",session=""} 200000.0' in text
+    assert f'passport_digest="{runtime.limits.passport_digest}"' in text and "governor_build_info{" in text
+    assert "process_cpu_seconds_total" in text and "python_gc_collections_total" in text
+    assert 'governor_budget_used_tokens{persona="",scope="per_session"} 1500.0' in text
+    assert 'governor_budget_limit_tokens{persona="",scope="per_day"} 200000.0' in text
+    assert "session=" not in text  # no series by session unless opted in
     runtime.session_idle_sec = 60
     for _ in range(61):  # a minute of sweeps with no traffic: the ticks are not activity
         clock.t += 1
         await runtime.sweep()
     assert (await runtime.session_view("s"))["state"] == "ended"
     assert (runtime.data_dir / "records" / "s.json").exists()
-    assert 'session="s"' not in runtime.metrics.exposition().decode()  # per-session series dropped
+    # the ended session's values are dropped: no live session, no per_session maximum
+    assert 'scope="per_session"} 1500.0' not in runtime.metrics.exposition().decode()
 
 
 def test_the_refusal_reason_states_the_comparison_the_decision_made():

@@ -11,6 +11,7 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused
+  POST /v1/store/acknowledge            the control token, always (store_ack)
 Every request, before any of that (`guard`): its Host must name this control plane
 (421), a browser's cross-origin request is refused (403), and a POST body must be JSON
 (415); bodies nested deeper than 64 levels are a 400.
@@ -37,6 +38,7 @@ from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
 from governor.control.origin import ProxyOrigin
+from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -343,6 +345,10 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     from governor.control import personas  # imports this module: added here, not at the top
 
     personas.add_routes(app)
+
+    from governor.control.store_ack import acknowledge_store  # imports this module too
+
+    app.router.add_post("/v1/store/acknowledge", acknowledge_store)
     return app
 
 
@@ -361,7 +367,8 @@ async def start_control(app: web.Application, host: str = "127.0.0.1", port: int
     dribbled requests included (aiohttp does not move it for partial data). Over
     `max_connections` open connections (see `cap_connections`), the oldest idle one is closed.
     """
-    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout)
+    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout, access_log_class=ControlAccessLogger,
+                           access_log=logging.getLogger(ACCESS_LOGGER))
     await runner.setup()
     cap_connections(runner.server, max_connections)
     site = web.TCPSite(runner, host, port)

@@ -50,10 +50,16 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
+    "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
+                            "ADL-Session value) for at most this many live sessions (default 0: none; every other "
+                            "label is a closed set)"),
     "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
                   "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
+    "log_format": ("GOVERNOR_LOG_FORMAT", "text (default) or json: one JSON object per line (timestamp, level, "
+                   "logger, message and the call's extras such as session and cause)"),
 }
 
+LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -118,6 +124,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     known = set(OPTIONS) | {"routes", "upstream_insecure", "tick_interval", "max_body_bytes", "default_output_tokens",
                             "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
                             "peers", "delegation_depth"}
+    known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -172,6 +179,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if not str(cap).isdigit() or int(cap) < 1:
             raise UsageError(f"--max-client-connections: expected a whole number >= 1, got {cap!r}")
         settings.max_client_connections = int(cap)
+    if (per_session := value("metrics_per_session")) is not None:
+        if not str(per_session).isdigit():
+            raise UsageError(f"--metrics-per-session: expected a whole number >= 0, got {per_session!r}")
+        settings.metrics_per_session = int(per_session)
     if (pricing := value("pricing")) is not None:
         settings.pricing = Path(pricing)
     if (persona_idle := value("persona_idle")) is not None:
@@ -183,6 +194,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.tick_interval = float(file["tick_interval"])
     if "max_body_bytes" in file:
         settings.max_body_bytes = int(file["max_body_bytes"])
+    if "max_response_bytes" in file:
+        settings.max_response_bytes = int(file["max_response_bytes"])
+    if "max_decoded_ratio" in file:
+        ratio = file["max_decoded_ratio"]
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
+            raise UsageError(f"config {config_path}: max_decoded_ratio must be a number >= 1")
+        settings.max_decoded_ratio = float(ratio)
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     peers = file.get("peers") or {}
@@ -307,18 +325,37 @@ def log_level(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     return level
 
 
-def configure_logging(level: str | None) -> None:
+def log_format(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
+    """The --log-format setting (command line, environment, config file): text or json."""
+    value = getattr(args, "log_format", None) or environ.get(OPTIONS["log_format"][0]) or None
+    if value is None:
+        config_path = getattr(args, "config", None) or environ.get(OPTIONS["config"][0]) or None
+        value = _load_config(Path(config_path)).get("log_format") if config_path else None
+    value = str(value or "text").lower()
+    if value not in LOG_FORMATS:
+        raise UsageError(f"--log-format: expected text or json, got {value!r}")
+    return value
+
+
+def configure_logging(level: str | None, fmt: str = "text") -> None:
     """INFO for the governor's own loggers; mitmproxy's at WARNING unless a level is set.
 
     At INFO mitmproxy logs every client connection and every streamed response: a log
     record per request is measurable CPU on the proxy's hot path (bench/overhead.py)."""
     import logging
 
-    logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
+    if fmt == "json":
+        from governor.logjson import JSONFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JSONFormatter())
+        logging.basicConfig(level=level or "INFO", handlers=[handler], force=True)
+    else:
+        logging.basicConfig(level=level or "INFO", format=LOG_FORMAT)
     logging.getLogger("mitmproxy").setLevel(level or "WARNING")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    configure_logging(log_level(args))
+    configure_logging(log_level(args), log_format(args))
     settings = resolve(args)
     return asyncio.run(_serve_until_stopped(settings))

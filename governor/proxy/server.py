@@ -105,9 +105,12 @@ class Settings:
     client_body_timeout: float = DEFAULT_BODY_TIMEOUT  # a request body, complete within this after its headers
     client_idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # a keep-alive connection with nothing in flight, closed after
     max_client_connections: int = 0  # 0: derived from the file-descriptor limit
+    metrics_per_session: int = 0  # budget series labelled by session, for at most this many live sessions
     tick_interval: float = 1.0
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     max_body_bytes: int = 64 * 1024 * 1024
+    max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
+    max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
@@ -223,7 +226,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     if metrics is None:
         from governor.metrics import Metrics
 
-        metrics = Metrics()
+        metrics = Metrics(per_session=settings.metrics_per_session)
     if runtime is None:
         runtime = build_runtime(settings, metrics)
     recover = getattr(runtime, "recover", None)
@@ -304,6 +307,8 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         upstream_timeout=settings.upstream_timeout,
         tick_interval=settings.tick_interval,
         max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        max_decoded_ratio=settings.max_decoded_ratio,
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
