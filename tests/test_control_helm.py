@@ -142,6 +142,16 @@ def test_helm_template_renders_each_value_set_to_the_expected_kinds(rendered):
         assert sorted(d["kind"] for d in rendered[name]) == kinds, name
 
 
+def test_the_prometheus_rule_carries_the_shipped_rules_promtool_tests(rendered):
+    """The chart's PrometheusRule loads helm/governor/files/prometheus/governor-rules.yaml, the
+    file tests/test_metrics_rules.py checks and unit-tests with promtool: one set of rules."""
+    shipped = yaml.safe_load((CHART / "files" / "prometheus" / "governor-rules.yaml").read_text())["groups"]
+    rule = next(d for d in rendered["monitoring"] if d["kind"] == "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    assert groups[1:] == shipped
+    assert [r["alert"] for r in groups[0]["rules"]] == ["GovernorDown"]
+
+
 def test_rendered_manifests_validate_for_every_supported_kubernetes_version(rendered):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     versions = chart_tools.supported_kubernetes_versions()

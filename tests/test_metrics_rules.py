@@ -1,4 +1,4 @@
-"""The shipped Prometheus rules (deploy/prometheus/): valid for promtool, unit-tested with
+"""The shipped Prometheus rules (helm/governor/files/prometheus/, which the chart's PrometheusRule loads): valid for promtool, unit-tested with
 `promtool test rules`, and naming only families the governor exports."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from governor.metrics import Metrics
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+RULES_DIR = Path(__file__).resolve().parent.parent / "helm" / "governor" / "files" / "prometheus"
 RULES = RULES_DIR / "governor-rules.yaml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
