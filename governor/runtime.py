@@ -64,6 +64,8 @@ from governor.policy import (
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission, governor_object
+from governor.runtime_sessions import SessionEvidence
+from governor.sessions import HOW_TO_OPEN
 from governor.store import Store, StoreError
 
 log = logging.getLogger("governor.runtime")
@@ -107,7 +109,7 @@ class _Session:
     unsaved: bool = False  # state changed since it was last persisted
 
 
-class Runtime:
+class Runtime(SessionEvidence):
     """One governor's sessions against one pinned passport."""
 
     def __init__(
@@ -175,6 +177,7 @@ class Runtime:
             if session.unsaved:
                 self._save(session)
             session.journal.close()
+        self._close_audit()
         if self.owns_store:
             try:
                 await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
@@ -183,7 +186,8 @@ class Runtime:
 
     @property
     def default_session(self) -> str:
-        """The session for traffic without an ADL-Session header: one per process, renewed when it ends."""
+        """The session for traffic without an ADL-Session header: one per process, renewed when it ends
+        (with a session book, the proxy asks the book instead)."""
         return self._default_session
 
     def _new_default_session(self) -> str:
@@ -408,6 +412,8 @@ class Runtime:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
             await self._store(self._save, live)
+            if decision.events and decision.halts:
+                await self._on_halt(live.id, decision.cause)  # logged; a locking cause locks every session
         new_ticket = None
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
@@ -465,8 +471,12 @@ class Runtime:
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
         # a plain permit has no reason to give: skip building one on every request
         plain = decision.action is Action.PERMIT and decision.event is None
-        return Admission(decision=decision, session=session, ticket=ticket,
-                         governor_object={} if plain else governor_object(decision, session))
+        if plain:
+            return Admission(decision=decision, session=session, ticket=ticket, governor_object={})
+        obj = governor_object(decision, session)
+        if decision.blocks and decision.details and decision.details.get("halted"):
+            obj = self._halted_object(obj, decision.cause)
+        return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
     # --- oversight (§5) ----------------------------------------------------------------
 
@@ -601,6 +611,7 @@ class Runtime:
             record = self._signed(live, None, kind="final")
             await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
             live.final_record = record
+        self._session_ended(session, live.state.halt_cause if live.state.halted else None)
         self.metrics.forget_session(session)
         if session == self._default_session:
             self._default_session = self._new_default_session()
@@ -614,6 +625,8 @@ class Runtime:
 
     def _signed(self, live: _Session, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
         now = self.clock()
+        if nonce is None and self.session_book is not None:
+            nonce = self.session_book.nonce(live.id)  # the counterparty nonce the session was opened with (§8.5)
         ending = live.journal.ending
         if ending is not None:
             outcome, end = ending.outcome, ending.at
@@ -702,7 +715,9 @@ class Runtime:
             if self.limits.clock_checked and not live.state.halted:
                 async with live.lock:
                     await self._apply(live, Tick(), None)
-            if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
+            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
+            if idle and not (self.session_book is not None and self.session_book.holds_lock(live.id)):
+                # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.end_session(live.id)
             else:
                 if live.unsaved:
@@ -726,7 +741,7 @@ def _caps_by_key(limits: Limits) -> dict[tuple, float]:
 
 def _ended(live: _Session) -> Decision:
     return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
-                    details={"reason": "the session has ended; start a new one (ADL-Session)",
+                    details={"reason": "the session has ended; " + HOW_TO_OPEN,
                              "halt_cause": live.state.halt_cause})
 
 

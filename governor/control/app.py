@@ -11,6 +11,8 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused
+  POST /v1/sessions                     the control token, always (sessions_api)
+  POST /v1/locks/{id}/lift              a reviewer or the control token, always
 Errors are JSON: {"error": {"code": "...", "message": "..."}}.
 """
 
@@ -32,6 +34,7 @@ from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
 from governor.control.origin import ProxyOrigin
+from governor.control.sessions_api import SESSIONS, add_routes, book_views, with_entry
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -187,7 +190,10 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def list_sessions(request: web.Request) -> web.Response:
     if refusal := _operator_refusal(request):
         return refusal
-    return ok({"sessions": await request.app[RUNTIME].sessions()})
+    book = request.app[SESSIONS]
+    views = [with_entry(view, book) for view in await request.app[RUNTIME].sessions()]
+    views += book_views(book, {view.get("session") for view in views})
+    return ok({"sessions": views})
 
 
 def _unknown_session(session: str) -> web.Response:
@@ -199,9 +205,14 @@ async def get_session(request: web.Request) -> web.Response:
         return refusal
     session = request.match_info["session"]
     view = await request.app[RUNTIME].session_view(session)
+    book = request.app[SESSIONS]
     if view is None:
-        return _unknown_session(session)
-    return ok(view)
+        entry = book.get(session) if book is not None else None
+        if entry is None:
+            return _unknown_session(session)
+        view = {**entry.view(), "state": "ended" if entry.ended_at is not None else "opened"}
+        return ok(view)
+    return ok(with_entry(view, book))
 
 
 async def list_approvals(request: web.Request) -> web.Response:
@@ -279,8 +290,10 @@ async def end_session(request: web.Request) -> web.Response:
     if refusal := _operator_refusal(request):
         return refusal
     session = request.match_info["session"]
+    runtime = request.app[RUNTIME]
+    end = getattr(runtime, "end_session_by_principal", None) or runtime.end_session
     try:
-        record = await request.app[RUNTIME].end_session(session)
+        record = await end(session)
     except KeyError:
         return _unknown_session(session)
     log.info("session %s ended through the control plane", session)
@@ -292,7 +305,7 @@ async def end_session(request: web.Request) -> web.Response:
 
 def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
                nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
-               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0) -> web.Application:
+               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0, sessions: Any = None) -> web.Application:
     """The control plane application.
 
     `origin` is shared with the proxy addon (it reports its upstream sockets there);
@@ -306,6 +319,7 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app[METRICS] = metrics if metrics is not None else Metrics()
     app[ORIGIN] = origin if origin is not None else ProxyOrigin()
     app[READY_TIMEOUT] = float(ready_timeout)
+    app[SESSIONS] = sessions if sessions is not None else getattr(runtime, "session_book", None)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -316,6 +330,7 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_post("/v1/approvals/{approval}", answer_approval)
     app.router.add_post("/v1/nonces", issue_nonce)
+    add_routes(app)
     return app
 
 

@@ -235,8 +235,10 @@ class Governor:
         *,
         metrics: Any = None,
         origin: Any = None,
+        sessions: Any = None,
     ) -> None:
         self.runtime = runtime
+        self.sessions = sessions  # governor.sessions.SessionBook: which session a request may act in
         self.registry = registry
         self.policy = policy
         self.metrics = metrics  # governor.metrics.Metrics, optional
@@ -251,7 +253,8 @@ class Governor:
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
-        runtime's default session (one per process), else one of our own."""
+        runtime's default session (one per process), else one of our own. Without a
+        session book only (with one, `_request` asks the book)."""
         return self._session(headers.get(SESSION_HEADER))
 
     def _session(self, named: str | None) -> str:
@@ -359,7 +362,17 @@ class Governor:
         headers = request.headers
         fields = headers.fields
         governing, encoded = _scan_headers(fields)
-        session = self._session(governing.get(_SESSION_FIELD))
+        book = self.sessions
+        if book is not None:
+            # the request acts only in a session its token names (a dict hit): a refusal
+            # opens nothing and touches no session
+            resolved = book.resolve(governing.get(_SESSION_FIELD))
+            if type(resolved) is not str:
+                await self._refuse_session(flow, resolved)
+                return
+            session = resolved
+        else:
+            session = self._session(governing.get(_SESSION_FIELD))
         flow.metadata[SESSION_KEY] = session
         persona = governing.get(_PERSONA_FIELD) or None
         presented = governing.get(_PASSPORT_FIELD)
@@ -461,6 +474,36 @@ class Governor:
             log.exception("governor: runtime.finish failed in session %s", session)
 
     # --- answering instead of the upstream ---------------------------------------------
+
+    async def _refuse_session(self, flow: http.HTTPFlow, refusal: Any) -> None:
+        """A request that names no session it may act in: answered 403 in its protocol's
+        error shape (an IGNORE route passes, as it always does), counted and logged."""
+        request = flow.request
+        view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields),
+                           request.raw_content, port=request.port, scheme=request.scheme)
+        selected = self.registry.select(view)
+        if selected == IGNORE:
+            flow.request.headers.fields = tuple(
+                f for f in request.headers.fields if f[0][:4].lower() != _GOVERNOR_PREFIX)
+            return
+        if refusal.audit is not None:
+            try:
+                await self.sessions.record_refusal(refusal)
+            except Exception:  # refused all the same: the safe side
+                log.exception("governor: the refusal %s could not be recorded in the audit journal", refusal.code)
+        gov = refusal.governor_object()
+        message = f"governor: {refusal.message}"
+        if isinstance(selected, Adapter):
+            try:
+                reply = selected.error_response(403, message, gov)
+            except Exception:
+                log.exception("governor: adapter %s could not build a refusal", selected.name)
+                reply = _generic_error(403, message, gov)
+        else:
+            reply = _generic_error(403, message, gov)
+        flow.response = _response(reply, gov["action"])
+        log.info("governor: refused %s %s: %s (%s)", request.method, request.pretty_url, refusal.code,
+                 refusal.session or "no session")
 
     def _refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
                        exchange: Exchange | None) -> Reply:
