@@ -124,3 +124,18 @@ def test_the_governor_command_line_is_one_governor_run_accepts(values):
     assert args[:2] == ["run", "--listen"] and "--passport" in args
     parsed = parser.parse_args(args)
     assert parsed.command == "run"
+
+
+def test_the_session_settings_reach_governor_run(values):
+    from governor.cli import build_parser
+    from governor.proxy.cli import resolve
+
+    args = _governor_args(values)
+    for option, key in (("--sessions", "mode"), ("--default-session", "defaultSession"),
+                        ("--agent-sessions-per-day", "agentSessionsPerDay"), ("--lock-on", "lockOn")):
+        assert args[args.index(option) + 1] == str(values["sessions"][key])
+    parsed = build_parser().parse_args([a for a in args if not a.startswith("/etc/governor/passport")
+                                        and a != "--passport"])
+    settings = resolve(parsed, environ={})
+    assert (settings.sessions, settings.default_session, settings.lock_on) == (
+        "principal", "auto", ("on_session_integrity",))
