@@ -418,18 +418,23 @@ class SessionBook:
         except OSError as exc:
             raise SessionBookError(f"cannot read {self._path}: {exc.strerror or exc}") from None
         now = self.clock()
-        lines = data.split(b"\n")
-        for number, raw in enumerate(lines, 1):
+        *complete, tail = data.split(b"\n")
+        for number, raw in enumerate(complete, 1):
             if not raw.strip():
                 continue
             try:
-                entry = json.loads(raw)
-                self._replay(entry, now)
+                self._replay(json.loads(raw), now)
             except (ValueError, KeyError, TypeError) as exc:
-                if number == len(lines):  # a torn last line (no newline): the write was cut short
-                    log.warning("%s: torn last line %d ignored (%s)", self._path, number, exc)
-                    continue
                 raise SessionBookError(f"{self._path} line {number}: {exc}") from None
+        if tail:  # a last line without its newline: a write a crash cut short, set aside
+            intact = len(data) - len(tail)
+            aside = self._path.with_name(f"{self._path.name}.torn-{intact}")
+            try:
+                aside.write_bytes(tail)
+                os.truncate(self._path, intact)
+            except OSError as exc:
+                raise SessionBookError(f"cannot set aside the torn last line of {self._path}: {exc}") from None
+            log.warning("%s: torn last line (%d bytes) set aside in %s", self._path, len(tail), aside)
         if self.metrics is not None:
             self.metrics.set_locks(len(self._active))
 
