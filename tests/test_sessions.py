@@ -217,6 +217,12 @@ async def test_token_less_traffic_uses_the_default_session_and_off_refuses_it(tm
         served = llm.served
         assert refusal(await world.chat(None))["refusal"] == "session_token_required"
         assert llm.served == served
+        # traffic no adapter governs (a web page, a package index) carries no token and meters
+        # nothing: it is forwarded as before; a bad token on it is refused all the same
+        page = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt")
+        assert page.status_code == 404 and "ADL-Governor-Action" not in page.headers
+        named = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt", headers={"ADL-Session": "mine"})
+        assert named.status_code == 403 and named.json()["error"]["governor"]["refusal"] == "session_token_malformed"
     finally:
         await world.close()
 

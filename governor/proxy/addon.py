@@ -58,6 +58,7 @@ from governor.policy.steps import (
 )
 from governor.proxy import transit
 from governor.runtime_api import Admission, RuntimeAPI
+from governor.sessions import halted_reason
 
 log = logging.getLogger("governor.proxy")
 
@@ -482,9 +483,16 @@ class Governor:
         view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields),
                            request.raw_content, port=request.port, scheme=request.scheme)
         selected = self.registry.select(view)
-        if selected == IGNORE:
+        ungoverned = selected is None and refusal.code == "session_token_required" \
+            and self.policy.unknown_traffic == "forward"
+        if selected == IGNORE or ungoverned:
+            # an IGNORE route, or token-less traffic no adapter governs (a package download, a
+            # web page: nothing a session meters, and no library adds ADL-Session to it) passes
+            # as it would without sessions; a lock or a bad token still refuses it
             flow.request.headers.fields = tuple(
                 f for f in request.headers.fields if f[0][:4].lower() != _GOVERNOR_PREFIX)
+            if ungoverned:
+                self._unknown(flow, "")
             return
         if refusal.audit is not None:
             try:
@@ -539,7 +547,7 @@ class Governor:
         halted = getattr(self.runtime, "halted", None)
         cause = halted(session) if halted is not None else None
         if cause is not None:  # after a halt the session refuses everything, ungoverned traffic too
-            gov = {"cause": cause, "action": "halt", "reason": "the session is halted", "session": session}
+            gov = {"cause": cause, "action": "halt", "reason": halted_reason(cause), "session": session}
             flow.response = _response(_generic_error(403, f"governor: session halted ({cause})", gov), "halt")
             return
         if self.policy.unknown_traffic == "deny":
