@@ -1,8 +1,12 @@
 """Shared fixtures.
 
-The official ADL test data lives in ../shared beside the checkout (CI and the
-developers' machines have it; a user's machine does not). Tests that need it use
-the `shared_dir` fixture and are skipped, with the reason, when it is absent.
+The official ADL test data (the ADL family's schemas, examples, verification vectors,
+and the JCS test data) lives in ../shared beside the checkout (CI and the developers'
+machines have it; a user's machine may not; GOVERNOR_SHARED_DIR points elsewhere).
+Tests that need it read it through `shared_path` (or the `shared_dir` fixture) and are
+skipped one by one, saying why, when it is absent. Tests parametrized over its files
+take their case names from fixed lists, never from the folder at collection time, so
+a missing folder skips each case by name instead of generating none of them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("GOVERNOR_SHARED_DIR", REPO.parent / "shared"))
 
 
+SHARED_ABSENT = "../shared (the official ADL test data) is absent"
+
+
 def shared_path(*parts: str) -> Path:
+    """SHARED/parts, or skip the calling test saying the official test data is absent."""
     path = SHARED.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"official ADL test data not found at {path} (set GOVERNOR_SHARED_DIR); "
-                    "it sits beside the checkout on CI and developer machines only")
+        pytest.skip(f"{SHARED_ABSENT}: {path} not found (lay ../shared beside the checkout, "
+                    "or set GOVERNOR_SHARED_DIR to where it is)")
     return path
 
 

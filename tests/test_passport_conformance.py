@@ -21,28 +21,62 @@ from referencing import Registry, Resource
 
 from governor.passport import AdmissionConfig, Retrieval, admit, example_passport_path, load_passport
 from governor.passport.schema import FORMAT_CHECKER, GOVERNANCE_PROFILE, validate
-from tests.conftest import SHARED, shared_path
+from tests.conftest import shared_path
 
 # Vector 051 expects a near-expiry warning for expires_at 2026-06-30T14:25:18Z: the
 # clock must sit within the 30 days before it (and after the vectors' issued_at).
 VECTOR_CLOCK = datetime(2026, 6, 15, tzinfo=timezone.utc)
 
 
-def _vector_files() -> list[Path]:
-    return sorted((SHARED / "adl" / "verify-vectors" / "vectors").glob("*.json"))
+# The official data's case names, fixed here rather than read from ../shared at collection
+# time: without ../shared every case is still a test, skipped by name with the reason
+# (tests/conftest.py). test_official_data_is_all_here keeps these lists equal to the data.
+VECTORS = (
+    "001-valid-self-signed-tofu", "002-valid-did-resolved-cross-checked", "003-retrieval-local-file",
+    "004-retrieval-missing-authority", "010-schema-missing-required-field", "011-schema-invalid-sensitivity-enum",
+    "020-did-resolution-404", "021-did-document-no-assertion-method", "022-did-method-unsupported",
+    "030-key-mismatch-inline-vs-did", "040-signature-tampered-post-signing", "041-signature-missing-when-required",
+    "042-signature-wrong-key", "050-attestation-expired", "051-attestation-near-expiry-warn",
+    "060-lifecycle-retired", "061-lifecycle-deprecated-warn", "062-lifecycle-draft-blocked",
+    "070-provider-not-allowlisted", "071-provider-allowlisted", "080-classification-requesting-too-low",
+    "081-classification-requesting-equal", "082-classification-requesting-higher",
+)
+# paths under ../shared/adl, sorted
+OFFICIAL_DOCUMENTS = (
+    "conformance/invalid/missing-required-name.yaml",
+    "conformance/invalid/unknown-top-level-member.yaml",
+    "conformance/valid/minimal.yaml",
+    "conformance/valid/production.yaml",
+    "examples/minimal.yaml",
+    "examples/production.yaml",
+    "examples/with-tools.yaml",
+    "governance-examples/compliance-agent-tier3.json",
+    "governance-examples/compliance-agent.json",
+)
+VALID_DOCUMENTS = tuple(d for d in OFFICIAL_DOCUMENTS if not d.startswith("conformance/invalid/"))
+INVALID_DOCUMENTS = tuple(d for d in OFFICIAL_DOCUMENTS if d.startswith("conformance/invalid/"))
 
 
-def _official_documents() -> list[Path]:
-    adl = SHARED / "adl"
-    return sorted(
-        [*adl.glob("examples/*"), *adl.glob("governance-examples/*.json"), *adl.glob("conformance/*/*")]
-    )
+def _label(document: str) -> str:
+    """A document's short name in test ids: its folder and file name."""
+    return "/".join(document.split("/")[-2:])
+
+
+def _vector_file(name: str) -> Path:
+    return shared_path("adl", "verify-vectors", "vectors", f"{name}.json")
+
+
+def _official_document(document: str) -> Path:
+    return shared_path("adl", *document.split("/"))
 
 
 def test_official_data_is_all_here():
-    shared_path("adl")
-    assert len(_vector_files()) == 23
-    assert len(_official_documents()) == 9
+    """The fixed case lists are exactly the official data: a vector or document added to
+    ../shared (or removed from it) fails here rather than going untested."""
+    adl = shared_path("adl")
+    assert tuple(p.stem for p in sorted((adl / "verify-vectors" / "vectors").glob("*.json"))) == VECTORS
+    found = [*adl.glob("examples/*"), *adl.glob("governance-examples/*.json"), *adl.glob("conformance/*/*")]
+    assert tuple(sorted(p.relative_to(adl).as_posix() for p in found)) == OFFICIAL_DOCUMENTS
 
 
 # --- verify vectors --------------------------------------------------------------------
@@ -72,9 +106,9 @@ def _vector_run(vector: dict[str, Any], now: datetime = VECTOR_CLOCK):
     return admit(given["passport"], admission, retrieval=retrieval, requesting_agent=given.get("requesting_agent"))
 
 
-@pytest.mark.parametrize("path", _vector_files(), ids=lambda p: p.stem)
-def test_verify_vector(path: Path):
-    vector = json.loads(path.read_text())
+@pytest.mark.parametrize("name", VECTORS)
+def test_verify_vector(name: str):
+    vector = json.loads(_vector_file(name).read_text())
     expected = vector["expected"]
     report = _vector_run(vector)
 
@@ -95,7 +129,7 @@ def test_verify_vector(path: Path):
 
 def test_vector_outcomes_depend_on_the_clock():
     """The fixed clock is what makes 051 a warning: a year later it is expired."""
-    vector = json.loads(shared_path("adl", "verify-vectors", "vectors", "051-attestation-near-expiry-warn.json").read_text())
+    vector = json.loads(_vector_file("051-attestation-near-expiry-warn").read_text())
     assert _vector_run(vector).step("1.1.6").severity == "warn"
     expired = _vector_run(vector, now=datetime(2027, 1, 1, tzinfo=timezone.utc))
     assert expired.blocked_at_section == "1.1.6"
@@ -105,13 +139,11 @@ def test_vector_outcomes_depend_on_the_clock():
 # --- official examples ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "path", [p for p in _official_documents() if "invalid" not in p.parts], ids=lambda p: f"{p.parent.name}/{p.name}"
-)
-def test_official_example_is_admitted(path: Path):
+@pytest.mark.parametrize("document", VALID_DOCUMENTS, ids=_label)
+def test_official_example_is_admitted(document: str):
     # Unsigned examples: a configuration that does not require a signature admits
     # them, and says they are unsigned.
-    report = admit(load_passport(path), AdmissionConfig(now=VECTOR_CLOCK))
+    report = admit(load_passport(_official_document(document)), AdmissionConfig(now=VECTOR_CLOCK))
     assert report.verified, report.to_dict()
     signature = report.step("1.1.5")
     assert (signature.passed, signature.severity) == (True, "warn")
@@ -119,8 +151,9 @@ def test_official_example_is_admitted(path: Path):
     assert report.digest and report.pinned.digest == report.digest
 
 
-@pytest.mark.parametrize("path", sorted((SHARED / "adl" / "conformance" / "invalid").glob("*")), ids=lambda p: p.name)
-def test_official_invalid_document_is_rejected_in_strict_mode(path: Path):
+@pytest.mark.parametrize("document", INVALID_DOCUMENTS, ids=lambda d: d.split("/")[-1])
+def test_official_invalid_document_is_rejected_in_strict_mode(document: str):
+    path = _official_document(document)
     report = admit(load_passport(path), AdmissionConfig(now=VECTOR_CLOCK, strict=True))
     assert not report.verified
     assert report.blocked_at_section == "1.1.2"
@@ -217,22 +250,22 @@ GOVERNANCE_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 def _cases() -> list[tuple[str, str]]:
     cases = []
-    for path in _official_documents():
-        label = f"{path.parent.name}/{path.name}"
+    for document in OFFICIAL_DOCUMENTS:
+        label = _label(document)
         cases += [(label, name) for name in MUTATIONS]
-        if "governance" in path.parent.name:
+        if document.startswith("governance-examples/"):
             cases += [(label, name) for name in GOVERNANCE_MUTATIONS]
-    for path in _vector_files():
-        cases.append((f"vectors/{path.name}", "as-is"))
+    for name in VECTORS:
+        cases.append((f"vectors/{name}.json", "as-is"))
     return cases
 
 
 def _document(label: str) -> dict[str, Any]:
     folder, name = label.split("/")
     if folder == "vectors":
-        return json.loads((SHARED / "adl" / "verify-vectors" / "vectors" / name).read_text())["input"]["passport"]
-    candidates = [p for p in _official_documents() if p.parent.name == folder and p.name == name]
-    return load_passport(candidates[0])
+        return json.loads(_vector_file(name.removesuffix(".json")).read_text())["input"]["passport"]
+    [document] = [d for d in OFFICIAL_DOCUMENTS if _label(d) == label]
+    return load_passport(_official_document(document))
 
 
 @pytest.mark.parametrize(("label", "mutation"), _cases())
