@@ -308,6 +308,11 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
             assert answer.status_code == 401
         assert (await other.post(f"/v1/locks/{lock['id']}/lift", json={},
                                  headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
+        for body in ({"by": "x" * 201}, {"by": "\u0007bell"}, {"by": 7}):
+            assert (await other.post(f"/v1/locks/{lock['id']}/lift", json=body,
+                                     headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
+        assert (await other.post(f"/v1/locks/{lock['id']}/lift", content=b"{by",
+                                 headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
         assert (await other.post("/v1/locks/lock-000/lift", json={"by": "x"},
                                  headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 404
     assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"  # a wrong token lifted nothing

@@ -96,15 +96,18 @@ def test_an_agent_name_cannot_claim_a_principal_or_default_session():
     assert book.resolve(default).code == "session_name_taken"
 
 
-def test_the_default_session_name_and_its_renewal():
-    book = SessionBook(None, default="on", default_name="bench")
+def test_the_default_session_name_and_its_renewal(tmp_path):
+    book = SessionBook(tmp_path, default="on", default_name="bench")
     assert book.resolve(None) == "bench"
     book.ended("bench", None)
     assert book.resolve(None) == "bench-2"
     book.ended("bench-2", "on_loop_detected")
     assert book.resolve(None).code == "default_session_halted"
-    book.ended_by_principal("bench-2")
-    assert book.resolve(None) == "bench-3"
+    restarted = SessionBook(tmp_path, default="on", default_name="bench")
+    assert restarted.resolve(None).code == "default_session_halted"  # a restart frees nothing
+    restarted.ended_by_principal("bench-2")
+    assert restarted.resolve(None) == "bench-3"  # names used before are never reopened
+    assert SessionBook(tmp_path, default="on", default_name="bench").resolve(None) == "bench-4"
     assert SessionBook(None, default="off").resolve(None).code == "session_token_required"
 
 
