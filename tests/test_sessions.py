@@ -373,8 +373,8 @@ async def test_a_lock_survives_a_restart(tmp_path, llm):
 
 
 async def _start_governor_run(data: Path, *extra: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
-    env = {**os.environ, "GOVERNOR_CONTROL_TOKEN": "", "PYTHONUNBUFFERED": "1"}
-    env.pop("GOVERNOR_CONTROL_TOKEN")
+    env = {k: v for k, v in os.environ.items() if k != "GOVERNOR_CONTROL_TOKEN"}  # the data dir's token, then
+    env["PYTHONUNBUFFERED"] = "1"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "governor", "run", "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
         "--data-dir", str(data), *extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
