@@ -811,6 +811,17 @@ def http_get_json(url: str, timeout: float = 10.0, token: str | None = None) -> 
         return json.loads(response.read())
 
 
+def open_session(control_url: str, token: str | None, label: str = "bench") -> str:
+    """Open a session the principal's way (POST /v1/sessions); returns the token the agent sends."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{control_url}/v1/sessions", data=json.dumps({"label": label}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json",
+                                                             **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(request, timeout=10) as response:  # loopback control plane
+        return json.loads(response.read())["token"]
+
+
 def table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> str:
     """A plain-text table (also valid Markdown)."""
     rows = [[("" if v is None else str(v)) for v in row] for row in rows]

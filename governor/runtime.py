@@ -66,6 +66,7 @@ from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.runtime_api import Admission, governor_object
 from governor.runtime_sessions import SessionEvidence
 from governor.sessions import HOW_TO_OPEN
+from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
 
 log = logging.getLogger("governor.runtime")
@@ -150,6 +151,8 @@ class Runtime(SessionEvidence):
         self._store_in_thread = bool(getattr(store, "remote", False))
         self._opening: dict[str, asyncio.Lock] = {}  # sessions being opened (their first request)
         self._sweeper: asyncio.Task | None = None
+        self._index = SessionIndex()  # sorted ids: the control plane pages through them
+        self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -209,6 +212,7 @@ class Runtime(SessionEvidence):
             if live is None:
                 live = await asyncio.to_thread(self._open_session, session_id)
                 self._sessions[session_id] = live
+                self._index.add(session_id)
         self._opening.pop(session_id, None)
         return live
 
@@ -554,18 +558,20 @@ class Runtime(SessionEvidence):
                 "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
 
     def approvals(self) -> list[dict[str, Any]]:
+        return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
+
+    def _approval_views(self, live: _Session) -> list[dict[str, Any]]:
         out = []
-        for live in self._sessions.values():
-            for approval_id, pending in live.pending.items():
-                approval = live.state.approvals.get(approval_id)
-                out.append({
-                    "id": approval_id, "session": live.id, "reason": pending.reason, "trigger": pending.trigger,
-                    "tool": getattr(pending.step, "tool", None),
-                    "arguments": dict(getattr(pending.step, "arguments", {}) or {}),
-                    "persona": getattr(pending.step, "persona", None),
-                    "step_digest": approval.step_digest if approval else None,
-                    "expires_at": iso_utc(pending.expires_at),
-                })
+        for approval_id, pending in live.pending.items():
+            approval = live.state.approvals.get(approval_id)
+            out.append({
+                "id": approval_id, "session": live.id, "reason": pending.reason, "trigger": pending.trigger,
+                "tool": getattr(pending.step, "tool", None),
+                "arguments": dict(getattr(pending.step, "arguments", {}) or {}),
+                "persona": getattr(pending.step, "persona", None),
+                "step_digest": approval.step_digest if approval else None,
+                "expires_at": iso_utc(pending.expires_at),
+            })
         return out
 
     def halted(self, session: str) -> str | None:
@@ -650,15 +656,25 @@ class Runtime(SessionEvidence):
     def has_session(self, session: str) -> bool:
         return session in self._sessions
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return [view for s in sorted(self._sessions) if (view := await self.session_view(s)) is not None]
+    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Views of the sessions whose ids sort after `after`, at most `limit` (None: all):
+        O(log n + page), budget reads for the page only."""
+        ids = self._index.page(after, len(self._index) if limit is None else limit, self._sessions.__contains__)
+        views = []
+        for n, session in enumerate(ids, 1):
+            if n % VIEW_SLICE == 0:  # a page of 1,000 must not hold the proxy's loop in one piece
+                await asyncio.sleep(0)
+            # no gauge refresh here (the sweeper's): a page would set ~10 labelled gauges per session
+            if (view := await self.session_view(session, gauges=False)) is not None:
+                views.append(view)
+        return views
 
-    async def session_view(self, session: str) -> dict[str, Any] | None:
+    async def session_view(self, session: str, gauges: bool = True) -> dict[str, Any] | None:
         live = self._sessions.get(session)
         if live is None:
             return None
         try:  # a store read: off the loop for Redis, as on the per-request path
-            budgets, store_error = await self._store(self._budgets, session, not live.ended), None
+            budgets, store_error = await self._store(self._budgets, session, gauges and not live.ended), None
         except StoreError as exc:
             budgets, store_error = [], str(exc)
         state = live.state
@@ -674,7 +690,7 @@ class Runtime(SessionEvidence):
             "budgets": budgets,
             "limits": {"max_iterations": self.limits.max_iterations, "max_tool_calls_per_session": self.limits.max_tool_calls},
             "events": len(live.journal.record),
-            "pending_approvals": [a for a in self.approvals() if a["session"] == session],
+            "pending_approvals": self._approval_views(live),
         }
         if store_error:
             view["store_error"] = store_error
@@ -704,9 +720,13 @@ class Runtime(SessionEvidence):
                 log.exception("sweep failed")
 
     async def sweep(self) -> None:
-        """One pass: charge wall-clock, expire unanswered approvals, end idle sessions."""
+        """One pass: charge wall-clock, expire unanswered approvals, end idle sessions, then
+        refresh the budget gauges of the next batch of sessions. The pass yields to the
+        proxy every SWEEP_SLICE sessions: with thousands of sessions it must not hold the loop."""
         now = self.clock()
-        for live in list(self._sessions.values()):
+        for n, live in enumerate(list(self._sessions.values()), 1):
+            if n % SWEEP_SLICE == 0:
+                await asyncio.sleep(0)
             if live.ended:
                 continue
             for approval_id, pending in list(live.pending.items()):
@@ -719,14 +739,35 @@ class Runtime(SessionEvidence):
             if idle and not (self.session_book is not None and self.session_book.holds_lock(live.id)):
                 # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.end_session(live.id)
-            else:
-                if live.unsaved:
-                    await self._store(self._save, live)
-                # keep the budget gauges current for scrapers (a store read: off the loop for Redis)
-                await self._store(self._budgets, live.id)
+            elif live.unsaved:
+                await self._store(self._save, live)
+        await self._refresh_gauges()
+
+    async def _refresh_gauges(self) -> None:
+        """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round
+        robin: a bounded number of store reads per tick (off the loop for Redis)."""
+        def running(session: str) -> bool:
+            live = self._sessions.get(session)
+            return live is not None and not live.ended
+
+        batch = self._index.page(self._gauge_cursor, GAUGE_BATCH, running)
+        self._gauge_cursor = batch[-1] if len(batch) == GAUGE_BATCH else None
+        if batch:
+            await self._store(self._refresh_batch, batch)
+
+    def _refresh_batch(self, sessions: list[str]) -> None:
+        for session in sessions:
+            try:
+                self._budgets(session)
+            except StoreError:  # the next step's snapshot fails closed; a gauge can wait
+                log.warning("could not read the budgets of session %s for its gauges", session)
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+SWEEP_SLICE = 200  # sessions the sweeper handles before letting the proxy run
+GAUGE_BATCH = 50  # sessions whose budget gauges one tick refreshes
+VIEW_SLICE = 50  # session views a listing builds before letting the proxy run
 
 
 def _caps_by_key(limits: Limits) -> dict[tuple, float]:

@@ -98,7 +98,9 @@ class RuntimeAPI(Protocol):
     def has_session(self, session: str) -> bool:
         """Whether the governor knows the session (running or ended), without reading the store."""
 
-    async def sessions(self) -> list[dict[str, Any]]: ...
+    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Views of the sessions whose ids sort after `after` (None: from the first), at most
+        `limit` (None: all), in id order; the control plane pages with these."""
 
     async def session_view(self, session: str) -> dict[str, Any] | None:
         """The session's state and budgets (a store read), or None when unknown."""

@@ -139,6 +139,11 @@ class SessionEvidence:
         if self.session_book is not None:
             self.session_book.ended(session, halt_cause)
 
+    async def open_session(self, session: str) -> None:
+        """Start a session the book opened for a principal: its journal (the record's window
+        starts here) and its place in the session list."""
+        await self._session(session)  # type: ignore[attr-defined]
+
     async def end_session_by_principal(self, session: str) -> dict[str, Any]:
         """A principal ends `session` (the control plane): one opened but never used gets
         its (empty) record too, and a halted default session is released."""

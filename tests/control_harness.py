@@ -121,8 +121,9 @@ class ScriptedRuntime:
     def has_session(self, session: str) -> bool:
         return session in self.events
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return [await self.session_view(s) for s in sorted(self.events)]
+    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        ids = [s for s in sorted(self.events) if after is None or s > after]
+        return [await self.session_view(s) for s in ids[:limit]]
 
     async def session_view(self, session: str) -> dict[str, Any] | None:
         if session not in self.events:

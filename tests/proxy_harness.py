@@ -168,8 +168,9 @@ class ScriptedRuntime:
     def has_session(self, session: str) -> bool:
         return session in self.books
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return [{"session": s, "used": b.used} for s, b in self.books.items()]
+    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        ids = [s for s in sorted(self.books) if after is None or s > after]
+        return [{"session": s, "used": self.books[s].used} for s in ids[:limit]]
 
     async def session_view(self, session: str) -> dict[str, Any] | None:
         book = self.books.get(session)

@@ -253,7 +253,8 @@ async def test_bad_approval_bodies_are_clear_400s(serve, body, code):
     runtime = _pausing_runtime()
     ctl = await serve(runtime, reviewer_tokens=[REVIEWER])
     waiter = await _pause(runtime)
-    async with ctl.http.post(f"{ctl.url}/v1/approvals/appr-1", headers=_auth(REVIEWER), data=body) as resp:
+    async with ctl.http.post(f"{ctl.url}/v1/approvals/appr-1", data=body,
+                             headers={**_auth(REVIEWER), "Content-Type": "application/json"}) as resp:
         assert resp.status == 400
         assert (await _json(resp))["error"]["code"] == code
     assert "appr-1" in runtime.pending
@@ -306,7 +307,7 @@ async def test_requests_from_a_proxy_upstream_socket_are_refused(serve):
         sockname = writer.get_extra_info("sockname")
         if register:  # what the proxy addon reports in server_connected
             ctl.origin.connected(sockname)
-        writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /v1/sessions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         await writer.drain()
         data = await reader.read()
         writer.close()
@@ -465,7 +466,7 @@ async def test_unknown_routes_wrong_methods_and_big_bodies_are_json(serve):
     async with ctl.http.delete(f"{ctl.url}/v1/sessions") as resp:
         assert resp.status == 405 and "GET" in resp.headers["Allow"]
         await _json(resp)
-    async with ctl.http.post(f"{ctl.url}/v1/approvals/a", headers=_auth(REVIEWER),
+    async with ctl.http.post(f"{ctl.url}/v1/approvals/a", headers={**_auth(REVIEWER), "Content-Type": "application/json"},
                              data=b"{" + b" " * 100_000 + b"}") as resp:
         assert resp.status == 413
         await _json(resp)

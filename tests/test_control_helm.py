@@ -139,3 +139,14 @@ def test_the_session_settings_reach_governor_run(values):
     settings = resolve(parsed, environ={})
     assert (settings.sessions, settings.default_session, settings.lock_on) == (
         "principal", "auto", ("on_session_integrity",))
+
+
+def test_the_control_service_names_are_hosts_the_control_plane_answers_to():
+    from governor.proxy.cli import OPTIONS
+
+    text = _template_text()
+    assert f"name: {OPTIONS['control_host'][0]}\n" in text
+    hosts = text[text.index(f"name: {OPTIONS['control_host'][0]}"):].split("value:", 1)[1].splitlines()[0]
+    service = (CHART / "templates" / "service.yaml").read_text()
+    assert '{{ include "governor.fullname" . }}-control' in service  # the Service these names point at
+    assert hosts.count("{{ $control }}") == 4 and ".svc.cluster.local" in hosts

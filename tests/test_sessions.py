@@ -186,7 +186,7 @@ async def test_opening_a_session_needs_the_control_token(world):
         assert answer.status_code == 400, (body, answer.text)
     answer = await world.control.post("/v1/sessions", content=b"[1, 2")
     assert answer.status_code == 400
-    assert (await world.control.get("/v1/sessions")).json()["sessions"] == []
+    assert (await world.control.get("/v1/sessions")).json()["sessions"] == []  # nothing was opened
 
 
 async def test_opening_a_session_is_refused_without_any_control_token_configured(tmp_path, llm):

@@ -13,6 +13,9 @@ Access:
                                         every answer is refused
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
+Every request, before any of that (`guard`): its Host must name this control plane
+(421), a browser's cross-origin request is refused (403), and a POST body must be JSON
+(415); bodies nested deeper than 64 levels are a 400.
 Errors are JSON: {"error": {"code": "...", "message": "..."}}.
 """
 
@@ -27,14 +30,16 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Sequence
 
+import orjson
 from aiohttp import web
 
 from governor.control.auth import TokenSet, bearer
+from governor.control.guard import ControlGuard, Refusal, json_object, page_query
 from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
 from governor.control.origin import ProxyOrigin
-from governor.control.sessions_api import SESSIONS, add_routes, book_views, with_entry
+from governor.control.sessions_api import SESSIONS, add_routes, with_entry
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -50,6 +55,7 @@ NONCES = web.AppKey("nonces", object)
 METRICS = web.AppKey("metrics", Metrics)
 ORIGIN = web.AppKey("origin", ProxyOrigin)
 READY_TIMEOUT = web.AppKey("ready_timeout", float)
+GUARD = web.AppKey("guard", ControlGuard)
 
 _NONCE_STATUS = {ReusedNonce: 409, ExpiredNonce: 410, MalformedNonce: 400, TooManyNonces: 503}
 
@@ -88,7 +94,8 @@ def iso(ts: float) -> str:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Refuse proxied requests; turn every failure into a JSON error, never a traceback."""
+    """Refuse proxied requests, foreign Hosts, browsers' cross-origin and non-JSON writes
+    (see `guard`); turn every failure into a JSON error, never a traceback."""
     origin = request.app[ORIGIN]
     peer = request.transport.get_extra_info("peername") if request.transport else None
     reason = origin.through_proxy(request.headers, peer)
@@ -97,6 +104,11 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
         return error(403, "through_proxy",
                      f"the control plane does not accept requests relayed by the governor's proxy ({reason}); "
                      "a governed agent cannot act on its own session")
+    try:
+        request.app[GUARD].check(request.method, request.path, request.headers, request.body_exists)
+    except Refusal as refusal:
+        log.warning("refused %s %s: %s", request.method, request.path, refusal.message)
+        return error(refusal.status, refusal.code, refusal.message)
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -149,12 +161,9 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> tuple[d
             return {}, None
         return None, error(400, "body_required", "a JSON object body is required")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, error(400, "bad_json", f"the body is not valid JSON: {exc}")
-    if not isinstance(body, dict):
-        return None, error(400, "bad_json", "the body must be a JSON object")
-    return body, None
+        return json_object(raw), None
+    except Refusal as refusal:  # not JSON, not an object, nested too deep: a clear 400
+        return None, error(refusal.status, refusal.code, refusal.message)
 
 
 # --- handlers --------------------------------------------------------------------------
@@ -188,12 +197,22 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def list_sessions(request: web.Request) -> web.Response:
+    """A page of sessions sorted by id: `?limit=` (default 100, at most 1000) after the
+    cursor `?after=` (the previous page's `next`); `next` is null on the last page."""
     if refusal := _operator_refusal(request):
         return refusal
+    try:
+        after, limit = page_query(request.query)
+    except Refusal as refusal:
+        return error(refusal.status, refusal.code, refusal.message)
+    views = await request.app[RUNTIME].sessions(after=after, limit=limit + 1)
+    more = len(views) > limit
+    views = views[:limit]
     book = request.app[SESSIONS]
-    views = [with_entry(view, book) for view in await request.app[RUNTIME].sessions()]
-    views += book_views(book, {view.get("session") for view in views})
-    return ok({"sessions": views})
+    views = [with_entry(view, book) for view in views]  # who opened it, its label and nonce
+    page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
+    # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop
+    return web.Response(body=orjson.dumps(page, default=_jsonable), content_type="application/json")
 
 
 def _unknown_session(session: str) -> web.Response:
@@ -305,11 +324,14 @@ async def end_session(request: web.Request) -> web.Response:
 
 def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
                nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
-               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0, sessions: Any = None) -> web.Application:
+               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0,
+               control_hosts: Sequence[str] = (), sessions: Any = None) -> web.Application:
     """The control plane application.
 
     `origin` is shared with the proxy addon (it reports its upstream sockets there);
-    `nonces` defaults to an in-process issuer with `nonce_ttl`.
+    `nonces` defaults to an in-process issuer with `nonce_ttl`; `control_hosts` are
+    the names besides localhost and the listen address that the Host header may carry
+    ("*": any).
     """
     app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
     app[RUNTIME] = runtime
@@ -320,6 +342,7 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app[ORIGIN] = origin if origin is not None else ProxyOrigin()
     app[READY_TIMEOUT] = float(ready_timeout)
     app[SESSIONS] = sessions if sessions is not None else getattr(runtime, "session_book", None)
+    app[GUARD] = ControlGuard(control_hosts)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -334,22 +357,54 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     return app
 
 
-async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081) -> web.AppRunner:
+CONTROL_KEEPALIVE = 15.0
+CONTROL_MAX_CONNECTIONS = 64
+
+
+async def start_control(app: web.Application, host: str = "127.0.0.1", port: int = 8081, *,
+                        keepalive_timeout: float = CONTROL_KEEPALIVE,
+                        max_connections: int = CONTROL_MAX_CONNECTIONS) -> web.AppRunner:
     """Serve `app` on host:port (port 0: any free port); returns the runner (`await runner.cleanup()`).
 
     The bound addresses are handed to the app's ProxyOrigin so the proxy can refuse
-    to connect to them.
+    to connect to them. `keepalive_timeout` closes a connection that has not completed a
+    request that long after it opened or after its last response: half-sent and
+    dribbled requests included (aiohttp does not move it for partial data). Over
+    `max_connections` open connections (see `cap_connections`), the oldest idle one is closed.
     """
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, keepalive_timeout=keepalive_timeout)
     await runner.setup()
+    cap_connections(runner.server, max_connections)
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError:
         await runner.cleanup()
         raise
-    await asyncio.to_thread(app[ORIGIN].listening, list(runner.addresses))
+    addresses = list(runner.addresses)
+    await asyncio.to_thread(app[ORIGIN].listening, addresses)
+    await asyncio.to_thread(app[GUARD].listening, addresses)
     return runner
+
+
+def cap_connections(server: Any, cap: int) -> None:
+    """At most `cap` connections to the control plane: its sockets share the process's
+    descriptors with the proxy, journals and the store. A connection over the cap closes the
+    oldest one with no request in progress (idle or still sending its headers), else itself."""
+    made = server.connection_made
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        made(handler, transport)
+        if len(server.connections) <= cap:
+            return
+        for other in server.connections:  # oldest first
+            if other is not handler and not getattr(other, "_request_in_progress", True):
+                other.force_close()
+                return
+        log.warning("control plane: %d connections, all busy; refused one", cap)
+        handler.force_close()
+
+    server.connection_made = connection_made
 
 
 def control_url(runner: web.AppRunner) -> str:

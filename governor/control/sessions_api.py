@@ -62,7 +62,7 @@ def _book(request: web.Request) -> Any:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    from governor.control.app import _json_body, error, ok
+    from governor.control.app import RUNTIME, _json_body, error, ok
 
     if refusal := _principal_refusal(request, reviewers_too=False):
         return refusal
@@ -87,6 +87,15 @@ async def open_session(request: web.Request) -> web.Response:
         except NonceError as exc:
             return error(400, "nonce_malformed", str(exc))
     entry, token = book.open(label=label, nonce=nonce)
+    start = getattr(request.app[RUNTIME], "open_session", None)
+    if start is not None:  # the session starts now: journaled, listed, idle-timed from here
+        try:
+            await start(entry.id)
+        except Exception:
+            log.exception("session %s could not be started", entry.id)
+            book.ended(entry.id, None)  # its token is refused: nothing can be recorded for it
+            return error(503, "session_not_started", "the governor could not start the session's journal; "
+                         "see its log")
     log.info("session %s opened by a principal%s", entry.id, f" ({label})" if label else "")
     view = entry.view()
     view.update({"token": token, "header": {"ADL-Session": token}, "locked": book.locked})
@@ -143,20 +152,6 @@ def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:
     if entry is not None:
         view.update({"opened_by": entry.by, "label": entry.label, "nonce": entry.nonce})
     return view
-
-
-def book_views(book: Any, known: set[str]) -> list[dict[str, Any]]:
-    """Sessions the book opened that the runtime has not seen yet (opened, never used)."""
-    if book is None:
-        return []
-    views = []
-    for entry in book.entries():
-        if entry.id in known or entry.ended_at is not None:
-            continue
-        view = entry.view()
-        view["state"] = "ended" if entry.ended_at is not None else "opened"
-        views.append(view)
-    return views
 
 
 def add_routes(app: web.Application) -> None:

@@ -23,6 +23,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "config": ("GOVERNOR_CONFIG", "a YAML file of settings (keys: these options, plus routes, ...)"),
     "listen": ("GOVERNOR_LISTEN", "proxy address HOST:PORT (default 127.0.0.1:8080)"),
     "control": ("GOVERNOR_CONTROL", "control plane address HOST:PORT, or 'off' (default 127.0.0.1:8081)"),
+    "control_host": ("GOVERNOR_CONTROL_HOST", "extra Host names the control plane answers to, comma-separated "
+                     "(default: its listen address, localhost, 127.0.0.1, ::1; '*': any)"),
     "mode": ("GOVERNOR_MODE", "regular (explicit HTTPS_PROXY, default) or reverse:URL (agent's base URL = the proxy)"),
     "data_dir": ("GOVERNOR_DATA_DIR", "state, journals, records, the governor key and the CA (default ./.governor)"),
     "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
@@ -41,6 +43,15 @@ OPTIONS: dict[str, tuple[str, str]] = {
                 "comma-separated, or none (default on_session_integrity)"),
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
+    "client_header_timeout": ("GOVERNOR_CLIENT_HEADER_TIMEOUT", "seconds a new client connection has to send its "
+                              "first request's headers (default 30)"),
+    "client_body_timeout": ("GOVERNOR_CLIENT_BODY_TIMEOUT", "seconds a request body has to arrive after its headers "
+                            "(default 120)"),
+    "client_idle_timeout": ("GOVERNOR_CLIENT_IDLE_TIMEOUT", "seconds a keep-alive client connection may sit idle "
+                            "(default 60)"),
+    "max_client_connections": ("GOVERNOR_MAX_CLIENT_CONNECTIONS", "client connections open at once (default: from "
+                               "the file-descriptor limit, about 7/16 of it); over it the longest-waiting idle one is "
+                               "closed, or the newcomer refused"),
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
@@ -131,6 +142,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.listen = _address(listen, "--listen")
     if (control := value("control")) is not None:
         settings.control = None if str(control).lower() == "off" else _address(control, "--control")
+    if (hosts := value("control_host")) is not None:
+        names = hosts if isinstance(hosts, list) else str(hosts).split(",")
+        settings.control_hosts = tuple(str(h).strip() for h in names if str(h).strip())
     if (mode := value("mode")) is not None:
         if mode != "regular" and not str(mode).startswith("reverse:"):
             raise UsageError(f"--mode: expected regular or reverse:URL, got {mode!r}")
@@ -157,6 +171,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             raise UsageError(f"--upstream-ca {ca}: no such file")
     if (timeout := value("upstream_timeout")) is not None:
         settings.upstream_timeout = _number(timeout, "--upstream-timeout")
+    for name in ("client_header_timeout", "client_body_timeout", "client_idle_timeout"):
+        if (seconds := value(name)) is not None:
+            setattr(settings, name, _number(seconds, "--" + name.replace("_", "-")))
+    if (cap := value("max_client_connections")) is not None:
+        if not str(cap).isdigit() or int(cap) < 1:
+            raise UsageError(f"--max-client-connections: expected a whole number >= 1, got {cap!r}")
+        settings.max_client_connections = int(cap)
     if (pricing := value("pricing")) is not None:
         settings.pricing = Path(pricing)
     if (store := value("store")) is not None:
@@ -280,6 +301,10 @@ def instructions(running: Any) -> str:
     limits = getattr(runtime, "limits", None)
     lines.append(f"  tier:           {limits.tier.value if limits is not None else settings.tier.value}")
     lines.append(f"  proxy:          {running.proxy_url} (mode {settings.mode})")
+    guard = getattr(running, "connections", None)
+    if guard is not None:
+        lines.append(f"  clients:        at most {guard.cap} connections; headers within {settings.client_header_timeout:g}s, "
+                     f"bodies {settings.client_body_timeout:g}s, idle keep-alive closed after {settings.client_idle_timeout:g}s")
     if running.control_url:
         lines.append(f"  control plane:  {running.control_url}")
         token_file = getattr(running, "control_token_file", None)

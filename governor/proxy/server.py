@@ -28,6 +28,9 @@ from governor.adapters import AdapterRegistry, Route
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
 from governor.proxy.addon import Governor, ProxyPolicy
+from governor.proxy.connections import (
+    DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
+)
 from governor.runtime_api import RuntimeAPI
 
 log = logging.getLogger("governor.proxy")
@@ -64,6 +67,10 @@ class Settings:
     upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
     upstream_insecure: bool = False  # do not verify upstream certificates (tests only)
     upstream_timeout: float = 300.0
+    client_header_timeout: float = DEFAULT_HEADER_TIMEOUT  # a new connection's first request headers, due within
+    client_body_timeout: float = DEFAULT_BODY_TIMEOUT  # a request body, complete within this after its headers
+    client_idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # a keep-alive connection with nothing in flight, closed after
+    max_client_connections: int = 0  # 0: derived from the file-descriptor limit
     tick_interval: float = 1.0
     max_body_bytes: int = 64 * 1024 * 1024
     routes: tuple[Route, ...] = ()
@@ -75,6 +82,7 @@ class Settings:
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
+    control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
 
     @property
@@ -97,6 +105,7 @@ class Running:
     _peers: Any = None  # the A2A PeerResolver serve() built (closed on stop)
     sessions: Any = None  # the SessionBook: who may act in which session, locks
     control_token_file: Any = None  # <data-dir>/control-token when `governor run` made or read it
+    connections: ConnectionGuard | None = None  # client connection deadlines and cap
 
     @property
     def proxy_url(self) -> str:
@@ -165,6 +174,9 @@ def master_options(settings: Settings) -> dict[str, Any]:
         confdir=str(settings.data_dir),
         connection_strategy="lazy",
         ssl_insecure=settings.upstream_insecure,
+        # mitmproxy's own inactivity bound, for what the connection guard does not time
+        # (tunnels, a stream in flight): never shorter than the upstream's allowed silence
+        tcp_timeout=int(max(600, settings.upstream_timeout + 60)),
     )
     if settings.upstream_ca is not None:
         opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)
@@ -193,7 +205,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
         origin = ProxyOrigin()
         app = create_app(runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
-                         metrics=metrics, origin=origin, sessions=book)
+                         metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book)
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
@@ -203,9 +215,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
     addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin, sessions=book)
     started = _Started()
+    guard = ConnectionGuard(ConnectionLimits(
+        header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
+        idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
     master = Master(options.Options())
     master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
-                      errorcheck.ErrorCheck(), addon, started)
+                      errorcheck.ErrorCheck(), guard, addon, started)
     try:
         master.options.update(**master_options(settings))
     except Exception as exc:  # mitmproxy's OptionsError, a bad mode spec, an unreadable CA file
@@ -226,7 +241,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                            f"(mode {settings.mode}); see the log above")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers,
-                   book)
+                   sessions=book, connections=guard)
 
 
 def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:

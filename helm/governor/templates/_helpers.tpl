@@ -63,6 +63,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - name: control
       containerPort: {{ .Values.governor.ports.control }}
   env:
+    # the names the control plane answers to besides the pod's own (its Host rule: DNS rebinding)
+    {{- $control := printf "%s-control" (include "governor.fullname" .) }}
+    - name: GOVERNOR_CONTROL_HOST
+      value: "{{ $control }},{{ $control }}.{{ .Release.Namespace }},{{ $control }}.{{ .Release.Namespace }}.svc,{{ $control }}.{{ .Release.Namespace }}.svc.cluster.local"
     {{- if .Values.reviewerTokens.existingSecret }}
     - name: GOVERNOR_REVIEWER_TOKENS
       valueFrom:
