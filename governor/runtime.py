@@ -63,6 +63,7 @@ from governor.policy import (
 )
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
+from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
 from governor.runtime_sessions import SessionEvidence
 from governor.sessions import HOW_TO_OPEN
@@ -129,6 +130,7 @@ class Runtime(SessionEvidence):
         journal_sync: bool = True,
         pinned: Any = None,
         owns_store: bool = False,
+        persona_idle_sec: float = DEFAULT_IDLE_SEC,
     ) -> None:
         self.limits = limits
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
@@ -153,6 +155,7 @@ class Runtime(SessionEvidence):
         self._sweeper: asyncio.Task | None = None
         self._index = SessionIndex()  # sorted ids: the control plane pages through them
         self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
+        self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -247,6 +250,8 @@ class Runtime(SessionEvidence):
     # --- steps -------------------------------------------------------------------------
 
     async def admit(self, session: str, step: Step) -> Admission:
+        if type(step) is PersonaActivity:  # a request of a persona instance: the registry spawns it
+            return await self.personas.enter(session, step)
         started = time.perf_counter()
         try:
             live = self._sessions.get(session) or await self._session(session)
@@ -359,6 +364,9 @@ class Runtime(SessionEvidence):
         live.unsaved = True
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
+        if type(ticket) is InstanceLease:  # the request of a persona instance is over
+            ticket.release()
+            return
         live = self._sessions.get(session)
         if live is None or not isinstance(ticket, Ticket) or ticket.done:
             return
@@ -604,6 +612,8 @@ class Runtime(SessionEvidence):
         if session not in self._sessions and not journal_path(self.data_dir, session).exists():
             raise KeyError(session)
         live = await self._session(session)
+        if not live.ended:  # each persona instance's end is recorded beside its spawn
+            await self.personas.end_all(session, "session_end")
         async with live.lock:
             if live.ended:
                 return live.final_record or self._signed(live, None)
@@ -619,6 +629,7 @@ class Runtime(SessionEvidence):
             live.final_record = record
         self._session_ended(session, live.state.halt_cause if live.state.halted else None)
         self.metrics.forget_session(session)
+        self.personas.forget(session)
         if session == self._default_session:
             self._default_session = self._new_default_session()
         return record
@@ -720,15 +731,19 @@ class Runtime(SessionEvidence):
                 log.exception("sweep failed")
 
     async def sweep(self) -> None:
-        """One pass: charge wall-clock, expire unanswered approvals, end idle sessions, then
-        refresh the budget gauges of the next batch of sessions. The pass yields to the
-        proxy every SWEEP_SLICE sessions: with thousands of sessions it must not hold the loop."""
+        """One pass: end idle persona instances, charge wall-clock, expire unanswered approvals,
+        end idle sessions, then refresh the budget gauges of the next batch of sessions. The
+        pass yields to the proxy every SWEEP_SLICE sessions: with thousands of sessions it must
+        not hold the loop."""
+        await self.personas.sweep()
         now = self.clock()
         for n, live in enumerate(list(self._sessions.values()), 1):
             if n % SWEEP_SLICE == 0:
                 await asyncio.sleep(0)
             if live.ended:
                 continue
+            if live.state.personas_live:
+                self.personas.reconcile(live.id, live.state.personas_live)
             for approval_id, pending in list(live.pending.items()):
                 if now >= pending.expires_at and not pending.answer.done():
                     await self._expire(live, approval_id)

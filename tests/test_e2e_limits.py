@@ -132,8 +132,12 @@ async def test_s4_1_an_undeclared_persona_is_recorded_with_the_declared_continue
     answered = await chat(world, "persona", **{"ADL-Persona": "ghost"})
     assert answered.status_code == 200  # on_sub_agent_denied: continue (fail-open, declared, recorded)
     events, record = await verified_events(world, "persona", tmp_path, capsys)
-    assert events == [("on_sub_agent_denied", "continue"), ("on_anomaly", "pause")]
+    # the spawn of the undeclared persona (denied, continued, so the instance lives and is
+    # recorded as spawned), its model call (denied, continued), its end with the session
+    assert events == [("on_sub_agent_denied", "continue"), ("on_sub_agent_spawned", "continue"),
+                      ("on_sub_agent_denied", "continue"), ("on_sub_agent_ended", "continue"), ("on_anomaly", "pause")]
     assert record["events"][0]["detail"]["overridden_cause"] == "on_sub_agent_denied"
+    assert record["events"][0]["detail"]["step"] == "persona_spawn"
 
 
 async def test_s4_2_an_unmatched_peer_is_refused_with_the_declared_fallback(world, tmp_path, capsys):

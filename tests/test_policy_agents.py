@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from governor.policy import (
+    ON_DELEGATION_ADMITTED,
     ON_DELEGATION_DENIED,
     ON_ITERATION_LIMIT,
     ON_SUB_AGENT_DENIED,
+    ON_SUB_AGENT_ENDED,
+    ON_SUB_AGENT_SPAWNED,
     Action,
     Delegation,
     LimitsError,
@@ -103,7 +106,33 @@ def test_s4_1_spawn_decision_names_the_matched_rule():
 def test_s4_1_r1_records_prospective_spawn_without_blocking():
     driver = Driver(_personas({"name": "helper"}), tier=Tier.R1)
     decision = driver.run(PersonaSpawn("stranger"))
-    assert not decision.blocks and decision.event["detail"]["would"] == "halt"
+    observed, spawned = decision.events
+    assert not decision.blocks and observed["detail"]["would"] == "halt"
+    assert spawned["cause"] == ON_SUB_AGENT_SPAWNED  # it went ahead, and the record says so
+
+
+def test_s4_1_5_a_permitted_spawn_and_its_end_are_recorded():
+    driver = Driver(_personas({"name": "helper", "max_parallel": 2}))
+    spawn = driver.run(PersonaSpawn("helper", instance="a1"))
+    assert spawn.action is Action.PERMIT and not spawn.blocks
+    [event] = spawn.events
+    assert (event["cause"], event["action"]) == (ON_SUB_AGENT_SPAWNED, "continue")
+    detail = event["detail"]
+    assert detail["decision"] == "permit" and "overridden_cause" not in detail  # it overrode nothing
+    assert (detail["persona"], detail["instance"], detail["live"], detail["max_parallel"]) == ("helper", "a1", 1, 2)
+    assert detail["matched_rule"] == "permissions.sub_agents[0]" and "draw_down" in detail
+    ended = driver.run(PersonaExit("helper", instance="a1", reason="idle", lived_sec=1.5))
+    [event] = ended.events
+    assert (event["cause"], event["action"]) == (ON_SUB_AGENT_ENDED, "continue")
+    assert (event["detail"]["reason"], event["detail"]["live"], event["detail"]["lived_sec"]) == ("idle", 0, 1.5)
+    assert "helper" not in driver.state.personas_live
+
+
+def test_s4_1_5_a_refused_spawn_records_only_the_refusal():
+    driver = Driver(_personas({"name": "helper", "max_parallel": 1}))
+    driver.run(PersonaSpawn("helper"))
+    refused = driver.run(PersonaSpawn("helper"))
+    assert refused.blocks and [e["cause"] for e in refused.events] == [ON_SUB_AGENT_DENIED]
 
 
 def test_s4_1_duplicate_persona_names_refuse_the_passport():
@@ -160,6 +189,21 @@ def test_s4_2_admitted_peer_records_the_matched_rule():
     assert decision.action is Action.PERMIT
     assert decision.details["matched_rule"] == "match:https://partners.example/agents/*"
     assert decision.details["peer"] == PEER
+
+
+def test_s4_2_5_an_admitted_delegation_is_recorded():
+    decision = _delegate(Driver(_delegating()))
+    [event] = decision.events
+    assert (event["cause"], event["action"]) == (ON_DELEGATION_ADMITTED, "continue")
+    detail = event["detail"]
+    assert (detail["decision"], detail["peer"], detail["chain_depth"]) == ("permit", PEER, 1)
+    assert detail["matched_rule"] == "match:https://partners.example/agents/*" and "overridden_cause" not in detail
+    denied = _delegate(Driver(_delegating()), verified=False)
+    assert [e["cause"] for e in denied.events] == [ON_DELEGATION_DENIED]  # a refusal is not also an admission
+    by_persona = Driver(_delegating()).run(Delegation(PEER, _peer(), True, 1, persona="scout"))
+    assert by_persona.event["detail"]["persona"] == "scout"  # §8.3: attributed to the persona
+    refused = Driver(_delegating()).run(Delegation(PEER, None, False, 1, persona="scout"))
+    assert refused.event["detail"]["persona"] == "scout"
 
 
 def test_s4_2_unverified_peer_passport_is_denied():

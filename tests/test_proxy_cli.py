@@ -71,3 +71,19 @@ def test_governor_run_freezes_what_start_up_made_out_of_the_cyclic_gc() -> None:
         assert gc.get_count()[0] == 0  # nothing left young: the next collections see only new objects
     finally:
         gc.unfreeze()  # the test process goes on collecting as before
+
+
+def test_the_persona_idle_time_from_flag_environment_and_config_file(tmp_path: Path) -> None:
+    from governor.proxy.cli import OPTIONS, resolve
+
+    def args(**values: object) -> argparse.Namespace:
+        return argparse.Namespace(**{**{name: None for name in OPTIONS}, **values})
+
+    config = tmp_path / "governor.yaml"
+    config.write_text("persona_idle: 15\n")
+    assert resolve(args(), {}).persona_idle == 60.0
+    assert resolve(args(), {"GOVERNOR_PERSONA_IDLE": "5"}).persona_idle == 5.0
+    assert resolve(args(persona_idle="2.5"), {"GOVERNOR_PERSONA_IDLE": "5"}).persona_idle == 2.5
+    assert resolve(args(config=str(config)), {}).persona_idle == 15.0
+    with pytest.raises(UsageError, match="--persona-idle: must be positive"):
+        resolve(args(persona_idle="0"), {})

@@ -27,7 +27,7 @@ from governor.runtime import Runtime
 from governor.store import Reservation, SQLiteStore, StoreUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
-NOW = 1_790_000_000.0  # 2026-09-21: inside the example passport's validity
+NOW = 1_796_000_000.0  # 2026-11-30: inside the example passport's validity, after its issued_at
 
 
 class Clock:

@@ -143,7 +143,7 @@ class PeerResolver:
     async def _from_file(self, path: Path, url: str) -> PeerIdentity:
         try:
             raw = await asyncio.to_thread(path.read_bytes)
-            document = parse_passport(raw, source=str(path))
+            document = await asyncio.to_thread(parse_passport, raw, source=str(path))  # bounded, off the loop
         except Exception as exc:  # unreadable or unparseable: the peer stays unverified
             return PeerIdentity(url, None, False, f"static passport {path}: {exc}", "static")
         return self._admit(document, str(path), url, "static")
@@ -154,7 +154,8 @@ class PeerResolver:
             discovery = await self._get_json(origin + DISCOVERY_PATH)
             entry = await self._entry(discovery, origin)
             source = urljoin(origin + "/", entry["adl_document"])
-            document = parse_passport(await self._get(source), source=source)
+            # a peer's bytes: the bounded reader, in a thread (a large YAML costs up to seconds)
+            document = await asyncio.to_thread(parse_passport, await self._get(source), source=source)
         except PeerError as exc:
             return PeerIdentity(url, None, False, str(exc), "discovery")
         except Exception as exc:  # a malformed passport, typically
@@ -291,7 +292,7 @@ class A2AAdapter(Adapter):
             peer = await self._peers.resolve(url)
         exchange.state["peer"] = peer
         return [Delegation(peer_id=peer.peer_id, peer_passport=peer.passport, peer_verified=peer.verified,
-                           chain_depth=exchange.state["delegation_depth"], peer_url=url)]
+                           chain_depth=exchange.state["delegation_depth"], peer_url=url, persona=exchange.persona)]
 
     def observe_response(self, exchange: Exchange, status: int, headers: Mapping[str, str],
                          body: bytes) -> Observation:

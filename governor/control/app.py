@@ -354,6 +354,9 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app.router.add_post("/v1/approvals/{approval}", answer_approval)
     app.router.add_post("/v1/nonces", issue_nonce)
     add_routes(app)
+    from governor.control import personas  # imports this module: added here, not at the top
+
+    personas.add_routes(app)
     return app
 
 

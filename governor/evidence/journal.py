@@ -130,6 +130,8 @@ def _parse_line(raw: bytes, prev: str) -> tuple[str, dict[str, Any], str]:
         entry = json.loads(raw)
     except ValueError as exc:
         raise _Damaged(f"not JSON ({exc})") from None
+    except RecursionError:  # nesting the governor never writes (its own json.dumps stops there too)
+        raise _Damaged("not JSON (nested too deeply)") from None
     if not isinstance(entry, dict) or set(entry) != _LINE_MEMBERS or not isinstance(entry["body"], dict):
         raise _Damaged("not a journal entry")
     kind, body = entry["kind"], entry["body"]

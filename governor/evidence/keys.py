@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from governor.canonical import b64url, b64url_decode
+from governor.documents import JSON, DocumentError, parse_document, read_document_bytes
+from governor.ed25519_points import ed25519_key_problem
 from governor.evidence.errors import DidDocumentError, KeyFileError
 from governor.evidence.record import fsync_directory
 
@@ -89,11 +91,16 @@ def key_fingerprint(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
     return "SHA256:" + b64url(hashlib.sha256(public_key_bytes(key)).digest())
 
 
+_MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM key is a few hundred bytes
+
+
 def _read(path: Path | str, what: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return read_document_bytes(path, max_bytes=_MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise KeyFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise KeyFileError(f"{what} {exc}") from None
 
 
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
@@ -117,7 +124,19 @@ def load_public_key(path: Path | str) -> Ed25519PublicKey:
         raise KeyFileError(f"{path} is not a PEM public key: {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+    problem = ed25519_key_problem(public_key_bytes(key))
+    if problem is not None:
+        raise KeyFileError(f"{path}: {problem} is refused")
     return key
+
+
+def usable_public_key(raw: bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from 32 raw bytes; ValueError for any other length, a small-order
+    point or a non-canonical encoding (governor.ed25519_points)."""
+    problem = ed25519_key_problem(raw)
+    if problem is not None:
+        raise ValueError(problem)
+    return Ed25519PublicKey.from_public_bytes(raw)
 
 
 def private_key_pem(key: Ed25519PrivateKey) -> bytes:
@@ -215,9 +234,12 @@ def _method_key(method: Mapping[str, Any]) -> Ed25519PublicKey | None:
             raw = _base58_decode(method["publicKeyBase58"])
     except (ValueError, TypeError):
         return None
-    if raw is None or len(raw) != 32:
+    if raw is None:
         return None
-    return Ed25519PublicKey.from_public_bytes(raw)
+    try:
+        return usable_public_key(raw)
+    except ValueError:
+        return None
 
 
 def assertion_keys(document: Mapping[str, Any], did: str | None = None) -> list[Ed25519PublicKey]:
@@ -256,15 +278,14 @@ def public_key_from_did_document(document: Mapping[str, Any], did: str | None = 
 
 
 def load_did_document(path: Path | str) -> dict[str, Any]:
+    """A DID document file: a JSON object, read within the bounds of governor.documents."""
     try:
-        document = json.loads(Path(path).read_bytes())
+        return parse_document(read_document_bytes(path), format=JSON, source=f"DID document {path}",
+                              what="DID document")
     except OSError as exc:
         raise KeyFileError(f"cannot read DID document {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise KeyFileError(f"DID document {path} is not JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise KeyFileError(f"DID document {path} is not a JSON object")
-    return document
+    except DocumentError as exc:
+        raise KeyFileError(str(exc)) from None
 
 
 # --- key files ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from governor.documents import JSON, YAML, DocumentError, parse_document
+from governor.documents import JSON, YAML, DocumentError, parse_document, read_document_bytes
 from governor.evidence.errors import InputError
 
 _FORMATS = {".json": JSON, ".yaml": YAML, ".yml": YAML}
@@ -21,9 +21,11 @@ def load_passport(path: Path | str) -> dict[str, Any]:
     InputError says why it cannot be read."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_document_bytes(path)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise InputError(str(exc)) from None
     try:
         return parse_document(data, format=_FORMATS.get(path.suffix.lower()), source=str(path), what="passport")
     except DocumentError as exc:

@@ -23,7 +23,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
-from governor.documents import JSON, DocumentError, parse_document
+from governor.documents import JSON, DocumentError, parse_document, read_document_bytes
+from governor.ed25519_points import ed25519_key_problem
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import DidDocumentError, InputError, RecordVerificationError, SchemaNotFoundError
 from governor.evidence.keys import assertion_keys, key_fingerprint, public_key_bytes
@@ -161,6 +162,8 @@ def _resolve_governor_keys(
     """The keys a record by `governor` may be signed with, and how they were found (§8.2)."""
     if public_key is None and did_document is None:
         raise _Fail("no governor key given: pass the governor's public key or its DID document")
+    if public_key is not None and (problem := ed25519_key_problem(public_key_bytes(public_key))) is not None:
+        raise _Fail(f"the given key: {problem} is refused")
     if did_document is not None:
         try:
             keys = assertion_keys(did_document, governor)
@@ -401,7 +404,9 @@ def parse_record(data: bytes | str, source: str = "record") -> dict[str, Any]:
 
 def load_record(path: Path | str) -> Any:
     try:
-        data = Path(path).read_bytes()
+        data = read_document_bytes(path)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise InputError(str(exc)) from None
     return parse_record(data, str(path))

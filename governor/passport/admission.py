@@ -38,6 +38,7 @@ DEVELOPMENT = "development"  # draft passports are admitted with a warning
 MODES = (ENFORCE, DEVELOPMENT)
 
 LOCAL_FILE = "local_file"
+DEFAULT_CLOCK_SKEW = timedelta(seconds=300)  # a passport issued further ahead than this is refused
 SENSITIVITY_ORDER = ("public", "internal", "confidential", "restricted")
 
 TITLES = {
@@ -78,6 +79,8 @@ class AdmissionConfig:
     require_provider_coherence: provider.url's host must also be the passport
         identity's domain (or a parent of it).
     strict: closed top level (unknown top-level members fail).
+    max_clock_skew: how far in the future `security.attestation.issued_at` may lie
+        (the issuer's clock running ahead); beyond it the passport is refused at 1.1.6.
     """
 
     now: datetime | float
@@ -90,6 +93,7 @@ class AdmissionConfig:
     require_provider_coherence: bool = False
     strict: bool = False
     expiry_warning: timedelta = timedelta(days=30)
+    max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW
 
     def __post_init__(self) -> None:
         now = self.now
@@ -99,6 +103,8 @@ class AdmissionConfig:
             raise ValueError("AdmissionConfig.now must be a timezone-aware datetime or epoch seconds")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not isinstance(self.max_clock_skew, timedelta) or self.max_clock_skew < timedelta(0):
+            raise ValueError("AdmissionConfig.max_clock_skew must be a timedelta >= 0")
         object.__setattr__(self, "now", now)
         object.__setattr__(self, "did_documents", MappingProxyType(dict(self.did_documents)))
         object.__setattr__(self, "provider_allowlist", tuple(self.provider_allowlist))
@@ -326,14 +332,25 @@ class _Admission:
     # --- 1.1.6 ------------------------------------------------------------------------------
 
     def validity(self) -> tuple[bool, str, str]:
+        now = self.config.now
+        assert isinstance(now, datetime)  # normalized by AdmissionConfig
+        issued_text = _get(self.document, "security", "attestation", "issued_at")
+        if issued_text is not None:
+            issued = parse_datetime(issued_text)
+            if issued is None:
+                return False, BLOCK, f"issued_at {issued_text!r} is not an RFC 3339 date-time"
+            skew = self.config.max_clock_skew
+            if issued > now + skew:
+                return False, BLOCK, (
+                    f"issued in the future: issued_at {issued_text} is {_duration(issued - now)} after the "
+                    f"admission time, beyond the allowed clock skew of {_duration(skew)}"
+                )
         expires_text = _get(self.document, "security", "attestation", "expires_at")
         if expires_text is None:
             return True, INFO, "no expiry declared"
         expires = parse_datetime(expires_text)
         if expires is None:
             return False, BLOCK, f"expires_at {expires_text!r} is not an RFC 3339 date-time"
-        now = self.config.now
-        assert isinstance(now, datetime)  # normalized by AdmissionConfig
         if expires <= now:
             return False, BLOCK, f"attestation expired at {expires_text}"
         if expires - now <= self.config.expiry_warning:
@@ -425,6 +442,13 @@ def host_matches(pattern: str, host: str) -> bool:
     """Core §4.4 host glob: `*` is any run of characters within one label."""
     regex = "".join("[^.]*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern.lower()))
     return re.fullmatch(regex, host.lower()) is not None
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 3 * 86400:
+        return f"{seconds} s"
+    return f"{seconds // 86400} days"
 
 
 def _get(document: Any, *path: str) -> Any:

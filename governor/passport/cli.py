@@ -9,11 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from governor.cli import UsageError
-from governor.passport.admission import DEVELOPMENT, ENFORCE, AdmissionConfig, AdmissionReport, admit
+from governor.passport.admission import (
+    DEFAULT_CLOCK_SKEW,
+    DEVELOPMENT,
+    ENFORCE,
+    AdmissionConfig,
+    AdmissionReport,
+    admit,
+)
 from governor.passport.did import load_did_documents
 from governor.passport.errors import PassportError
 from governor.passport.loader import JSON, dump_passport, format_for_path, load_passport
@@ -50,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--mode", choices=(ENFORCE, DEVELOPMENT), default=ENFORCE,
                         help="enforce (default) refuses draft passports; development admits them with a warning")
     verify.add_argument("--now", metavar="TIME", help="check validity at this RFC 3339 time instead of now")
+    verify.add_argument("--max-clock-skew", type=float, metavar="SECONDS", default=DEFAULT_CLOCK_SKEW.total_seconds(),
+                        help="refuse a passport issued further than this in the future (default: %(default)g)")
     verify.set_defaults(func=run_verify)
 
     digest = commands.add_parser(
@@ -88,6 +97,8 @@ def run_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"--now {args.now!r} is not an RFC 3339 date-time (e.g. 2026-05-01T00:00:00Z)")
     else:
         now = datetime.now(timezone.utc)
+    if not args.max_clock_skew >= 0:
+        raise UsageError("--max-clock-skew must be a number of seconds >= 0")
     allowlist = tuple(h.strip() for h in (args.provider_allowlist or "").split(",") if h.strip())
     config = AdmissionConfig(
         now=now,
@@ -98,6 +109,7 @@ def run_verify(args: argparse.Namespace) -> int:
         did_documents=did_documents,
         provider_allowlist=allowlist,
         strict=args.strict,
+        max_clock_skew=timedelta(seconds=args.max_clock_skew),
     )
     report = admit(document, config)
     if args.json:

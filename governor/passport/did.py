@@ -27,6 +27,7 @@ from governor.passport.keys import (
     public_key_from_jwk,
     public_key_from_multibase,
 )
+from governor.documents import DocumentError, read_document_bytes
 from governor.passport.loader import JSON, parse_passport
 
 _DID = re.compile(r"^did:([a-z0-9]+):(.+)$")
@@ -142,9 +143,11 @@ def load_did_documents(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = path.read_bytes()
+        data = read_document_bytes(path)
     except OSError as exc:
         raise DidResolutionError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise DidResolutionError(str(exc)) from None
     try:
         return parse_passport(data, format=JSON, source=str(path))
     except PassportError as exc:

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, p
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from governor.canonical import b64url
+from governor.ed25519_points import ed25519_key_problem
 from governor.passport.errors import (
     PassportKeyError,
     SignatureInvalidError,
@@ -111,11 +112,14 @@ def public_key_from_bytes(algorithm: str, data: bytes) -> PublicKey:
     algorithm = canonical_algorithm(algorithm)
     family, _, curve = ALGORITHMS[algorithm]
     if family == "ed25519" and len(data) == 32:
+        check_ed25519(data)
         return PublicKey(algorithm, ed25519.Ed25519PublicKey.from_public_bytes(data))
     if family == "ed448" and len(data) == 57:
         return PublicKey(algorithm, ed448.Ed448PublicKey.from_public_bytes(data))
     key = load_spki(data)
     check_strength(key)
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        check_ed25519(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
     expected = {
         "ed25519": ed25519.Ed25519PublicKey,
         "ed448": ed448.Ed448PublicKey,
@@ -147,6 +151,13 @@ def check_strength(key: Any) -> None:
         raise WeakKeyError(f"RSA key of {key.key_size} bits is refused (minimum {MIN_RSA_BITS})")
     if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.key_size < MIN_EC_BITS:
         raise WeakKeyError(f"ECDSA curve {key.curve.name} is refused (minimum P-256)")
+
+
+def check_ed25519(raw: bytes) -> None:
+    """Refuse a small-order or non-canonically encoded Ed25519 key (governor.ed25519_points)."""
+    problem = ed25519_key_problem(raw)
+    if problem is not None:
+        raise WeakKeyError(f"{problem} is refused")
 
 
 def key_algorithm(key: Any) -> str:

@@ -18,17 +18,29 @@ from typing import Any
 
 import yaml
 
-from governor.documents import JSON, YAML, DocumentError, first_non_json_value, parse_document, type_name
+from governor.documents import (
+    JSON,
+    MAX_DOCUMENT_BYTES,
+    YAML,
+    DocumentError,
+    first_non_json_value,
+    parse_document,
+    read_document_bytes,
+    type_name,
+)
 from governor.passport.errors import PassportError, PassportLoadError
 
 __all__ = ["JSON", "YAML", "dump_passport", "first_non_json_value", "format_for_path", "load_passport",
            "parse_passport", "type_name"]
 
 
-def parse_passport(data: bytes | str, *, format: str | None = None, source: str = "passport") -> dict[str, Any]:
-    """Parse passport text (JSON or YAML; sniffed when `format` is None) into a JSON object."""
+def parse_passport(data: bytes | str, *, format: str | None = None, source: str = "passport",
+                   max_bytes: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+    """Parse passport text (JSON or YAML; sniffed when `format` is None) into a JSON object.
+
+    Bounded (governor.documents): at most `max_bytes`, MAX_DEPTH levels, no YAML anchors or aliases."""
     try:
-        return parse_document(data, format=format, source=source, what="passport")
+        return parse_document(data, format=format, source=source, what="passport", max_bytes=max_bytes)
     except DocumentError as exc:
         raise PassportLoadError(str(exc)) from None
 
@@ -43,9 +55,11 @@ def load_passport(source: str | os.PathLike[str] | bytes, *, format: str | None 
         return parse_passport(source, format=format)
     path = Path(source)
     try:
-        data = path.read_bytes()
+        data = read_document_bytes(path)
     except OSError as exc:
         raise PassportLoadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise PassportLoadError(str(exc)) from None
     if format is None:
         format = format_for_path(path)
     return parse_passport(data, format=format, source=str(path))

@@ -65,6 +65,7 @@ from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, App
 from governor.policy.steps import (
     ON_ANOMALY,
     ON_BUDGET_EXHAUSTED,
+    ON_DELEGATION_ADMITTED,
     ON_DELEGATION_DENIED,
     ON_GOVERNOR_ERROR,
     ON_ITERATION_LIMIT,
@@ -72,6 +73,8 @@ from governor.policy.steps import (
     ON_OVERSIGHT_TRIGGER,
     ON_SESSION_INTEGRITY,
     ON_SUB_AGENT_DENIED,
+    ON_SUB_AGENT_ENDED,
+    ON_SUB_AGENT_SPAWNED,
     ON_TOOL_DENIED,
     ON_TOOL_ERROR,
     PERMIT,
@@ -736,9 +739,11 @@ def _persona_spawn(run: _Run, step: PersonaSpawn) -> Decision:
     limits, state = run.limits, run.state
     run.release(step.approval_id)
     persona = limits.personas.get(step.persona)
-    if persona is None:
-        return _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
     live = state.personas_live.get(step.persona, 0)
+    if persona is None:
+        decision = _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
+        return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {"persona": step.persona, "matched_rule": None,
+                                                                 **_instance(step, live + 1, None)})
     if persona.max_parallel is not None and live + 1 > persona.max_parallel:
         d = _persona_denied(
             run, step.persona, "max_parallel", matched_rule=persona.rule, observed=live, limit=persona.max_parallel
@@ -761,7 +766,8 @@ def _persona_spawn(run: _Run, step: PersonaSpawn) -> Decision:
             COST: counters.get(SESSION_COST, 0.0),
         },
     }
-    return run.finish(allowed_tools=persona.tools, details=details)
+    decision = run.finish(allowed_tools=persona.tools, details=details)
+    return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {**details, **_instance(step, live + 1, persona.max_parallel)})
 
 
 def _delegation(run: _Run, step: Delegation) -> Decision:
@@ -774,7 +780,38 @@ def _delegation(run: _Run, step: Delegation) -> Decision:
             return d
         return run.finish()
     d, _, _ = _clock(run, settle=False)
-    return d or run.finish(details=detail)
+    if step.persona is not None:
+        detail["persona"] = step.persona
+    return d or _went_ahead(run.finish(details=detail), ON_DELEGATION_ADMITTED, run, dict(detail))
+
+
+def _instance(step: PersonaSpawn | PersonaExit, live: int, max_parallel: int | None) -> dict[str, Any]:
+    detail: dict[str, Any] = {"live": live}
+    if step.instance is not None:
+        detail["instance"] = step.instance
+    if max_parallel is not None:
+        detail["max_parallel"] = max_parallel
+    return detail
+
+
+def _went_ahead(decision: Decision, cause: str, run: _Run, detail: dict[str, Any]) -> Decision:
+    """§4.1.5 / §4.2.5: a spawn or delegation that goes ahead is recorded too, after any event
+    its checks recorded (an observed or continued denial), as `continue` overriding nothing."""
+    if decision.blocks:
+        return decision
+    detail.update(decision="permit", step=run.kind)
+    return replace(decision, event=_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
+
+
+def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
+    """The instance's slot is freed by advance(); the end is recorded beside its spawn."""
+    remaining = max(0, run.state.personas_live.get(step.persona, 0) - 1)
+    detail = {"persona": step.persona, **_instance(step, remaining, None), "step": run.kind}
+    if step.reason is not None:
+        detail["reason"] = step.reason
+    if step.lived_sec is not None:
+        detail["lived_sec"] = round(step.lived_sec, 3)
+    return Decision(event=_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
 
 
 def _tool_error(run: _Run, step: ToolError) -> Decision:
@@ -906,7 +943,7 @@ _HANDLERS: dict[type, Callable[[_Run, Any], Decision]] = {
     UsageReport: _usage,
     ToolCall: _tool_call,
     PersonaSpawn: _persona_spawn,
-    PersonaExit: _nothing,
+    PersonaExit: _persona_exit,
     StepDone: _nothing,
     Delegation: _delegation,
     ToolError: _tool_error,

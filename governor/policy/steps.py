@@ -36,6 +36,13 @@ ON_TOOL_DENIED = "on_tool_denied"
 # A step the oversight procedure (§5) paused: recorded when the pause begins and
 # when a reviewer approves or rejects it.
 ON_OVERSIGHT_TRIGGER = "on_oversight_trigger"
+# Not degradation causes: §4.1.5 and §4.2.5 ask for every spawn and admission decision
+# in the record, permitted ones too. A permitted step is recorded under these causes
+# with action `continue` (the step went ahead) and detail.decision "permit"; it
+# overrides nothing, so its detail has no overridden_cause (docs/personas.md).
+ON_SUB_AGENT_SPAWNED = "on_sub_agent_spawned"
+ON_SUB_AGENT_ENDED = "on_sub_agent_ended"  # a persona instance ended: its parallel slot is free
+ON_DELEGATION_ADMITTED = "on_delegation_admitted"
 
 KNOWN_CAUSES = (
     ON_BUDGET_EXHAUSTED,
@@ -137,13 +144,21 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class PersonaSpawn:
+    """A new instance of a declared persona (§4.1); `instance` names it in the record."""
+
     persona: str
     approval_id: str | None = None
+    instance: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PersonaExit:
+    """A persona instance ended (`reason`: idle, ended, ...): its parallel slot is free."""
+
     persona: str
+    instance: str | None = None
+    reason: str | None = None
+    lived_sec: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +171,7 @@ class Delegation:
     chain_depth: int  # depth of the delegation this step would create (root call = 1)
     peer_url: str | None = None
     approval_id: str | None = None
+    persona: str | None = None  # the persona delegating, when one is named (§8.3 attribution)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,6 @@ from governor.adapters.base import (
     governor_object,
     status_for,
 )
-from governor.canonical import b64url_decode, sha256_b64url
 from governor.policy.steps import (
     Action,
     Decision,
@@ -56,7 +55,9 @@ from governor.policy.steps import (
     ToolError,
     UsageReport,
 )
+from governor.personas import PersonaHeaderError, parse_persona
 from governor.proxy import transit
+from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
 
@@ -85,28 +86,6 @@ class ProxyPolicy:
     upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
     tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
     max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this: 413
-
-
-def presented_digest(value: str) -> str:
-    """The digest of a passport presented in an ADL-Passport header.
-
-    `sha256=<digest>`: the digest itself (as `governor passport digest` prints it);
-    anything else: base64url of the passport document (JSON or YAML), digested as the
-    pin is. Bytes that are not a passport digest to themselves, which never equals a pin.
-    """
-    value = value.strip()
-    if value.startswith("sha256="):
-        return value[len("sha256="):]
-    from governor.passport import PassportError, parse_passport, passport_digest
-
-    try:
-        raw = b64url_decode(value)
-    except (ValueError, UnicodeError):
-        return sha256_b64url(value.encode())
-    try:
-        return passport_digest(parse_passport(raw, source=PASSPORT_HEADER))
-    except PassportError:
-        return sha256_b64url(raw)
 
 
 @dataclass(eq=False)
@@ -251,6 +230,7 @@ class Governor:
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+        self.presented = PresentedPassports()  # ADL-Passport headers, read off the event loop
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -355,6 +335,7 @@ class Governor:
     def done(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+        self.presented.close()
 
     # --- request -----------------------------------------------------------------------
 
@@ -397,8 +378,19 @@ class Governor:
         adapter = selected if isinstance(selected, Adapter) else None
 
         if presented is not None:
-            admission = await self._admit(session, PassportPresented(presented_digest(presented)))
+            try:
+                digest, unreadable = await self.presented.digest(presented), None
+            except PresentedPassportError as exc:
+                if exc.busy:  # not the agent's fault: nothing presented was judged, the request is not served
+                    self._fail_closed(flow, session, f"ADL-Passport header not read: {exc.reason}")
+                    return
+                digest, unreadable = exc.digest, exc.reason
+            # an unreadable passport is still presented: its bytes' digest is recorded against the pin
+            admission = await self._admit(session, PassportPresented(digest))
             await self._release(session, admission.ticket)
+            if unreadable is not None:
+                self._refuse_presented(flow, adapter, admission, session, unreadable)
+                return
             if admission.decision.blocks:
                 self._refuse(flow, adapter, admission, session)
                 return
@@ -408,6 +400,14 @@ class Governor:
         if adapter is None:
             self._unknown(flow, session)
             return
+        activity = None
+        if persona is not None:  # `name` or `name; instance=id` (governor.personas)
+            try:
+                activity = parse_persona(persona)
+            except PersonaHeaderError as exc:
+                self._bad_request(flow, adapter, session, str(exc))
+                return
+            persona = activity.persona
         if encoded:
             try:
                 view.content = request.content or b""
@@ -426,6 +426,15 @@ class Governor:
             return
 
         admissions = admitted
+        if activity is not None:  # the persona instance first: its first request spawns it
+            admission = await self._admit(session, activity)  # type: ignore[arg-type]
+            admissions.append(admission)
+            if admission.decision.blocks:
+                await self._release(session, admission.ticket, error="refused")
+                admissions.clear()
+                self._refuse(flow, adapter, admission, session, exchange)
+                return
+        first = len(admissions)
         usage_ticket = None
         main: Decision | None = None
         for step in await adapter.steps(exchange):
@@ -440,7 +449,7 @@ class Governor:
             if isinstance(step, ModelCall) and main is None:
                 usage_ticket = admission.ticket
                 main = admission.decision
-        exchange.decision = main if main is not None else (admissions[0].decision if admissions else None)
+        exchange.decision = main if main is not None else (admissions[first].decision if len(admissions) > first else None)
 
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
         if body is not None and encoded:
@@ -530,6 +539,19 @@ class Governor:
         flow.response = _response(reply, decision.action.value)
         log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
                  flow.request.pretty_url, session, decision.cause)
+
+    def _refuse_presented(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
+                          reason: str) -> None:
+        """400 for an ADL-Passport header that is not a readable passport, saying why; the
+        governor object is the PassportPresented admission's (the recorded mismatch)."""
+        decision = admission.decision
+        gov = {**(admission.governor_object or governor_object(decision, session)),
+               "passport_error": f"{PASSPORT_HEADER} header refused: {reason}"}
+        message = f"governor: {gov['passport_error']}"
+        reply = adapter.error_response(400, message, gov) if adapter is not None else _generic_error(400, message, gov)
+        flow.response = _response(reply, decision.action.value if decision.blocks else "deny")
+        log.info("governor: refused %s %s in session %s: %s", flow.request.method, flow.request.pretty_url,
+                 session, message)
 
     def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
                  gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:

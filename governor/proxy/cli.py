@@ -53,6 +53,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                                "the file-descriptor limit, about 7/16 of it); over it the longest-waiting idle one is "
                                "closed, or the newcomer refused"),
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
+    "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
@@ -180,6 +181,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.max_client_connections = int(cap)
     if (pricing := value("pricing")) is not None:
         settings.pricing = Path(pricing)
+    if (persona_idle := value("persona_idle")) is not None:
+        settings.persona_idle = _number(persona_idle, "--persona-idle")
     if (store := value("store")) is not None:
         settings.store = str(store)
     settings.upstream_insecure = bool(file.get("upstream_insecure", False))

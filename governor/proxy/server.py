@@ -72,6 +72,7 @@ class Settings:
     client_idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # a keep-alive connection with nothing in flight, closed after
     max_client_connections: int = 0  # 0: derived from the file-descriptor limit
     tick_interval: float = 1.0
+    persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     max_body_bytes: int = 64 * 1024 * 1024
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
@@ -331,7 +332,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         raise StartupError(f"state store {location}: {exc}") from None
     runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
                       governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
-                      session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True)
+                      session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True,
+                      persona_idle_sec=settings.persona_idle)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
     return runtime
