@@ -184,7 +184,7 @@ async def test_opening_a_session_needs_the_control_token(world):
     for body in ({"nonce": "short"}, {"label": ""}, {"label": "x" * 201}, {"color": "red"}, {"nonce": 7}):
         answer = await world.control.post("/v1/sessions", json=body)
         assert answer.status_code == 400, (body, answer.text)
-    answer = await world.control.post("/v1/sessions", content=b"[1, 2")
+    answer = await world.control.post("/v1/sessions", content=b"[1, 2", headers={"Content-Type": "application/json"})
     assert answer.status_code == 400
     assert (await world.control.get("/v1/sessions")).json()["sessions"] == []  # nothing was opened
 
@@ -312,7 +312,8 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
             assert (await other.post(f"/v1/locks/{lock['id']}/lift", json=body,
                                      headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
         assert (await other.post(f"/v1/locks/{lock['id']}/lift", content=b"{by",
-                                 headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
+                                 headers={"Authorization": f"Bearer {REVIEWER}",
+                                          "Content-Type": "application/json"})).status_code == 400
         assert (await other.post("/v1/locks/lock-000/lift", json={"by": "x"},
                                  headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 404
     assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"  # a wrong token lifted nothing
@@ -359,8 +360,10 @@ async def test_a_lock_survives_a_restart(tmp_path, llm):
         lock = (await world.control.get("/v1/locks")).json()["locks"][0]
         lifted = await world.control.post(f"/v1/locks/{lock['id']}/lift", json={"by": "ops"})
         assert lifted.status_code == 200
-        assert (await world.chat(b["token"])).status_code == 200  # its token survived the restart too
-        assert refusal(await world.chat(a["token"]))["refusal"] == "session_ended"  # ended, halted, at shutdown
+        # the stop ended every session (each got its signed record): their tokens stay refused
+        assert refusal(await world.chat(b["token"]))["refusal"] == "session_ended"
+        assert refusal(await world.chat(a["token"]))["refusal"] == "session_ended"
+        assert (await world.chat((await world.open())["token"])).status_code == 200
         audit = (await world.control.get("/v1/audit/record")).json()
         assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_agent_lock", "halt"),
                                                                        ("on_agent_lock", "continue")]

@@ -227,10 +227,9 @@ async def get_session(request: web.Request) -> web.Response:
     book = request.app[SESSIONS]
     if view is None:
         entry = book.get(session) if book is not None else None
-        if entry is None:
+        if entry is None or entry.ended_at is None:  # (one running is the runtime's to show)
             return _unknown_session(session)
-        view = {**entry.view(), "state": "ended" if entry.ended_at is not None else "opened"}
-        return ok(view)
+        return ok({**entry.view(), "state": "ended"})  # ended before this process started
     return ok(with_entry(view, book))
 
 
