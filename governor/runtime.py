@@ -39,6 +39,7 @@ from governor.evidence import (
     sign_record,
     write_record,
 )
+from governor import stream_budget
 from governor.metrics import Metrics
 from governor.policy import (
     Action,
@@ -61,12 +62,14 @@ from governor.policy import (
     quiet_model_call,
     quiet_settlement,
 )
+from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
 from governor.runtime_sessions import SessionEvidence
 from governor.sessions import HOW_TO_OPEN
+from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
 
@@ -76,6 +79,12 @@ log = logging.getLogger("governor.runtime")
 # fresh snapshot; the projection then reports the exhaustion. More rounds than this
 # means the counters keep moving under us: fail closed rather than spin.
 MAX_DECIDE_ROUNDS = 4
+# The sweeper charges the wall-clock (a full decision round) of a session that was active
+# since its last sweep; of an idle one only every IDLE_SWEEP_SEC, at most
+# IDLE_SWEEPS_PER_PASS of them a pass, so a pass over 10,000 idle sessions stays cheap. An
+# idle session loses nothing by it: its next step projects the clock to its own time.
+IDLE_SWEEP_SEC = 30.0
+IDLE_SWEEPS_PER_PASS = 200
 
 @dataclass(slots=True)
 class Ticket:
@@ -109,6 +118,10 @@ class _Session:
     ended: bool = False
     final_record: dict[str, Any] | None = None
     unsaved: bool = False  # state changed since it was last persisted
+    # the limits this session is governed by: the runtime's, or, for a session resumed
+    # under another pin, its original ones (governor.runtime_resume)
+    limits: Any = None
+    swept_at: float = 0.0  # when the sweeper last charged its wall-clock
 
 
 class Runtime(SessionEvidence):
@@ -219,33 +232,58 @@ class Runtime(SessionEvidence):
         self._opening.pop(session_id, None)
         return live
 
+    def session_header(self, session_id: str, now: float) -> SessionHeader:
+        """The journal header of a new session: the governor's pin."""
+        return SessionHeader(
+            governor=self.governor_id,
+            subject_id=self.limits.passport_id or self.agent_id,
+            passport_digest=self.limits.passport_digest,
+            session=session_id,
+            tier=self.limits.tier.value,
+            start=now,
+            limits=dict(self.limits.summary) or None,
+        )
+
     def _open_session(self, session_id: str) -> _Session:
+        """A new session, or one resumed from its journal and/or its state in the store; a
+        resumed one is checked against the governor's pin (§1.3, governor.runtime_resume)."""
         now = self.clock()
         path = journal_path(self.data_dir, session_id)
         saved = self.store.load_session(session_id)
+        state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
         if path.exists():
             journal = Journal.open(path, repair_torn_tail=True, sync=self.journal_sync)
             if journal.repaired is not None:
                 log.warning("session %s: %s", session_id, journal.repaired.describe())
-            state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
-            session = _Session(session_id, state, journal, last_activity=now)
+            session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
             if journal.ending is not None:  # ended before: it stays ended
                 session.ended = True
-        else:
-            header = SessionHeader(
-                governor=self.governor_id,
-                subject_id=self.limits.passport_id or self.agent_id,
-                passport_digest=self.limits.passport_digest,
-                session=session_id,
-                tier=self.limits.tier.value,
-                start=now,
-                limits=dict(self.limits.summary) or None,
-            )
-            journal = Journal.create(path, header, sync=self.journal_sync)
-            state = SessionState.start(session_id, now)
-            session = _Session(session_id, state, journal, last_activity=now)
-            self.store.save_session(session_id, state.to_dict())
+                return session
+            header = journal.record.header
+            check_pin(self, session, header.passport_digest, header.tier, now)
+            return session
+        if saved is None:
+            journal = Journal.create(path, self.session_header(session_id, now), sync=self.journal_sync)
+            session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
+            self.store.save_session(session_id, self.saved_state(session))
+            return session
+        # resumed from the store alone: its journal here names the pin it was admitted with
+        pin = saved_pin(saved)
+        journal = Journal.create(path, resumed_header(self, session_id, pin, now), sync=self.journal_sync)
+        session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
+        check_pin(self, session, pin and pin["digest"], pin and pin["tier"], now)
         return session
+
+    def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
+        """A session finalized at start-up (governor.runtime_resume): known as ended, its record served."""
+        if session_id not in self._sessions:
+            self._sessions[session_id] = _Session(session_id, state, journal, ended=True, final_record=record,
+                                                  last_activity=self.clock(), limits=self.limits)
+            self._index.add(session_id)
+
+    async def recover(self) -> Any:
+        """At start-up, before serving: finalize every session the governor left without an end."""
+        return await finalize_at_start(self)
 
     # --- steps -------------------------------------------------------------------------
 
@@ -303,8 +341,8 @@ class Runtime(SessionEvidence):
             return None
         now = self.clock()
         try:
-            counters = self.store.snapshot(self.agent_id, live.id, now, self.limits.counter_keys(step))
-            quiet = quiet_model_call(self.limits, live.state, step, counters, now)
+            counters = self.store.snapshot(self.agent_id, live.id, now, live.limits.counter_keys(step))
+            quiet = quiet_model_call(live.limits, live.state, step, counters, now)
             if quiet is None:
                 return None
             decision, state = quiet
@@ -316,6 +354,13 @@ class Runtime(SessionEvidence):
             return None
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
+
+    def covers(self, ticket: Any, report: UsageReport) -> bool:
+        """Whether a stream's running usage is within what its call holds, so the proxy may
+        forward the chunk at once (otherwise it keeps it back until `usage` grew the
+        reservation or cut the stream). Cheap: no store access."""
+        return (not isinstance(ticket, Ticket) or ticket.reservation is None
+                or covered(self.limits, report, ticket.charges))
 
     def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
@@ -333,7 +378,7 @@ class Runtime(SessionEvidence):
         step = report.with_reserved(ticket.charges, True)
         now = self.clock()
         try:
-            settled = quiet_settlement(self.limits, live.state, step)
+            settled = quiet_settlement(live.limits, live.state, step)
             if settled is None:
                 return None
             decision, state = settled
@@ -408,7 +453,7 @@ class Runtime(SessionEvidence):
                 state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
             log.exception("session %s: could not decide %s", live.id, type(step).__name__)
-            decision = governor_error(self.limits, live.state, step, exc)  # _decide holds nothing then
+            decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
         try:
             for event in decision.events:
@@ -418,7 +463,7 @@ class Runtime(SessionEvidence):
             if reservation is not None:
                 await self._store(self._release_quietly, reservation)
             return _unrecorded_failure(step, exc), None
-        live.state = advance(self.limits, state, step, decision, now)
+        live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -440,13 +485,19 @@ class Runtime(SessionEvidence):
         """Steps 1-3: snapshot, decide, reserve (or settle). Synchronous: called inline for a
         local store, from a worker thread for a remote one (the session lock is held)."""
         store = self.store
-        keys = self.limits.counter_keys(step)
+        limits = live.limits
+        keys = limits.counter_keys(step)
         state = live.state
+        if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
+            state, decision = stream_budget.decide_running(
+                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
+                lambda: store.snapshot(self.agent_id, live.id, now, keys))
+            return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
             if keys:
                 state = live.state.with_counters(store.snapshot(self.agent_id, live.id, now, keys))
             # else: the step reads no counter, the state's last snapshot is left as it is
-            decision = decide(self.limits, state, step, now)
+            decision = decide(limits, state, step, now)
             if not decision.charges or decision.blocks and not decision.settles:
                 return state, decision, None
             if decision.settles:
@@ -467,9 +518,15 @@ class Runtime(SessionEvidence):
             return await asyncio.to_thread(call, *args)
         return call(*args)
 
+    def saved_state(self, live: _Session) -> dict[str, Any]:
+        """What the store keeps of a session: its state and the pin it was admitted with."""
+        header = live.journal.record.header
+        return {**live.state.to_dict(),
+                PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}}
+
     def _save(self, live: _Session) -> None:
         try:
-            self.store.save_session(live.id, live.state.to_dict())
+            self.store.save_session(live.id, self.saved_state(live))
             live.unsaved = False
         except StoreError:  # the next step's snapshot will fail closed if the store stays down
             log.exception("session %s: could not save session state", live.id)
@@ -594,10 +651,12 @@ class Runtime(SessionEvidence):
     # --- tools a session may use (MCP tools/list filtering) ----------------------------
 
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        live = self._sessions.get(session)
+        limits = live.limits if live is not None else self.limits
         if persona is not None:
-            declared = self.limits.personas.get(persona)
+            declared = limits.personas.get(persona)
             return declared.tools if declared is not None else frozenset()
-        return self.limits.parent_tools or None
+        return limits.parent_tools or None
 
     # --- session end, records ----------------------------------------------------------
 
@@ -664,6 +723,14 @@ class Runtime(SessionEvidence):
         return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
                 "tier": self.limits.tier.value}
 
+    async def acknowledge_store(self) -> dict[str, Any]:
+        """An operator accepts that the store lost its data (StoreIntegrityError until then):
+        it serves again from what it holds. Sessions halted meanwhile stay halted."""
+        acknowledge = getattr(self.store, "acknowledge", None)
+        if acknowledge is None:
+            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
+        return await asyncio.to_thread(acknowledge)
+
     def has_session(self, session: str) -> bool:
         return session in self._sessions
 
@@ -692,14 +759,15 @@ class Runtime(SessionEvidence):
         view = {
             "session": session,
             "state": "ended" if live.ended else "halted" if state.halted else "paused" if live.pending else "active",
-            "tier": self.limits.tier.value,
+            "tier": live.limits.tier.value,
             "started_at": iso_utc(state.started_at),
             "iterations": state.iterations,
             "tool_calls": state.tool_calls,
             "in_flight": state.in_flight,
             "halt_cause": state.halt_cause,
             "budgets": budgets,
-            "limits": {"max_iterations": self.limits.max_iterations, "max_tool_calls_per_session": self.limits.max_tool_calls},
+            "limits": {"max_iterations": live.limits.max_iterations,
+                       "max_tool_calls_per_session": live.limits.max_tool_calls},
             "events": len(live.journal.record),
             "pending_approvals": self._approval_views(live),
         }
@@ -711,10 +779,12 @@ class Runtime(SessionEvidence):
         """Every counter in use or capped, against its cap; refreshes the budget gauges
         (not for an ended session: its per-session series were dropped)."""
         counters = self.store.snapshot(self.agent_id, session, self.clock())
+        live = self._sessions.get(session)
+        caps = self._caps if live is None or live.limits is self.limits else _caps_by_key(live.limits)
         budgets = []
-        for key in sorted(set(counters) | set(self._caps), key=lambda k: (k[0], k[1] or "", k[2])):
+        for key in sorted(set(counters) | set(caps), key=lambda k: (k[0], k[1] or "", k[2])):
             scope, persona, dimension = key
-            used, cap = counters.get(key, 0.0), self._caps.get(key)
+            used, cap = counters.get(key, 0.0), caps.get(key)
             budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
             if gauges:
                 self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
@@ -737,6 +807,7 @@ class Runtime(SessionEvidence):
         not hold the loop."""
         await self.personas.sweep()
         now = self.clock()
+        idle_budget = IDLE_SWEEPS_PER_PASS
         for n, live in enumerate(list(self._sessions.values()), 1):
             if n % SWEEP_SLICE == 0:
                 await asyncio.sleep(0)
@@ -747,15 +818,23 @@ class Runtime(SessionEvidence):
             for approval_id, pending in list(live.pending.items()):
                 if now >= pending.expires_at and not pending.answer.done():
                     await self._expire(live, approval_id)
-            if self.limits.clock_checked and not live.state.halted:
-                async with live.lock:
-                    await self._apply(live, Tick(), None)
             idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
             if idle and not (self.session_book is not None and self.session_book.holds_lock(live.id)):
                 # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.end_session(live.id)
-            elif live.unsaved:
+                continue
+            if live.unsaved:
                 await self._store(self._save, live)
+            if not live.limits.clock_checked or live.state.halted:
+                continue
+            active = live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+            if not active:
+                if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
+                    continue
+                idle_budget -= 1
+            live.swept_at = now
+            async with live.lock:
+                await self._apply(live, Tick(), None)
         await self._refresh_gauges()
 
     async def _refresh_gauges(self) -> None:

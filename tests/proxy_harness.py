@@ -224,9 +224,11 @@ class RawClient:
         self.sock.close()
 
     def send(self, method: str, path: str, body: bytes, headers: dict[str, str] | None = None, *,
-             chunked: bool = False) -> None:
+             chunked: bool = False, content_type: str | None = "application/json") -> None:
         framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
-        lines = [f"{method} {path} HTTP/1.1", "Host: upstream", framing, "Content-Type: application/json"]
+        lines = [f"{method} {path} HTTP/1.1", "Host: upstream", framing]
+        if content_type is not None:
+            lines.append(f"Content-Type: {content_type}")
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if chunked:  # in two chunks, then the last
             half = len(body) // 2

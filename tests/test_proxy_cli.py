@@ -73,6 +73,32 @@ def test_governor_run_freezes_what_start_up_made_out_of_the_cyclic_gc() -> None:
         gc.unfreeze()  # the test process goes on collecting as before
 
 
+def test_governor_run_refuses_a_bad_transparent_address() -> None:
+    done = subprocess.run([sys.executable, "-m", "governor", "run", "--transparent", "everywhere"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--transparent: expected HOST:PORT, got 'everywhere'" in done.stderr
+
+
+def test_transparent_adds_a_second_mitmproxy_listener() -> None:
+    from governor.proxy.server import Settings, master_options
+
+    assert master_options(Settings())["mode"] == ["regular"]
+    assert master_options(Settings(transparent=("127.0.0.1", 15001)))["mode"] == ["regular", "transparent@127.0.0.1:15001"]
+
+
+def test_the_bounds_of_compressed_bodies_come_from_the_config_file(tmp_path: Path) -> None:
+    from governor.proxy.cli import OPTIONS, resolve
+
+    config = tmp_path / "governor.yaml"
+    config.write_text("max_response_bytes: 1048576\nmax_decoded_ratio: 50\n")
+    settings = resolve(argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)}), {})
+    assert (settings.max_response_bytes, settings.max_decoded_ratio) == (1048576, 50.0)
+    config.write_text("max_decoded_ratio: 0.5\n")
+    with pytest.raises(UsageError, match="max_decoded_ratio must be a number >= 1"):
+        resolve(argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)}), {})
+
+
 def test_the_persona_idle_time_from_flag_environment_and_config_file(tmp_path: Path) -> None:
     from governor.proxy.cli import OPTIONS, resolve
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from mitmproxy import http
 
+import pytest
+
+from governor.proxy import bodies
 from governor.proxy.addon import PASSPORT_HEADER, PERSONA_HEADER, SESSION_HEADER, _decoded_body, _scan_headers
 
 
@@ -33,20 +36,24 @@ def test_content_encoding_is_found_as_headers_contains_finds_it() -> None:
     assert _scan_headers(headers.fields)[1] is ("content-encoding" in headers) is False
 
 
-def test_a_response_body_is_read_decoded_when_it_can_be_and_as_sent_when_not() -> None:
+def test_a_response_body_is_read_decoded_when_it_can_be_and_refused_when_not() -> None:
     """_decoded_body, as the usage of a plain answer is read: a Content-Encoding (any case) is
-    undone; one that cannot be undone leaves the bytes as sent; none, the raw bytes."""
+    undone; one that cannot be undone raises BodyError (the addon answers 502 and charges the
+    reservation: an unreadable answer is not a free one); none, the raw bytes."""
     answer = b'{"usage": {"prompt_tokens": 3}}'
+    bounds = bodies.Bounds(1024 * 1024)
     for name in ("Content-Encoding", "content-encoding"):
         gzipped = http.Response.make(200, b"", {"Content-Type": "application/json", name: "gzip"})
         gzipped.content = answer  # mitmproxy compresses it, as the upstream would have
         assert gzipped.raw_content != answer
-        assert _decoded_body(gzipped) == answer
+        assert _decoded_body(gzipped, bounds) == answer
     broken = http.Response.make(200, b"", {"Content-Encoding": "gzip"})
     broken.raw_content = b"not gzip at all"
-    assert _decoded_body(broken) == b"not gzip at all"
-    assert _decoded_body(http.Response.make(200, answer, {"Content-Type": "application/json"})) == answer
-    assert _decoded_body(http.Response.make(204, b"")) == b""
+    with pytest.raises(bodies.BodyError) as error:
+        _decoded_body(broken, bounds)
+    assert error.value.status == 400 and "cannot be decoded (gzip)" in error.value.message
+    assert _decoded_body(http.Response.make(200, answer, {"Content-Type": "application/json"}), bounds) == answer
+    assert _decoded_body(http.Response.make(204, b""), bounds) == b""
 
 
 from hypothesis import given  # noqa: E402

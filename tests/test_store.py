@@ -356,3 +356,57 @@ def test_a_closed_store_fails_closed(store: Store):
         store.reserve("agent", "s1", model_call(1, 0.0), T0)
     with pytest.raises(StoreUnavailable):
         store.load_session("s1")
+
+
+# --- extend: a stream's reservation grown as its usage passes it ------------------------
+
+
+def test_extend_grows_a_reservation_within_every_cap(store: Store):
+    r = store.reserve("agent", "s1", model_call(100, 0.5, session_cap=1000, day_cap=5000), T0)
+    grown = store.extend(r.id, model_call(300, 1.5, session_cap=1000, day_cap=5000), T0 + 1)
+    assert grown.ok and grown.id == r.id
+    assert store.snapshot("agent", "s1", T0 + 1) == {SESSION_TOKENS: 400, DAY_TOKENS: 400, DAY_COST: 2.0}
+    # the grown amounts are part of the reservation: release takes all of them off
+    assert store.release(r.id)
+    assert store.snapshot("agent", "s1", T0 + 2, [SESSION_TOKENS, DAY_TOKENS]) == {SESSION_TOKENS: 0,
+                                                                                    DAY_TOKENS: 0}
+
+
+def test_commit_replaces_a_grown_reservation_by_the_actual_usage(store: Store):
+    r = store.reserve("agent", "s1", model_call(100, 0.5, session_cap=1000), T0)
+    assert store.extend(r.id, model_call(200, 1.0, session_cap=1000), T0 + 1).ok
+    store.commit(r.id, model_call(250, 1.25), T0 + 2)
+    assert store.snapshot("agent", "s1", T0 + 2) == {SESSION_TOKENS: 250, DAY_TOKENS: 250, DAY_COST: 1.25}
+
+
+def test_an_extension_past_a_cap_is_refused_and_changes_nothing(store: Store):
+    a = store.reserve("agent", "s1", model_call(600, 1.0, session_cap=1000), T0)
+    b = store.reserve("agent", "s1", model_call(300, 1.0, session_cap=1000), T0)
+    before = store.snapshot("agent", "s1", T0)
+    refused = store.extend(a.id, model_call(101, 0.1, session_cap=1000), T0 + 1)
+    assert not refused.ok and refused.id is None
+    assert refused.key == SESSION_TOKENS and refused.observed == 900
+    assert store.snapshot("agent", "s1", T0 + 1) == before
+    assert store.extend(a.id, model_call(100, 0.1, session_cap=1000), T0 + 1).ok  # exactly to the cap
+    assert store.snapshot("agent", "s1", T0 + 1, [SESSION_TOKENS]) == {SESSION_TOKENS: 1000}
+    store.release(b.id)
+    store.commit(a.id, None, T0 + 2)  # as reserved: 600 + 100
+    assert store.snapshot("agent", "s1", T0 + 2, [SESSION_TOKENS]) == {SESSION_TOKENS: 700}
+
+
+def test_an_extension_may_draw_on_counters_the_reservation_did_not(store: Store):
+    r = store.reserve("agent", "s1", [charge("per_session", "tokens", 10, 100)], T0)
+    assert store.extend(r.id, [charge("per_session", "tokens", 5, 100), charge("per_day", "tokens", 15, 100)],
+                        T0).ok
+    assert store.snapshot("agent", "s1", T0) == {SESSION_TOKENS: 15, DAY_TOKENS: 15}
+    assert store.release(r.id)
+    assert store.snapshot("agent", "s1", T0, [SESSION_TOKENS, DAY_TOKENS]) == {SESSION_TOKENS: 0, DAY_TOKENS: 0}
+
+
+def test_extending_a_reservation_not_outstanding_raises(store: Store):
+    r = store.reserve("agent", "s1", model_call(10, 0.1), T0)
+    store.commit(r.id, None, T0)
+    with pytest.raises(UnknownReservation):
+        store.extend(r.id, model_call(10, 0.1), T0)
+    with pytest.raises(UnknownReservation):
+        store.extend("never-made", model_call(10, 0.1), T0)

@@ -185,6 +185,31 @@ class StoreModel(RuleBasedStateMachine):
         else:
             self.assert_no_fall(before, after, lambda s, k: self.reserved_in(held, s, k))
 
+    @rule(n=st.integers(0, 30), charges=charges_strategy)
+    def extend(self, n: int, charges: list[CounterCharge]) -> None:
+        rid = self.pick(n)
+        held = self.held.get(rid)
+        before = self.observe()
+        if held is None:
+            with pytest.raises(UnknownReservation):
+                self.store.extend(rid, charges, self.now)
+            assert self.observe() == before
+            return
+        current, wanted = self.expected(held.session), totals(charges)
+        should_pass = all(
+            c.cap is None or current[key_of(c)] + wanted[key_of(c)] <= cap_limit(c.cap) for c in charges
+        )
+        r = self.store.extend(rid, charges, self.now)
+        assert r.ok is should_pass
+        after = self.observe()
+        if r.ok:  # the amounts join the reservation, dated at it
+            for key, amount in wanted.items():
+                held.totals[key] = held.totals.get(key, 0.0) + amount
+            self.assert_no_fall(before, after)
+        else:
+            assert r.failed in charges and r.observed == current[key_of(r.failed)]
+            assert after == before
+
     @rule(session=st.sampled_from(sorted(SESSIONS)), charges=charges_strategy)
     def add(self, session: str, charges: list[CounterCharge]) -> None:
         before = self.observe()
@@ -324,7 +349,7 @@ race_plans = st.fixed_dictionaries(
 
 
 def race(stores: list[Store], plan: dict) -> None:
-    """Threads reserve at once (no release), then: what was admitted stays within every cap."""
+    """Threads reserve and extend at once (no release), then: what was admitted stays within every cap."""
     barrier = threading.Barrier(len(plan["threads"]))
     admitted: list[tuple[str, str | None, int]] = []  # (session, persona, tokens)
     lock = threading.Lock()
@@ -347,6 +372,10 @@ def race(stores: list[Store], plan: dict) -> None:
                 if r.ok:
                     with lock:
                         admitted.append((session, persona, amount))
+                    # and the reservation grows by as much again (a stream past it), racing too
+                    if store.extend(r.id, charges, T0).ok:
+                        with lock:
+                            admitted.append((session, persona, amount))
         except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append(exc)
 
@@ -368,7 +397,7 @@ def race(stores: list[Store], plan: dict) -> None:
         assert snap[s].get(("per_session", None, "tokens"), 0) == session_total
         assert snap[s].get(("per_session", "p", "tokens"), 0) == persona_total
     # and nothing is refused when everything fits under every cap
-    demanded = sum(sum(a) for a in plan["threads"])
+    demanded = 2 * sum(sum(a) for a in plan["threads"])  # each reserved, then extended by as much
     if demanded <= min(plan["day_cap"], plan["session_cap"], plan["persona_cap"]):
         assert day_total == demanded
 

@@ -124,3 +124,57 @@ def test_a_hung_server_times_out_instead_of_hanging(own_server: RedisServer):
         assert store.snapshot("agent", "s1", T0, [DAY_TOKENS])[DAY_TOKENS] in (1, 2)
     finally:
         store.close()
+
+
+# --- integrity: a Redis that lost its data fails closed until acknowledged -----------------
+
+
+def test_an_emptied_redis_fails_closed_until_acknowledged(own_server: RedisServer):
+    from governor.store import StoreIntegrityError
+
+    p = prefix()
+    cap = [CounterCharge("per_session", "tokens", 5, 10_000)]
+    with RedisStore(own_server.url, prefix=p) as a, RedisStore(own_server.url, prefix=p) as b:
+        assert a.epoch == b.epoch  # replicas adopt the fence the first one wrote
+        a.add("agent", "s1", [CounterCharge("per_session", "tokens", 9_995, None)], T0)
+        assert not a.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 50, 10_000)], T0).ok
+        redis.Redis.from_url(own_server.url).flushall()
+        for store in (a, b):  # every counter operation, on every replica, refuses
+            with pytest.raises(StoreIntegrityError, match="lost"):
+                store.reserve("agent", "s1", cap, T0)
+        with pytest.raises(StoreIntegrityError):
+            a.snapshot("agent", "s1", T0)
+        with pytest.raises(StoreIntegrityError):  # and it sticks, session state included
+            a.load_session("s1")
+        lost = a.integrity
+        assert lost is not None and "FLUSHALL" in lost
+        assert a.acknowledge() == {"acknowledged": True, "lost": lost}
+        assert a.integrity is None
+        r = a.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 50, 10_000)], T0)
+        assert r.ok  # budgets count from what the store holds now: the counters were lost
+        with pytest.raises(StoreIntegrityError):  # b has not been acknowledged: a new epoch is not its own
+            b.snapshot("agent", "s1", T0)
+        assert b.acknowledge()["acknowledged"] is True
+        assert b.epoch == a.epoch
+        assert b.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == {("per_session", None, "tokens"): 50}
+
+
+def test_a_reservation_made_before_the_loss_cannot_be_settled_after_it(own_server: RedisServer):
+    from governor.store import StoreIntegrityError
+
+    with RedisStore(own_server.url, prefix=prefix()) as store:
+        r = store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 100)], T0)
+        redis.Redis.from_url(own_server.url).flushall()
+        for call in (lambda: store.commit(r.id, None, T0), lambda: store.release(r.id),
+                     lambda: store.extend(r.id, [CounterCharge("per_session", "tokens", 5, 100)], T0)):
+            with pytest.raises(StoreIntegrityError):
+                call()
+
+
+def test_acknowledging_a_loss_not_noticed_yet_says_it_was_lost(own_server: RedisServer):
+    with RedisStore(own_server.url, prefix=prefix()) as store:
+        assert store.acknowledge() == {"acknowledged": False, "lost": None}  # nothing lost
+        redis.Redis.from_url(own_server.url).flushall()
+        answer = store.acknowledge()  # before any operation noticed
+        assert answer["acknowledged"] is True and "FLUSHALL" in answer["lost"]
+        assert store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 100)], T0).ok

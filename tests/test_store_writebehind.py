@@ -651,3 +651,90 @@ def test_each_operation_alone_wakes_the_flusher(tmp_path: Path):
         empty = store.reserve("agent", "s2", [], T0)  # a reservation of no charge
         wait_for(lambda: rows(path, "SELECT COUNT(*) FROM reservations") == [(1,)])
         assert empty.ok
+
+
+def test_a_grown_reservation_reaches_the_file_with_its_grown_amounts(tmp_path):
+    from governor.policy.steps import CounterCharge as Charge
+    from governor.store import WriteBehindStore as WB
+
+    path = tmp_path / "grown.db"
+    store = WB(path, flush_interval=0.01)
+    r = store.reserve("agent", "s1", [Charge("per_session", "tokens", 100, 1000)], 1_699_999_980.0)
+    store.flush()  # the reservation is in the file with 100
+    assert store.extend(r.id, [Charge("per_session", "tokens", 250, 1000)], 1_699_999_981.0).ok
+    store.close()
+    reopened = WB(path, flush_interval=0.01)
+    try:  # the reservation came back grown: releasing it takes all 350 off
+        assert reopened.snapshot("agent", "s1", 1_699_999_982.0) == {("per_session", None, "tokens"): 350}
+        assert reopened.release(r.id)
+        assert reopened.snapshot("agent", "s1", 1_699_999_982.0) == {("per_session", None, "tokens"): 0}
+    finally:
+        reopened.close()
+
+
+def _remove_state_file(path) -> None:
+    import os
+
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.remove(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def test_a_state_file_deleted_under_the_store_fails_closed_until_acknowledged(tmp_path):
+    from governor.policy.steps import CounterCharge as Charge
+    from governor.store import StoreIntegrityError
+    from governor.store import WriteBehindStore as WB
+
+    path = tmp_path / "state.db"
+    t0 = 1_699_999_980.0
+    store = WB(path, flush_interval=0.01)
+    try:
+        store.add("agent", "s1", [Charge("per_session", "tokens", 9_995, None)], t0)
+        held = store.reserve("agent", "s1", [Charge("per_session", "tokens", 3, 10_000)], t0)
+        store.flush()
+        _remove_state_file(path)  # an operator's mistake, a cleanup job, a volume remounted empty
+        with pytest.raises(StoreIntegrityError, match="deleted"):
+            store.flush()
+        with pytest.raises(StoreIntegrityError):  # every operation refuses, not just the flush
+            store.reserve("agent", "s1", [Charge("per_session", "tokens", 1, 10_000)], t0)
+        with pytest.raises(StoreIntegrityError):
+            store.load_session("s1")
+        assert store.integrity is not None
+        answer = store.acknowledge()
+        assert answer["acknowledged"] is True and "deleted" in answer["lost"]
+        assert store.acknowledge()["acknowledged"] is False
+        # what the process held went to the new file: the budget was not reset
+        assert not store.reserve("agent", "s1", [Charge("per_session", "tokens", 50, 10_000)], t0).ok
+        store.commit(held.id, None, t0)
+    finally:
+        store.close()
+    reopened = WB(path, flush_interval=0.01)
+    try:
+        assert reopened.snapshot("agent", "s1", t0) == {("per_session", None, "tokens"): 9_998}
+    finally:
+        reopened.close()
+
+
+def test_a_state_file_replaced_under_the_store_is_detected(tmp_path):
+    import shutil
+
+    from governor.policy.steps import CounterCharge as Charge
+    from governor.store import StoreIntegrityError
+    from governor.store import WriteBehindStore as WB
+
+    path = tmp_path / "state.db"
+    store = WB(path, flush_interval=0.01)
+    try:
+        store.add("agent", "s1", [Charge("per_session", "tokens", 10, None)], 1_699_999_980.0)
+        store.flush()
+        shutil.copy(path, tmp_path / "copy.db")
+        (tmp_path / "copy.db").replace(path)  # another file at the same path (a restored backup)
+        with pytest.raises(StoreIntegrityError, match="replaced"):
+            store.flush()
+    finally:
+        from governor.store import StoreUnavailable
+
+        with pytest.raises(StoreUnavailable, match="replaced"):  # the last batch cannot be written: said so
+            store.close()

@@ -4,7 +4,13 @@ One server speaks three APIs on their usual paths, plain and streamed:
 
     POST .../chat/completions   OpenAI Chat Completions
     POST .../responses          OpenAI Responses
+    POST .../completions        OpenAI legacy Completions
+    POST .../embeddings         OpenAI Embeddings
     POST .../v1/messages        Anthropic Messages
+
+and, like servers that fold case, slashes and percent-escapes before routing, on any
+spelling of those paths (`/V1/Chat/Completions/`, `/v1/chat%2Fcompletions`): the worst
+case for the governor, which must govern every spelling the upstream would serve.
 
 What each answer looks like is a `Behaviour`: the text, the usage it reports,
 the tool calls the model "asks for", delays, and failure modes (hang before
@@ -21,9 +27,13 @@ mock can serve HTTPS that the governor (ssl_verify_upstream_trusted_ca) trusts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import ipaddress
+import posixpath
+import re
 import ssl
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +147,12 @@ class Behaviour:
     status: int = 200  # != 200: answer with an error in the API's format
     stream_usage_always: bool = False  # OpenAI chat: send the usage chunk even when not asked
     gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
+    encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat: these bytes under this Content-Encoding
+    boundless: tuple[bytes, int] | None = None  # stream: after the first event, this line this many times, no blank line
+    # stream: stop after max_tokens text deltas when the request names one (an honest provider;
+    # one delta is one token), counting the usage it reports accordingly. False: the request's
+    # max_tokens is ignored, every chunk is sent and its usage reported (a hostile upstream).
+    honour_max_tokens: bool = False
 
 
 @dataclass
@@ -161,6 +177,15 @@ def _split(text: str, n: int) -> list[str]:
     n = max(1, min(n, len(text) or 1))
     size = -(-len(text) // n)
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _honoured(b: Behaviour, body: Any) -> Behaviour:
+    """`b` cut to the request's max_tokens (one text delta per token) when it honours it."""
+    limit = body.get("max_tokens") if isinstance(body, dict) else None
+    if not b.honour_max_tokens or not isinstance(limit, int) or limit >= b.chunks:
+        return b
+    pieces = _split(b.text, b.chunks)
+    return dataclasses.replace(b, text="".join(pieces[:limit]), chunks=limit, output_tokens=limit)
 
 
 class MockLLM:
@@ -197,6 +222,8 @@ class MockLLM:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/{prefix:.*}chat/completions", self._chat)
         app.router.add_post("/{prefix:.*}responses", self._responses)
+        app.router.add_post("/{prefix:.*}v1/completions", self._completions)
+        app.router.add_post("/{prefix:.*}v1/embeddings", self._embeddings)
         app.router.add_post("/{prefix:.*}v1/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._other)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
@@ -223,7 +250,15 @@ class MockLLM:
         self.requests.append(Recorded(request.method, request.path_qs, dict(request.headers), body))
         return body
 
-    async def _other(self, request: web.Request) -> web.Response:
+    async def _other(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":  # a model path spelled otherwise: served as a lenient server would
+            route = re.sub("/+", "/", urllib.parse.unquote(request.raw_path.split("?", 1)[0])).rstrip("/").lower()
+            route = posixpath.normpath(route) if "/." in route else route
+            for suffix, handler in (("/chat/completions", self._chat), ("/responses", self._responses),
+                                    ("/completions", self._completions), ("/embeddings", self._embeddings),
+                                    ("/v1/messages", self._messages)):
+                if route.endswith(suffix):
+                    return await handler(request)
         await self._record(request)
         return web.json_response({"ok": True, "path": request.path})
 
@@ -274,7 +309,13 @@ class MockLLM:
                 {"error": {"message": "mock upstream error", "type": "server_error", "code": None}},
                 status=b.status,
             )
+        if b.encoded_answer is not None:  # as given, whatever was asked (a stream, identity)
+            coding, raw = b.encoded_answer
+            streamed = isinstance(body, dict) and body.get("stream")
+            return web.Response(body=raw, headers={"Content-Encoding": coding,
+                                                   "Content-Type": "text/event-stream" if streamed else "application/json"})
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        b = _honoured(b, body)
         usage = {
             "prompt_tokens": b.input_tokens,
             "completion_tokens": b.output_tokens,
@@ -306,6 +347,9 @@ class MockLLM:
         chunk = {**base, "object": "chat.completion.chunk"}
         events = [self._sse({**chunk, "choices": [
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})]
+        if b.boundless is not None:
+            line, times = b.boundless
+            events += [line] * times
         pieces = _split(b.text, b.chunks)
         for n, piece in enumerate(pieces, 1):
             event: dict[str, Any] = {**chunk, "choices": [
@@ -328,6 +372,35 @@ class MockLLM:
             events.append(self._sse({**chunk, "choices": [], "usage": usage}))
         events.append(b"data: [DONE]\n\n")
         return await self._stream(request, b, events)
+
+    # --- OpenAI legacy completions and embeddings ---
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        b = self._next()
+        model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        usage = {"prompt_tokens": b.input_tokens, "completion_tokens": b.output_tokens,
+                 "total_tokens": b.input_tokens + b.output_tokens}
+        base = {"id": "cmpl-mock", "object": "text_completion", "created": 1700000000, "model": model}
+        if not (isinstance(body, dict) and body.get("stream")):
+            return web.json_response({**base, "choices": [{"index": 0, "text": b.text, "logprobs": None,
+                                                           "finish_reason": "stop"}], "usage": usage})
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        events = [self._sse({**base, "choices": [{"index": 0, "text": piece, "logprobs": None,
+                                                  "finish_reason": None}]}) for piece in _split(b.text, b.chunks)]
+        events.append(self._sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                      "finish_reason": "stop"}]}))
+        if include_usage:
+            events.append(self._sse({**base, "choices": [], "usage": usage}))
+        events.append(b"data: [DONE]\n\n")
+        return await self._stream(request, b, events)
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        b = self._next()
+        model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        return web.json_response({"object": "list", "model": model,
+                                  "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 0.125]}],
+                                  "usage": {"prompt_tokens": b.input_tokens, "total_tokens": b.input_tokens}})
 
     # --- OpenAI responses ---
     async def _responses(self, request: web.Request) -> web.StreamResponse:
@@ -400,6 +473,7 @@ class MockLLM:
                 status=b.status,
             )
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        b = _honoured(b, body)
         usage = {"input_tokens": b.input_tokens - b.cached_tokens, "output_tokens": b.output_tokens,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": b.cached_tokens}
         blocks: list[dict[str, Any]] = [{"type": "text", "text": b.text}]

@@ -2,8 +2,17 @@
 
 Each protocol module defines `ADAPTERS`, a tuple of Adapter classes; this module
 loads the known modules (skipping any not written yet), then picks the adapter
-for a request: first the configured route mapping (host/path pattern -> adapter
-name or "ignore"), then each adapter's own `match`, in order.
+for a request, on its normalized path (shapes.normalize_path, case folded):
+
+1. the configured route mapping (host/path pattern -> adapter name or "ignore");
+2. the adapters that claim model endpoints by path (OpenAI, Anthropic): a POST is
+   theirs; any other method with a body, or a PUT/PATCH, is refused (405), never
+   forwarded ungoverned; a bodiless read (GET, HEAD, OPTIONS, DELETE) is not a model call;
+3. a body shaped like a model call (shapes.model_shaped) on a path no adapter claims:
+   refused (403), unless the path is a free endpoint (FREE_SUFFIXES);
+4. the adapters that match by body (MCP, A2A: JSON-RPC), in order.
+
+The rule is documented in docs/wire-protocols.md.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from governor.adapters import shapes
 from governor.adapters.base import Adapter, AdapterConfig, RequestView
 
 # In match order: the LLM adapters decide on the path alone, so they go first and
@@ -26,6 +36,23 @@ ADAPTER_MODULES = (
 )
 
 IGNORE = "ignore"
+
+# Bodiless requests with these methods to a model endpoint read or delete what is stored
+# there (GET /v1/chat/completions lists stored completions): not model calls.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+# Endpoints whose bodies look like model calls but generate nothing and cost nothing:
+# token counting and moderation. Matched as suffixes of the normalized, lower-case route.
+FREE_SUFFIXES = ("/messages/count_tokens", "/responses/input_tokens", "/moderations")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Selection's verdict on a request that must not be forwarded: answered with `status`
+    and `message`, in `adapter`'s error format when one claims the path."""
+
+    status: int
+    message: str
+    adapter: Adapter | None = None
 
 
 @lru_cache(maxsize=256)
@@ -43,7 +70,8 @@ def _glob(pattern: str, separator: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out), re.IGNORECASE if separator == "." else 0)
+    # paths too are matched without regard to case: they are compared normalized and folded
+    return re.compile("".join(out), re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +85,7 @@ class Route:
     adapter: str
 
     def matches(self, host: str, route: str) -> bool:
+        """`route`: the request's normalized path (RequestView.match_route)."""
         return bool(_glob(self.host, ".").fullmatch(host) and _glob(self.path, "/").fullmatch(route))
 
     @classmethod
@@ -94,6 +123,9 @@ class AdapterRegistry:
     def __init__(self, adapters: Sequence[Adapter], routes: Iterable[Route] = ()) -> None:
         self.adapters = list(adapters)
         self.by_name = {a.name: a for a in self.adapters}
+        # adapters that claim model endpoints by path, and those that match by body
+        self.path_adapters = [a for a in self.adapters if type(a).claims is not Adapter.claims]
+        self.body_adapters = [a for a in self.adapters if type(a).claims is Adapter.claims]
         self.routes = list(routes)
         for route in self.routes:
             if route.adapter != IGNORE and route.adapter not in self.by_name:
@@ -107,17 +139,65 @@ class AdapterRegistry:
         config = config or AdapterConfig()
         return cls([klass(config) for klass in available_adapter_classes()], routes)
 
-    def select(self, request: RequestView) -> Adapter | str | None:
-        """The adapter for this request, IGNORE, or None (unknown traffic)."""
-        if self.routes:
-            route_path = request.route
-            for route in self.routes:
-                if route.matches(request.host, route_path):
-                    return IGNORE if route.adapter == IGNORE else self.by_name[route.adapter]
-        for adapter in self.adapters:
-            if adapter.match(request):
+    def routed(self, request: RequestView) -> Adapter | str | None:
+        """What the route mapping says of this request: an adapter, IGNORE, or None."""
+        route_path = request.match_route
+        for route in self.routes:
+            if route.matches(request.host, route_path):
+                return IGNORE if route.adapter == IGNORE else self.by_name[route.adapter]
+        return None
+
+    def claimant(self, request: RequestView) -> Adapter | None:
+        """The adapter whose model endpoint the path is (whatever the method), if any."""
+        route = request.match_route
+        for adapter in self.path_adapters:
+            if adapter.claims(route):
                 return adapter
         return None
 
+    def select(self, request: RequestView) -> Adapter | Refusal | str | None:
+        """The adapter for this request, IGNORE, a Refusal, or None (unknown traffic)."""
+        if self.routes:
+            target = self.routed(request)
+            if target is not None:
+                return target
+        route = request.match_route
+        for adapter in self.path_adapters:
+            if adapter.claims(route):
+                if adapter.match(request):
+                    return adapter
+                if request.method in READ_METHODS and not request.content:
+                    return None
+                return Refusal(405, f"{request.method} {request.normal_route} is a model endpoint; the governor "
+                                    "governs model calls sent with POST and refuses other methods there (a body, "
+                                    "or PUT/PATCH) rather than forward them ungoverned", adapter)
+        matched = None
+        for adapter in self.body_adapters:
+            if adapter.match(request):
+                matched = adapter
+                break
+        # after them, as they parse the body anyway; but before their verdict counts: MCP also
+        # matches on a session header alone, whatever the body
+        if request.content and not route.endswith(FREE_SUFFIXES) and self._model_shaped(request):
+            return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call "
+                                "(a JSON body with 'model' and 'messages', 'prompt' or 'input') to a path no "
+                                "adapter governs; it is refused, not forwarded ungoverned (a 'routes' entry can "
+                                "name the adapter that governs this path, or 'ignore')")
+        return matched
 
-__all__ = ["AdapterRegistry", "Route", "IGNORE", "ADAPTER_MODULES", "available_adapter_classes"]
+    @staticmethod
+    def _model_shaped(request: RequestView) -> bool:
+        """The sniff: the parse a body adapter already made, if any (a few key lookups);
+        else a byte search first (most bodies end there), then the parse; the lenient
+        parsers (shapes.model_shaped) only when the strict one failed."""
+        content = request.content
+        if not request.parsed and not shapes.may_be_model_shaped(content):
+            return False
+        parsed = request.json_or_none()
+        if parsed is not None:
+            return shapes.shape_of(parsed)
+        return request.unparseable and shapes.model_shaped(content)
+
+
+__all__ = ["AdapterRegistry", "Route", "Refusal", "IGNORE", "READ_METHODS", "FREE_SUFFIXES", "ADAPTER_MODULES",
+           "available_adapter_classes"]

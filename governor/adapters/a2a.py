@@ -253,6 +253,12 @@ def _depth(request: RequestView, floor: int) -> int:
     return max(incoming, floor)
 
 
+def _method(message: Any) -> str | None:
+    """A JSON-RPC message's method when it is a string (a list there is not hashable)."""
+    method = message.get("method") if isinstance(message, dict) else None
+    return method if isinstance(method, str) else None
+
+
 class A2AAdapter(Adapter):
     name = "a2a"
 
@@ -267,11 +273,11 @@ class A2AAdapter(Adapter):
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         body = request.json()
         if isinstance(body, list):
-            if any(isinstance(m, dict) and m.get("method") in DELEGATING for m in body):
+            if any(isinstance(m, dict) and _method(m) in DELEGATING for m in body):
                 raise BadRequest("A2A has no JSON-RPC batches; send each message in its own request")
             return Exchange(self, request.method, request.host, request.path, body, session, persona)
         exchange = Exchange(self, request.method, request.host, request.path, body, session, persona)
-        method = body.get("method") if isinstance(body, dict) else None
+        method = _method(body)
         exchange.stream = method in STREAMING
         exchange.state["rpc_id"] = body.get("id") if isinstance(body, dict) else None
         if method in DELEGATING:

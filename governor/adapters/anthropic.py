@@ -17,6 +17,9 @@ from governor.adapters import sse
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    as_dict,
+    as_key,
+    as_list,
     Exchange,
     Observation,
     Reply,
@@ -68,8 +71,13 @@ class AnthropicAdapter(Adapter):
     name = "anthropic"
     provider = "anthropic"
 
+    def claims(self, route: str) -> bool:
+        # /v1/messages/count_tokens is free (it generates nothing) and /v1/messages/batches
+        # is refused by selection (shapes): neither is a Messages call
+        return route.endswith("/v1/messages")
+
     def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.route.endswith("/v1/messages")
+        return request.method == "POST" and request.match_route.endswith("/v1/messages")
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         body = request.json()
@@ -139,7 +147,7 @@ class AnthropicAdapter(Adapter):
         fields = _usage_fields(data.get("usage"))
         usage = _report(fields, model, exchange.persona, final=True) if fields else None
         steps: list[Step] = []
-        for block in data.get("content") or ():
+        for block in as_list(data.get("content")):
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 if step := requested_tool_call(block.get("name"), block.get("input"), exchange.persona):
                     steps.append(step)
@@ -228,8 +236,8 @@ class MessagesStreamWatcher(StreamWatcher):
             return
         kind = data.get("type") or event.event
         if kind == "content_block_delta":
-            delta = data.get("delta") or {}
-            index = data.get("index")
+            delta = as_dict(data.get("delta"))
+            index = as_key(data.get("index"))
             for key in ("text", "partial_json", "thinking"):
                 piece = delta.get(key)
                 if isinstance(piece, str):
@@ -237,17 +245,17 @@ class MessagesStreamWatcher(StreamWatcher):
                     if key == "partial_json" and index in self.blocks:
                         self.blocks[index]["args"].append(piece)
         elif kind == "content_block_start":
-            block = data.get("content_block") or {}
+            block = as_dict(data.get("content_block"))
             if block.get("type") == "tool_use":
-                self.blocks[data.get("index")] = {"name": block.get("name"), "input": block.get("input"), "args": []}
+                self.blocks[as_key(data.get("index"))] = {"name": block.get("name"), "input": block.get("input"), "args": []}
         elif kind == "content_block_stop":
-            block = self.blocks.pop(data.get("index"), None)
+            block = self.blocks.pop(as_key(data.get("index")), None)
             if block is not None:
                 args = "".join(block["args"]) if block["args"] else block["input"]
                 if step := requested_tool_call(block["name"], args, self.exchange.persona):
                     out.append(step)
         elif kind == "message_start":
-            message = data.get("message") or {}
+            message = as_dict(data.get("message"))
             if isinstance(message.get("model"), str):
                 self.model = message["model"]
             self.fields.update(_usage_fields(message.get("usage")))

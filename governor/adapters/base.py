@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
+from governor.adapters.shapes import route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -113,7 +114,8 @@ class RequestView:
     first pays and the others reuse it.
     """
 
-    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error")
+    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error", "_normal",
+                 "_match")
 
     _UNPARSED: ClassVar[object] = object()
 
@@ -137,11 +139,28 @@ class RequestView:
         self.content = content or b""
         self._json: Any = self._UNPARSED
         self._error: str | None = None
+        self._normal: str | None = None
+        self._match: str | None = None
 
     @property
     def route(self) -> str:
         """The path without its query string."""
         return self.path.split("?", 1)[0]
+
+    @property
+    def normal_route(self) -> str:
+        """The route as a server routes it (shapes.normalize_path: percent-decoded, slashes
+        collapsed, dot segments resolved, no trailing slash), letter case kept."""
+        if self._normal is None:
+            self._normal, self._match = route_forms(self.path)
+        return self._normal
+
+    @property
+    def match_route(self) -> str:
+        """The normalized route in lower case: what adapters and routes match on."""
+        if self._match is None:
+            self._normal, self._match = route_forms(self.path)
+        return self._match
 
     @property
     def content_type(self) -> str:
@@ -158,13 +177,21 @@ class RequestView:
             raise BadRequest(self._error)
         return self._json
 
+    @property
+    def parsed(self) -> bool:
+        """The body was parsed already (or found not to be JSON): json_or_none costs nothing."""
+        return self._json is not self._UNPARSED or self._error is not None
+
+    @property
+    def unparseable(self) -> bool:
+        """A parse was tried and failed (not JSON to orjson)."""
+        return self._error is not None
+
     def json_or_none(self) -> Any:
         """The parsed body, or None when absent or not JSON (for body-shape matching).
-        Bodies declared as something other than JSON are not even parsed."""
+        Whatever the Content-Type says: servers that parse JSON regardless of it exist, so a
+        JSON body is what it is."""
         if not self.content:
-            return None
-        content_type = self.content_type
-        if content_type and "json" not in content_type:
             return None
         try:
             return self.json()
@@ -269,6 +296,13 @@ class Adapter(abc.ABC):
     def __init__(self, config: AdapterConfig | None = None) -> None:
         self.config = config or AdapterConfig()
 
+    def claims(self, route: str) -> bool:
+        """True when `route` (RequestView.match_route: normalized, lower case) is one of this
+        protocol's model-call endpoints, whatever the method: selection refuses a model
+        endpoint reached with a method the adapter does not govern instead of forwarding it.
+        Path-matched adapters override it; body-matched (JSON-RPC) ones claim no path."""
+        return False
+
     @abc.abstractmethod
     def match(self, request: RequestView) -> bool:
         """True when this adapter speaks the request's protocol. Must be cheap: decide on
@@ -311,6 +345,24 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
         """A §6 fallback: the declared value/message in the protocol's normal response shape."""
+
+
+def observe_stream_whole(adapter: Adapter, exchange: Exchange, status: int, headers: Mapping[str, str],
+                         body: bytes) -> Observation | None:
+    """A stream the adapter watches, read whole: for one that could not be relayed event by
+    event (the upstream compressed it although the governor asked for identity), so its
+    usage and tool calls still count. None when the adapter has no watcher for the answer.
+    Raises sse.EventTooLarge (the caller fails closed)."""
+    watcher = adapter.stream_watcher(exchange, status, headers)
+    if watcher is None:
+        return None
+    observation = Observation()
+    for event in watcher.feed(body) + watcher.close():
+        if isinstance(event, UsageReport):
+            observation.usage = event  # the last is the final figure
+        else:
+            observation.steps.append(event)
+    return observation
 
 
 # --- mapping decisions to HTTP ---------------------------------------------------------
@@ -365,6 +417,23 @@ def fallback_text(decision: Decision) -> str:
     if value is not None:
         return orjson.dumps(value).decode()
     return decision.fallback_message or ""
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """A JSON field the parser expects to be an object, or {} when it is anything else
+    (an upstream's or agent's bytes: a list where a dict belongs must not raise)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """A JSON field expected to be an array, or [] when it is anything else."""
+    return value if isinstance(value, list) else []
+
+
+def as_key(value: Any) -> int | str | None:
+    """A JSON value used as a dict key (a stream's block or tool-call index): None unless
+    an int or a string (a list would be unhashable)."""
+    return value if isinstance(value, (int, str)) else None
 
 
 def positive_int(value: Any) -> int:

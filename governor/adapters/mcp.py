@@ -112,12 +112,13 @@ class MCPAdapter(Adapter):
         body = request.json() if request.content else None
         exchange = Exchange(self, request.method, request.host, request.path, body, session, persona)
         if isinstance(body, list):
-            governed = [m.get("method") for m in body if isinstance(m, dict) and m.get("method") in GOVERNED]
+            governed = [m["method"] for m in body
+                        if isinstance(m, dict) and isinstance(m.get("method"), str) and m["method"] in GOVERNED]
             if governed:
                 raise BadRequest(f"a JSON-RPC batch holding {', '.join(governed)} is not governed; send each "
                                  "call in its own request (MCP 2025-06-18 removed batching)")
             return exchange
-        if not isinstance(body, dict) or body.get("method") not in GOVERNED:
+        if not isinstance(body, dict) or not isinstance(body.get("method"), str) or body["method"] not in GOVERNED:
             return exchange
         exchange.state["method"] = body["method"]
         exchange.state["rpc_id"] = body.get("id")

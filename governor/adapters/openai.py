@@ -1,11 +1,13 @@
-"""OpenAI wire protocol: Chat Completions and Responses, plain and streamed (SSE).
+"""OpenAI wire protocol: Chat Completions, Responses, legacy Completions (plain and
+streamed, SSE) and Embeddings.
 
-Matched on the path, whoever serves it (api.openai.com, Azure, vLLM, a mock):
-POST .../chat/completions and POST .../responses.
+Matched on the normalized path (shapes.normalize_path), whoever serves it (api.openai.com,
+Azure, vLLM, a mock): POST .../chat/completions, .../responses, .../completions, .../embeddings.
 
-Usage: Chat `usage.prompt_tokens / completion_tokens / prompt_tokens_details.cached_tokens`;
-Responses `usage.input_tokens / output_tokens / input_tokens_details.cached_tokens`.
-Input tokens include the cached ones (as OpenAI counts them).
+Usage: Chat, Completions and Embeddings `usage.prompt_tokens / completion_tokens /
+prompt_tokens_details.cached_tokens` (embeddings have no completion tokens); Responses
+`usage.input_tokens / output_tokens / input_tokens_details.cached_tokens`. Input tokens
+include the cached ones (as OpenAI counts them).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from governor.adapters import sse
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    as_dict,
+    as_list,
     Exchange,
     Observation,
     Reply,
     RequestView,
     StreamEvent,
     StreamWatcher,
+    describe,
     estimate_tokens,
     model_call,
     positive_int,
@@ -36,6 +41,8 @@ from governor.policy.steps import Decision, Step, UsageReport
 
 CHAT = "chat"
 RESPONSES = "responses"
+COMPLETIONS = "completions"  # the legacy text completions endpoint
+EMBEDDINGS = "embeddings"
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -48,11 +55,32 @@ ERROR_TYPES = {
 
 
 def _kind(route: str) -> str | None:
+    """The endpoint a normalized, lower-case route names (None: not a model call)."""
     if route.endswith("/chat/completions"):
         return CHAT
     if route.endswith("/responses"):
         return RESPONSES
+    if route.endswith("/completions"):
+        return COMPLETIONS
+    if route.endswith("/embeddings"):
+        return EMBEDDINGS
     return None
+
+
+def _choices(body: dict[str, Any]) -> int:
+    """How many answers one request generates (`n`, or the legacy `best_of`, which bills
+    every candidate): the expected output is per answer."""
+    return max(positive_int(body.get("n")), positive_int(body.get("best_of")), 1)
+
+
+def _token_ids(value: Any) -> int:
+    """Tokens given as ids (an array of ints, or of arrays of ints): counted, since their
+    JSON is shorter per token than bytes_per_token assumes for text."""
+    if not isinstance(value, list):
+        return 0
+    if all(type(item) is int for item in value):
+        return len(value)
+    return sum(len(item) for item in value if isinstance(item, list))
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -72,7 +100,7 @@ def _tool_name(tool: Any) -> str | None:
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
         return None
-    if kind == CHAT:
+    if kind != RESPONSES:
         details = usage.get("prompt_tokens_details")
         return UsageReport(
             model=model,
@@ -98,35 +126,57 @@ class OpenAIAdapter(Adapter):
     name = "openai"
     provider = "openai"
 
+    def claims(self, route: str) -> bool:
+        return _kind(route) is not None
+
     def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and _kind(request.route) is not None
+        return request.method == "POST" and _kind(request.match_route) is not None
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        kind = _kind(request.route)
-        if kind is None:
-            raise BadRequest(f"not an OpenAI model call: {request.method} {request.route}")
+        kind = _kind(request.match_route)
         body = request.json()
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        if kind is None:  # a path a `routes` entry gave this adapter: the body says which endpoint
+            kind = CHAT if "messages" in body else COMPLETIONS if "prompt" in body else \
+                RESPONSES if "input" in body or "previous_response_id" in body else None
+            if kind is None:
+                raise BadRequest(f"not an OpenAI model call: {request.method} {request.route}")
         model = body.get("model")
         if model is None:  # Azure names the deployment in the path instead
-            parts = request.route.split("/")
-            model = parts[parts.index("deployments") + 1] if "deployments" in parts[:-1] else ""
+            parts = request.normal_route.split("/")
+            lowered = [part.lower() for part in parts]
+            model = parts[lowered.index("deployments") + 1] if "deployments" in lowered[:-1] else ""
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise BadRequest("'tools' must be an array")
         stream = body.get("stream") is True
+        expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
         if kind == CHAT:
             if not isinstance(body.get("messages"), list):
                 raise BadRequest("'messages' must be an array")
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        else:
+            expected_output = (positive_int(limit) or self.config.default_output_tokens) * _choices(body)
+        elif kind == RESPONSES:
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
-            limit = body.get("max_output_tokens")
-        expected_output = positive_int(limit) or self.config.default_output_tokens
+            expected_output = positive_int(body.get("max_output_tokens")) or self.config.default_output_tokens
+        elif kind == COMPLETIONS:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, (str, list)):
+                raise BadRequest("'prompt' is required and must be a string or an array")
+            expected_input = max(expected_input, _token_ids(prompt))
+            expected_output = (positive_int(body.get("max_tokens")) or self.config.default_output_tokens) \
+                * _choices(body)
+        else:  # embeddings: input tokens only, never streamed
+            embedded = body.get("input")
+            if not isinstance(embedded, (str, list)):
+                raise BadRequest("'input' is required and must be a string or an array")
+            expected_input = max(expected_input, _token_ids(embedded))
+            expected_output = 0
+            stream = False
         return Exchange(
             adapter=self,
             method=request.method,
@@ -139,7 +189,7 @@ class OpenAIAdapter(Adapter):
             model=model,
             state={
                 "kind": kind,
-                "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
+                "expected_input": expected_input,
                 "expected_output": expected_output,
             },
         )
@@ -166,7 +216,7 @@ class OpenAIAdapter(Adapter):
                 else:
                     for key in ("tools", "tool_choice", "parallel_tool_calls"):
                         body.pop(key, None)
-        if exchange.state["kind"] == CHAT and exchange.stream and self.config.inject_stream_usage:
+        if exchange.state["kind"] in (CHAT, COMPLETIONS) and exchange.stream and self.config.inject_stream_usage:
             options = body.get("stream_options")
             if not (isinstance(options, dict) and options.get("include_usage")):
                 body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
@@ -190,14 +240,14 @@ class OpenAIAdapter(Adapter):
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
         steps: list[Step] = []
         if kind == CHAT:
-            for choice in data.get("choices") or ():
-                message = choice.get("message") if isinstance(choice, dict) else None
-                for call in (message or {}).get("tool_calls") or ():
+            for choice in as_list(data.get("choices")):
+                message = as_dict(choice.get("message") if isinstance(choice, dict) else None)
+                for call in as_list(message.get("tool_calls")):
                     fn = call.get("function") if isinstance(call, dict) else None
                     if isinstance(fn, dict) and (step := requested_tool_call(fn.get("name"), fn.get("arguments"), exchange.persona)):
                         steps.append(step)
         else:
-            for item in data.get("output") or ():
+            for item in as_list(data.get("output")):
                 if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
                     if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), exchange.persona):
                         steps.append(step)
@@ -208,9 +258,14 @@ class OpenAIAdapter(Adapter):
     ) -> StreamWatcher | None:
         if status != 200 or "text/event-stream" not in (headers.get("content-type") or ""):
             return None
-        if exchange.state["kind"] == CHAT:
+        kind = exchange.state["kind"]
+        if kind == CHAT:
             return ChatStreamWatcher(exchange, self.config.bytes_per_token)
-        return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+        if kind == COMPLETIONS:
+            return CompletionsStreamWatcher(exchange, self.config.bytes_per_token)
+        if kind == RESPONSES:
+            return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+        return None  # embeddings are never streamed: a stream is buffered and read whole
 
     def error_response(
         self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
@@ -229,7 +284,17 @@ class OpenAIAdapter(Adapter):
         text = fallback_text(decision)
         model = exchange.model
         created = int(time.time())
-        if exchange.state["kind"] == CHAT:
+        kind = exchange.state["kind"]
+        if kind == EMBEDDINGS:  # no text to substitute for vectors: the refusal, as an error
+            return self.error_response(403, describe(governor), governor, exchange)
+        if kind == COMPLETIONS:
+            base = {"id": "cmpl-governor-fallback", "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}]}
+            zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            if not exchange.stream:
+                return Reply.json(200, {**base, "usage": zero, "governor": dict(governor)})
+            return Reply(200, {"content-type": "text/event-stream"}, sse.encode(base) + b"data: [DONE]\n\n")
+        if kind == CHAT:
             base = {"id": "chatcmpl-governor-fallback", "created": created, "model": model}
             zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
             if not exchange.stream:
@@ -414,18 +479,19 @@ class ChatStreamWatcher(_Watcher):
         if data.get("usage"):
             if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
                 self.reported = usage
-        for choice in data.get("choices") or ():
+        for choice in as_list(data.get("choices")):
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta") or {}
+            delta = as_dict(choice.get("delta"))
             content = delta.get("content")
             if isinstance(content, str):
                 self.generated_bytes += len(content) if content.isascii() else len(content.encode())
-            for call in delta.get("tool_calls") or ():
+            for call in as_list(delta.get("tool_calls")):
                 if not isinstance(call, dict):
                     continue
-                slot = self.calls.setdefault(call.get("index", 0), {"name": None, "args": []})
-                fn = call.get("function") or {}
+                index = call.get("index", 0)  # sorted at the end: ints only
+                slot = self.calls.setdefault(index if type(index) is int else -1, {"name": None, "args": []})
+                fn = as_dict(call.get("function"))
                 if isinstance(fn.get("name"), str):
                     slot["name"] = fn["name"]
                 if isinstance(fn.get("arguments"), str):
@@ -445,6 +511,34 @@ class ChatStreamWatcher(_Watcher):
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
         chunk = {"id": self.chunk_id, "object": "chat.completion.chunk", "created": self.created,
                  "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        error = {"message": message, "type": "governor_stream_cut", "param": None,
+                 "code": governor.get("cause"), "governor": dict(governor)}
+        return sse.encode(chunk) + sse.encode({"error": error}) + b"data: [DONE]\n\n"
+
+
+class CompletionsStreamWatcher(ChatStreamWatcher):
+    """Legacy text_completion chunks: the text is in each choice's `text`; usage and [DONE]
+    as in chat. No tool calls."""
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        return _Watcher.feed(self, chunk)  # chat's single-event fast path reads deltas
+
+    def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
+            self.chunk_id = data["id"]
+            self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
+        if data.get("usage"):
+            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
+                self.reported = usage
+        for choice in as_list(data.get("choices")):
+            text = choice.get("text") if isinstance(choice, dict) else None
+            if isinstance(text, str):
+                self.generated_bytes += len(text.encode())
+        self._progress(out)
+
+    def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
+        chunk = {"id": self.chunk_id, "object": "text_completion", "created": self.created, "model": self.model,
+                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
         error = {"message": message, "type": "governor_stream_cut", "param": None,
                  "code": governor.get("cause"), "governor": dict(governor)}
         return sse.encode(chunk) + sse.encode({"error": error}) + b"data: [DONE]\n\n"
@@ -478,7 +572,7 @@ class ResponsesStreamWatcher(_Watcher):
                     out.append(step)
         elif kind in self.FINAL_EVENTS:
             self.completed = True
-            response = data.get("response") or {}
+            response = as_dict(data.get("response"))
             model = response.get("model") if isinstance(response.get("model"), str) else self.exchange.model
             if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
                 self.reported = usage
@@ -493,4 +587,4 @@ class ResponsesStreamWatcher(_Watcher):
 
 ADAPTERS = (OpenAIAdapter,)
 
-__all__ = ["OpenAIAdapter", "ChatStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]
+__all__ = ["OpenAIAdapter", "ChatStreamWatcher", "CompletionsStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]

@@ -4,6 +4,11 @@ OpenAI, Anthropic, MCP streamable HTTP and A2A message/stream all stream SSE.
 `SSEDecoder` turns arbitrary chunks (boundaries anywhere, even inside a CRLF)
 into events; `last_boundary` lets the proxy forward whole events only, so a cut
 never leaves a half-sent event before the terminal one.
+
+What the decoder holds between chunks (the unterminated line, the data lines of an event
+not yet dispatched) is bounded: past `MAX_EVENT_BYTES` it raises `EventTooLarge`, and the
+proxy cuts the stream. An upstream that never sends an event boundary cannot make the
+governor (which forwards whole events only) hold its stream in memory.
 """
 
 from __future__ import annotations
@@ -12,6 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+# One event's bytes: the largest real ones are the Responses API's final
+# `response.completed` (the whole response again), far below this.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class EventTooLarge(ValueError):
+    """An event (or a line) grew past the decoder's limit without a boundary."""
 
 
 @dataclass(slots=True)
@@ -48,13 +61,22 @@ def encode(data: Any, event: str | None = None) -> bytes:
 class SSEDecoder:
     """Incremental SSE parser (WHATWG event-stream rules, minus id/retry which we ignore)."""
 
-    __slots__ = ("_buf", "_event", "_data", "_has_data")
+    __slots__ = ("_buf", "_event", "_data", "_has_data", "_held", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._buf = b""
         self._event: str | None = None
         self._data: list[str] = []
         self._has_data = False
+        self._held = 0  # characters in _data: the event being assembled
+        self.limit = MAX_EVENT_BYTES if limit is None else limit
+
+    def _check(self) -> None:
+        if len(self._buf) + self._held > self.limit:
+            held = len(self._buf) + self._held
+            self._buf, self._data, self._held, self._has_data, self._event = b"", [], 0, False, None
+            raise EventTooLarge(f"the upstream sent {held} bytes of one event without an event boundary "
+                                f"(the governor holds at most {self.limit})")
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buf = self._buf + chunk if self._buf else bytes(chunk)
@@ -65,6 +87,8 @@ class SSEDecoder:
             self._buf = lines.pop()  # the unterminated tail, b"" when buf ends with \n
             for raw in lines:
                 self._line(raw, events)
+            if self._buf or self._held:
+                self._check()
             return events
         start = 0
         n = len(buf)
@@ -83,6 +107,7 @@ class SSEDecoder:
             self._line(buf[start:end], events)
             start = nxt
         self._buf = buf[start:]
+        self._check()
         return events
 
     @property
@@ -106,11 +131,13 @@ class SSEDecoder:
                 data = self._data
                 events.append(SSEEvent(self._event, data[0] if len(data) == 1 else "\n".join(data)))
                 self._data = []
+                self._held = 0
             self._event, self._has_data = None, False
             return
         if raw[:6] == b"data: ":  # nearly every line of a stream: the general path below, shortened
             self._data.append(raw[6:].decode("utf-8", errors="replace"))
             self._has_data = True
+            self._held += len(raw)
             return
         line = raw.decode("utf-8", errors="replace")
         if line.startswith(":"):
@@ -121,5 +148,6 @@ class SSEDecoder:
         if field == "data":
             self._data.append(value)
             self._has_data = True
+            self._held += len(raw)
         elif field == "event":
             self._event = value

@@ -13,6 +13,7 @@ Access:
                                         every answer is refused
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
+  POST /v1/store/acknowledge            the control token, always (store_ack)
 Every request, before any of that (`guard`): its Host must name this control plane
 (421), a browser's cross-origin request is refused (403), and a POST body must be JSON
 (415); bodies nested deeper than 64 levels are a 400.
@@ -356,6 +357,10 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     from governor.control import personas  # imports this module: added here, not at the top
 
     personas.add_routes(app)
+
+    from governor.control.store_ack import acknowledge_store  # imports this module too
+
+    app.router.add_post("/v1/store/acknowledge", acknowledge_store)
     return app
 
 

@@ -15,7 +15,10 @@ is the journal's own integrity check, not the §8.4 chain: records chain their
 events at issue time (see governor.evidence.record).
 
 `append` returns only after the line is written and fsync'ed, so an event whose
-append returned survives a kill -9 or power loss. Damage on the last line is a
+append returned survives a kill -9 or power loss. A journal holds no file descriptor
+between appends: each append opens the file, writes, fsyncs and closes it (the open
+and close cost ~10 us against the fsync's milliseconds, and events are appended only
+when enforcement fires), so ten thousand idle sessions hold no descriptors. Damage on the last line is a
 torn tail (reported, never silently dropped or accepted); damage on any earlier
 line cannot come from a crash and is reported as corruption.
 """
@@ -208,10 +211,10 @@ def recover_journal(path: Path | str) -> Recovery:
 class Journal:
     """An open session journal: appends are durable and serialized (thread-safe)."""
 
-    def __init__(self, path: Path, fd: int, contents: _Contents, *, sync: bool) -> None:
+    def __init__(self, path: Path, contents: _Contents, *, sync: bool) -> None:
         self.path = path
         self.record = SessionRecord(contents.header, contents.events)
-        self._fd: int | None = fd
+        self._closed = False
         self._prev = contents.last_hash
         self._size = contents.intact_size
         self._ending = contents.ending
@@ -238,10 +241,11 @@ class Journal:
                 os.fsync(fd)
                 fsync_directory(path.parent)
         except BaseException:
-            os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        return cls(path, fd, _Contents(header, [], None, digest, len(line), None), sync=sync)
+        finally:
+            os.close(fd)
+        return cls(path, _Contents(header, [], None, digest, len(line), None), sync=sync)
 
     @classmethod
     def open(cls, path: Path | str, *, repair_torn_tail: bool = False, sync: bool = True) -> Journal:
@@ -255,23 +259,9 @@ class Journal:
         contents = _read(path)
         if contents.torn is not None and not repair_torn_tail:
             raise TornJournalError(path, contents.torn)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        try:
-            if contents.torn is not None:
-                aside = path.with_name(f"{path.name}.torn-{contents.torn.offset}")
-                aside_fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    _write_all(aside_fd, contents.torn.data)
-                    os.fsync(aside_fd)
-                finally:
-                    os.close(aside_fd)
-                os.ftruncate(fd, contents.intact_size)
-                os.fsync(fd)
-                fsync_directory(path.parent)
-        except BaseException:
-            os.close(fd)
-            raise
-        journal = cls(path, fd, contents, sync=sync)
+        if contents.torn is not None:
+            set_aside_torn_tail(path, contents.torn)
+        journal = cls(path, contents, sync=sync)
         journal.repaired = contents.torn
         return journal
 
@@ -309,10 +299,9 @@ class Journal:
         return ending
 
     def close(self) -> None:
+        """No further appends (there is no descriptor to release: appends open their own)."""
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._closed = True
 
     def __enter__(self) -> Journal:
         return self
@@ -321,27 +310,51 @@ class Journal:
         self.close()
 
     def _check_open(self) -> None:
-        if self._fd is None:
+        if self._closed:
             raise JournalClosedError(self.path, "journal is closed")
         if self._ending is not None:
             raise JournalClosedError(self.path, f"session already ended ({self._ending.outcome} at {self._ending.at})")
 
     def _write_line(self, kind: str, body: Mapping[str, Any]) -> None:
-        assert self._fd is not None
         line, digest = _encode_line(kind, body, self._prev)
         try:
-            _write_all(self._fd, line)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:  # e.g. EMFILE: nothing written, the step fails closed
+            raise JournalError(self.path, f"cannot open to append, event not recorded: {exc.strerror or exc}") from None
+        try:
+            _write_all(fd, line)
             if self._sync:
-                os.fsync(self._fd)
+                os.fsync(fd)
         except OSError as exc:
             try:  # drop the partial line so the journal stays intact for the next append
-                os.ftruncate(self._fd, self._size)
+                os.ftruncate(fd, self._size)
             except OSError:
-                os.close(self._fd)
-                self._fd = None
+                self._closed = True  # its length is unknown now: refuse further appends
             raise JournalError(self.path, f"write failed, event not recorded: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
         self._prev = digest
         self._size += len(line)
+
+
+def set_aside_torn_tail(path: Path, torn: TornTail) -> Path:
+    """Move a torn tail's bytes to `<journal>.torn-<offset>` (never silently dropped) and
+    cut the journal back to its intact length; durable before it returns."""
+    aside = path.with_name(f"{path.name}.torn-{torn.offset}")
+    aside_fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        _write_all(aside_fd, torn.data)
+        os.fsync(aside_fd)
+    finally:
+        os.close(aside_fd)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, torn.offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_directory(path.parent)
+    return aside
 
 
 def _write_all(fd: int, data: bytes) -> None:

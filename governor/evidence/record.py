@@ -292,8 +292,10 @@ def record_path(data_dir: Path | str, session: str) -> Path:
     return Path(data_dir) / "records" / f"{file_stem(session)}.json"
 
 
-def write_record(path: Path | str, record: Mapping[str, Any]) -> Path:
-    """Write a record atomically and durably (temp file, fsync, rename, fsync the directory)."""
+def write_record(path: Path | str, record: Mapping[str, Any], *, sync_directory: bool = True) -> Path:
+    """Write a record atomically and durably (temp file, fsync, rename, fsync the directory).
+
+    `sync_directory=False` leaves the directory's fsync to the caller (one for a batch)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
@@ -307,7 +309,8 @@ def write_record(path: Path | str, record: Mapping[str, Any]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_directory(path.parent)
+    if sync_directory:
+        fsync_directory(path.parent)
     return path
 
 

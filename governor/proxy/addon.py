@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from mitmproxy import ctx, http
 
-from governor.adapters import IGNORE, AdapterRegistry
+from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters import sse
 from governor.adapters.base import (
     Adapter,
@@ -42,6 +42,7 @@ from governor.adapters.base import (
     StreamWatcher,
     describe,
     governor_object,
+    observe_stream_whole,
     status_for,
 )
 from governor.policy.steps import (
@@ -56,7 +57,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 from governor.personas import PersonaHeaderError, parse_persona
-from governor.proxy import transit
+from governor.proxy import bodies, transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
@@ -85,7 +86,9 @@ class ProxyPolicy:
     unknown_traffic: str = "forward"  # "forward" (logged and counted) | "deny"
     upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
     tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
-    max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this: 413
+    max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this (decoded): 413
+    max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, decoded: 502 past it
+    max_decoded_ratio: float = bodies.DEFAULT_RATIO  # decoded / compressed size, past 1 MiB decoded
 
 
 @dataclass(eq=False)
@@ -124,6 +127,7 @@ class StreamRelay:
         self.latest_usage: UsageReport | None = None
         self.checked_usage: UsageReport | None = None
         self.checking = False
+        self.over = False  # a running usage past the call's reservation holds the output (see hold)
         self.pending_steps: list[Step] = []
         self.admitting = False
         self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
@@ -139,6 +143,8 @@ class StreamRelay:
             return []
         try:
             events = self.watcher.feed(data)
+        except sse.EventTooLarge as exc:
+            return self._overflow(str(exc))
         except Exception:  # a watcher bug must not break the relay: log, keep counting nothing
             log.exception("governor: stream watcher failed on %s", self.flow.request.url)
             events = []
@@ -151,6 +157,9 @@ class StreamRelay:
         buf = self.held + data
         cut = sse.last_boundary(buf)
         self.held = buf[cut:]
+        if len(self.held) > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
+            return self._overflow(f"the upstream sent {len(self.held)} bytes without an event boundary "
+                                  f"(the governor holds at most {sse.MAX_EVENT_BYTES})")
         out = buf[:cut]
         if self.holds:
             self.kept += out
@@ -158,6 +167,14 @@ class StreamRelay:
         if self.kept:
             out, self.kept = self.kept + out, b""
         return [out] if out else []
+
+    def _overflow(self, reason: str) -> list[bytes]:
+        """The upstream's event outgrew what the governor holds: cut the stream (fail closed)."""
+        log.warning("governor: %s; cutting the stream of %s", reason, self.flow.request.pretty_url)
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": self.flight.exchange.session}
+        self.held = b""
+        self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
+        return []
 
     def hold(self) -> None:
         """Keep output back (and the upstream's end) until `unhold` balances this."""
@@ -194,9 +211,11 @@ class StreamRelay:
             log.exception("governor: stream watcher failed at end of stream")
             self.final_events = []
         if self.terminal is None and self.holds:
-            # the upstream ended while a tool call it asked for was still being admitted
-            # and its end could not be withheld: fail closed, do not deliver it
-            self.cut("governor: the stream ended before its tool calls were admitted",
+            # the upstream ended while a tool call it asked for was still being admitted (or
+            # its usage past the reservation was being charged) and its end could not be
+            # withheld: fail closed, do not deliver it
+            what = "usage past its reservation was charged" if self.over else "its tool calls were admitted"
+            self.cut(f"governor: the stream ended before {what}",
                      _governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
@@ -230,6 +249,9 @@ class Governor:
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+        # whether a stream's running usage is within what its call reserved (runtimes without
+        # it: every chunk is forwarded and checked after, as before)
+        self._covers = getattr(runtime, "covers", None)
         self.presented = PresentedPassports()  # ADL-Passport headers, read off the event loop
 
     def session_of(self, headers: Any) -> str:
@@ -277,6 +299,8 @@ class Governor:
         except Exception:
             log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
             watcher = None
+        if watcher is not None and _has_content_encoding(response.headers.fields):
+            watcher = None  # compressed although we asked for identity: buffered, read whole once decoded
         if watcher is not None:
             flight.relay = StreamRelay(self, flow, flight, watcher)
             response.stream = flight.relay
@@ -374,7 +398,9 @@ class Governor:
             flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
             return
 
-        selected = self.registry.select(view)
+        # a body that cannot be decoded within the bounds is refused like a shape selection
+        # refuses (after the passport check below, which every request gets)
+        selected = (encoded and self._decode_request(view, fields)) or self.registry.select(view)
         adapter = selected if isinstance(selected, Adapter) else None
 
         if presented is not None:
@@ -397,6 +423,9 @@ class Governor:
 
         if selected == IGNORE:
             return
+        if isinstance(selected, Refusal):
+            self._refuse_unselected(flow, selected, session)
+            return
         if adapter is None:
             self._unknown(flow, session)
             return
@@ -408,12 +437,6 @@ class Governor:
                 self._bad_request(flow, adapter, session, str(exc))
                 return
             persona = activity.persona
-        if encoded:
-            try:
-                view.content = request.content or b""
-            except ValueError:
-                self._bad_request(flow, adapter, session, "request body cannot be decoded (content-encoding)")
-                return
         if len(view.content) > self.policy.max_body_bytes:
             self._bad_request(flow, adapter, session,
                               f"request body of {len(view.content)} bytes exceeds the governor's limit of "
@@ -564,6 +587,31 @@ class Governor:
         flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
         log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
 
+    def _decode_request(self, view: RequestView, fields: Any) -> Refusal | None:
+        """Undo the body's Content-Encoding (bounded: governor.proxy.bodies) before anything
+        reads it, selection included; a Refusal when it cannot be. Traffic a route ignores is
+        left as it is."""
+        if self.registry.routes and self.registry.routed(view) == IGNORE:
+            return None
+        policy = self.policy
+        try:
+            view.content = bodies.decode(view.content, bodies.encodings(fields),
+                                         bodies.Bounds(policy.max_body_bytes, policy.max_decoded_ratio))
+        except bodies.BodyError as exc:
+            return Refusal(exc.status, f"request {exc.message}", self.registry.claimant(view))
+        return None
+
+    def _refuse_unselected(self, flow: http.HTTPFlow, refusal: Refusal, session: str) -> None:
+        """A request refused before any adapter opened it (selection, body decoding): in the
+        format of the adapter whose endpoint the path is, else the generic one."""
+        message = f"governor: {refusal.message}"
+        gov = {"cause": None, "action": "deny", "reason": refusal.message, "session": session}
+        adapter = refusal.adapter
+        reply = (adapter.error_response(refusal.status, message, gov) if adapter is not None
+                 else _generic_error(refusal.status, message, gov))
+        flow.response = _response(reply, "deny")
+        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, refusal.message)
+
     def _unknown(self, flow: http.HTTPFlow, session: str) -> None:
         host = flow.request.host
         halted = getattr(self.runtime, "halted", None)
@@ -601,8 +649,16 @@ class Governor:
                 decision, gov = flight.refusal
                 self._replace(flow, adapter, decision, session, gov, exchange)
             return
-        body = _decoded_body(response)
-        observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        try:
+            body = _decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
+            observation = None
+            if body is not (response.raw_content or b""):  # decoded: a stream that came so is read whole
+                observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
+            if observation is None:
+                observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        except (bodies.BodyError, sse.EventTooLarge) as exc:
+            await self._unreadable_response(flow, flight, getattr(exc, "message", str(exc)))
+            return
         if observation.usage is not None and flight.usage_ticket is not None:
             decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
             if decision.blocks:
@@ -618,6 +674,21 @@ class Governor:
                 return
         if observation.replace_body is not None:
             response.content = observation.replace_body
+
+    async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
+        """An answer the governor cannot read within its bounds (a decompression bomb, an
+        encoding it does not know, corrupt bytes): fail closed. The agent gets a 502, and a
+        model call is charged what it reserved, since what it consumed cannot be read."""
+        exchange = flight.exchange
+        state = exchange.state
+        if flight.usage_ticket is not None and "expected_input" in state:
+            report = UsageReport(model=exchange.model, input_tokens=state["expected_input"],
+                                 output_tokens=state["expected_output"], persona=exchange.persona, final=True)
+            await self.runtime.usage(exchange.session, flight.usage_ticket, report)
+        reason = f"the upstream's answer was refused: {why}"
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
+        flow.response = _response(exchange.adapter.error_response(502, f"governor: {reason}", gov, exchange), "deny")
+        log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
 
     async def _stream_finished(self, flow: http.HTTPFlow, flight: Flight) -> None:
         relay = flight.relay
@@ -641,6 +712,10 @@ class Governor:
         for event in events:
             if isinstance(event, UsageReport):  # past the admission (watchers report only those)
                 relay.latest_usage = event
+                if not relay.over and self._covers is not None and flight.usage_ticket is not None \
+                        and not self._covers(flight.usage_ticket, event):
+                    relay.over = True  # past what the call holds: kept back until the reservation grew
+                    relay.hold()
             elif isinstance(event, (ToolCall, ToolError)):
                 relay.pending_steps.append(event)
                 if isinstance(event, ToolCall) and not relay.ended:
@@ -668,6 +743,9 @@ class Governor:
             self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
         finally:
             relay.checking = False
+            if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
+                relay.over = False  # every report so far permitted (its reservation grown): release
+                relay.unhold()
 
     def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
         if relay.pending_steps and not relay.admitting:
@@ -888,16 +966,19 @@ def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, st
     return found, encoded
 
 
-def _decoded_body(message: http.Message) -> bytes:
-    """The body with its Content-Encoding undone (as sent when it cannot be); without one,
-    the raw bytes, found by a pass over the raw fields rather than `Headers.get`."""
-    for name, _ in message.headers.fields:  # a loop, not any(generator): no frame per response
+def _has_content_encoding(fields: Any) -> bool:
+    for name, _ in fields:  # a loop, not any(generator): no frame per response
         if name.lower() == b"content-encoding":
-            try:
-                return message.content or b""
-            except ValueError:
-                break
-    return message.raw_content or b""
+            return True
+    return False
+
+
+def _decoded_body(message: http.Message, bounds: bodies.Bounds) -> bytes:
+    """The body with its Content-Encoding undone within `bounds` (bodies.decode: BodyError
+    when it cannot be); without one, the raw bytes, found by a pass over the raw fields."""
+    raw = message.raw_content or b""
+    codings = bodies.encodings(message.headers.fields)
+    return bodies.decode(raw, codings, bounds) if codings else raw
 
 
 def _governor_error() -> Decision:

@@ -26,6 +26,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "control_host": ("GOVERNOR_CONTROL_HOST", "extra Host names the control plane answers to, comma-separated "
                      "(default: its listen address, localhost, 127.0.0.1, ::1; '*': any)"),
     "mode": ("GOVERNOR_MODE", "regular (explicit HTTPS_PROXY, default) or reverse:URL (agent's base URL = the proxy)"),
+    "transparent": ("GOVERNOR_TRANSPARENT", "a second proxy listener HOST:PORT in transparent mode, for the "
+                    "connections iptables redirects to it (Linux; the chart's interception option)"),
     "data_dir": ("GOVERNOR_DATA_DIR", "state, journals, records, the governor key and the CA (default ./.governor)"),
     "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
     "session_idle": ("GOVERNOR_SESSION_IDLE", "end a session idle this many seconds (default 900)"),
@@ -126,6 +128,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     known = set(OPTIONS) | {"routes", "upstream_insecure", "tick_interval", "max_body_bytes", "default_output_tokens",
                             "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
                             "peers", "delegation_depth"}
+    known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -150,6 +153,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if mode != "regular" and not str(mode).startswith("reverse:"):
             raise UsageError(f"--mode: expected regular or reverse:URL, got {mode!r}")
         settings.mode = mode
+    if (transparent := value("transparent")) is not None:
+        settings.transparent = _address(transparent, "--transparent")
     if (data_dir := value("data_dir")) is not None:
         settings.data_dir = Path(data_dir)
     if (tier := value("tier")) is not None:
@@ -190,6 +195,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.tick_interval = float(file["tick_interval"])
     if "max_body_bytes" in file:
         settings.max_body_bytes = int(file["max_body_bytes"])
+    if "max_response_bytes" in file:
+        settings.max_response_bytes = int(file["max_response_bytes"])
+    if "max_decoded_ratio" in file:
+        ratio = file["max_decoded_ratio"]
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
+            raise UsageError(f"config {config_path}: max_decoded_ratio must be a number >= 1")
+        settings.max_decoded_ratio = float(ratio)
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     peers = file.get("peers") or {}
@@ -304,6 +316,8 @@ def instructions(running: Any) -> str:
     limits = getattr(runtime, "limits", None)
     lines.append(f"  tier:           {limits.tier.value if limits is not None else settings.tier.value}")
     lines.append(f"  proxy:          {running.proxy_url} (mode {settings.mode})")
+    if settings.transparent is not None:
+        lines.append("  transparent:    {}:{} (connections redirected by iptables)".format(*settings.transparent))
     guard = getattr(running, "connections", None)
     if guard is not None:
         lines.append(f"  clients:        at most {guard.cap} connections; headers within {settings.client_header_timeout:g}s, "

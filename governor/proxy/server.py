@@ -55,6 +55,7 @@ class Settings:
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
     mode: str = "regular"  # "regular" or "reverse:URL"
+    transparent: tuple[str, int] | None = None  # a second listener in transparent mode (iptables REDIRECT)
     data_dir: Path = Path(".governor")
     tier: Tier = Tier.R2
     session_idle: float = 900.0
@@ -74,6 +75,8 @@ class Settings:
     tick_interval: float = 1.0
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     max_body_bytes: int = 64 * 1024 * 1024
+    max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
+    max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
@@ -171,7 +174,8 @@ def master_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = dict(
         listen_host=settings.listen[0],
         listen_port=settings.listen[1],
-        mode=[settings.mode],
+        mode=[settings.mode] + ([f"transparent@{settings.transparent[0]}:{settings.transparent[1]}"]
+                                if settings.transparent is not None else []),
         confdir=str(settings.data_dir),
         connection_strategy="lazy",
         ssl_insecure=settings.upstream_insecure,
@@ -197,6 +201,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         book = session_book(settings, runtime, metrics)
     except Exception as exc:  # an unreadable or damaged sessions/book.jsonl, a bad setting
         raise StartupError(f"sessions: {exc}") from None
+    recover = getattr(runtime, "recover", None)
+    if recover is not None:  # sessions the last run left unfinished: finalized before any traffic
+        try:
+            await recover()
+        except Exception as exc:
+            raise StartupError(f"cannot finalize the sessions left unfinished in {settings.data_dir}: {exc}") from None
     origin = None
     control_runner = None
     control_address = None
@@ -272,6 +282,8 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         upstream_timeout=settings.upstream_timeout,
         tick_interval=settings.tick_interval,
         max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        max_decoded_ratio=settings.max_decoded_ratio,
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
@@ -321,6 +333,12 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    from governor.runtime_resume import archive_passport
+
+    try:  # a session admitted with this passport keeps its limits across a restart with another
+        archive_passport(settings.data_dir, report.digest, report.pinned.canonical_bytes)
+    except OSError as exc:
+        raise StartupError(f"cannot archive the admitted passport in {settings.data_dir}: {exc}") from None
     try:  # <data-dir>/keys: private key (0600), public key, did.json for auditors (§8.2)
         key, governor_id = ensure_governor_key(settings.data_dir, settings.governor_id)
     except (EvidenceError, OSError, ValueError) as exc:

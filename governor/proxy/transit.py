@@ -107,10 +107,11 @@ class Gate:
     the gate closes the upstream connection, whose end-of-file then delivers it.
     """
 
-    def __init__(self, handler: Any, flow: http.HTTPFlow, inner: Any) -> None:
+    def __init__(self, handler: Any, flow: http.HTTPFlow, inner: Any, client: Any = None) -> None:
         self.handler = handler
         self.flow = flow
         self.inner = inner
+        self.client = client  # the reader it is installed on, to step aside once released
         self.released = False
         self.withheld = False  # the upstream's end-of-message arrived and is kept
 
@@ -135,6 +136,10 @@ class Gate:
         self.released = True
         if self.withheld:
             _close_upstream(self.handler, self.flow)
+        elif self.client is not None and self.client.body_reader is self:
+            # nothing withheld: the reader goes back as it was, so a stream held many times
+            # (each tool call, each growth of its reservation) does not stack gates
+            self.client.body_reader = self.inner
 
 
 def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
@@ -145,7 +150,7 @@ def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
     client = _http1_client(handler, flow)
     if client is None or client.state != client.read_body:
         return None
-    installed = Gate(handler, flow, client.body_reader)
+    installed = Gate(handler, flow, client.body_reader, client)
     client.body_reader = installed  # type: ignore[assignment]
     return installed
 

@@ -25,6 +25,7 @@ from governor.store.base import (
     RollingWindow,
     Store,
     StoreError,
+    StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "StoreError",
+    "StoreIntegrityError",
     "StoreUnavailable",
     "UnknownReservation",
     "WriteBehindStore",

@@ -48,6 +48,12 @@ class StoreUnavailable(StoreError):
     """The backend failed or cannot be reached: the caller must fail closed."""
 
 
+class StoreIntegrityError(StoreUnavailable):
+    """The backend lost state the store had written (a Redis emptied by FLUSHALL, a failover to
+    an empty replica, a restart without persistence): its counters can no longer be trusted.
+    Every operation fails closed until an operator acknowledges the loss (`acknowledge`)."""
+
+
 class UnknownReservation(StoreError, LookupError):
     """No outstanding reservation has this id (never made, already committed or released)."""
 
@@ -134,6 +140,13 @@ class Store(Protocol):
 
     def release(self, reservation_id: str) -> bool:
         """Drop an unused reservation; False (and nothing changes) when it is not outstanding."""
+
+    def extend(self, reservation_id: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
+        """Grow an outstanding reservation by `charges`, atomically, if every capped counter
+        stays within its cap (as `reserve` checks); refused, nothing changes. The amounts are
+        dated at the reservation, and commit/release then treat them as part of it (a
+        stream whose usage passed what its admission reserved). Raises UnknownReservation
+        when the reservation is not outstanding."""
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         """Record usage unconditionally, dated `now` (caps are not checked)."""

@@ -120,6 +120,28 @@ class MemoryStore:
             self._unhold(held)
             return True
 
+    def extend(self, reservation_id: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
+        totals = totals_by_key(charges)
+        with self._locked():
+            held = self._held.get(reservation_id)
+            if held is None:
+                raise UnknownReservation(reservation_id)
+            first_live = self.window.first_live(now)
+            overshoot = first_overshoot(charges, totals, self._values(held.agent, held.session, totals, first_live))
+            if overshoot is not None:
+                return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
+            # a new dict, never the old one changed: a flush may be writing the old one
+            grown = dict(held.totals)
+            for key, amount in totals.items():
+                grown[key] = grown.get(key, 0.0) + amount
+            held.totals = grown
+            self._extended(reservation_id)
+            self._add(held.agent, held.session, totals, held.bucket, first_live)
+            return Reservation(id=reservation_id, ok=True)
+
+    def _extended(self, reservation_id: str) -> None:
+        """A reservation's amounts grew (store lock held): a store that persists it rewrites it."""
+
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         totals = totals_by_key(charges)
         with self._locked():

@@ -15,10 +15,21 @@ Layout, under a key prefix (default "governor:"):
   r:<id>, sr:<session>, rt         a reservation; a session's reservations; all by time
   st:<session>, sessions           saved session state; the set of saved sessions
   n:<nonce>                        a nonce's expiry
+  fence                            the epoch written by the first store opened on this Redis
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
 so no two names collide.) Per-day keys expire two buckets past the window after
 their last write. The scripts derive key names from their arguments, so this
 runs on a single Redis primary (with replicas or Sentinel), not on Redis Cluster.
+
+Integrity: every counter script first checks that `fence` still holds the epoch this
+store adopted when it opened. A Redis that lost its data (FLUSHALL, a failover to an
+empty replica, a restart without persistence) has no fence (or, once another store
+opened on it, another epoch): the store then raises StoreIntegrityError on every
+operation, so every step is refused (recorded as on_governor_error) rather than
+counted from zero, until `acknowledge()` adopts the fence as it stands (the control
+plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
+cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
+fence reads as a loss.
 
 No command is retried: a retried reserve or add could count twice. Any failure
 raises StoreUnavailable within the socket timeout. A reserve that timed out may
@@ -28,6 +39,7 @@ counting until `settle_reservations` forgets it (the store errs on counting).
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from contextlib import contextmanager
@@ -43,6 +55,7 @@ from governor.store.base import (
     DAY,
     Reservation,
     RollingWindow,
+    StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
     cap_limit,
@@ -52,10 +65,17 @@ from governor.store.base import (
     totals_by_key,
 )
 
-# ARGV[1] is always the key prefix. Numbers cross into Redis as "%.17g" strings
-# so that no precision is lost (Lua's own tostring keeps 14 digits).
+# ARGV[1] is always the key prefix, ARGV[2] the store's fence epoch (taken off ARGV here,
+# so each script reads its own arguments from ARGV[2] on). Numbers cross into Redis as
+# "%.17g" strings so that no precision is lost (Lua's own tostring keeps 14 digits).
+_FENCE_ERROR = "GOVERNOR_FENCE"
 _PRELUDE = r"""
 local P = ARGV[1]
+local E = table.remove(ARGV, 2)
+-- the fence written when the store was opened: missing or another epoch, the data this
+-- store wrote may be gone (FLUSHALL, an empty replica promoted): touch nothing
+local fence = redis.call('GET', P .. 'fence')
+if fence ~= E then return redis.error_reply('GOVERNOR_FENCE ' .. tostring(fence)) end
 local function fmt(x) return string.format('%.17g', x) end
 local function int(x) return string.format('%d', x) end
 local function day_key(agent, sub) return P .. 'd:' .. #agent .. ':' .. agent .. ':' .. sub end
@@ -200,6 +220,50 @@ end
 return 1
 """
 
+# ARGV: P, rid, first_live, ttl_ms, n, (scope, sub, amount) * n, m, (counter index, limit) * m
+# returns {1} extended, {0, k, value} refused by capped charge k, {-1} not outstanding
+_EXTEND = r"""
+local rid, first_live, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local rkey = P .. 'r:' .. rid
+local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
+if not h[1] then return {-1} end
+local agent, session, b, held = h[1], h[2], tonumber(h[3]), tonumber(h[4])
+local n = tonumber(ARGV[5])
+local scopes, subs, amounts, current = {}, {}, {}, {}
+for i = 1, n do
+  local j = 5 + 3 * (i - 1)
+  scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
+  if scopes[i] == 's' then
+    current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
+  else
+    current[i] = day_total(day_key(agent, subs[i]), first_live)
+  end
+end
+local c = 6 + 3 * n
+local m = tonumber(ARGV[c])
+for k = 1, m do
+  local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
+  if current[i] + amounts[i] > limit then
+    return {0, k, fmt(current[i])}
+  end
+end
+local index = {}
+for e = 1, held do index[redis.call('HGET', rkey, 'k' .. e)] = e end
+for i = 1, n do
+  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
+  local name = scopes[i] .. subs[i]
+  local e = index[name]
+  if e then
+    redis.call('HSET', rkey, 'v' .. e, fmt(tonumber(redis.call('HGET', rkey, 'v' .. e)) + amounts[i]))
+  else
+    held = held + 1
+    index[name] = held
+    redis.call('HSET', rkey, 'k' .. held, name, 'v' .. held, fmt(amounts[i]), 'n', held)
+  end
+end
+return {1}
+"""
+
 # ARGV: P, rid
 _RELEASE = r"""
 if unhold(ARGV[2], true) then return 1 end
@@ -259,6 +323,17 @@ for _, rid in ipairs(ids) do unhold(rid, false) end
 return #ids
 """
 
+# ARGV: P, candidate epoch: the fence as it stands, written with the candidate when missing
+_OPEN_FENCE = r"""
+local key = ARGV[1] .. 'fence'
+local epoch = redis.call('GET', key)
+if not epoch then
+  redis.call('SET', key, ARGV[2])
+  epoch = ARGV[2]
+end
+return epoch
+"""
+
 # ARGV: P, session
 _DELETE_SESSION = r"""
 local session = ARGV[2]
@@ -267,6 +342,8 @@ redis.call('DEL', P .. 'sr:' .. session, P .. 'sc:' .. session)
 redis.call('SREM', P .. 'sessions', session)
 return redis.call('DEL', P .. 'st:' .. session)
 """
+
+log = logging.getLogger("governor.store")
 
 _SCOPE_CODE = {"per_session": "s", "per_day": "d"}
 _SCOPE_NAME = {"s": "per_session", "d": "per_day"}
@@ -300,18 +377,25 @@ class RedisStore:
         self._reserve = register(_PRELUDE + _RESERVE)
         self._commit = register(_PRELUDE + _COMMIT)
         self._release = register(_PRELUDE + _RELEASE)
+        self._extend = register(_PRELUDE + _EXTEND)
+        self._open_fence = register(_OPEN_FENCE)
         self._add = register(_PRELUDE + _ADD)
         self._snapshot = register(_PRELUDE + _SNAPSHOT)
         self._settle = register(_PRELUDE + _SETTLE)
         self._delete_session = register(_PRELUDE + _DELETE_SESSION)
+        self._lost: str | None = None  # why the store fails closed after losing its data
+        self.epoch = ""
         with self._guard():
             self._client.ping()
+            self.epoch = self._open_fence(args=(self.prefix, uuid.uuid4().hex))
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """Turn any backend failure into StoreUnavailable, so the caller fails closed."""
         if self._closed:
             raise StoreUnavailable("Redis store is closed")
+        if self._lost is not None:
+            raise StoreIntegrityError(self._lost)
         try:
             yield
         except redis.RedisError as exc:
@@ -319,7 +403,43 @@ class RedisStore:
 
     def _run(self, script: Any, *args: Any) -> Any:
         with self._guard():
-            return script(args=(self.prefix, *args))
+            try:
+                return script(args=(self.prefix, self.epoch, *args))
+            except redis.ResponseError as exc:
+                if not str(exc).startswith(_FENCE_ERROR):
+                    raise
+                found = str(exc)[len(_FENCE_ERROR):].strip()
+                self._lost = self._loss("gone" if found == "false" else "another epoch")
+                log.error("%s", self._lost)
+                raise StoreIntegrityError(self._lost) from None
+
+    def _loss(self, fence: str) -> str:
+        return (f"Redis store: its data was lost (the fence {self.prefix}fence is {fence}: FLUSHALL, a failover "
+                "to an empty replica or a restart without persistence); budget counters cannot be trusted, every "
+                "step is refused until an operator acknowledges the loss (POST /v1/store/acknowledge)")
+
+    @property
+    def integrity(self) -> str | None:
+        """Why the store fails closed after losing its data, or None."""
+        return self._lost
+
+    def acknowledge(self) -> dict[str, Any]:
+        """An operator accepts that the counters were lost: adopt the fence as it now stands
+        (written afresh when missing) and serve again from what Redis holds. Each replica
+        acknowledges for itself (the first one writes the new fence, the others adopt it)."""
+        if self._closed:
+            raise StoreUnavailable("Redis store is closed")
+        try:
+            was = self._lost
+            if was is None and self._client.get(f"{self.prefix}fence") != self.epoch:
+                was = self._loss("gone or another epoch")  # lost, not noticed yet: acknowledged all the same
+            epoch = self._open_fence(args=(self.prefix, uuid.uuid4().hex))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
+        self.epoch, self._lost = epoch, None
+        if was is not None:
+            log.warning("Redis store: the loss of its data was acknowledged; budgets count from what it holds now")
+        return {"acknowledged": was is not None, "lost": was}
 
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
@@ -351,6 +471,23 @@ class RedisStore:
 
     def release(self, reservation_id: str) -> bool:
         return int(self._run(self._release, reservation_id)) == 1
+
+    def extend(self, reservation_id: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
+        totals = totals_by_key(charges)
+        index = {key: i for i, key in enumerate(totals, start=1)}
+        capped = [c for c in charges if c.cap is not None]
+        args: list[Any] = [reservation_id, self.window.first_live(now), self._ttl_ms]
+        args += _encode_totals(totals)
+        args.append(len(capped))
+        for c in capped:
+            args += (index[counter_key(c)], repr(cap_limit(c.cap)))
+        result = self._run(self._extend, *args)
+        code = int(result[0])
+        if code == -1:
+            raise UnknownReservation(reservation_id)
+        if code == 1:
+            return Reservation(id=reservation_id, ok=True)
+        return Reservation(id=None, ok=False, failed=capped[int(result[1]) - 1], observed=float(result[2]))
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]

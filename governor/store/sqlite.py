@@ -306,6 +306,25 @@ class SQLiteStore:
             self._unhold(conn, *row)
             return True
 
+    def extend(self, reservation_id: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
+        totals = totals_by_key(charges)
+        first_live = self.window.first_live(now)
+        with self._write() as conn:
+            row = conn.execute("SELECT agent, session, bucket, totals FROM reservations WHERE id = ?",
+                               (reservation_id,)).fetchone()
+            if row is None:
+                raise UnknownReservation(reservation_id)
+            agent, session, bucket, held = row[0], row[1], row[2], _decode_totals(row[3])
+            current = {key: self._live_value(conn, agent, session, key, first_live) for key in totals}
+            overshoot = first_overshoot(charges, totals, current)
+            if overshoot is not None:
+                return Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
+            for key, amount in totals.items():  # dated at the reservation, as commit dates its usage
+                self._apply(conn, agent, session, key, bucket, amount, first_live, expired_dropped=True)
+                held[key] = held.get(key, 0.0) + amount
+            conn.execute("UPDATE reservations SET totals = ? WHERE id = ?", (_encode_totals(held), reservation_id))
+        return Reservation(id=reservation_id, ok=True)
+
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         totals = totals_by_key(charges)
         first_live, bucket = self.window.first_live(now), self.window.bucket_of(now)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store.base import DAY, Reservation, RollingWindow, StoreUnavailable
+from governor.store.base import DAY, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable
 from governor.store.memory import MemoryStore, _DayCounter, _Held
 from governor.store.sqlite import _AGGREGATE, SQLiteStore, StateFileLock, _decode_totals, _encode_totals
 
@@ -62,6 +62,15 @@ _DAY_SET_TOTAL = (
 )
 _HOLD = "INSERT OR REPLACE INTO reservations (id, agent, session, bucket, created, totals) VALUES {rows}"
 _UNHOLD = "DELETE FROM reservations WHERE id IN (VALUES {rows})"
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at `path`, None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _write_rows(conn: sqlite3.Connection, statement: str, rows: list[tuple]) -> None:
@@ -148,6 +157,7 @@ class WriteBehindStore(MemoryStore):
         self._dirty_sessions: set[_SessionKey] = set()
         self._dirty_days: dict[_DayKey, set[int]] = {}
         self._persisted: set[str] = set()  # reservation ids the file holds (flush lock)
+        self._regrown: set[str] = set()  # reservations extended since the last cut (store lock)
         self._floors: dict[_DayKey, int] = {}  # the file has no bucket row below these (flush lock)
         self._pending = False  # something changed since the last cut (store lock)
         self._refusal: str | None = None  # why counter operations fail closed, if they do
@@ -168,6 +178,9 @@ class WriteBehindStore(MemoryStore):
         except BaseException:
             self._owner.release()
             raise
+        self._synchronous, self._busy_timeout = synchronous, busy_timeout
+        self._identity = _file_identity(self.path)  # the file we write: deleted or replaced, we stop
+        self._lost: str | None = None  # why counter operations fail closed after that, until acknowledged
         self._flusher = threading.Thread(target=self._flush_behind, name="governor-store-flush", daemon=True)
         self._flusher.start()
 
@@ -180,6 +193,9 @@ class WriteBehindStore(MemoryStore):
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         super().commit(reservation_id, actual, now)
         self._poke()  # committed as reserved (actual None) changes no counter, but ends the reservation
+
+    def _extended(self, reservation_id: str) -> None:
+        self._regrown.add(reservation_id)  # the file's row is rewritten with the grown amounts
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         if session not in self._loaded_sessions or agent not in self._loaded_agents:
@@ -228,6 +244,8 @@ class WriteBehindStore(MemoryStore):
             self._wake.set()
 
     def _locked(self) -> threading.Lock:
+        if self._lost is not None:
+            raise StoreIntegrityError(self._lost)
         if self._refusal is not None:
             raise StoreUnavailable(self._refusal)
         return self._lock
@@ -303,6 +321,7 @@ class WriteBehindStore(MemoryStore):
 
     def _flush(self) -> None:
         """One batch (flush lock held): a consistent cut under the store lock, one transaction."""
+        self._check_file()
         with self._lock:
             cut = self._cut()
         try:
@@ -348,13 +367,18 @@ class WriteBehindStore(MemoryStore):
                 values = [(b, counter.buckets[b]) for b in buckets if b in counter.buckets]
                 drop_below = key not in self._floors or counter.oldest > self._floors[key]
                 cut.day_values.append((key, counter.oldest, counter.total, values, drop_below))
-        cut.held = {rid: self._held[rid] for rid in self._held.keys() - self._persisted}
+        # copies: `extend` replaces a reservation's amounts after the cut, the cut keeps its own
+        cut.held = {rid: _Held(h.agent, h.session, h.bucket, h.created, h.totals)
+                    for rid in (self._held.keys() - self._persisted) | (self._regrown & self._held.keys())
+                    for h in (self._held[rid],)}
+        self._regrown = set()
         cut.dropped = self._persisted - self._held.keys()
         return cut
 
     def _restore(self, cut: _Cut) -> None:
         """Mark a cut that could not be written dirty again (store lock held)."""
         self._dirty_sessions |= cut.dirty_sessions
+        self._regrown |= cut.held.keys()
         for key, buckets in cut.dirty_days.items():
             for bucket in buckets:
                 self._mark_day(key, bucket)
@@ -399,6 +423,57 @@ class WriteBehindStore(MemoryStore):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable(f"SQLite store {self.path} is closed")
+        if self._lost is not None:
+            raise StoreIntegrityError(self._lost)
+
+    # --- integrity: the state file deleted or replaced under the running governor ---------
+    def _check_file(self) -> None:
+        """Before each batch (a stat, on the flusher's thread): the file at our path is still
+        the one we opened. Otherwise the batches would go to a deleted file, or over another
+        one, and a restart would find budgets reset: fail closed until acknowledged."""
+        if self._lost is None:
+            identity = _file_identity(self.path)
+            if identity == self._identity:
+                return
+            lost = (f"SQLite store {self.path}: the state file was {'deleted' if identity is None else 'replaced'} "
+                    "under the running governor; every step is refused until an operator acknowledges it "
+                    "(POST /v1/store/acknowledge), which writes the counters this process holds to the file now "
+                    "at that path (counters of sessions it had not loaded are lost)")
+            with self._lock:
+                self._lost = lost
+            log.error("%s", lost)
+        raise StoreIntegrityError(self._lost)
+
+    @property
+    def integrity(self) -> str | None:
+        """Why the store fails closed after its file was deleted or replaced, or None."""
+        return self._lost
+
+    def acknowledge(self) -> dict:
+        """An operator accepts that the state file was deleted or replaced: the file now at
+        the path (created when missing) receives every counter and reservation held in memory."""
+        with self._flush_lock:
+            was = self._lost
+            if was is None or self._closed:
+                return {"acknowledged": False, "lost": None}
+            fresh = SQLiteStore(self.path, window=self.window, synchronous=self._synchronous,
+                                busy_timeout=self._busy_timeout, lock=False)
+            with self._lock:
+                old, self._file = self._file, fresh
+                self._persisted, self._floors = set(), {}  # the new file holds none of it yet
+                for session, subs in self._session_counters.items():
+                    self._dirty_sessions.update((session, p, d) for p, d in subs)
+                for agent, subs in self._day_counters.items():
+                    for (p, d), counter in subs.items():
+                        for bucket in counter.buckets:
+                            self._mark_day((agent, p, d), bucket)
+                self._identity = _file_identity(self.path)
+                self._lost = None
+            old.close()
+            self._flush()
+        log.warning("SQLite store %s: the loss of its file was acknowledged; the counters in memory were written "
+                    "to the file now at that path", self.path)
+        return {"acknowledged": True, "lost": was}
 
     # --- closing -----------------------------------------------------------------------
     def close(self) -> None:

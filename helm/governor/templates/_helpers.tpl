@@ -54,6 +54,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - {{ .Values.sessions.agentSessionsPerDay | quote }}
     - --lock-on
     - {{ .Values.sessions.lockOn | quote }}
+    {{- if .Values.interception.enabled }}
+    - --transparent
+    - "127.0.0.1:{{ .Values.interception.transparentPort }}"
+    {{- end }}
     {{- range .Values.governor.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -128,4 +132,58 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - name: agent-ca
       mountPath: /var/run/governor-ca
     {{- end }}
+{{- end -}}
+
+
+{{/* Interception needs the governor's user id (the rules exempt it) and another one for the agent. */}}
+{{- define "governor.checkInterception" -}}
+{{- if .Values.interception.enabled -}}
+{{- $gov := .Values.governor.securityContext.runAsUser -}}
+{{- if not $gov -}}
+{{- fail "interception.enabled needs governor.securityContext.runAsUser: the iptables rules exempt that user" -}}
+{{- end -}}
+{{- if eq (toString $gov) (toString (default "" .Values.agent.securityContext.runAsUser)) -}}
+{{- fail "interception.enabled: agent.securityContext.runAsUser must differ from the governor's, or the agent is exempt too" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The init container that installs the interception rules (files/intercept.sh), then exits. */}}
+{{- define "governor.interceptContainer" -}}
+- name: intercept
+  image: "{{ .Values.interception.image.repository | default .Values.governor.image.repository }}:{{ .Values.interception.image.tag | default (.Values.governor.image.tag | default .Chart.AppVersion) }}"
+  imagePullPolicy: {{ .Values.governor.image.pullPolicy }}
+  command: [sh, /etc/governor/intercept/intercept.sh]
+  env:
+    - name: GOVERNOR_UID
+      value: {{ .Values.governor.securityContext.runAsUser | quote }}
+    - name: TRANSPARENT_PORT
+      value: {{ .Values.interception.transparentPort | quote }}
+    - name: INTERCEPT_PORTS
+      value: {{ join "," .Values.interception.ports | quote }}
+    - name: ALLOW_DNS
+      value: {{ ternary "1" "0" .Values.interception.allowDNS | quote }}
+    - name: IPTABLES
+      value: {{ .Values.interception.iptables | quote }}
+    - name: IP6TABLES
+      value: {{ printf "%s" .Values.interception.iptables | replace "iptables" "ip6tables" | quote }}
+  resources:
+    {{- toYaml .Values.interception.resources | nindent 4 }}
+  # Outside the "restricted" profile by necessity: root with NET_ADMIN/NET_RAW to write
+  # the pod's iptables rules. It exits before the agent starts.
+  securityContext:
+    runAsUser: 0
+    runAsNonRoot: false
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+      add: [NET_ADMIN, NET_RAW]
+    seccompProfile: {type: RuntimeDefault}
+  volumeMounts:
+    - name: intercept-script
+      mountPath: /etc/governor/intercept
+      readOnly: true
+    - name: intercept-run
+      mountPath: /run
 {{- end -}}

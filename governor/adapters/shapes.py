@@ -1,0 +1,155 @@
+"""What a request is, whatever way it is spelled: path normalization and the model-call sniff.
+
+Selection matches paths after `normalize_path` (see docs/wire-protocols.md): servers
+decode percent-escapes, and many (Starlette, aiohttp, nginx, Azure's gateway) fold
+duplicate slashes, dot segments, a trailing slash or letter case before routing, so
+the governor matches the path every such server would route, not the bytes as sent.
+
+`model_shaped` recognises a model call by its body alone, for paths no adapter claims:
+JSON with `model` and `messages`/`prompt`/`input` (or Anthropic-on-cloud's
+`anthropic_version` with `messages`, or a batch of such calls), whatever the
+Content-Type says. It is cheap for what it is not: a byte search decides most bodies
+without parsing them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import orjson
+
+# RFC 3986 unreserved characters and "/": decoding them never changes what a path names
+# to a server that decodes before routing (all the ones that matter do).
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_DECODABLE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _DECODABLE else match.group(0)
+
+
+def normalize_path(path: str) -> str:
+    """The path (query dropped) as a router sees it: unreserved characters and "/"
+    percent-decoded (once, as servers do), duplicate slashes collapsed, "." and ".."
+    segments resolved, no trailing slash. Letter case is kept (the caller folds it
+    for matching; an Azure deployment name in the path keeps its case)."""
+    route = path.split("?", 1)[0]
+    if "%" in route:
+        route = _ESCAPE.sub(_unescape, route)
+    if "//" in route:
+        route = re.sub("/{2,}", "/", route)
+    if "/." in route:
+        out: list[str] = []
+        for segment in route.split("/")[1:]:
+            if segment == "..":
+                if out:
+                    out.pop()
+            elif segment != ".":
+                out.append(segment)
+        route = "/" + "/".join(out)
+    if len(route) > 1 and route.endswith("/"):
+        route = route.rstrip("/") or "/"
+    return route or "/"
+
+
+@lru_cache(maxsize=4096)
+def route_forms(path: str) -> tuple[str, str]:
+    """(normalize_path(path), the same in lower case), cached: agents repeat a few paths."""
+    route = normalize_path(path)
+    return route, route.lower()
+
+
+# --- model calls by their body ----------------------------------------------------------
+
+PROMPT_KEYS = ("messages", "prompt", "input")
+# Bytes without which a body cannot be model-shaped, unless it hides its keys in \u escapes.
+_MARKERS = (b'"model"', b'"anthropic_version"', b'"endpoint"', b"\\u")
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+# Python's json (what FastAPI/Starlette servers parse with) is tried only up to this size
+# when orjson refuses a body (NaN, Infinity); past it, the bytes decide.
+LENIENT_PARSE_LIMIT = 8 * 1024 * 1024
+_MAX_ITEMS = 64  # items of a top-level array looked at
+
+
+def _call(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    if "model" in value and any(key in value for key in PROMPT_KEYS):
+        return True
+    return "anthropic_version" in value and "messages" in value
+
+
+def _batch(value: dict[str, Any]) -> bool:
+    """A batch of model calls: Anthropic's {requests: [{params: {...}}]}, or OpenAI's
+    {endpoint: "/v1/chat/completions", input_file_id} (its calls sit in an uploaded file)."""
+    requests = value.get("requests")
+    if isinstance(requests, list) and any(
+            isinstance(item, dict) and _call(item.get("params")) for item in requests[:_MAX_ITEMS]):
+        return True
+    endpoint = value.get("endpoint")
+    return isinstance(endpoint, str) and "input_file_id" in value
+
+
+def shape_of(value: Any) -> bool:
+    """A parsed body that is a model call, a batch of them, or an array holding one."""
+    if isinstance(value, list):
+        return any(_call(item) for item in value[:_MAX_ITEMS])
+    return isinstance(value, dict) and (_call(value) or _batch(value))
+
+
+def _text(content: bytes) -> bytes | str | None:
+    """The body as JSON parsers would read it: UTF-8 as is; a BOM or UTF-16/32 decoded as
+    Python's json.loads(bytes) detects it (what a Python server accepts); None when unreadable."""
+    if content.startswith(_BOMS) or (len(content) >= 2 and (content[0] == 0 or content[1] == 0)):
+        try:
+            return content.decode(json.detect_encoding(content))
+        except (UnicodeError, LookupError):
+            return None
+    return content
+
+
+def may_be_model_shaped(content: bytes) -> bool:
+    """The cheap first test: False rules a body out (no key a model call needs is in it,
+    spelled plainly or behind \\u escapes); True asks for model_shaped / shape_of."""
+    if not content:
+        return False
+    if content.startswith(_BOMS) or (len(content) >= 2 and (content[0] == 0 or content[1] == 0)):
+        return True  # not UTF-8 without BOM: model_shaped decodes it first
+    for marker in _MARKERS:
+        if marker in content:
+            return True
+    return False
+
+
+def model_shaped(content: bytes) -> bool:
+    """True when a body is (or may be, to a lenient server) a model call or a batch of them:
+    parsed strictly (orjson), then as Python's json reads it (BOM, UTF-16/32, NaN); when
+    neither can, the keys in plain sight decide."""
+    if not content:
+        return False
+    text = _text(content)
+    if text is None:
+        return False
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if not any(marker in raw for marker in _MARKERS):
+        return False
+    # when no parser reads it, the keys in plain sight decide, for what looks like JSON (or
+    # JSON lines): a multipart upload that mentions "model" is not a model call
+    literal = raw.lstrip()[:1] in (b"{", b"[") and any(marker in raw for marker in _MARKERS[:3])
+    try:
+        return shape_of(orjson.loads(text))
+    except orjson.JSONDecodeError:
+        pass
+    if len(raw) > LENIENT_PARSE_LIMIT:
+        return literal  # too large to try a second parser: the keys in plain sight decide
+    try:
+        return shape_of(json.loads(text))  # NaN, Infinity: what Python servers still accept
+    except (ValueError, RecursionError):  # not JSON to Python either (JSON lines, truncated, ...)
+        return literal
+
+
+__all__ = ["normalize_path", "route_forms", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS"]

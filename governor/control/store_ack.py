@@ -1,0 +1,50 @@
+"""POST /v1/store/acknowledge: an operator accepts that the state store lost its data.
+
+A store that detects the loss of what it wrote (a Redis emptied by FLUSHALL, failed over to
+an empty replica, restarted without persistence) refuses every step until then: budgets
+would otherwise start again from zero unnoticed. Acknowledging adopts the store as it now
+stands (its counters were lost; they count from what it holds). Each governor replica is
+acknowledged on its own control plane.
+
+Always needs the control token (a reviewer token is not enough; without a control token
+configured the endpoint refuses), and a JSON object body (`{"reason": "..."}`, logged).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from governor.control.app import OPERATORS, RUNTIME, _json_body, error, ok
+from governor.control.auth import bearer
+
+log = logging.getLogger("governor.control")
+
+MAX_REASON = 500
+
+
+async def acknowledge_store(request: web.Request) -> web.Response:
+    operators = request.app[OPERATORS]
+    if not operators:
+        return error(403, "acknowledgement_disabled",
+                     "acknowledging a store's data loss needs the control token, and none is configured "
+                     "(GOVERNOR_CONTROL_TOKEN); restart the governor with one")
+    token = bearer(request.headers.get("Authorization"))
+    if token is None or token not in operators:
+        return error(401, "token_required" if token is None else "token_invalid",
+                     "acknowledging a store's data loss requires `Authorization: Bearer <control token>`",
+                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
+    body, refusal = await _json_body(request)
+    if refusal:
+        return refusal
+    assert body is not None
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON:
+        return error(400, "bad_reason", f'"reason" must be a string of at most {MAX_REASON} characters')
+    acknowledge = getattr(request.app[RUNTIME], "acknowledge_store", None)
+    if acknowledge is None:
+        return error(501, "not_supported", "this runtime has no store to acknowledge")
+    result = await acknowledge()
+    log.warning("store acknowledged through the control plane (%s): %s", reason or "no reason given", result)
+    return ok(result)

@@ -1,0 +1,120 @@
+"""An emptied Redis does not reset budgets (issue #20, finding 7), end to end: a governor on
+a real redis-server, a session at 9,995 of its 10,000 tokens, FLUSHALL; the next requests
+are refused (503, on_governor_error, recorded) instead of answered against a counter reset
+to zero, until an operator acknowledges the loss on the control plane; then traffic flows
+again (new sessions; the session halted by the loss stays halted)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis
+
+from governor.policy.steps import CounterCharge
+from governor.proxy.server import Settings, serve
+from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
+from tests.stream_budget_harness import write_passport
+from tests.upstreams import Behaviour, MockLLM
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
+
+TOKEN = "control-token-for-store-integrity-0123456789"
+
+
+@pytest.fixture
+async def world(tmp_path):
+    server = RedisServer()
+    mock = MockLLM()
+    await mock.start()
+    mock.default = Behaviour(input_tokens=30, output_tokens=20)
+    running = await serve(Settings(passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
+                                   control=("127.0.0.1", 0), control_token=TOKEN, data_dir=tmp_path / "data",
+                                   store=server.url, tick_interval=0))
+    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
+    control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)
+    try:
+        yield running, mock, server, agent, control
+    finally:
+        await agent.aclose()
+        await control.aclose()
+        await running.stop()
+        await mock.stop()
+        server.stop()
+
+
+async def chat(world, session: str) -> httpx.Response:
+    _, mock, _, agent, _ = world
+    return await agent.post(f"{mock.base_url}/v1/chat/completions", headers={"ADL-Session": session},
+                            json={"model": "gpt-4o-mini", "max_tokens": 20,
+                                  "messages": [{"role": "user", "content": "hello"}]})
+
+
+async def tokens_used(running, session: str) -> float:
+    view = await running.runtime.session_view(session)
+    return next(b["used"] for b in view["budgets"]
+                if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
+
+
+async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledges(world):
+    running, mock, server, agent, control = world
+    runtime = running.runtime
+    assert (await chat(world, "spender")).status_code == 200  # the session is live
+    runtime.store.add(runtime.agent_id, "spender", [CounterCharge("per_session", "tokens", 9_995 - 50, None)],
+                      time.time())
+    assert await tokens_used(running, "spender") == 9_995
+    served = len(mock.requests)
+
+    redis.Redis.from_url(server.url).flushall()  # the data is gone; the governors run on
+
+    for session in ("spender", "newcomer"):  # not answered against counters reset to zero
+        refused = await chat(world, session)
+        assert refused.status_code == 503, refused.text
+        governor = refused.json()["error"]["governor"]
+        assert governor["cause"] == "on_governor_error"
+    assert len(mock.requests) == served
+    record = (await control.get("/v1/sessions/spender/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
+    assert errors and "lost" in str(errors[0])  # recorded, with why
+    ready = await control.get("/readyz")
+    assert ready.status_code == 503 and "lost" in ready.text
+
+    # only the control token acknowledges, with a JSON body
+    assert (await control.post("/v1/store/acknowledge", json={})).status_code == 401
+    assert (await control.post("/v1/store/acknowledge", headers={"Authorization": "Bearer nope"},
+                               json={})).status_code == 401
+    assert (await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"},
+                               content=b"ack")).status_code == 415  # the control plane's guard: JSON only
+    assert (await chat(world, "third")).status_code == 503  # still refusing
+    acked = await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"},
+                               json={"reason": "redis failed over to an empty replica"})
+    assert acked.status_code == 200, acked.text
+    assert acked.json()["acknowledged"] is True and "lost" in acked.json()["lost"]
+
+    answered = await chat(world, "after")
+    assert answered.status_code == 200, answered.text
+    assert await tokens_used(running, "after") == 50  # counted from what Redis holds now
+    assert (await chat(world, "spender")).status_code != 200  # halted by the loss, it stays halted
+    assert (await control.get("/readyz")).status_code == 200
+    again = await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"}, json={})
+    assert again.json()["acknowledged"] is False  # nothing was lost since
+
+
+async def test_without_a_control_token_nobody_can_acknowledge(tmp_path):
+    from governor.control import create_app, start_control
+
+    class Runtime:
+        async def acknowledge_store(self):  # pragma: no cover - must not be reached
+            raise AssertionError("acknowledged without a control token")
+
+    runner = await start_control(create_app(Runtime(), reviewer_tokens=["reviewer-token-abcdefghijklmnop"]),
+                                 "127.0.0.1", 0)
+    try:
+        host, port = runner.addresses[0][:2]
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", trust_env=False) as control:
+            answer = await control.post("/v1/store/acknowledge", json={},
+                                        headers={"Authorization": "Bearer reviewer-token-abcdefghijklmnop"})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "acknowledgement_disabled"
+    finally:
+        await runner.cleanup()

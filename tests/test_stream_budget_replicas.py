@@ -1,0 +1,57 @@
+"""Parallel streams over three governor processes sharing one Redis (issue #20, finding 2):
+the reservations grow in Redis (one Lua script, atomic against the cap across replicas),
+so the streams of one session, spread over the replicas, stay within its 10,000-token cap.
+64 streams per case (the replicas' start-up is the slow part; the 256-stream case runs
+against one governor in test_stream_budget.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+from tests.stream_budget_harness import CAP, Replica, behaviour, parallel_streams, write_passport
+from tests.upstreams import MockLLM
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def replicas(tmp_path_factory):
+    from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
+
+    tmp_path = tmp_path_factory.mktemp("replicas")
+    if REDIS_SERVER is None:
+        pytest.skip(NOT_INSTALLED)
+    server = RedisServer()
+    mock = MockLLM()
+    await mock.start()
+    passport = write_passport(tmp_path / "passport.json")
+    started = await asyncio.gather(*[Replica.start(passport, tmp_path / f"replica-{i}", server.url, guess=100)
+                                     for i in range(3)], return_exceptions=True)
+    try:
+        failed = [r for r in started if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        yield started, mock
+    finally:
+        await asyncio.gather(*[r.stop() for r in started if not isinstance(r, BaseException)])
+        await mock.stop()
+        server.stop()
+
+
+@pytest.mark.parametrize(("max_tokens", "honest"), [(20, False), (None, True)],
+                         ids=["ignoring-max-tokens", "honest-without-max-tokens"])
+async def test_parallel_streams_over_three_replicas_on_one_redis_stay_within_the_cap(replicas, max_tokens, honest):
+    governors, mock = replicas
+    streams = 64
+    mock.default = behaviour(500, per_chunk_usage=not honest, honest=honest)
+    session = f"spender-{'honest' if honest else 'hostile'}"
+    tally = await parallel_streams([g.proxy for g in governors], mock.base_url, streams, max_tokens, session)
+    print(f"\n3 replicas, {streams} streams, max_tokens {max_tokens}, honest {honest}: delivered {tally.total} "
+          f"tokens (cap {CAP}), {tally.cut} cut, {tally.statuses.count(429)} refused")
+    assert not tally.errors, tally.errors[:3]
+    assert len(tally.delivered) == streams
+    assert tally.total <= CAP + streams, (tally.total, tally.cut)
+    assert tally.cut > 0 or 429 in tally.statuses
