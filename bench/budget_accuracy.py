@@ -76,7 +76,9 @@ def run(requests: int = 64, log=print) -> dict[str, Any]:
     with (
         scratch("budget") as work,
         Role("upstream") as upstream,
-        Governor(write_passport(work / "passport.json", caps=limit), work / "governor") as governor,
+        # each scenario names its own session (ADL-Session): agent-named sessions, opted into
+        Governor(write_passport(work / "passport.json", caps=limit), work / "governor",
+                 extra=["--sessions", "agent-named"]) as governor,
         Role("load") as load,
     ):
         for name, model, stream in SCENARIOS:
@@ -89,7 +91,7 @@ def run(requests: int = 64, log=print) -> dict[str, Any]:
                                "body": body, "count": requests, "headers": {"ADL-Session": session}})
             elapsed = time.perf_counter() - began
             forwarded = http_get_json(f"http://{HOST}:{upstream.port}/stats")["requests"] - served_before
-            view = _settled_view(governor.control_url, session)
+            view = _settled_view(governor.control_url, session, governor.control_token)
             scenarios[name] = _scenario(answer["responses"], view, limit, reserve_tokens, reserve_cost, forwarded,
                                         model, stream, elapsed)
     return {
@@ -104,14 +106,14 @@ def run(requests: int = 64, log=print) -> dict[str, Any]:
     }
 
 
-def _settled_view(control_url: str, session: str, timeout: float = 5.0) -> dict[str, Any]:
+def _settled_view(control_url: str, session: str, token: str | None, timeout: float = 5.0) -> dict[str, Any]:
     """The session once its counters stopped moving (every response is back, so they
     should not move at all; a second look confirms it)."""
     deadline = time.monotonic() + timeout
-    view = http_get_json(f"{control_url}/v1/sessions/{session}")
+    view = http_get_json(f"{control_url}/v1/sessions/{session}", token=token)
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        again = http_get_json(f"{control_url}/v1/sessions/{session}")
+        again = http_get_json(f"{control_url}/v1/sessions/{session}", token=token)
         if again["budgets"] == view["budgets"]:
             return again
         view = again

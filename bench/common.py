@@ -319,6 +319,7 @@ class Governor(Role):
                  extra: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         args = ["--passport", str(passport), "--data-dir", str(data_dir), "--tier", tier, "--session", session,
                 "--listen", f"{HOST}:0", "--control", f"{HOST}:0", *extra]
+        self.data_dir = Path(data_dir)
         super().__init__("governor", *args, env=env)
 
     def command(self, role: str, args: Sequence[str]) -> list[str]:
@@ -342,6 +343,14 @@ class Governor(Role):
     @property
     def control_url(self) -> str:
         return f"http://{HOST}:{self.info['control']}"
+
+    @property
+    def control_token(self) -> str | None:
+        """The control token `governor run` wrote to its data directory (None: an older tree's governor)."""
+        try:
+            return (self.data_dir / "control-token").read_text().strip() or None
+        except OSError:
+            return None
 
 
 def upstream_url(port: int, *, tls: bool = False) -> str:
@@ -794,11 +803,23 @@ def run_load(args: argparse.Namespace) -> None:
 # --- control plane ----------------------------------------------------------------------
 
 
-def http_get_json(url: str, timeout: float = 10.0) -> Any:
+def http_get_json(url: str, timeout: float = 10.0, token: str | None = None) -> Any:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # loopback control plane
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # loopback control plane
         return json.loads(response.read())
+
+
+def open_session(control_url: str, token: str | None, label: str = "bench") -> str:
+    """Open a session the principal's way (POST /v1/sessions); returns the token the agent sends."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{control_url}/v1/sessions", data=json.dumps({"label": label}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json",
+                                                             **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(request, timeout=10) as response:  # loopback control plane
+        return json.loads(response.read())["token"]
 
 
 def table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> str:

@@ -104,7 +104,7 @@ def run(rounds: int = 4, duration: float = 2.5, warmup: float = 0.3, log=print) 
                     segment["round"] = round_no
                     segments.setdefault((workload_key(tls, kind, concurrency), path), []).append(segment)
         governor_memory = memory_mb(governor.pid)
-        session = http_get_json(f"{governor.control_url}/v1/sessions/bench")
+        session = http_get_json(f"{governor.control_url}/v1/sessions/bench", token=governor.control_token)
     return aggregate(segments, governor_memory, session, rounds=rounds, duration=duration)
 
 

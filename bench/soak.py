@@ -10,7 +10,7 @@ issue 20), with the bench passport (caps that never fire) and short client deadl
 so hostile connections cycle within the run. Beside it, all at once:
 
 - honest: RATE governed chat completions a second, over kept-alive connections, a few
-  sessions; every answer must be a 200 within 10 s;
+  sessions opened by the principal (POST /v1/sessions); every answer must be a 200 within 10 s;
 - half-open: HALF_OPEN connections that send half a request line and wait, reopened
   as the governor closes them;
 - dribblers: DRIBBLERS connections sending one byte of a request line every 2 s;
@@ -39,8 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    HOST, Governor, HttpConnection, Role, chat_body, memory_mb, percentile, request_bytes, scratch, table,
-    upstream_url, write_passport, write_result,
+    HOST, Governor, HttpConnection, Role, chat_body, memory_mb, open_session, percentile, request_bytes, scratch,
+    table, upstream_url, write_passport, write_result,
 )
 
 NOFILE = 1024
@@ -72,6 +72,10 @@ class Soak:
         self.governor, self.upstream, self.duration = governor, upstream, duration
         self.proxy_port = governor.port
         self.control_port = int(governor.info["control"])
+        # the honest sessions are opened by the principal; the hostile clients hold no token
+        self.control_token = governor.control_token
+        self.sessions = [open_session(governor.control_url, self.control_token, f"honest-{n}")
+                         for n in range(HONEST_SESSIONS)]
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.hostile: dict[str, dict[str, int]] = {}
@@ -92,7 +96,7 @@ class Soak:
         while not self.stop.is_set():
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             next_at += period
-            session = f"honest-{(worker + n) % HONEST_SESSIONS}"
+            session = self.sessions[(worker + n) % HONEST_SESSIONS]
             n += 1
             request = request_bytes(upstream_url(self.upstream.port), chat_body(max_tokens=16), via_proxy=True,
                                     headers={"ADL-Session": session})
@@ -173,7 +177,8 @@ class Soak:
         after = None
         while not self.stop.is_set():
             query = "limit=1000" + (f"&after={after}" if after else "")
-            request = f"GET /v1/sessions?{query} HTTP/1.1\r\nHost: {HOST}:{self.control_port}\r\n\r\n".encode()
+            request = (f"GET /v1/sessions?{query} HTTP/1.1\r\nHost: {HOST}:{self.control_port}\r\n"
+                       f"Authorization: Bearer {self.control_token}\r\n\r\n").encode()
             try:
                 status, _, body = await asyncio.wait_for(connection.exchange(request), DEADLINE)
                 after = json.loads(body).get("next") if status == 200 else None

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "governor.evidence.cli",  # keygen, verify
     "governor.passport.cli",  # passport verify|digest|sign
     "governor.proxy.cli",  # run
+    "governor.control.sessions_cli",  # sessions open|list|show|end, locks list|lift
     "governor.demo.cli",  # demo
 )
 

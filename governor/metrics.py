@@ -251,6 +251,14 @@ class Metrics:
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
             ["dimension", "scope"], registry=r)
+        self.session_refusals = Counter(
+            "governor_session_refusals", "Requests refused before any session was touched: a malformed, "
+            "unknown or ended session token, no token where one is required, the agent-named cap, a lock "
+            "(reason = the refusal code)", ["reason"], registry=r)
+        self.sessions_opened = Counter(
+            "governor_sessions_opened", "Sessions opened, by who opened them (principal, agent)", ["by"], registry=r)
+        self.agent_locks = Gauge(
+            "governor_agent_locks", "Locks in force: while above 0 every session of the agent is refused", registry=r)
 
     # --- hot path ----------------------------------------------------------------------
 
@@ -314,6 +322,15 @@ class Metrics:
     def forget_session(self, session: str) -> None:
         """Drop the session's budget values (call when the session ends)."""
         self.budgets.sessions.pop(session, None)
+
+    def session_refused(self, reason: str) -> None:
+        self.session_refusals.labels(reason).inc()
+
+    def session_opened(self, by: str) -> None:
+        self.sessions_opened.labels(by).inc()
+
+    def set_locks(self, count: int) -> None:
+        self.agent_locks.set(count)
 
     def set_build_info(self, passport_digest: str) -> None:
         from governor import __version__

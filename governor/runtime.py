@@ -67,6 +67,8 @@ from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
+from governor.runtime_sessions import SessionEvidence
+from governor.sessions import HOW_TO_OPEN
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
@@ -124,7 +126,7 @@ class _Session:
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
 
 
-class Runtime:
+class Runtime(SessionEvidence):
     """One governor's sessions against one pinned passport."""
 
     def __init__(
@@ -201,6 +203,7 @@ class Runtime:
             if session.unsaved:
                 self._save(session)
             session.journal.close()
+        self._close_audit()
         if self.owns_store:
             try:
                 await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
@@ -209,7 +212,8 @@ class Runtime:
 
     @property
     def default_session(self) -> str:
-        """The session for traffic without an ADL-Session header: one per process, renewed when it ends."""
+        """The session for traffic without an ADL-Session header: one per process, renewed when it ends
+        (with a session book, the proxy asks the book instead)."""
         return self._default_session
 
     def _new_default_session(self) -> str:
@@ -477,6 +481,8 @@ class Runtime:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
             await self._store(self._save, live)
+            if decision.events and decision.halts:
+                await self._on_halt(live.id, decision.cause)  # logged; a locking cause locks every session
         new_ticket = None
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
@@ -548,8 +554,12 @@ class Runtime:
     def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
         # a plain permit has no reason to give: skip building one on every request
         plain = decision.action is Action.PERMIT and decision.event is None
-        return Admission(decision=decision, session=session, ticket=ticket,
-                         governor_object={} if plain else governor_object(decision, session))
+        if plain:
+            return Admission(decision=decision, session=session, ticket=ticket, governor_object={})
+        obj = governor_object(decision, session)
+        if decision.blocks and decision.details and decision.details.get("halted"):
+            obj = self._halted_object(obj, decision.cause)
+        return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
     # --- oversight (§5) ----------------------------------------------------------------
 
@@ -709,6 +719,7 @@ class Runtime:
             record = self._signed(live, None, kind="final")
             await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
             live.final_record = record
+        self._session_ended(session, live.state.halt_cause if live.state.halted else None)
         self.metrics.forget_session(session)
         self.personas.forget(session)
         if session == self._default_session:
@@ -723,6 +734,8 @@ class Runtime:
 
     def _signed(self, live: _Session, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
         now = self.clock()
+        if nonce is None and self.session_book is not None:
+            nonce = self.session_book.nonce(live.id)  # the counterparty nonce the session was opened with (§8.5)
         ending = live.journal.ending
         if ending is not None:
             outcome, end = ending.outcome, ending.at
@@ -839,7 +852,9 @@ class Runtime:
             for approval_id, pending in list(live.pending.items()):
                 if now >= pending.expires_at and not pending.answer.done():
                     await self._expire(live, approval_id)
-            if not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec:
+            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
+            if idle and not (self.session_book is not None and self.session_book.holds_lock(live.id)):
+                # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.end_session(live.id)
                 continue
             if live.unsaved:
@@ -898,7 +913,7 @@ def _caps_by_key(limits: Limits) -> dict[tuple, float]:
 
 def _ended(live: _Session) -> Decision:
     return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
-                    details={"reason": "the session has ended; start a new one (ADL-Session)",
+                    details={"reason": "the session has ended; " + HOW_TO_OPEN,
                              "halt_cause": live.state.halt_cause})
 
 

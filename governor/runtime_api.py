@@ -116,3 +116,8 @@ class RuntimeAPI(Protocol):
 
     def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
         """A freshly signed record of the session so far, bound to `nonce` when given."""
+
+    # Optional, looked up with getattr (governor.runtime.Runtime has them; scripted test
+    # runtimes need not): `attach_sessions(book)` (record locks, learn of ends: see
+    # governor.sessions), `end_session_by_principal(session)` (POST /v1/sessions/{id}/end),
+    # `audit_record(nonce=None)` (GET /v1/audit/record).

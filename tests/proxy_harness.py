@@ -41,6 +41,12 @@ PYTHON = sys.executable
 
 Rule = tuple[Callable[[str, Step], bool], Callable[[str, Step], Decision]]
 
+# Settings for tests about something other than who opens sessions: any ADL-Session value
+# opens a session (the agent-named mode, trusting the agent), with a cap no test reaches, and
+# no halt locks the agent (tests/test_sessions.py tests locks).
+# Tests of sessions opened by a principal (tests/test_sessions.py) use the default mode.
+AGENT_NAMED: dict[str, Any] = {"sessions": "agent-named", "agent_sessions_per_day": 1_000_000, "lock_on": ()}
+
 
 def budget_decision(observed: int, limit: int) -> Decision:
     return Decision(
@@ -311,7 +317,7 @@ async def scripted_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[A
     await mock.start()
     runtime = ScriptedRuntime()
     options = dict(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                   tick_interval=0, session="default")
+                   tick_interval=0, session="default", **AGENT_NAMED)
     running = await serve(Settings(**{**options, **settings}), runtime)
     try:
         yield running, mock, runtime

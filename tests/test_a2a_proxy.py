@@ -17,6 +17,7 @@ from governor.proxy.server import Settings, serve
 from tests.control_harness import A2APeer, peer_passport, real_runtime
 from tests.test_a2a_delegation import OURS
 from tests.test_adapter_a2a import send
+from tests.proxy_harness import AGENT_NAMED
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ async def peers():
 async def _governor(document, tmp_path, **settings):
     runtime, _ = real_runtime(document, tmp_path)
     resolver = PeerResolver(admission_verifier())
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
                         adapters=AdapterConfig(extra={"a2a_peers": resolver}), **settings)
     return await serve(settings, runtime), resolver
 
@@ -44,7 +45,7 @@ async def _governor(document, tmp_path, **settings):
 async def governor(tmp_path):
     # the peer resolver serve() builds itself, as `governor run` has it
     runtime, _ = real_runtime(OURS, tmp_path)
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path), runtime)
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path), runtime)
     yield running
     await running.stop()
 
@@ -57,7 +58,7 @@ async def test_a_statically_mapped_peer_is_verified_from_its_file_without_discov
     passport_file = tmp_path / "summarizer-passport.json"
     passport_file.write_text(json.dumps(document))
     runtime, _ = real_runtime(OURS, tmp_path)
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
                                    peers={peer.url: str(passport_file)}), runtime)
     try:
         resp = await _delegate(running, peer, "static-1")

@@ -260,6 +260,23 @@ def test_the_interception_script_refuses_bad_settings_before_touching_iptables(t
         assert not called.exists(), env
 
 
+def test_the_session_settings_reach_governor_run(rendered, values):
+    """The chart's sessions values (docs/sessions.md) become `governor run` settings."""
+    from governor.cli import build_parser
+    from governor.proxy.cli import resolve
+
+    ((_, pod),) = chart_tools.pod_specs(rendered["defaults"])
+    args = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")["args"]
+    for option, key in (("--sessions", "mode"), ("--default-session", "defaultSession"),
+                        ("--agent-sessions-per-day", "agentSessionsPerDay"), ("--lock-on", "lockOn")):
+        assert args[args.index(option) + 1] == str(values["sessions"][key])
+    parsed = build_parser().parse_args(args)
+    parsed.passport = None
+    settings = resolve(parsed, {})
+    assert (settings.sessions, settings.default_session, settings.lock_on) == (
+        "principal", "auto", ("on_session_integrity",))
+
+
 def test_the_control_service_names_are_hosts_the_control_plane_answers_to():
     from governor.proxy.cli import OPTIONS
 

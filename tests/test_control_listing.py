@@ -16,7 +16,7 @@ import pytest
 from governor.policy.steps import ToolCall
 from governor.proxy.server import Settings, build_runtime, serve
 from governor.runtime import GAUGE_BATCH, SWEEP_SLICE
-from tests.proxy_harness import RawClient
+from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import MockLLM, make_tls
 
 SESSIONS = 3000
@@ -56,7 +56,7 @@ async def governor(tmp_path):
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
                         upstream_ca=tls.ca_file, tick_interval=0.5)
     running = await serve(settings, build_runtime(settings))
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))

@@ -27,6 +27,7 @@ from governor.passport import example_passport_path
 from governor.policy import Tier
 from governor.proxy.server import Settings, serve
 from tests.control_harness import A2APeer, peer_passport
+from tests.proxy_harness import AGENT_NAMED
 
 REVIEWER = "reviewer-token-for-e2e-tests-0123456789"
 
@@ -37,7 +38,7 @@ async def world(tmp_path):
     await llm.start()
     await tools.start()
     peer = await A2APeer({"p.json": peer_passport(Ed25519PrivateKey.generate(), name="helper")}).start()
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
                                    tier=Tier.R3, reviewer_tokens=(REVIEWER,), tick_interval=0.5))
     agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
     control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)

@@ -29,6 +29,7 @@ from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
 from governor.policy.steps import Action, Decision, ToolCall, ToolError
 from governor.proxy.server import Settings, serve
 from tests.control_harness import ScriptedRuntime, pause_decision, tool_is
+from tests.proxy_harness import AGENT_NAMED
 
 REVIEWER = "mcp-sdk-reviewer-token-0123456789"
 
@@ -129,7 +130,7 @@ async def world(request, tmp_path):
     runtime = _scripted_runtime()
     from governor.adapters.base import AdapterConfig
 
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="s1",
                         adapters=AdapterConfig(extra={"allowed_tools": runtime.allowed_tools}))
     governor = await serve(settings, runtime)

@@ -22,6 +22,7 @@ from governor.metrics import Metrics
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
 from tests.test_mcp_sdk import REVIEWER, NotesServer, _answer_when_pending, mcp_session
+from tests.proxy_harness import AGENT_NAMED
 
 
 def _tool(name: str, *, confirm: bool = False, **properties) -> dict:
@@ -62,7 +63,7 @@ async def world(tmp_path):
     metrics = Metrics()
     runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05)
     server = NotesServer().start()
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="notes-1",
                         adapters=AdapterConfig(extra={"allowed_tools": runtime.allowed_tools}))
     governor = await serve(settings, runtime, metrics=metrics)

@@ -24,6 +24,7 @@ from governor.proxy.server import Settings, serve
 from tests.control_harness import A2APeer, peer_passport, real_runtime
 from tests.test_a2a_delegation import OURS
 from tests.test_adapter_a2a import send
+from tests.proxy_harness import AGENT_NAMED
 
 LEAD = {
     "adl_spec": "0.4.0", "name": "lead", "description": "runs reviewers", "version": "1.0.0",
@@ -78,7 +79,7 @@ async def _world(tmp_path, document, **runtime_options):
     llm = MockLLM(prompt_tokens=20, completion_tokens=10)
     await llm.start()
     runtime, passport = real_runtime(document, tmp_path, **runtime_options)
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                                    tick_interval=0.2), runtime)
     agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
     control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)
@@ -152,7 +153,7 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
     document["permissions"]["sub_agents"] = [{"name": "scout", "description": "finds summaries"}]
     runtime, passport = real_runtime(document, tmp_path)
     resolver = PeerResolver(admission_verifier())
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
                                    adapters=AdapterConfig(extra={"a2a_peers": resolver})), runtime)
     try:
         async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30) as client:
@@ -188,7 +189,7 @@ async def test_persona_refusals_on_a2a_are_json_rpc_errors_and_the_peer_sees_not
 
     runtime, _ = real_runtime(OURS, tmp_path)  # declares no persona
     resolver = PeerResolver(admission_verifier())
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path,
                                    adapters=AdapterConfig(extra={"a2a_peers": resolver})), runtime)
     peer = peers["summarizer"]
     try:

@@ -26,7 +26,7 @@ from governor.policy.steps import (
     PassportPresented,
     ToolCall,
 )
-from tests.proxy_harness import RawClient, pause_rule, scripted_governor
+from tests.proxy_harness import AGENT_NAMED, RawClient, pause_rule, scripted_governor
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -374,7 +374,7 @@ async def addon_on_test_flows(tmp_path):
     from governor.proxy.addon import METADATA_KEY
     from governor.proxy.server import Settings, build_addon, build_runtime
 
-    settings = Settings(data_dir=tmp_path / "data", control=None, session="s")
+    settings = Settings(data_dir=tmp_path / "data", control=None, session="s", **AGENT_NAMED)
     runtime = build_runtime(settings)
     addon, peers = build_addon(settings, runtime)
 

@@ -18,6 +18,8 @@ from tests.governor_process import GovernorProcess
 from tests.proxy_harness import RawClient
 from tests.upstreams import MockLLM, make_tls
 
+# these tests name their sessions (ADL-Session): agent-named, as tests about something else do
+AGENT_NAMED_ARGS = ["--sessions", "agent-named", "--lock-on", "none"]
 CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
 HALF_LINE = b"POST /v1/chat/completions HTT"  # a partial request line, then nothing
 
@@ -113,7 +115,7 @@ async def _healthz(governor: GovernorProcess) -> int:
 
 async def test_1100_half_open_connections_do_not_starve_honest_clients(tmp_path, upstream, governors):
     tls, mock = upstream
-    governor = await governors(tmp_path / "gov", ["--upstream-ca", str(tls.ca_file)], nofile=1024)
+    governor = await governors(tmp_path / "gov", [*AGENT_NAMED_ARGS, "--upstream-ca", str(tls.ca_file)], nofile=1024)
     assert await _honest(governor, mock) == 200
     held = Held()
     try:
@@ -137,7 +139,7 @@ async def test_1100_half_open_connections_do_not_starve_honest_clients(tmp_path,
 async def test_dribbling_connections_are_closed_within_the_deadlines(tmp_path, upstream, governors):
     tls, mock = upstream
     header, body, idle = 2.0, 2.0, 2.0
-    governor = await governors(tmp_path / "gov", [
+    governor = await governors(tmp_path / "gov", [*AGENT_NAMED_ARGS,
         "--upstream-ca", str(tls.ca_file), "--client-header-timeout", str(header),
         "--client-body-timeout", str(body), "--client-idle-timeout", str(idle)], nofile=4096)
     headers_dribblers, body_dribblers = Held(), Held()
@@ -168,7 +170,7 @@ async def test_dribbling_connections_are_closed_within_the_deadlines(tmp_path, u
 
 async def test_an_idle_keep_alive_connection_is_closed(tmp_path, upstream, governors):
     tls, mock = upstream
-    governor = await governors(tmp_path / "gov", ["--upstream-ca", str(tls.ca_file), "--client-idle-timeout", "1.5"])
+    governor = await governors(tmp_path / "gov", [*AGENT_NAMED_ARGS, "--upstream-ca", str(tls.ca_file), "--client-idle-timeout", "1.5"])
 
     def served_then_idle() -> float:
         client = RawClient(governor.proxy, governor.ca_file, ("127.0.0.1", mock.port))

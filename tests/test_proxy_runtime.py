@@ -15,6 +15,7 @@ from governor.control.origin import MARKER_HEADER
 from governor.proxy.server import Settings, serve
 from tests.proxy_harness import RawClient, run_python
 from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import AGENT_NAMED
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -28,7 +29,7 @@ async def env(tmp_path_factory):
     tls = make_tls(tmp / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
                         upstream_ca=tls.ca_file, tick_interval=0.5)
     running = await serve(settings)
     yield running, mock

@@ -10,6 +10,7 @@ from governor.policy.steps import Tier
 from governor.proxy.server import Settings, serve
 from tests.proxy_harness import run_python
 from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import AGENT_NAMED
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -20,7 +21,7 @@ async def env(tmp_path_factory):
     tls = make_tls(tmp / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
                         mode=f"reverse:{mock.base_url}", tier=Tier.R2, tick_interval=0)
     running = await serve(settings)
     yield running, mock

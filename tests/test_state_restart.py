@@ -11,6 +11,7 @@ import pytest
 from governor.demo.mock_llm import MockLLM
 from governor.policy import Tier
 from governor.proxy.server import Settings, StartupError, serve
+from tests.proxy_harness import AGENT_NAMED
 
 
 def used(view: dict, dimension: str, scope: str) -> float:
@@ -41,7 +42,7 @@ async def llm():
 
 
 async def test_budgets_survive_a_restart_and_a_data_directory_has_one_governor(tmp_path, llm):
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data", tier=Tier.R3)
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data", tier=Tier.R3)
     running = await serve(settings)
     try:
         for _ in range(3):
@@ -51,13 +52,13 @@ async def test_budgets_survive_a_restart_and_a_data_directory_has_one_governor(t
         assert used(before, "tokens", "per_day") == 3 * 150
 
         with pytest.raises(StartupError) as refused:  # a second governor on the same state
-            await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=settings.data_dir))
+            await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=settings.data_dir))
         message = str(refused.value)
         assert "state.db" in message and "one governor process owns" in message and "redis" in message.lower()
     finally:
         await running.stop()
 
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=settings.data_dir,
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=settings.data_dir,
                                    tier=Tier.R3))
     try:
         ended = await chat(running, llm, "carried")  # stopping the governor ended its sessions

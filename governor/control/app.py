@@ -11,6 +11,8 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused
+  POST /v1/sessions                     the control token, always (sessions_api)
+  POST /v1/locks/{id}/lift              a reviewer or the control token, always
   POST /v1/store/acknowledge            the control token, always (store_ack)
 Every request, before any of that (`guard`): its Host must name this control plane
 (421), a browser's cross-origin request is refused (403), and a POST body must be JSON
@@ -39,6 +41,7 @@ from governor.control.nonces import (
 )
 from governor.control.origin import ProxyOrigin
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
+from governor.control.sessions_api import SESSIONS, add_routes, with_entry
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -207,6 +210,8 @@ async def list_sessions(request: web.Request) -> web.Response:
     views = await request.app[RUNTIME].sessions(after=after, limit=limit + 1)
     more = len(views) > limit
     views = views[:limit]
+    book = request.app[SESSIONS]
+    views = [with_entry(view, book) for view in views]  # who opened it, its label and nonce
     page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
     # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop
     return web.Response(body=orjson.dumps(page, default=_jsonable), content_type="application/json")
@@ -221,9 +226,13 @@ async def get_session(request: web.Request) -> web.Response:
         return refusal
     session = request.match_info["session"]
     view = await request.app[RUNTIME].session_view(session)
+    book = request.app[SESSIONS]
     if view is None:
-        return _unknown_session(session)
-    return ok(view)
+        entry = book.get(session) if book is not None else None
+        if entry is None or entry.ended_at is None:  # (one running is the runtime's to show)
+            return _unknown_session(session)
+        return ok({**entry.view(), "state": "ended"})  # ended before this process started
+    return ok(with_entry(view, book))
 
 
 async def list_approvals(request: web.Request) -> web.Response:
@@ -301,8 +310,10 @@ async def end_session(request: web.Request) -> web.Response:
     if refusal := _operator_refusal(request):
         return refusal
     session = request.match_info["session"]
+    runtime = request.app[RUNTIME]
+    end = getattr(runtime, "end_session_by_principal", None) or runtime.end_session
     try:
-        record = await request.app[RUNTIME].end_session(session)
+        record = await end(session)
     except KeyError:
         return _unknown_session(session)
     log.info("session %s ended through the control plane", session)
@@ -315,7 +326,7 @@ async def end_session(request: web.Request) -> web.Response:
 def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
                nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
                origin: ProxyOrigin | None = None, ready_timeout: float = 5.0,
-               control_hosts: Sequence[str] = ()) -> web.Application:
+               control_hosts: Sequence[str] = (), sessions: Any = None) -> web.Application:
     """The control plane application.
 
     `origin` is shared with the proxy addon (it reports its upstream sockets there);
@@ -331,6 +342,7 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app[METRICS] = metrics if metrics is not None else Metrics()
     app[ORIGIN] = origin if origin is not None else ProxyOrigin()
     app[READY_TIMEOUT] = float(ready_timeout)
+    app[SESSIONS] = sessions if sessions is not None else getattr(runtime, "session_book", None)
     app[GUARD] = ControlGuard(control_hosts)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -342,6 +354,7 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_post("/v1/approvals/{approval}", answer_approval)
     app.router.add_post("/v1/nonces", issue_nonce)
+    add_routes(app)
     from governor.control import personas  # imports this module: added here, not at the top
 
     personas.add_routes(app)

@@ -152,8 +152,10 @@ class Demo:
     def __init__(self, term: Terminal, workdir: Path) -> None:
         self.term = term
         self.workdir = workdir
-        self.session = f"demo-{secrets.token_hex(4)}"
+        self.session = ""  # opened by the demo, as the principal, through the control plane
+        self.session_token = ""  # what the agent sends in ADL-Session
         self.reviewer_token = secrets.token_urlsafe(24)  # the only credential that can answer an approval
+        self.control_token = secrets.token_urlsafe(24)  # the principal's: opens sessions
         self.passport = example_passport_path()
         self.model_calls = 0
         self.approved: dict[str, Any] | None = None
@@ -165,7 +167,9 @@ class Demo:
         async with contextlib.AsyncExitStack() as stack:
             running = await self.start_governor(stack)
             control = await stack.enter_async_context(aiohttp.ClientSession(
-                running.control_url, trust_env=False, timeout=aiohttp.ClientTimeout(total=15)))
+                running.control_url, trust_env=False, timeout=aiohttp.ClientTimeout(total=15),
+                headers={"Authorization": f"Bearer {self.control_token}"}))
+            await self.open_session(control)
             llm = MockLLM(REPLIES)
             tools = MockTools({OLD_NOTE: "An early draft, superseded by governance.md."})
             await llm.start(LOOPBACK)
@@ -173,7 +177,7 @@ class Demo:
             await tools.start(LOOPBACK)
             stack.push_async_callback(tools.stop)
             agent = await stack.enter_async_context(
-                ScriptedAgent(proxy=running.proxy_url, llm_url=llm.url, tools_url=tools.url, session=self.session))
+                ScriptedAgent(proxy=running.proxy_url, llm_url=llm.url, tools_url=tools.url, session=self.session_token))
             await self.work(agent, llm, tools, control)
             await self.end_session(control)
             self.term.say("   Stopping the governor, the mock LLM and the tool server.")
@@ -199,7 +203,7 @@ class Demo:
 
         data_dir = self.workdir / "data"
         settings = Settings(passport=self.passport, listen=(LOOPBACK, 0), control=(LOOPBACK, 0), data_dir=data_dir,
-                            reviewer_tokens=(self.reviewer_token,))
+                            reviewer_tokens=(self.reviewer_token,), control_token=self.control_token)
         try:
             running = await serve(settings)
         except StartupError as exc:
@@ -219,6 +223,14 @@ class Demo:
         await term.pause(0.8)
         return running
 
+    async def open_session(self, control: aiohttp.ClientSession) -> None:
+        """The principal opens the agent's session: the agent gets only its token."""
+        async with control.post("/v1/sessions", json={"label": "governor demo"}) as response:
+            body = await response.json(content_type=None)
+            if response.status != 201:
+                raise DemoFailed(f"POST /v1/sessions answered {response.status}: {body}")
+        self.session, self.session_token = body["session"], body["token"]
+
     # 2-4 -------------------------------------------------------------------------------
 
     async def work(self, agent: ScriptedAgent, llm: MockLLM, tools: MockTools, control: aiohttp.ClientSession) -> None:
@@ -226,7 +238,8 @@ class Demo:
         term.heading(2, "A scripted agent at work: every call goes through the proxy")
         term.field("mock LLM", f"{llm.url}  (OpenAI chat completions, {llm.tokens_per_call:,} tokens per answer)")
         term.field("tools", f"{tools.url}  (MCP tools/call over HTTP)")
-        term.field("session", f"{self.session}  (the agent's ADL-Session header)")
+        term.field("session", f"{self.session}  (opened by the principal: POST /v1/sessions with the control token)")
+        term.say("   The agent gets only the session's token, which it sends in its ADL-Session header.")
         term.say(f"   The agent asks for at most {MAX_TOKENS} output tokens per call. After each call the demo reads")
         term.say(f"   the session's budgets from the control plane: GET /v1/sessions/{self.session}")
         term.say()

@@ -60,6 +60,7 @@ from governor.personas import PersonaHeaderError, parse_persona
 from governor.proxy import bodies, transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
+from governor.sessions import halted_reason
 
 log = logging.getLogger("governor.proxy")
 
@@ -234,8 +235,10 @@ class Governor:
         *,
         metrics: Any = None,
         origin: Any = None,
+        sessions: Any = None,
     ) -> None:
         self.runtime = runtime
+        self.sessions = sessions  # governor.sessions.SessionBook: which session a request may act in
         self.registry = registry
         self.policy = policy
         self.metrics = metrics  # governor.metrics.Metrics, optional
@@ -254,7 +257,8 @@ class Governor:
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
-        runtime's default session (one per process), else one of our own."""
+        runtime's default session (one per process), else one of our own. Without a
+        session book only (with one, `_request` asks the book)."""
         return self._session(headers.get(SESSION_HEADER))
 
     def _session(self, named: str | None) -> str:
@@ -367,7 +371,17 @@ class Governor:
         headers = request.headers
         fields = headers.fields
         governing, encoded = _scan_headers(fields)
-        session = self._session(governing.get(_SESSION_FIELD))
+        book = self.sessions
+        if book is not None:
+            # the request acts only in a session its token names (a dict hit): a refusal
+            # opens nothing and touches no session
+            resolved = book.resolve(governing.get(_SESSION_FIELD))
+            if type(resolved) is not str:
+                await self._refuse_session(flow, resolved)
+                return
+            session = resolved
+        else:
+            session = self._session(governing.get(_SESSION_FIELD))
         flow.metadata[SESSION_KEY] = session
         persona = governing.get(_PERSONA_FIELD) or None
         presented = governing.get(_PASSPORT_FIELD)
@@ -497,6 +511,43 @@ class Governor:
 
     # --- answering instead of the upstream ---------------------------------------------
 
+    async def _refuse_session(self, flow: http.HTTPFlow, refusal: Any) -> None:
+        """A request that names no session it may act in: answered 403 in its protocol's
+        error shape (an IGNORE route passes, as it always does), counted and logged."""
+        request = flow.request
+        view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields),
+                           request.raw_content, port=request.port, scheme=request.scheme)
+        selected = self.registry.select(view)
+        ungoverned = selected is None and refusal.code == "session_token_required" \
+            and self.policy.unknown_traffic == "forward"
+        if selected == IGNORE or ungoverned:
+            # an IGNORE route, or token-less traffic no adapter governs (a package download, a
+            # web page: nothing a session meters, and no library adds ADL-Session to it) passes
+            # as it would without sessions; a lock or a bad token still refuses it
+            flow.request.headers.fields = tuple(
+                f for f in request.headers.fields if f[0][:4].lower() != _GOVERNOR_PREFIX)
+            if ungoverned:
+                self._unknown(flow, "")
+            return
+        if refusal.audit is not None:
+            try:
+                await self.sessions.record_refusal(refusal)
+            except Exception:  # refused all the same: the safe side
+                log.exception("governor: the refusal %s could not be recorded in the audit journal", refusal.code)
+        gov = refusal.governor_object()
+        message = f"governor: {refusal.message}"
+        if isinstance(selected, Adapter):
+            try:
+                reply = selected.error_response(403, message, gov)
+            except Exception:
+                log.exception("governor: adapter %s could not build a refusal", selected.name)
+                reply = _generic_error(403, message, gov)
+        else:
+            reply = _generic_error(403, message, gov)
+        flow.response = _response(reply, gov["action"])
+        log.info("governor: refused %s %s: %s (%s)", request.method, request.pretty_url, refusal.code,
+                 refusal.session or "no session")
+
     def _refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
                        exchange: Exchange | None) -> Reply:
         if decision.action is Action.FALLBACK and adapter is not None and exchange is not None:
@@ -573,7 +624,7 @@ class Governor:
         halted = getattr(self.runtime, "halted", None)
         cause = halted(session) if halted is not None else None
         if cause is not None:  # after a halt the session refuses everything, ungoverned traffic too
-            gov = {"cause": cause, "action": "halt", "reason": "the session is halted", "session": session}
+            gov = {"cause": cause, "action": "halt", "reason": halted_reason(cause), "session": session}
             flow.response = _response(_generic_error(403, f"governor: session halted ({cause})", gov), "halt")
             return
         if self.policy.unknown_traffic == "deny":

@@ -32,7 +32,17 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
     "session_idle": ("GOVERNOR_SESSION_IDLE", "end a session idle this many seconds (default 900)"),
     "unknown_traffic": ("GOVERNOR_UNKNOWN_TRAFFIC", "traffic no adapter governs: forward (default, logged) or deny"),
-    "session": ("GOVERNOR_SESSION", "the session of requests without an ADL-Session header (default: one per process)"),
+    "session": ("GOVERNOR_SESSION", "the name of the default session (requests without an ADL-Session token; "
+                "default: generated, one per process)"),
+    "sessions": ("GOVERNOR_SESSIONS", "who opens sessions: principal (default: `governor sessions open` / POST "
+                 "/v1/sessions issue tokens) or agent-named (any ADL-Session value opens one: trusts the agent, "
+                 "capped by --agent-sessions-per-day)"),
+    "default_session": ("GOVERNOR_DEFAULT_SESSION", "requests without a session token: auto (default: a default "
+                        "session until a principal opens one here), on, or off (refused)"),
+    "agent_sessions_per_day": ("GOVERNOR_AGENT_SESSIONS_PER_DAY", "agent-named mode: sessions the agent may open "
+                               "per rolling day (default 100)"),
+    "lock_on": ("GOVERNOR_LOCK_ON", "halt causes that also lock every session until a principal lifts the lock, "
+                "comma-separated, or none (default on_session_integrity)"),
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
     "client_header_timeout": ("GOVERNOR_CLIENT_HEADER_TIMEOUT", "seconds a new client connection has to send its "
@@ -166,6 +176,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.unknown_traffic = unknown_traffic
     if (session := value("session")) is not None:
         settings.session = str(session)
+    _session_settings(settings, value)
     if (ca := value("upstream_ca")) is not None:
         settings.upstream_ca = Path(ca)
         if not settings.upstream_ca.is_file():
@@ -234,6 +245,75 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     return settings
 
 
+def _session_settings(settings: Any, value: Any) -> None:
+    from governor.sessions import DEFAULT_MODES, MODES, parse_lock_causes
+
+    if (mode := value("sessions")) is not None:
+        if mode not in MODES:
+            raise UsageError(f"--sessions: expected {' or '.join(MODES)}, got {mode!r}")
+        settings.sessions = mode
+    if (default := value("default_session")) is not None:
+        default = {True: "on", False: "off"}.get(default, str(default).lower())  # YAML reads on/off as booleans
+        if default not in DEFAULT_MODES:
+            raise UsageError(f"--default-session: expected {', '.join(DEFAULT_MODES)}, got {default!r}")
+        settings.default_session = default
+    if (cap := value("agent_sessions_per_day")) is not None:
+        try:
+            settings.agent_sessions_per_day = int(cap)
+        except (TypeError, ValueError):
+            raise UsageError(f"--agent-sessions-per-day: expected a whole number, got {cap!r}") from None
+        if settings.agent_sessions_per_day < 0:
+            raise UsageError("--agent-sessions-per-day: must be >= 0")
+    if (causes := value("lock_on")) is not None:
+        try:
+            settings.lock_on = parse_lock_causes(causes)
+        except ValueError as exc:
+            raise UsageError(f"--lock-on: {exc}") from None
+
+
+CONTROL_TOKEN_FILE = "control-token"
+CONTROL_FILE = "control.json"
+
+
+def ensure_control_token(settings: Any) -> Path | None:
+    """With a control plane and no control token configured: the one in
+    <data-dir>/control-token (mode 0600), created on first run. Opening sessions and
+    lifting locks always need a token; `governor sessions` finds it there. Returns the
+    file when the token came from it."""
+    import secrets
+
+    if settings.control is None or settings.control_token:
+        return None
+    path = settings.data_dir / CONTROL_TOKEN_FILE
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    except OSError as exc:
+        raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
+    if not token:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+    os.chmod(path, 0o600)
+    settings.control_token = token
+    return path
+
+
+def write_control_file(running: Any) -> None:
+    """<data-dir>/control.json: where this governor's control plane listens (for `governor sessions`)."""
+    import json
+
+    if not running.control_url:
+        return
+    path = running.settings.data_dir / CONTROL_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"url": running.control_url, "pid": os.getpid()}) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def instructions(running: Any) -> str:
     settings, runtime = running.settings, running.runtime
     data = settings.data_dir.resolve()
@@ -254,6 +334,8 @@ def instructions(running: Any) -> str:
                      f"bodies {settings.client_body_timeout:g}s, idle keep-alive closed after {settings.client_idle_timeout:g}s")
     if running.control_url:
         lines.append(f"  control plane:  {running.control_url}")
+        token_file = getattr(running, "control_token_file", None)
+        lines.append("  control token:  " + (f"{token_file} (mode 0600)" if token_file else "configured"))
         lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
                      if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
                      "paused steps can only time out"))
@@ -265,15 +347,43 @@ def instructions(running: Any) -> str:
         keys = KeyFiles(data / "keys")
         lines.append(f"  records:        {data / 'records'}")
         lines.append(f"  verify with:    governor verify RECORD --key {keys.public_key}  (or --did-document {keys.did_document})")
+    lines += session_lines(settings, running)
     lines.append("Set in the agent's environment:")
     lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
-    lines.append("Name sessions and personas with the ADL-Session / ADL-Persona request headers. Ctrl-C stops.")
+    lines.append("Ctrl-C stops.")
     return "\n".join(lines)
+
+
+def session_lines(settings: Any, running: Any) -> list[str]:
+    """How sessions are opened here (the banner): the operator must know how to start afresh."""
+    data = settings.data_dir
+    default = {"auto": "token-less requests use a default session until a principal opens one here",
+               "on": "token-less requests use the default session",
+               "off": "token-less requests are refused"}[settings.default_session]
+    lines = [f"  sessions:       {settings.sessions}; {default}"]
+    if settings.sessions == "agent-named":
+        lines.append(f"                  agent-named: any ADL-Session value opens a session (trusts the agent; "
+                     f"at most {settings.agent_sessions_per_day} a day)")
+    if running.control_url:
+        lines.append(f"  open a session: governor sessions open --data-dir {data}   (or POST {running.control_url}"
+                     "/v1/sessions with the control token); the agent sends the token it returns as ADL-Session")
+        lines.append("                  a halted session stays halted: open a new one; "
+                     + (f"a lock ({', '.join(settings.lock_on)}) stops every session until "
+                        f"`governor locks lift ID --by NAME --data-dir {data}`" if settings.lock_on else "no cause locks"))
+    else:
+        lines.append("  open a session: no control plane (--control off): only the default session is available")
+    book = getattr(running, "sessions", None)
+    if book is not None and book.locked:
+        lines.append("  LOCKED:         " + "; ".join(f"{lock['id']} (session {lock['session']}, {lock['cause']})"
+                                                     for lock in book.locks_view() if lock["state"] == "locked"))
+    lines.append("  personas:       name them with the ADL-Persona request header")
+    return lines
 
 
 async def _serve_until_stopped(settings: Any) -> int:
     from governor.proxy.server import StartupError, serve
 
+    token_file = ensure_control_token(settings)
     try:
         running = await serve(settings)
     except StartupError as exc:
@@ -283,6 +393,8 @@ async def _serve_until_stopped(settings: Any) -> int:
 
             print(format_report(settings.passport or Path("passport"), exc.report), file=sys.stderr)
         return 1
+    running.control_token_file = token_file
+    write_control_file(running)
     print(instructions(running), flush=True)
     _freeze_startup_objects()
     stop = asyncio.Event()

@@ -97,6 +97,10 @@ class Settings:
     tier: Tier = Tier.R2
     session_idle: float = 900.0
     session: str | None = None  # the default session's name (no ADL-Session header); None: generated
+    sessions: str = "principal"  # who opens sessions: "principal" (tokens) or "agent-named" (trusts the agent)
+    default_session: str = "auto"  # token-less traffic: "auto" (until a principal opens one), "on", "off"
+    agent_sessions_per_day: int = 100  # agent-named mode: new names per rolling day
+    lock_on: tuple[str, ...] = ("on_session_integrity",)  # halt causes that lock every session
     unknown_traffic: str = "forward"  # "forward" | "deny"
     upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
     upstream_insecure: bool = False  # do not verify upstream certificates (tests only)
@@ -141,6 +145,8 @@ class Running:
     _master_task: asyncio.Task
     _control_runner: Any = None
     _peers: Any = None  # the A2A PeerResolver serve() built (closed on stop)
+    sessions: Any = None  # the SessionBook: who may act in which session, locks
+    control_token_file: Any = None  # <data-dir>/control-token when `governor run` made or read it
     connections: ConnectionGuard | None = None  # client connection deadlines and cap
 
     @property
@@ -229,6 +235,10 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         metrics = Metrics(per_session=settings.metrics_per_session)
     if runtime is None:
         runtime = build_runtime(settings, metrics)
+    try:
+        book = session_book(settings, runtime, metrics)
+    except Exception as exc:  # an unreadable or damaged sessions/book.jsonl, a bad setting
+        raise StartupError(f"sessions: {exc}") from None
     recover = getattr(runtime, "recover", None)
     if recover is not None:  # sessions the last run left unfinished: finalized before any traffic
         try:
@@ -244,7 +254,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
         origin = ProxyOrigin()
         app = create_app(runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
-                         metrics=metrics, origin=origin, control_hosts=settings.control_hosts)
+                         metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book)
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
@@ -252,7 +262,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                                f"for the control plane: {exc}") from None
         control_address = tuple(control_runner.addresses[0][:2])
 
-    addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin)
+    addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin, sessions=book)
     started = _Started()
     guard = ConnectionGuard(ConnectionLimits(
         header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
@@ -293,11 +303,27 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                            f"(mode {settings.mode}){why}; {_ListenAdvice.ADVICE}")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers,
-                   connections=guard)
+                   sessions=book, connections=guard)
+
+
+def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
+    """The runtime's session book, else a new one for these settings (attached to the
+    runtime when it keeps one: it then records locks and learns of ends)."""
+    from governor.sessions import SessionBook
+
+    book = getattr(runtime, "session_book", None)
+    if book is None:
+        book = SessionBook(settings.data_dir, mode=settings.sessions, default=settings.default_session,
+                           default_name=settings.session, agent_sessions_per_day=settings.agent_sessions_per_day,
+                           lock_causes=settings.lock_on, metrics=metrics)
+        attach = getattr(runtime, "attach_sessions", None)
+        if attach is not None:
+            attach(book)
+    return book
 
 
 def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
-                origin: Any = None) -> tuple[Governor, Any]:
+                origin: Any = None, sessions: Any = None) -> tuple[Governor, Any]:
     """The enforcement point for these settings over `runtime`: the addon with its adapters,
     and the A2A peer resolver it made (None when the settings bring their own), which the
     caller closes when done."""
@@ -326,7 +352,9 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         adapter_config = dataclasses.replace(adapter_config, extra={
             **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
     registry = AdapterRegistry.default(adapter_config, settings.routes)
-    return Governor(runtime, registry, policy, metrics=metrics, origin=origin), peers
+    if sessions is None:
+        sessions = session_book(settings, runtime, metrics)
+    return Governor(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions), peers
 
 
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:

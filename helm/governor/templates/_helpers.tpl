@@ -46,6 +46,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - {{ .Values.dataDir.mountPath | quote }}
     - --tier
     - {{ .Values.governor.tier | quote }}
+    - --sessions
+    - {{ .Values.sessions.mode | quote }}
+    - --default-session
+    - {{ .Values.sessions.defaultSession | quote }}
+    - --agent-sessions-per-day
+    - {{ .Values.sessions.agentSessionsPerDay | quote }}
+    - --lock-on
+    - {{ .Values.sessions.lockOn | quote }}
     {{- if .Values.interception.enabled }}
     - --transparent
     - "127.0.0.1:{{ .Values.interception.transparentPort }}"

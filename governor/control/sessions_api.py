@@ -1,0 +1,161 @@
+"""Control plane endpoints of the session book: principals open sessions and lift locks.
+
+  POST /v1/sessions               open a session (control token, always): 201
+                                  {"session", "token", "label", "nonce", "opened_at", "header"}
+  GET  /v1/locks                  the locks, in force or lifted (read access)
+  POST /v1/locks/{id}/lift        lift a lock (reviewer or control token, always);
+                                  body {"by": "who lifts it"}
+  GET  /v1/audit/record           the governor's audit journal, freshly signed (read access)
+
+"Always": unlike reads, these need a configured token; with none they are refused (403),
+since on a control plane without tokens anyone who reaches it (the agent too, on the
+same host) would be the principal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from governor.control.auth import TokenSet, bearer
+from governor.control.nonces import NonceError, _check_format
+
+log = logging.getLogger("governor.control")
+
+SESSIONS = web.AppKey("sessions", object)  # governor.sessions.SessionBook, or None
+MAX_TEXT = 200
+
+
+def _principal_refusal(request: web.Request, *, reviewers_too: bool) -> web.Response | None:
+    from governor.control.app import OPERATORS, REVIEWERS, error
+
+    operators: TokenSet = request.app[OPERATORS]
+    reviewers: TokenSet = request.app[REVIEWERS]
+    what = "a control or reviewer token" if reviewers_too else "the control token"
+    if not operators and not (reviewers_too and reviewers):
+        return error(403, "principal_token_not_configured",
+                     f"this needs {what}, and none is configured: `governor run` writes one to "
+                     "<data-dir>/control-token, or set GOVERNOR_CONTROL_TOKEN")
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        return error(401, "token_required", f"this needs `Authorization: Bearer <{what}>`",
+                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
+    if token in operators or (reviewers_too and token in reviewers):
+        return None
+    return error(401, "token_invalid", f"the bearer token is not {what}",
+                 headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
+
+
+def _text(body: dict[str, Any], key: str) -> tuple[str | None, str | None]:
+    value = body.get(key)
+    if value is None:
+        return None, None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_TEXT or not value.isprintable():
+        return None, f'"{key}" must be printable text of 1-{MAX_TEXT} characters'
+    return value.strip(), None
+
+
+def _book(request: web.Request) -> Any:
+    return request.app.get(SESSIONS)
+
+
+async def open_session(request: web.Request) -> web.Response:
+    from governor.control.app import RUNTIME, _json_body, error, ok
+
+    if refusal := _principal_refusal(request, reviewers_too=False):
+        return refusal
+    book = _book(request)
+    if book is None:
+        return error(501, "sessions_unavailable", "this governor has no session book")
+    body, refusal = await _json_body(request, optional=True)
+    if refusal:
+        return refusal
+    unknown = set(body) - {"label", "nonce"}
+    if unknown:
+        return error(400, "bad_request", f"unknown members {', '.join(sorted(unknown))}; expected label, nonce")
+    label, problem = _text(body, "label")
+    if problem:
+        return error(400, "bad_label", problem)
+    nonce = body.get("nonce")
+    if nonce is not None:
+        try:
+            if not isinstance(nonce, str):
+                raise NonceError('"nonce" must be a string')
+            _check_format(nonce)
+        except NonceError as exc:
+            return error(400, "nonce_malformed", str(exc))
+    entry, token = book.open(label=label, nonce=nonce)
+    start = getattr(request.app[RUNTIME], "open_session", None)
+    if start is not None:  # the session starts now: journaled, listed, idle-timed from here
+        try:
+            await start(entry.id)
+        except Exception:
+            log.exception("session %s could not be started", entry.id)
+            book.ended(entry.id, None)  # its token is refused: nothing can be recorded for it
+            return error(503, "session_not_started", "the governor could not start the session's journal; "
+                         "see its log")
+    log.info("session %s opened by a principal%s", entry.id, f" ({label})" if label else "")
+    view = entry.view()
+    view.update({"token": token, "header": {"ADL-Session": token}, "locked": book.locked})
+    return ok(view, status=201, headers={"Cache-Control": "no-store",
+                                         "Location": f"/v1/sessions/{entry.id}"})
+
+
+async def list_locks(request: web.Request) -> web.Response:
+    from governor.control.app import _operator_refusal, ok
+
+    if refusal := _operator_refusal(request):
+        return refusal
+    book = _book(request)
+    return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
+
+
+async def lift_lock(request: web.Request) -> web.Response:
+    from governor.control.app import _json_body, error, ok
+
+    if refusal := _principal_refusal(request, reviewers_too=True):
+        return refusal
+    book = _book(request)
+    lock_id = request.match_info["lock"]
+    if book is None or lock_id not in book.locks:
+        return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
+    body, refusal = await _json_body(request)
+    if refusal:
+        return refusal
+    by, problem = _text(body, "by")
+    if problem or by is None:
+        return error(400, "bad_by", problem or '"by" must name who lifts the lock')
+    try:
+        lock = await book.lift(lock_id, by)
+    except ValueError as exc:
+        return error(409, "lock_lifted", str(exc))
+    return ok({**lock.view(), "locked": book.locked})
+
+
+async def audit_record(request: web.Request) -> web.Response:
+    from governor.control.app import RUNTIME, _operator_refusal, error, ok
+
+    if refusal := _operator_refusal(request):
+        return refusal
+    sign = getattr(request.app[RUNTIME], "audit_record", None)
+    record = sign() if sign is not None else None
+    if record is None:
+        return error(404, "no_audit_record", "the governor's audit journal holds no event yet")
+    return ok(record, headers={"Cache-Control": "no-store"})
+
+
+def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:
+    """A runtime's session view with who opened it, its label and nonce (from the book)."""
+    entry = book.get(view.get("session")) if book is not None else None
+    if entry is not None:
+        view.update({"opened_by": entry.by, "label": entry.label, "nonce": entry.nonce})
+    return view
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/sessions", open_session)
+    app.router.add_get("/v1/locks", list_locks)
+    app.router.add_post("/v1/locks/{lock}/lift", lift_lock)
+    app.router.add_get("/v1/audit/record", audit_record)
