@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.proxy.server import Settings, serve
-from tests.proxy_harness import RawClient
+from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import MockLLM, make_tls
 
 CHAT = "/v1/chat/completions"
@@ -50,7 +50,7 @@ async def test_series_count_does_not_grow_with_sessions(tmp_path):
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
                         upstream_ca=tls.ca_file, tick_interval=3600, metrics_per_session=PER_SESSION_CAP)
     running = await serve(settings)
     counts = {}
