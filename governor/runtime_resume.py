@@ -26,15 +26,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from governor.canonical import canonicalize, sha256_b64url
 from governor.evidence.finalize import FinalizeReport, Pin, finalize_interrupted
-from governor.evidence.record import SessionHeader, fsync_directory
+from governor.evidence.record import SessionHeader, write_durably
 from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, SessionState, Tier, advance, compile_limits
 from governor.policy.integrity import pin_changed
 
@@ -68,19 +66,7 @@ def archive_passport(data_dir: Path | str, digest: str, canonical_bytes: bytes) 
     path = directory / f"{digest}.json"
     if path.exists() or not _DIGEST.match(digest):
         return path
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".passport.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(canonical_bytes)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(directory)
-    return path
+    return write_durably(path, canonical_bytes)
 
 
 def original_limits(data_dir: Path | str, digest: str, tier: str, pricing: Any) -> Limits | None:

@@ -296,9 +296,16 @@ def write_record(path: Path | str, record: Mapping[str, Any], *, sync_directory:
     """Write a record atomically and durably (temp file, fsync, rename, fsync the directory).
 
     `sync_directory=False` leaves the directory's fsync to the caller (one for a batch)."""
+    data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return write_durably(path, data, sync_directory=sync_directory)
+
+
+def write_durably(path: Path | str, data: bytes, *, sync_directory: bool = True) -> Path:
+    """Write bytes atomically and durably: a temp file beside `path`, fsync, rename over it,
+    then (unless the caller batches it) fsync the directory. A reader sees the old file or the
+    whole new one, never a torn one, and a crash after return loses nothing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
