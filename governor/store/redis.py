@@ -146,6 +146,31 @@ local function apply(agent, session, scope, sub, b, amount, first_live, ttl)
   end
 end
 
+-- the charges ARGV lists from `at` ((scope, sub, amount) * n, then m, (index, limit) * m),
+-- each counter's current value, and the first capped one the charges would overshoot:
+-- scopes, subs, amounts, nil on success; else nil, {0, k, current} (reserve and extend)
+local function charges_within_caps(agent, session, first_live, at)
+  local n = tonumber(ARGV[at])
+  local scopes, subs, amounts, current = {}, {}, {}, {}
+  for i = 1, n do
+    local j = at + 3 * (i - 1)
+    scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
+    if scopes[i] == 's' then
+      current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
+    else
+      current[i] = day_total(day_key(agent, subs[i]), first_live)
+    end
+  end
+  local c = at + 1 + 3 * n
+  for k = 1, tonumber(ARGV[c]) do
+    local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
+    if current[i] + amounts[i] > limit then
+      return nil, {0, k, fmt(current[i])}
+    end
+  end
+  return {scopes, subs, amounts, n}
+end
+
 -- take a reservation off its counters and forget it; false when not outstanding
 local function unhold(rid, take)
   local rkey = P .. 'r:' .. rid
@@ -175,25 +200,9 @@ end
 _RESERVE = r"""
 local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
 local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local n = tonumber(ARGV[9])
-local scopes, subs, amounts, current = {}, {}, {}, {}
-for i = 1, n do
-  local j = 9 + 3 * (i - 1)
-  scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
-  if scopes[i] == 's' then
-    current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
-  else
-    current[i] = day_total(day_key(agent, subs[i]), first_live)
-  end
-end
-local c = 10 + 3 * n
-local m = tonumber(ARGV[c])
-for k = 1, m do
-  local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
-  if current[i] + amounts[i] > limit then
-    return {0, k, fmt(current[i])}
-  end
-end
+local ok, refused = charges_within_caps(agent, session, first_live, 9)
+if not ok then return refused end
+local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
 local rkey = P .. 'r:' .. rid
 redis.call('HSET', rkey, 'a', agent, 's', session, 'b', int(b), 'c', created, 'n', n)
 for i = 1, n do
@@ -228,25 +237,9 @@ local rkey = P .. 'r:' .. rid
 local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
 if not h[1] then return {-1} end
 local agent, session, b, held = h[1], h[2], tonumber(h[3]), tonumber(h[4])
-local n = tonumber(ARGV[5])
-local scopes, subs, amounts, current = {}, {}, {}, {}
-for i = 1, n do
-  local j = 5 + 3 * (i - 1)
-  scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
-  if scopes[i] == 's' then
-    current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
-  else
-    current[i] = day_total(day_key(agent, subs[i]), first_live)
-  end
-end
-local c = 6 + 3 * n
-local m = tonumber(ARGV[c])
-for k = 1, m do
-  local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
-  if current[i] + amounts[i] > limit then
-    return {0, k, fmt(current[i])}
-  end
-end
+local ok, refused = charges_within_caps(agent, session, first_live, 5)
+if not ok then return refused end
+local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
 local index = {}
 for e = 1, held do index[redis.call('HGET', rkey, 'k' .. e)] = e end
 for i = 1, n do
