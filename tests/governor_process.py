@@ -47,7 +47,9 @@ class GovernorProcess:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(REPO),
                **self.env}
         command = [sys.executable, "-m", "governor", "run", "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
-                   "--data-dir", str(self.data_dir), *self.args]
+                   "--data-dir", str(self.data_dir),
+                   # tests about other things name their sessions (tests/proxy_harness.AGENT_NAMED)
+                   "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none", *self.args]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
                                          preexec_fn=limit)

@@ -120,10 +120,11 @@ from pathlib import Path
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
 from governor.proxy.server import Settings, serve
+from tests.proxy_harness import AGENT_NAMED
 
 async def main():
     cfg = json.loads(sys.argv[1])
-    running = await serve(Settings(passport=Path(cfg["passport"]), listen=("127.0.0.1", 0), control=None,
+    running = await serve(Settings(**AGENT_NAMED, passport=Path(cfg["passport"]), listen=("127.0.0.1", 0), control=None,
                                    data_dir=Path(cfg["data_dir"]), store=cfg["store"], tier=Tier.R2,
                                    tick_interval=0, adapters=AdapterConfig(default_output_tokens=cfg["guess"])))
     print(json.dumps({"proxy": running.proxy_url}), flush=True)

@@ -13,6 +13,7 @@ import pytest
 
 from governor.proxy.server import Settings, serve
 from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import AGENT_NAMED
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,7 +25,7 @@ async def world(tmp_path):
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
                                    upstream_ca=tls.ca_file, tick_interval=0))
     agent = httpx.AsyncClient(proxy=running.proxy_url, verify=ssl.create_default_context(cafile=str(running.ca_file)),
                               trust_env=False, timeout=30)

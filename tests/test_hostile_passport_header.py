@@ -25,6 +25,7 @@ from governor.passport.resources import example_passport_path
 from governor.proxy.presented import MAX_PRESENTED_BYTES
 from governor.proxy.server import Settings, serve
 from tests.hostile_documents import alias_bomb, header_value, nested_json
+from tests.proxy_harness import AGENT_NAMED
 
 ANSWER_BOUND = 3.0  # seconds: a hang bound for each answer, not a speed check
 # the honest session shares the machine with 40 hostile requests being admitted and recorded at
@@ -44,7 +45,7 @@ async def llm():
 
 @pytest.fixture
 async def running(tmp_path, llm):
-    governor = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data"))
+    governor = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data"))
     yield governor
     await governor.stop()
 

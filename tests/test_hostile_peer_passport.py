@@ -15,6 +15,7 @@ from tests.control_harness import A2APeer, peer_passport, real_runtime
 from tests.hostile_documents import alias_bomb
 from tests.test_a2a_delegation import OURS
 from tests.test_adapter_a2a import send
+from tests.proxy_harness import AGENT_NAMED
 
 ANSWER_BOUND = 5.0  # seconds: a hang bound, not a speed check
 
@@ -34,7 +35,7 @@ async def test_a_peer_serving_an_alias_bomb_is_refused_at_once(tmp_path):
                              tokens=(1000, 5000))
     peer = await BombPeer({"laughing.yaml": document}).start()
     runtime, _ = real_runtime(OURS, tmp_path)
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp_path), runtime)
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path), runtime)
     try:
         async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30) as client:
             resp = await asyncio.wait_for(

@@ -105,10 +105,14 @@ def _agent(pod: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+CONTROL_TOKEN = "intercept-test-control-token"  # /v1 reads need it (docs/sessions.md)
+
+
 def _control(pod: str, path: str) -> dict:
     done = _run("ip", "netns", "exec", pod, sys.executable, "-c",
-                "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())",
-                f"http://127.0.0.1:8081{path}")
+                "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(urllib.request.Request(sys.argv[1],"
+                " headers={'Authorization': 'Bearer ' + sys.argv[2]}), timeout=10).read().decode())",
+                f"http://127.0.0.1:8081{path}", CONTROL_TOKEN)
     return json.loads(done.stdout)
 
 
@@ -150,7 +154,8 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         governor = subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-m", "governor", "run",
                                      "--listen", "127.0.0.1:8080", "--control", "127.0.0.1:8081",
                                      "--transparent", f"127.0.0.1:{TRANSPARENT_PORT}", "--data-dir", str(data),
-                                     "--session", "intercepted"], cwd=REPO, stdout=subprocess.PIPE,
+                                     "--session", "intercepted", "--sessions", "agent-named", "--lock-on", "none"], cwd=REPO, stdout=subprocess.PIPE,
+                                    env={**os.environ, "GOVERNOR_CONTROL_TOKEN": CONTROL_TOKEN},
                                     stderr=subprocess.STDOUT, text=True)
         _readline(governor, "governor running")
         installed = _run("ip", "netns", "exec", pod, "sh", str(SCRIPT),

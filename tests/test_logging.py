@@ -37,9 +37,11 @@ async def test_json_logs_one_event_per_line_and_probes_are_not_logged_at_info(tm
                 for path in ("/healthz", "/readyz", "/metrics"):
                     async with http.get(governor.control_url + path) as resp:
                         assert resp.status == 200
-            async with http.get(governor.control_url + "/v1/sessions") as resp:
+            # /v1 reads need the control token governor run wrote (docs/sessions.md)
+            auth = {"Authorization": f"Bearer {(governor.data_dir / 'control-token').read_text().strip()}"}
+            async with http.get(governor.control_url + "/v1/sessions", headers=auth) as resp:
                 assert resp.status == 200
-            async with http.get(governor.control_url + "/v1/sessions/nope") as resp:
+            async with http.get(governor.control_url + "/v1/sessions/nope", headers=auth) as resp:
                 assert resp.status == 404
         status = await asyncio.to_thread(_over_budget, governor.proxy, governor.ca_file, mock.port)
         assert status in (403, 429)

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from governor.adapters.base import describe
 from governor.proxy.server import Settings, serve
-from tests.proxy_harness import run_python
+from tests.proxy_harness import AGENT_NAMED, run_python
 from tests.upstreams import Behaviour, MockLLM, make_tls
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -33,7 +33,7 @@ async def env(tmp_path_factory):
     tls = make_tls(tmp / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
                                    upstream_ca=tls.ca_file, tick_interval=0))
     sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
                "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from governor.proxy.server import Settings, serve
-from tests.proxy_harness import RawClient
+from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import Behaviour, MockLLM, make_tls
 
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
@@ -59,7 +59,7 @@ async def test_a_real_prometheus_scrapes_the_governor_and_promtool_accepts_the_s
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()
-    settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
+    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path / "data",
                         upstream_ca=tls.ca_file)
     running = await serve(settings)
     prometheus = None

@@ -17,6 +17,7 @@ from governor.proxy.server import Settings, serve
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
 from tests.stream_budget_harness import write_passport
 from tests.upstreams import Behaviour, MockLLM
+from tests.proxy_harness import AGENT_NAMED
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 
@@ -29,7 +30,7 @@ async def world(tmp_path):
     mock = MockLLM()
     await mock.start()
     mock.default = Behaviour(input_tokens=30, output_tokens=20)
-    running = await serve(Settings(passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
+    running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
                                    control=("127.0.0.1", 0), control_token=TOKEN, data_dir=tmp_path / "data",
                                    store=server.url, tick_interval=0))
     agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)

@@ -14,12 +14,13 @@ from governor.adapters.base import AdapterConfig
 from governor.proxy.server import Settings, serve
 from tests.stream_budget_harness import CAP, behaviour, parallel_streams, write_passport
 from tests.upstreams import MockLLM
+from tests.proxy_harness import AGENT_NAMED
 
 
 async def governed(tmp_path, guess: int):
     mock = MockLLM()
     await mock.start()
-    running = await serve(Settings(passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
+    running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
                                    control=None, data_dir=tmp_path / "data", tick_interval=0,
                                    adapters=AdapterConfig(default_output_tokens=guess)))
     return running, mock
