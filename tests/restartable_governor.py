@@ -49,6 +49,10 @@ def write_passport(path: Path, *, scale: float = 1.0, mutate: Callable[[dict], N
     return path
 
 
+
+CONTROL_TOKEN = "restartable-governor-control-token"  # /v1 needs it (docs/sessions.md)
+CONTROL_HEADERS = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
+
 class GovernorProcess:
     _count = 0
 
@@ -76,7 +80,7 @@ class GovernorProcess:
                    # these tests name their sessions (tests/proxy_harness.AGENT_NAMED)
                    "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none",
                    *self.extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_CONTROL_TOKEN": CONTROL_TOKEN, **self.env}
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
             env.pop(name, None)
         log = open(self.log_path, "ab")

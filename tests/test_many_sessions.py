@@ -15,7 +15,7 @@ import time
 import aiohttp
 import httpx
 
-from tests.restartable_governor import GovernorProcess, write_passport
+from tests.restartable_governor import CONTROL_HEADERS, GovernorProcess, write_passport
 from tests.upstreams import Behaviour, MockLLM
 
 SESSIONS = 10_000
@@ -43,7 +43,7 @@ async def test_ten_thousand_sessions_under_nofile_1024(tmp_path):
     done = asyncio.Event()
 
     async def probe() -> None:
-        async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=10) as control:
+        async with httpx.AsyncClient(base_url=gov.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=10) as control:
             while not done.is_set():
                 started = time.monotonic()
                 try:
