@@ -115,6 +115,7 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
     max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
+    max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back while a step awaits admission
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
@@ -335,6 +336,7 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         max_body_bytes=settings.max_body_bytes,
         max_response_bytes=settings.max_response_bytes,
         max_decoded_ratio=settings.max_decoded_ratio,
+        max_held_stream_bytes=settings.max_held_stream_bytes,
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
