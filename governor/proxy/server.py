@@ -28,6 +28,7 @@ from mitmproxy.master import Master
 from governor.adapters import AdapterRegistry, Route
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
+from governor.proxy import heads
 from governor.proxy.addon import Governor, ProxyPolicy
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
@@ -221,6 +222,10 @@ def master_options(settings: Settings) -> dict[str, Any]:
         # mitmproxy's own inactivity bound, for what the connection guard does not time
         # (tunnels, a stream in flight): never shorter than the upstream's allowed silence
         tcp_timeout=int(max(600, settings.upstream_timeout + 60)),
+        # what mitmproxy buffers of one body (every request; answers the governor reads whole):
+        # without it a hostile agent or upstream had the governor hold any size in memory.
+        # Nothing the governor reads is larger; streamed answers are not buffered, so not bound.
+        body_size_limit=str(max(settings.max_body_bytes, settings.max_response_bytes)),
     )
     if settings.upstream_ca is not None:
         opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)
@@ -268,6 +273,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     guard = ConnectionGuard(ConnectionLimits(
         header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
         idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
+    heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
     master = Master(options.Options())
     master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
                       _StartupErrorCheck(), guard, addon, started)
