@@ -43,6 +43,7 @@ from governor.evidence.record import (
     as_timestamp,
     fsync_directory,
     make_event,
+    write_durably,
 )
 
 JOURNAL_FORMAT = "governor-journal/1"
@@ -232,19 +233,10 @@ class Journal:
         then lose events the caller believed recorded).
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         line, digest = _encode_line("header", {"format": JOURNAL_FORMAT, **header.to_json()}, "")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        try:
-            _write_all(fd, line)
-            if sync:
-                os.fsync(fd)
-                fsync_directory(path.parent)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
+        # whole or not at all: a kill between creating the file and writing its header would
+        # leave a journal with no header, which no start could finalize (nor list)
+        write_durably(path, line, sync=sync, exclusive=True)
         return cls(path, _Contents(header, [], None, digest, len(line), None), sync=sync)
 
     @classmethod
