@@ -29,7 +29,7 @@ import inspect
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Collection, Sequence
 
 import orjson
 from aiohttp import web
@@ -126,18 +126,27 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
 # --- access ----------------------------------------------------------------------------
 
 
+def bearer_refusal(request: web.Request, *accepted: Collection[str], required: str, invalid: str,
+                   realm: str = "governor") -> web.Response | None:
+    """None when the request's bearer token is in one of `accepted`, else the 401 that says
+    what is `required` (no token) or that the token is `invalid`: the check every guarded
+    endpoint makes (each decides itself what a missing configuration means)."""
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        return error(401, "token_required", required, headers={"WWW-Authenticate": f'Bearer realm="{realm}"'})
+    if any(token in tokens for tokens in accepted):
+        return None
+    return error(401, "token_invalid", invalid,
+                 headers={"WWW-Authenticate": f'Bearer realm="{realm}", error="invalid_token"'})
+
+
 def _operator_refusal(request: web.Request) -> web.Response | None:
     operators = request.app[OPERATORS]
     if not operators:
         return None
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", "this control plane requires `Authorization: Bearer <control token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
-    if token in operators or token in request.app[REVIEWERS]:
-        return None
-    return error(401, "token_invalid", "the bearer token is not a control or reviewer token",
-                 headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
+    return bearer_refusal(request, operators, request.app[REVIEWERS],
+                          required="this control plane requires `Authorization: Bearer <control token>`",
+                          invalid="the bearer token is not a control or reviewer token")
 
 
 def _reviewer_refusal(request: web.Request) -> web.Response | None:
@@ -146,14 +155,18 @@ def _reviewer_refusal(request: web.Request) -> web.Response | None:
         return error(403, "approvals_disabled",
                      "no reviewer token is configured, so no approval can be answered here; set "
                      "GOVERNOR_REVIEWER_TOKENS or a reviewer token file and restart the governor")
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", "answering an approval requires `Authorization: Bearer <reviewer token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers"'})
-    if token not in reviewers:
-        return error(401, "token_invalid", "the bearer token is not a reviewer token",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers", error="invalid_token"'})
-    return None
+    return bearer_refusal(request, reviewers, realm="governor-reviewers",
+                          required="answering an approval requires `Authorization: Bearer <reviewer token>`",
+                          invalid="the bearer token is not a reviewer token")
+
+
+async def checked_body(request: web.Request, refusal: web.Response | None, *,
+                       optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
+    """An endpoint's preamble: its access check's `refusal` when there is one, else the
+    request's JSON object body (or why it is refused)."""
+    if refusal is not None:
+        return None, refusal
+    return await _json_body(request, optional=optional)
 
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
@@ -242,9 +255,7 @@ async def list_approvals(request: web.Request) -> web.Response:
 
 
 async def answer_approval(request: web.Request) -> web.Response:
-    if refusal := _reviewer_refusal(request):
-        return refusal
-    body, refusal = await _json_body(request)
+    body, refusal = await checked_body(request, _reviewer_refusal(request))
     if refusal:
         return refusal
     decision = body.get("decision")
@@ -266,9 +277,7 @@ async def answer_approval(request: web.Request) -> web.Response:
 
 
 async def issue_nonce(request: web.Request) -> web.Response:
-    if refusal := _operator_refusal(request):
-        return refusal
-    body, refusal = await _json_body(request, optional=True)
+    body, refusal = await checked_body(request, _operator_refusal(request), optional=True)
     if refusal:
         return refusal
     nonces: NonceIssuer = request.app[NONCES]
