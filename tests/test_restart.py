@@ -62,6 +62,20 @@ def journal_events(path: Path) -> list[dict]:
     return events
 
 
+async def chat(agent: httpx.AsyncClient, llm: MockLLM, session: str, max_tokens: int = 20) -> httpx.Response:
+    """One model call of the agent in `session` (agent-named)."""
+    return await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(max_tokens),
+                            headers={"ADL-Session": session})
+
+
+def agent_client(gov: GovernorProcess, timeout: float = 30) -> httpx.AsyncClient:
+    return httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=timeout)
+
+
+def control_client(gov: GovernorProcess) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=gov.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30)
+
+
 def comparable(event: dict) -> dict:
     return {k: event[k] for k in ("seq", "cause", "action", "at", "detail") if k in event}
 
@@ -98,14 +112,13 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
     timings: list[float] = []
 
     async def agent(gov: GovernorProcess, worker: int, generation: int, stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=10) as client:
+        async with agent_client(gov, timeout=10) as client:
             number = 0
             while not stop.is_set():
                 session = f"g{generation}-w{worker}-s{number // 3}"
                 number += 1
                 try:
-                    answer = await client.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(),
-                                               headers={"ADL-Session": session})
+                    answer = await chat(client, llm, session)
                 except httpx.HTTPError:
                     return  # the governor died under us
                 if answer.status_code == 200:
@@ -116,7 +129,7 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
         gov = await start(GovernorProcess(data, passport))
         timings.append(time.monotonic() - started)
         if generation:  # the previous generation's interrupted sessions are known, ended
-            async with httpx.AsyncClient(base_url=gov.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30) as control:
+            async with control_client(gov) as control:
                 listed = (await control.get("/v1/sessions?limit=1000")).json()["sessions"]
             finalized_listed |= {s["session"] for s in listed if s["session"].startswith(f"g{generation - 1}-")}
             assert all(s["state"] == "ended" for s in listed)
@@ -139,7 +152,7 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
 
     final = await start(GovernorProcess(data, passport))  # finalizes the last generation
     try:
-        async with httpx.AsyncClient(base_url=final.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30) as control:
+        async with control_client(final) as control:
             listed = {s["session"] for s in (await control.get("/v1/sessions?limit=1000")).json()["sessions"]}
             some = sorted(s for s in listed if s.startswith("g9-"))[0]
             served = await control.get(f"/v1/sessions/{some}/record")
@@ -191,26 +204,22 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
     looser = write_passport(tmp_path / "looser.json", scale=100)  # 2,000,000, unsigned: admitted
     data = tmp_path / "data"
     gov = await start(GovernorProcess(data, original))
-    async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30) as agent:
-        spent = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(5_000),
-                                 headers={"ADL-Session": "admitted"})
+    async with agent_client(gov) as agent:
+        spent = await chat(agent, llm, "admitted", 5_000)
         assert spent.status_code == 200, spent.text
-        refused = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
-                                   headers={"ADL-Session": "probe"})
+        refused = await chat(agent, llm, "probe", 31_000)
         assert refused.status_code != 200  # beyond the original cap: refused before the restart
     await asyncio.to_thread(gov.kill)
 
     gov = await start(GovernorProcess(data, looser))
     try:
         served_before = len(llm.requests)
-        async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30) as agent:
-            step = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
-                                    headers={"ADL-Session": "admitted"})
-            fresh = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
-                                     headers={"ADL-Session": "fresh"})
+        async with agent_client(gov) as agent:
+            step = await chat(agent, llm, "admitted", 31_000)
+            fresh = await chat(agent, llm, "fresh", 31_000)
         assert step.status_code != 200 and len(llm.requests) == served_before + 1, step.text
         assert fresh.status_code == 200, fresh.text  # a new session is admitted with the new passport
-        async with httpx.AsyncClient(base_url=gov.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30) as control:
+        async with control_client(gov) as control:
             listed = {s["session"]: s for s in (await control.get("/v1/sessions?limit=1000")).json()["sessions"]}
             answer = await control.get("/v1/sessions/admitted/record")
     finally:
@@ -253,9 +262,8 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
         before = await start(GovernorProcess(data_b, original, extra=("--store", store)))
         before.stop()
     a = await start(GovernorProcess(tmp_path / "a", original, extra=("--store", store)))
-    async with httpx.AsyncClient(proxy=a.proxy_url, trust_env=False, timeout=30) as agent:
-        spent = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(5_000),
-                                 headers={"ADL-Session": "roaming"})
+    async with agent_client(a) as agent:
+        spent = await chat(agent, llm, "roaming", 5_000)
         assert spent.status_code == 200
     await asyncio.sleep(1.5)  # the state store writes behind (0.25 s)
     await asyncio.to_thread(a.kill)
@@ -263,12 +271,10 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
     b = await start(GovernorProcess(data_b, looser, extra=("--store", store)))
     try:
         served_before = len(llm.requests)
-        async with httpx.AsyncClient(proxy=b.proxy_url, trust_env=False, timeout=30) as agent:
-            within = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(1_000),
-                                      headers={"ADL-Session": "roaming"})
-            beyond = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
-                                      headers={"ADL-Session": "roaming"})
-        async with httpx.AsyncClient(base_url=b.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30) as control:
+        async with agent_client(b) as agent:
+            within = await chat(agent, llm, "roaming", 1_000)
+            beyond = await chat(agent, llm, "roaming", 31_000)
+        async with control_client(b) as control:
             record = (await control.get("/v1/sessions/roaming/record")).json()
     finally:
         b.stop()
