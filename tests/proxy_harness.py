@@ -326,6 +326,19 @@ async def scripted_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[A
         await mock.stop()
 
 
+def scripted_env(name: str, **settings: Any) -> Any:
+    """A module's `env` fixture: one `scripted_governor` (in a temp folder `name`) shared by
+    the module's tests, as (running, mock, runtime); pair it with `fresh_scripted`."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, ScriptedRuntime]]:
+        async with scripted_governor(tmp_path_factory.mktemp(name), **settings) as parts:
+            yield parts
+
+    return env
+
+
 @contextmanager
 def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterator[None]:
     """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted

@@ -26,7 +26,7 @@ from governor.policy.steps import (
     PassportPresented,
     ToolCall,
 )
-from tests.proxy_harness import AGENT_NAMED, RawClient, fresh_scripted, pause_rule, scripted_governor
+from tests.proxy_harness import AGENT_NAMED, RawClient, fresh_scripted, pause_rule, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -35,10 +35,7 @@ CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("proxy")) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("proxy")
 
 
 @pytest.fixture(autouse=True)
