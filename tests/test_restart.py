@@ -156,13 +156,18 @@ async def test_kill_9_under_load_every_journal_is_finalized_and_loses_no_event(t
             listed = {s["session"] for s in (await control.get("/v1/sessions?limit=1000")).json()["sessions"]}
             some = sorted(s for s in listed if s.startswith("g9-"))[0]
             served = await control.get(f"/v1/sessions/{some}/record")
-            # a session finalized by an earlier start is still known as ended (the session book)
+            # a session finalized by an earlier start is still known as ended (the session book),
+            # and its record is served (signed afresh from its ended journal)
             earlier = await control.get(f"/v1/sessions/{sorted(finalized_listed)[0]}")
+            earlier_record = await control.get(f"/v1/sessions/{sorted(finalized_listed)[0]}/record")
         finalized_listed |= {s for s in listed if s.startswith("g9-")}
     finally:
         final.stop()
     assert served.status_code == 200
     assert earlier.status_code == 200 and earlier.json()["state"] == "ended", earlier.text
+    assert earlier_record.status_code == 200, earlier_record.text
+    assert earlier_record.json()["outcome"] == "halted"
+    assert verify_record(earlier_record.json(), public_key=load_public_key(public_key_file(data))).ok
 
     key = load_public_key(public_key_file(data))
     document = json.loads(passport.read_text())

@@ -42,6 +42,7 @@ from governor.control.nonces import (
 from governor.control.origin import ProxyOrigin
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.sessions_api import SESSIONS, add_routes, with_entry
+from governor.evidence.errors import EvidenceError
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
 
@@ -300,7 +301,9 @@ async def get_record(request: web.Request) -> web.Response:
         return refusal
     runtime = request.app[RUNTIME]
     session = request.match_info["session"]
-    if not runtime.has_session(session):
+    # a session that ended before this process started is served from its ended journal
+    earlier = None if runtime.has_session(session) else getattr(runtime, "ended_record", None)
+    if earlier is None and not runtime.has_session(session):
         return _unknown_session(session)
     nonce = request.query.get("nonce")
     if nonce is not None:
@@ -309,8 +312,12 @@ async def get_record(request: web.Request) -> web.Response:
         except NonceError as exc:
             return error(_NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
     try:
-        record = runtime.record(session, nonce)
+        record = runtime.record(session, nonce) if earlier is None else await asyncio.to_thread(earlier, session, nonce)
     except KeyError:
+        return _unknown_session(session)
+    except EvidenceError as exc:  # its journal is damaged: say so rather than that it does not exist
+        return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
+    if record is None:
         return _unknown_session(session)
     return ok(record, headers={"Cache-Control": "no-store"})
 
