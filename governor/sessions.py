@@ -508,6 +508,7 @@ class SessionBook:
             log.warning("%s: torn last line (%d bytes) set aside in %s", self._path, len(tail), aside)
         if len(self._snapshot(now)[0]) < self._lines:  # something to drop or merge: start from a compact log
             self._compact()
+        self._compact_at = max(self._compact_min_lines, 2 * self._lines)
         if self.metrics is not None:
             self.metrics.set_locks(len(self._active))
 
