@@ -380,3 +380,34 @@ def test_the_header_is_ascii_bounded_and_unambiguous():
 def test_open_refuses_an_unnamed_tool_even_without_a_restriction():
     with pytest.raises(BadRequest, match=r"'tools\[0\]'"):
         _open("/v1/chat/completions", {"model": "m", "messages": [], "tools": [{"type": "function"}]})
+
+
+@module_loop
+async def test_a_streamed_answer_carries_the_header_and_the_stream_is_whole(env):
+    running, mock, _ = env
+    mock.reset()
+    body = {"model": "gpt-4o-mini", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [chat_tool(DECLARED), chat_tool("shell_exec")]}
+    answer = await _post(running, mock, "/v1/chat/completions", body, "streamed")
+    assert answer.status_code == 200 and answer.headers[withhold.HEADER] == "shell_exec"
+    assert answer.text.rstrip().endswith("data: [DONE]")
+    assert names_of(mock.requests[0].body["tools"]) == [DECLARED]
+
+
+def test_the_permitted_set_by_tier_and_persona():
+    from governor.passport import example_passport_path, load_passport
+    from governor.policy import Tier, compile_limits, load_pricing, step_tools
+    from tests.conftest import REPO
+
+    document = load_passport(example_passport_path())
+    pricing = load_pricing(REPO / "policies" / "pricing.yaml")
+    r2 = compile_limits(document, tier=Tier.R2, pricing=pricing)
+    assert step_tools(r2, None) == {"search_papers", "fetch_paper", "read_note", "write_note", "delete_note",
+                                    "send_email"}
+    assert step_tools(r2, "searcher") == {"search_papers", "fetch_paper"}
+    assert step_tools(r2, "summarizer") == step_tools(r2, None)  # no list of its own: the parent's
+    assert step_tools(r2, "stranger") == frozenset()  # an undeclared persona: nothing
+    assert step_tools(compile_limits(document, tier=Tier.R1, pricing=pricing), "searcher") is None  # R1 observes
+    bare = {k: v for k, v in document.items() if k != "tools"}
+    bare["permissions"] = {k: v for k, v in document["permissions"].items() if k != "sub_agents"}
+    assert step_tools(compile_limits(bare, tier=Tier.R2, pricing=pricing), None) is None  # no tools declared
