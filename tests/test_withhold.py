@@ -411,3 +411,27 @@ def test_the_permitted_set_by_tier_and_persona():
     bare = {k: v for k, v in document.items() if k != "tools"}
     bare["permissions"] = {k: v for k, v in document["permissions"].items() if k != "sub_agents"}
     assert step_tools(compile_limits(bare, tier=Tier.R2, pricing=pricing), None) is None  # no tools declared
+
+
+def test_tool_choice_forms():
+    allowed = frozenset({"a"})
+
+    def cut(choice, tools=(("a",), ("b",))):
+        body = {"tools": [{"function": {"name": n}} for (n,) in tools], "tool_choice": choice}
+        withheld = withhold.withhold_openai(body, allowed, tuple(tools), None)
+        return body.get("tool_choice", "<dropped>"), withheld
+
+    chat_allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}]}}
+    assert cut(chat_allowed) == ({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "a"}}]}}, ["b"])
+    only_b = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "b"}]}
+    assert cut(only_b, (("a",),)) == ("<dropped>", ["b"])
+    oversized = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "a"}] * 10_001}
+    assert cut(oversized, (("a",),)) == ("<dropped>", [])
+    assert cut({"type": "function", "function": {"name": 7}}, (("a",),)) == ("<dropped>", [])  # unreadable
+    assert cut("required") == ("required", ["b"])  # a tool is left: the choice stands
+    assert cut("required", (("b",),)) == ("<dropped>", ["b"])  # none is: it goes with the tools
+    body = {"tools": [{"name": "a"}, {"name": "b"}], "tool_choice": {"type": "any"}}
+    assert withhold.withhold_anthropic(body, allowed, (("a",), ("b",))) == ["b"]
+    assert body == {"tools": [{"name": "a"}], "tool_choice": {"type": "any"}}

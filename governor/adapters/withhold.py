@@ -141,7 +141,7 @@ def _openai_choice(cut: _Cut, choice: Any) -> bool:
         # chat: {"allowed_tools": {"mode", "tools"}}; Responses: {"mode", "tools"}
         holder = choice.get("allowed_tools") if "allowed_tools" in choice else choice
         refs = holder.get("tools") if type(holder) is dict else None
-        if type(refs) is not list:
+        if type(refs) is not list or len(refs) > MAX_TOOLS:  # unreadable, or more than any tools array
             return False
         kept = [ref for ref in refs if cut.permits(openai_names(ref))]
         if len(kept) != len(refs):
