@@ -18,6 +18,8 @@ import httpx
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from governor.adapters import withhold
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView
@@ -435,3 +437,47 @@ def test_tool_choice_forms():
     body = {"tools": [{"name": "a"}, {"name": "b"}], "tool_choice": {"type": "any"}}
     assert withhold.withhold_anthropic(body, allowed, (("a",), ("b",))) == ["b"]
     assert body == {"tools": [{"name": "a"}], "tool_choice": {"type": "any"}}
+
+
+# tool entries of any shape, with the names and keys the readers look at
+_NAMES = st.sampled_from(["a", "b", "A", "\uff41", "", "web_search_preview", "function", "custom", "allowed_tools",
+                          "tool"])
+_ENTRY_KEYS = st.sampled_from(["type", "name", "function", "custom", "input_schema", "allowed_tools", "tools"])
+_VALUES = st.recursive(st.none() | st.integers() | _NAMES | st.booleans(),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_ENTRY_KEYS, inner, max_size=4),
+                       max_leaves=12)
+_TOOLS = st.lists(st.dictionaries(_ENTRY_KEYS, _VALUES, max_size=4) | _VALUES, max_size=6)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_TOOLS, _VALUES | _NAMES, st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages"]))
+def test_any_tool_shape_is_refused_or_forwarded_with_only_permitted_names(tools, choice, path):
+    """Whatever the shapes: a BadRequest at open, or a forwarded body whose every tool entry
+    (and tool choice) names only permitted tools as its protocol reads them; never another
+    exception."""
+    from governor.adapters.anthropic import AnthropicAdapter
+
+    allowed = frozenset({"a", "web_search_preview"})
+    body = {"model": "m", "messages": [], "input": "hi", "tools": tools, "tool_choice": choice}
+    adapter = AnthropicAdapter(AdapterConfig()) if path == "/v1/messages" else OpenAIAdapter(AdapterConfig())
+    reader = withhold.named_only if path == "/v1/messages" else withhold.openai_names
+    view = RequestView("POST", "api.example.com", path, {}, json.dumps(body).encode())
+    try:
+        exchange = adapter.open(view, session="s", persona=None)
+    except BadRequest:
+        assert any(reader(t) is None for t in tools) or len(tools) > withhold.MAX_TOOLS
+        return
+    rewritten = adapter.rewrite_request(exchange, Decision(allowed_tools=allowed))
+    sent = json.loads(rewritten) if rewritten is not None else body
+    for tool in sent.get("tools", []):
+        assert set(reader(tool)) <= allowed
+    sent_choice = sent.get("tool_choice")
+    if isinstance(sent_choice, dict) and path == "/v1/messages":
+        assert sent_choice.get("type") != "tool" or sent_choice.get("name") in allowed
+    elif isinstance(sent_choice, dict):
+        if sent_choice.get("type") == "allowed_tools":
+            holder = sent_choice["allowed_tools"] if "allowed_tools" in sent_choice else sent_choice
+            refs = holder["tools"]
+            assert refs and all(set(withhold.openai_names(ref) or ("<unnamed>",)) <= allowed for ref in refs)
+        else:
+            assert set(withhold.openai_names(sent_choice) or ("<unnamed>",)) <= allowed
