@@ -12,6 +12,7 @@ bodies, and the `mcp` SDK's FastMCP tool server for tools/list.
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 
 import httpx
@@ -159,13 +160,17 @@ async def test_declared_tools_go_upstream_untouched_with_no_header(env):
 
 
 @module_loop
-async def test_a_persona_is_offered_only_its_own_tools(env):
+async def test_a_persona_is_offered_only_its_own_tools(env, caplog):
     running, mock, _ = env
     mock.reset()
     body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
             "tools": [chat_tool(DECLARED), chat_tool("read_note"), chat_tool("fetch_paper")]}
-    answer = await _post(running, mock, "/v1/chat/completions", body, "persona", {"ADL-Persona": "searcher"})
+    with caplog.at_level(logging.INFO, logger="governor.proxy"):
+        answer = await _post(running, mock, "/v1/chat/completions", body, "persona", {"ADL-Persona": "searcher"})
     assert answer.status_code == 200 and answer.headers[withhold.HEADER] == "read_note"
+    [line] = [r.getMessage() for r in caplog.records if "withheld" in r.getMessage()]
+    assert line == (f"governor: withheld 1 tool(s) the step may not use from the request of POST "
+                    f"{mock.base_url}/v1/chat/completions in session persona: read_note")
     # the same tools without the persona: the passport declares all three
     await _post(running, mock, "/v1/chat/completions", body, "persona-parent")
     narrowed, parent = mock.requests
