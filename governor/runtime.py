@@ -634,7 +634,7 @@ class Runtime(SessionEvidence):
         held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "") -> dict[str, Any]:
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
@@ -643,7 +643,7 @@ class Runtime(SessionEvidence):
             approval = live.state.approvals.get(approval_id)
             if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
                 raise KeyError(approval_id)
-            step = ApprovalGranted(approval_id, reviewer) if approve else ApprovalRejected(approval_id, reviewer)
+            step = (ApprovalGranted if approve else ApprovalRejected)(approval_id, reviewer, reason)
             decision, _ = await self._apply(live, step, None)
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
@@ -653,6 +653,16 @@ class Runtime(SessionEvidence):
         review = decision.details.get("review", "approved" if approve else "rejected")
         return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
                 "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
+        when no live session knows it. A walk over sessions: for the control plane's error
+        answer only, never per request."""
+        for live in self._sessions.values():
+            approval = live.state.approvals.get(approval_id)
+            if approval is not None and approval_id not in live.pending:
+                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
+        return None
 
     def approvals(self) -> list[dict[str, Any]]:
         return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]

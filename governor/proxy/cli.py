@@ -280,26 +280,45 @@ def ensure_control_token(settings: Any) -> Path | None:
     <data-dir>/control-token (mode 0600), created on first run. Opening sessions and
     lifting locks always need a token; `governor sessions` finds it there. Returns the
     file when the token came from it."""
-    import secrets
-
     if settings.control is None or settings.control_token:
         return None
-    path = settings.data_dir / CONTROL_TOKEN_FILE
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.control_token = _token_file(settings.data_dir / CONTROL_TOKEN_FILE, "control token")
+    return settings.data_dir / CONTROL_TOKEN_FILE
+
+
+REVIEWER_TOKEN_FILE = "reviewer-token"
+
+
+def ensure_reviewer_token(settings: Any) -> Path | None:
+    """With a control plane and no reviewer token configured: the one in
+    <data-dir>/reviewer-token (mode 0600), created on first run, so a reviewer on this
+    machine can answer approvals (`governor approvals` finds it there) instead of every
+    held step timing out. Returns the file when the token came from it."""
+    if settings.control is None or settings.reviewer_tokens:
+        return None
+    token = _token_file(settings.data_dir / REVIEWER_TOKEN_FILE, "reviewer token")
+    settings.reviewer_tokens = (token,)
+    return settings.data_dir / REVIEWER_TOKEN_FILE
+
+
+def _token_file(path: Path, what: str) -> str:
+    """The token in `path` (mode 0600), written with a fresh random one when missing or empty."""
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         token = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         token = ""
     except OSError as exc:
-        raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"{what} file {path}: {exc.strerror or exc}") from None
     if not token:
         token = secrets.token_urlsafe(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(token + "\n")
     os.chmod(path, 0o600)
-    settings.control_token = token
-    return path
+    return token
 
 
 def write_control_file(running: Any) -> None:
@@ -336,7 +355,10 @@ def instructions(running: Any) -> str:
         lines.append(f"  control plane:  {running.control_url}")
         token_file = getattr(running, "control_token_file", None)
         lines.append("  control token:  " + (f"{token_file} (mode 0600)" if token_file else "configured"))
-        lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
+        reviewer_file = getattr(running, "reviewer_token_file", None)
+        lines.append("  approvals:      " + (f"reviewer token {reviewer_file} (mode 0600): governor approvals list "
+                                             f"--data-dir {settings.data_dir}" if reviewer_file else
+                                             f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
                      if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
                      "paused steps can only time out"))
     lines.append(f"  data:           {data}")
@@ -384,6 +406,7 @@ async def _serve_until_stopped(settings: Any) -> int:
     from governor.proxy.server import StartupError, serve
 
     token_file = ensure_control_token(settings)
+    reviewer_file = ensure_reviewer_token(settings)
     try:
         running = await serve(settings)
     except StartupError as exc:
@@ -394,6 +417,7 @@ async def _serve_until_stopped(settings: Any) -> int:
             print(format_report(settings.passport or Path("passport"), exc.report), file=sys.stderr)
         return 1
     running.control_token_file = token_file
+    running.reviewer_token_file = reviewer_file
     write_control_file(running)
     print(instructions(running), flush=True)
     _freeze_startup_objects()
