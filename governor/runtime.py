@@ -41,6 +41,8 @@ from governor.evidence import (
 )
 from governor import stream_budget
 from governor.metrics import Metrics
+from governor.notify import events as notify
+from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
     ApprovalExpired,
@@ -173,6 +175,7 @@ class Runtime(SessionEvidence):
         self._index = SessionIndex()  # sorted ids: the control plane pages through them
         self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -476,6 +479,8 @@ class Runtime(SessionEvidence):
             return _unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
+        if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
+            self.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
         self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -570,6 +575,10 @@ class Runtime(SessionEvidence):
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
+        self.notifier.emit(notify.approval_pending(
+            self.agent_id, live.id, request.id, tool=getattr(step, "tool", None),
+            arguments=getattr(step, "arguments", None), persona=getattr(step, "persona", None),
+            reason=request.reason, trigger=request.trigger, expires_at=iso_utc(request.expires_at)))
         self._pending_metrics()
         self._restate(live)
 
