@@ -294,3 +294,38 @@ async def test_a_redirect_is_not_followed():
         await notifier.close()
         await redirecting.stop()
         await elsewhere.stop()
+
+
+def test_webhook_options_from_the_command_line_the_environment_and_the_config_file(tmp_path):
+    import argparse
+
+    from governor.cli import UsageError
+    from governor.proxy.cli import OPTIONS, resolve
+
+    def args(**values):
+        return argparse.Namespace(**{**{name: None for name in OPTIONS}, **values})
+
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    settings = resolve(args(webhook=["http://127.0.0.1:9/a", "https://hooks.example.com/b"],
+                            webhook_secret_file=str(secret)), {})
+    assert settings.webhooks.urls == ("http://127.0.0.1:9/a", "https://hooks.example.com/b")
+    assert settings.webhooks.secret == SECRET and settings.webhooks.attempts == 5
+    env = {"GOVERNOR_WEBHOOKS": "http://127.0.0.1:9/a, http://127.0.0.1:9/c", "GOVERNOR_WEBHOOK_SECRET": SECRET}
+    assert resolve(args(), env).webhooks.urls == ("http://127.0.0.1:9/a", "http://127.0.0.1:9/c")
+    config = tmp_path / "governor.yaml"
+    config.write_text("webhook: [http://127.0.0.1:9/a]\nwebhook_attempts: 2\nwebhook_timeout: 0.5\n")
+    tuned = resolve(args(config=str(config)), {"GOVERNOR_WEBHOOK_SECRET": SECRET}).webhooks
+    assert (tuned.attempts, tuned.timeout) == (2, 0.5)
+    assert resolve(args(), {}).webhooks is None
+    for bad, env, why in [
+        (args(webhook=["http://127.0.0.1:9/a"]), {}, "needs a secret"),
+        (args(webhook=["ftp://127.0.0.1/a"]), {"GOVERNOR_WEBHOOK_SECRET": SECRET}, "http"),
+        (args(webhook=["http://127.0.0.1:9/a"], webhook_secret_file=str(tmp_path / "missing")), {}, "missing"),
+        (args(webhook=["http://127.0.0.1:9/a"]), {"GOVERNOR_WEBHOOK_SECRET": "short"}, "at least 16"),
+    ]:
+        with pytest.raises(UsageError, match=why):
+            resolve(bad, env)
+    config.write_text("webhook: [http://127.0.0.1:9/a]\nwebhook_attempts: many\n")
+    with pytest.raises(UsageError, match="webhook_attempts must be a number"):
+        resolve(args(config=str(config)), {"GOVERNOR_WEBHOOK_SECRET": SECRET})
