@@ -329,3 +329,19 @@ def test_webhook_options_from_the_command_line_the_environment_and_the_config_fi
     config.write_text("webhook: [http://127.0.0.1:9/a]\nwebhook_attempts: many\n")
     with pytest.raises(UsageError, match="webhook_attempts must be a number"):
         resolve(args(config=str(config)), {"GOVERNOR_WEBHOOK_SECRET": SECRET})
+
+
+def test_the_receiver_snippet_in_the_docs_verifies_what_the_governor_signs():
+    """docs/notifications.md's verification snippet, run as written, agrees with the package."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "notifications.md").read_text()
+    snippet = page.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(snippet, "docs/notifications.md", "exec"), scope)
+    body = orjson.dumps(session_halted("agent", "s", "on_budget_exhausted"))
+    headers = sign(SECRET, body)
+    stamp, signature = headers["ADL-Webhook-Timestamp"], headers["ADL-Webhook-Signature"]
+    assert scope["verify"](SECRET.encode(), body, stamp, signature) is True
+    assert scope["verify"](SECRET.encode(), body + b"x", stamp, signature) is False
+    assert scope["verify"](SECRET.encode(), body, str(int(stamp) - 600), signature) is False
