@@ -575,10 +575,7 @@ class Runtime(SessionEvidence):
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
-        self.notifier.emit(notify.approval_pending(
-            self.agent_id, live.id, request.id, tool=getattr(step, "tool", None),
-            arguments=getattr(step, "arguments", None), persona=getattr(step, "persona", None),
-            reason=request.reason, trigger=request.trigger, expires_at=iso_utc(request.expires_at)))
+        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self._pending_metrics()
         self._restate(live)
 

@@ -40,6 +40,15 @@ def approval_pending(agent: str, session: str, approval_id: str, *, tool: str | 
     }
 
 
+def held_step(agent: str, session: str, request: Any, step: Any) -> dict[str, Any]:
+    """approval_pending of the runtime's own objects: an ApprovalRequest and the held Step."""
+    from governor.evidence import iso_utc
+
+    return approval_pending(agent, session, request.id, tool=getattr(step, "tool", None),
+                            arguments=getattr(step, "arguments", None), persona=getattr(step, "persona", None),
+                            reason=request.reason, trigger=request.trigger, expires_at=iso_utc(request.expires_at))
+
+
 def session_halted(agent: str, session: str, cause: str | None) -> dict[str, Any]:
     return {
         "event": SESSION_HALTED,
