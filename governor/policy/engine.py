@@ -904,6 +904,8 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
         return _timeout(run, approval, late_reviewer=step.reviewer)
     detail = _approval_detail(run, approval, "approved")
     detail["reviewer"] = step.reviewer
+    if step.reason:
+        detail["reason"] = step.reason[:500]
     detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
     return Decision(
         action=Action.CONTINUE, cause=approval.cause, details=detail,
