@@ -134,6 +134,25 @@ def test_a_kill_while_a_journal_is_created_leaves_no_journal_without_a_header(tm
     Journal.create(journal_path(tmp_path, "cut-at-birth"), header("cut-at-birth"), sync=False)
 
 
+def test_a_journal_is_created_whole_without_hard_links_too(tmp_path, monkeypatch):
+    """Where the file system refuses hard links (EPERM), the journal is still created whole, and
+    an existing journal is never replaced."""
+    import errno
+    import os
+
+    def no_links(*args):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = journal_path(tmp_path, "vfat")
+    journal = Journal.create(path, header("vfat"), sync=False)
+    journal.append("on_budget_exhausted", "continue", NOW, {"observed": 1})
+    with pytest.raises(FileExistsError):
+        Journal.create(path, header("vfat"), sync=False)
+    assert Journal.open(path).record.events()[0]["detail"] == {"observed": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["vfat.jsonl"]
+
+
 def test_a_journal_left_without_a_header_by_an_older_governor_is_set_aside(tmp_path):
     """A data directory from before journals were created whole may hold an empty journal, or
     a header cut short: its session never started (nothing was served in it), so it is set

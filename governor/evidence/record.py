@@ -14,6 +14,7 @@ per-line checksum chain.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import math
 import os
@@ -323,8 +324,7 @@ def write_durably(path: Path | str, data: bytes, *, sync_directory: bool = True,
             if sync:
                 os.fsync(fh.fileno())
         if exclusive:
-            os.link(tmp, path)
-            os.unlink(tmp)
+            _link_exclusively(tmp, path)
         else:
             os.replace(tmp, path)
     except BaseException:
@@ -333,6 +333,24 @@ def write_durably(path: Path | str, data: bytes, *, sync_directory: bool = True,
     if sync and sync_directory:
         fsync_directory(path.parent)
     return path
+
+
+def _link_exclusively(tmp: str, path: Path) -> None:
+    """Put `tmp` at `path` unless something is there (FileExistsError): a hard link, which
+    never replaces; on a file system without hard links, a check then a rename (the callers
+    serialize their writers of one path, so nothing comes in between)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def remove_stale_temp_files(directory: Path) -> int:
