@@ -44,7 +44,7 @@ from typing import Any, Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.evidence.errors import EvidenceError
-from governor.evidence.journal import Journal
+from governor.evidence.journal import Journal, has_ended, never_started
 from governor.evidence.record import fsync_directory, iso_utc, record_path, remove_stale_temp_files, write_record
 from governor.evidence.signing import sign_record
 
@@ -56,7 +56,6 @@ ON_SESSION_INTEGRITY = "on_session_integrity"
 GOVERNOR_STOPPED = "governor_stopped"
 PIN_CHANGED = "pin_changed_across_restart"
 WORKERS = 8
-_END_LINE = b'{"kind":"end"'  # how Journal writes an end line (compact JSON, kind first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,32 +105,6 @@ def journal_files(data_dir: Path | str) -> list[Path]:
     except FileNotFoundError:
         return []
     return sorted(directory / name for name in names if name.endswith(".jsonl"))
-
-
-def has_ended(path: Path) -> bool:
-    """Whether the journal's last line is an end line: cheap, no parsing (an unfinished or
-    damaged journal goes through the full read in `finalize_journal`)."""
-    with open(path, "rb") as fh:
-        try:
-            fh.seek(-4096, os.SEEK_END)
-            whole = False
-        except OSError:  # shorter than that
-            fh.seek(0)
-            whole = True
-        tail = fh.read()
-    if not tail.endswith(b"\n"):
-        return False
-    before, newline, last = tail[:-1].rpartition(b"\n")
-    if not newline and not whole:  # the last line starts before the window: read it all
-        return False
-    return last.startswith(_END_LINE)
-
-
-def never_started(path: Path) -> bool:
-    """Whether a journal holds no complete line: its header write never happened (or was cut
-    short), so no step of its session was ever taken."""
-    with open(path, "rb") as fh:
-        return b"\n" not in fh.read(1 << 16)
 
 
 def set_aside_never_started(path: Path) -> Path:
