@@ -57,6 +57,9 @@ class Admission:
     session: str
     ticket: Any = None
     governor_object: dict[str, Any] = field(default_factory=dict)  # machine-readable reason for clients
+    # plan editing (§5.4): a reviewer approved these arguments instead of the agent's; the
+    # proxy sends the request upstream with them (governor.runtime_edit)
+    edited_arguments: dict[str, Any] | None = None
 
 
 class RuntimeAPI(Protocol):
@@ -108,7 +111,8 @@ class RuntimeAPI(Protocol):
 
     def approvals(self) -> list[dict[str, Any]]: ...
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str,
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record and apply a reviewer's answer; KeyError when unknown or already answered."""
 
     async def end_session(self, session: str) -> dict[str, Any]:

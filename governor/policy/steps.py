@@ -210,10 +210,14 @@ class StepDone:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalGranted:
-    """A reviewer approved a paused step (§5); the step is released once, by its digest."""
+    """A reviewer approved a paused step (§5); the step is released once, by its digest.
+
+    `edited_digest`: under plan_editing, the reviewer approved an edited step instead;
+    the approval is then bound to (and releases only) the step with that digest."""
 
     approval_id: str
     reviewer: str
+    edited_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
