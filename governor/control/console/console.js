@@ -207,7 +207,7 @@
       const edit = el("button", { type: "button", class: "edit", text: "Edit arguments" });
       const area = el("textarea", { class: "edited", spellcheck: false });
       area.value = pretty(approval.arguments || {});
-      const send = el("button", { type: "button", class: "approve", text: "Approve edited step" });
+      const send = el("button", { type: "button", class: "approve-edited", text: "Approve edited step" });
       const cancel = el("button", { type: "button", text: "Cancel" });
       editor = el("div", { class: "editor", hidden: true },
         el("label", { text: "Edited arguments (JSON object): the approval binds to the edited step" }), area,
