@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
+import httpx
 import pytest
 from mcp.shared.exceptions import McpError
 
@@ -104,29 +104,6 @@ async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_
         assert (await page.locator("#verdict").text_content()).startswith("Valid enforcement record")
 
 
-async def test_an_edit_is_refused_where_the_passport_says_approve_reject(tmp_path):
-    async with console_world(tmp_path, intervention_model="approve_reject") as world:
-        token = await world.open_session("no edits")
-        async with world.agent(token) as agent:
-            call = asyncio.create_task(agent.call_tool("delete_note", {"path": "/notes/x.md"}))
-            [approval] = await world.pending()
-            assert approval["plan_editing"] is False
-            async with aiohttp.ClientSession() as http:
-                url = f"{world.url}/v1/approvals/{approval['id']}"
-                headers = {"Authorization": f"Bearer {REVIEWER_TOKEN}"}
-                async with http.post(url, headers=headers, json={"decision": "approve", "reviewer": "r",
-                                                                 "edited_arguments": {"path": "/x"}}) as resp:
-                    assert resp.status == 409 and (await resp.json())["error"]["code"] == "plan_editing_not_declared"
-                async with http.post(url, headers=headers, json={"decision": "reject", "reviewer": "r",
-                                                                 "edited_arguments": {"path": "/x"}}) as resp:
-                    assert resp.status == 400
-                assert world.runtime.approvals()  # still pending: approve it as it is
-                async with http.post(url, headers=headers, json={"decision": "approve", "reviewer": "r"}) as resp:
-                    assert resp.status == 200
-            await asyncio.wait_for(call, 30)
-        assert world.server.calls == [("delete_note", {"path": "/notes/x.md"})]
-
-
 XSS_ARGUMENTS = {
     "to": "<script>window.__pwned = 'script'; alert('script')</script>",
     "subject": "<img src=x onerror=\"window.__pwned='img'; alert('img')\">",
@@ -188,30 +165,23 @@ async def test_a_wrong_token_is_refused_and_the_token_never_reaches_a_url_or_coo
         assert (await browser.cookies()) == []
 
 
-async def test_the_guard_still_refuses_other_origins_and_non_json_for_the_console_api(tmp_path):
-    async with console_world(tmp_path) as world:
-        token = await world.open_session("guarded")
-        async with world.agent(token) as agent:
-            call = asyncio.create_task(agent.call_tool("delete_note", {"path": "/notes/g.md"}))
-            [approval] = await world.pending()
-            url = f"{world.url}/v1/approvals/{approval['id']}"
-            auth = {"Authorization": f"Bearer {REVIEWER_TOKEN}"}
-            async with aiohttp.ClientSession() as http:
-                async with http.post(url, json={"decision": "approve", "reviewer": "r"},
-                                     headers={**auth, "Origin": "http://evil.example"}) as resp:
-                    assert resp.status == 403
-                async with http.post(url, data="decision=approve&reviewer=r",
-                                     headers={**auth, "Content-Type": "application/x-www-form-urlencoded"}) as resp:
-                    assert resp.status == 415
-                async with http.get(f"{world.url}/console/", headers={"Host": "evil.example"}) as resp:
-                    assert resp.status == 421
-                async with http.get(f"{world.url}/v1/token", headers={"Authorization": "Bearer wrong-token-000000"}) as resp:
-                    assert resp.status == 401
-                async with http.get(f"{world.url}/console/%2e%2e%2fauth.py") as resp:
-                    assert resp.status == 404
-                assert world.runtime.approvals()  # none of that answered it
-                origin = world.url  # the page's own origin is let through
-                async with http.post(url, json={"decision": "approve", "reviewer": "r"},
-                                     headers={**auth, "Origin": origin, "Sec-Fetch-Site": "same-origin"}) as resp:
-                    assert resp.status == 200
-            await asyncio.wait_for(call, 30)
+async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path):
+    async with console_world(tmp_path) as world, chromium() as browser:
+        token = await world.open_session("swaps its passport")
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "read_note", "arguments": {"path": "/notes/l.md"}}}
+        async with httpx.AsyncClient(proxy=world.governor.proxy_url, trust_env=False, timeout=30) as agent:
+            # a passport other than the pinned one: a session-integrity halt, which locks the agent
+            swapped = await agent.post(world.server.url, json=call, headers={
+                "ADL-Session": token, "ADL-Passport": "sha256=" + "A" * 43,
+                "Accept": "application/json, text/event-stream"})
+        assert swapped.status_code == 403
+        page = await browser.new_page()
+        await sign_in(page, world, name="Lee Lifter")
+        row = page.locator("tr[data-lock]")
+        await row.locator("button.lift").wait_for(timeout=15_000)
+        assert "on_session_integrity" in await row.text_content()
+        await row.locator("button.lift").click()
+        await row.filter(has_text="lifted by Lee Lifter").wait_for(timeout=10_000)
+        locks = await world.get("/v1/locks")
+        assert locks["locked"] is False and locks["locks"][0]["lifted_by"] == "Lee Lifter"
