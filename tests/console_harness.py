@@ -162,8 +162,8 @@ async def screenshots(out: Path, tmp: Path) -> None:
             await page.locator("article.approval").wait_for(state="detached")
             await page.locator("tr[data-session]", has_text="nightly notes cleanup").locator("button.open-record").click()
             await page.locator("#verdict").wait_for()
-            await page.locator("#sessions").scroll_into_view_if_needed()
-            await page.screenshot(path=str(out / "console-sessions.png"), full_page=True)
+            await page.evaluate("document.querySelector('#sessions').parentElement.scrollIntoView()")
+            await page.screenshot(path=str(out / "console-sessions.png"))
 
 
 if __name__ == "__main__":
