@@ -77,3 +77,29 @@ def test_a_model_proposed_call_or_an_approve_reject_passport_cannot_be_edited():
     with pytest.raises(EditRefused) as declared:
         edited_step(Driver(APPROVE_REJECT).limits, ToolCall("delete_note", {"path": "/a"}), {"path": "/b"})
     assert declared.value.code == "plan_editing_not_declared"
+
+
+async def test_the_runtime_refuses_to_edit_a_model_proposed_call_and_keeps_it_pending(tmp_path):
+    import asyncio
+
+    from tests.console_harness import passport as console_passport
+    from tests.control_harness import real_runtime
+
+    runtime, _ = real_runtime(console_passport(), tmp_path)
+    try:
+        proposed = ToolCall("delete_note", {"path": "/notes/m.md"}, origin="model")
+        held = await runtime.admit("s-1", proposed)
+        assert held.decision.action is Action.PAUSE
+        [view] = runtime.approvals()
+        assert view["plan_editing"] is False
+        with pytest.raises(EditRefused) as refused:
+            await runtime.resolve_approval(view["id"], True, "r", edited_arguments={"path": "/notes/n.md"})
+        assert refused.value.code == "not_editable"
+        assert [a["id"] for a in runtime.approvals()] == [view["id"]]
+        waiting = asyncio.create_task(runtime.await_approval("s-1", view["id"]))
+        answer = await runtime.resolve_approval(view["id"], True, "r")
+        released = await asyncio.wait_for(waiting, 10)
+        assert answer["edited"] is False and not released.decision.blocks
+        assert released.edited_arguments is None  # the proxy sends the agent's request unchanged
+    finally:
+        await runtime.close()
