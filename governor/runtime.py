@@ -41,6 +41,8 @@ from governor.evidence import (
 )
 from governor import stream_budget
 from governor.metrics import Metrics
+from governor.notify import events as notify
+from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
     ApprovalExpired,
@@ -176,6 +178,7 @@ class Runtime(SessionEvidence):
         self._index = SessionIndex()  # sorted ids: the control plane pages through them
         self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -479,6 +482,8 @@ class Runtime(SessionEvidence):
             return _unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
+        if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
+            self.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
         self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -573,6 +578,7 @@ class Runtime(SessionEvidence):
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
+        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self._pending_metrics()
         self._restate(live)
 
@@ -642,11 +648,12 @@ class Runtime(SessionEvidence):
         held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str,
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
                                edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Answer a pending approval; `edited_arguments` (plan editing, approve only) approves
-        the held step with those arguments instead. Raises KeyError (not pending) or
-        runtime_edit.EditRefused (an edit the passport or the step does not allow)."""
+        """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
+        (plan editing, approve only) approves the held step with those arguments instead.
+        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
+        the step does not allow)."""
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
@@ -661,9 +668,10 @@ class Runtime(SessionEvidence):
                     raise EditRefused("edit_needs_approve", "edited arguments go with an approval, not a rejection")
                 edited = edited_step(live.limits, pending.step, edited_arguments)
             if approve:
-                step = ApprovalGranted(approval_id, reviewer, step_digest(edited) if edited is not None else None)
+                step = ApprovalGranted(approval_id, reviewer, reason,
+                                       edited_digest=step_digest(edited) if edited is not None else None)
             else:
-                step = ApprovalRejected(approval_id, reviewer)
+                step = ApprovalRejected(approval_id, reviewer, reason)
             decision, _ = await self._apply(live, step, None)
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
@@ -680,6 +688,16 @@ class Runtime(SessionEvidence):
             answer.update(original_step_digest=decision.details.get("original_step_digest"),
                           step_digest=decision.details.get("step_digest"))
         return answer
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
+        when no live session knows it. A walk over sessions: for the control plane's error
+        answer only, never per request."""
+        for live in self._sessions.values():
+            approval = live.state.approvals.get(approval_id)
+            if approval is not None and approval_id not in live.pending:
+                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
+        return None
 
     def approvals(self) -> list[dict[str, Any]]:
         return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]

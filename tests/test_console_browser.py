@@ -65,6 +65,7 @@ async def test_a_rejection_through_the_page_refuses_the_step_and_the_tool_never_
             call = asyncio.create_task(agent.call_tool("send_email", {"to": "all@example.org", "subject": "s",
                                                                       "body": "b"}))
             await page.locator(CARD).wait_for(timeout=15_000)
+            await page.locator(f"{CARD} input.note").fill("no mass mail <b>today</b>")
             await page.locator(f"{CARD} button.reject").click()
             with pytest.raises(McpError) as refused:
                 await asyncio.wait_for(call, 30)
@@ -74,6 +75,7 @@ async def test_a_rejection_through_the_page_refuses_the_step_and_the_tool_never_
         session = (await world.get("/v1/sessions"))["sessions"][0]["session"]
         rejected = [e for e in await _events(world, session) if e["detail"].get("review") == "rejected"]
         assert rejected and rejected[0]["detail"]["reviewer"] == "Rui Reviewer"
+        assert rejected[0]["detail"]["reason"] == "no mass mail <b>today</b>"
 
 
 async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_digests(tmp_path):

@@ -20,7 +20,7 @@ def test_an_edited_approval_releases_the_edited_step_once_and_never_the_original
     original = ToolCall("send_email", {"to": "everyone@example.com"})
     edited = ToolCall("send_email", {"to": "team@example.com"})
     request = driver.run(original).approval
-    granted = driver.run(ApprovalGranted(request.id, "alice", step_digest(edited)))
+    granted = driver.run(ApprovalGranted(request.id, "alice", edited_digest=step_digest(edited)))
     detail = granted.event["detail"]
     assert granted.action is Action.CONTINUE and detail["edited"] is True
     assert detail["original_step_digest"] == step_digest(original) == request.step_digest
@@ -36,7 +36,7 @@ def test_an_edited_approval_releases_the_edited_step_once_and_never_the_original
 def test_the_pdp_refuses_an_edit_the_passport_does_not_allow():
     driver = Driver(APPROVE_REJECT)
     request = driver.run(ToolCall("send_email", {"to": "x"})).approval
-    refused = driver.run(ApprovalGranted(request.id, "alice", step_digest(ToolCall("send_email", {"to": "y"}))))
+    refused = driver.run(ApprovalGranted(request.id, "alice", edited_digest=step_digest(ToolCall("send_email", {"to": "y"}))))
     assert refused.action is Action.DENY and "plan_editing" in refused.details["reason"]
     assert driver.state.approvals[request.id].status == "pending"  # still answerable as it is
 

@@ -911,6 +911,8 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
             "approval_id": step.approval_id, "reason": "the passport's intervention_model is not plan_editing"})
     detail = _approval_detail(run, approval, "approved")
     detail["reviewer"] = step.reviewer
+    if step.reason:
+        detail["reason"] = step.reason[:500]
     detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
     if step.edited_digest is not None:  # both digests recorded: what the agent asked, what was approved
         detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)

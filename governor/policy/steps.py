@@ -217,6 +217,7 @@ class ApprovalGranted:
 
     approval_id: str
     reviewer: str
+    reason: str = ""  # the reviewer's note, recorded with the approval
     edited_digest: str | None = None
 
 

@@ -199,10 +199,11 @@
     const problem = el("p", { class: "error", role: "alert" });
     const approve = el("button", { type: "button", class: "approve", text: "Approve" });
     const reject = el("button", { type: "button", class: "reject", text: "Reject" });
-    const actions = el("div", { class: "actions" }, approve, reject);
+    const note = el("input", { type: "text", class: "note", placeholder: "note (optional, recorded)", maxLength: 500 });
+    const actions = el("div", { class: "actions" }, note, approve, reject);
     const editable = Boolean(approval.plan_editing);
     let editor = null;
-    const buttons = [approve, reject];
+    const buttons = [approve, reject, note];
     if (editable) {
       const edit = el("button", { type: "button", class: "edit", text: "Edit arguments" });
       const area = el("textarea", { class: "edited", spellcheck: false });
@@ -236,6 +237,7 @@
       problem.textContent = "";
       for (const button of buttons) button.disabled = true;
       const body = { decision, reviewer };
+      if (note.value.trim()) body.reason = note.value.trim();
       if (edited !== undefined) body.edited_arguments = edited;
       try {
         const result = await api("POST", "/v1/approvals/" + encodeURIComponent(id), body);
@@ -244,7 +246,7 @@
         if (editor) editor.hidden = true;
       } catch (failure) {
         if (failure.status === 401) { signOut("Your token was refused; sign in again."); return; }
-        problem.textContent = failure.code === "approval_not_pending"
+        problem.textContent = failure.code === "approval_not_pending" || failure.code === "approval_answered"
           ? "This approval is no longer pending (answered elsewhere or timed out)."
           : "Not answered: " + failure.message;
         for (const button of buttons) button.disabled = !canAnswer;
