@@ -62,6 +62,7 @@ from governor.policy import (
     decide,
     governor_error,
     quiet_model_call,
+    step_tools,
     quiet_settlement,
     step_digest,
 )
@@ -730,11 +731,7 @@ class Runtime(SessionEvidence):
 
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
         live = self._sessions.get(session)
-        limits = live.limits if live is not None else self.limits
-        if persona is not None:
-            declared = limits.personas.get(persona)
-            return declared.tools if declared is not None else frozenset()
-        return limits.parent_tools or None
+        return step_tools(live.limits if live is not None else self.limits, persona)
 
     # --- session end, records ----------------------------------------------------------
 
