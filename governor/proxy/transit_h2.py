@@ -50,7 +50,8 @@ _tasks: set[asyncio.Task] = set()  # injections in progress (kept from the garba
 
 class _Injector:
     """Stands, for one Wakeup, where the flow's stream would in its HttpLayer: the commands
-    it yields are the HttpLayer's to route (ReceiveHttp to the stream, SendData out)."""
+    it yields are the HttpLayer's to route (ReceiveHttp to the flow's stream, SendHttp to
+    the upstream connection's layers)."""
 
     def __init__(self, work: Callable[[], Iterator[commands.Command]]) -> None:
         self.work = work
