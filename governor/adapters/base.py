@@ -322,6 +322,12 @@ class Adapter(abc.ABC):
         """The request body to send upstream once admitted, or None to send it unchanged."""
         return None
 
+    def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
+        """Plan editing (governor.runtime_edit): make the request carry the tool arguments a
+        reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
+        refuses the request rather than send what was not approved)."""
+        return False
+
     @abc.abstractmethod
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
