@@ -427,6 +427,10 @@ def _budget(
             if type(run.step) is UsageReport:
                 detail["actual"] = True
                 detail["final"] = run.step.final  # type: ignore[attr-defined]
+                # the call's own figures: what it used (so far, mid-stream) and what it had reserved;
+                # `observed` is then the rest of the session, `projected` the session's use with it
+                detail["call_used"] = amount
+                detail["call_reserved"] = held
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         if m.warn_at is not None and projected >= m.warn_at:
             _warn(run, m, projected, warnings)
