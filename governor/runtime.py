@@ -41,6 +41,8 @@ from governor.evidence import (
 )
 from governor import stream_budget
 from governor.metrics import Metrics
+from governor.notify import events as notify
+from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
     ApprovalExpired,
@@ -60,13 +62,16 @@ from governor.policy import (
     decide,
     governor_error,
     quiet_model_call,
+    step_tools,
     quiet_settlement,
+    step_digest,
 )
 from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
+from governor.runtime_edit import EditRefused, editable, edited_step
 from governor.runtime_sessions import SessionEvidence
 from governor.sessions import HOW_TO_OPEN
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
@@ -106,6 +111,7 @@ class _Pending:
     reason: str
     trigger: str
     held_at: float = 0.0  # when the step was paused (the approval wait histogram)
+    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
 
 
 @dataclass(slots=True)
@@ -173,6 +179,7 @@ class Runtime(SessionEvidence):
         self._index = SessionIndex()  # sorted ids: the control plane pages through them
         self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -476,6 +483,8 @@ class Runtime(SessionEvidence):
             return _unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
+        if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
+            self.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
         self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -570,10 +579,12 @@ class Runtime(SessionEvidence):
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
+        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self._pending_metrics()
         self._restate(live)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
+        edited: dict[str, Any] | None = None  # plan editing: the arguments the reviewer approved
         while True:
             live = self._sessions.get(session)
             pending = live.pending.get(approval_id) if live is not None else None
@@ -587,9 +598,13 @@ class Runtime(SessionEvidence):
                 answered = await self._expire(live, approval_id)
                 approved = False
             if approved:
+                if pending.edited:  # (an edited step is a ToolCall)
+                    edited = dict(pending.step.arguments)  # type: ignore[attr-defined]
                 answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
             decision = answered.decision
             if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
+                if edited is not None and not decision.blocks:
+                    answered.edited_arguments = edited
                 return answered
             # released from one pause into another (a second trigger, an anomaly, a declared
             # re-review on timeout): the request stays held for that review too
@@ -634,7 +649,12 @@ class Runtime(SessionEvidence):
         held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
+        (plan editing, approve only) approves the held step with those arguments instead.
+        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
+        the step does not allow)."""
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
@@ -643,16 +663,42 @@ class Runtime(SessionEvidence):
             approval = live.state.approvals.get(approval_id)
             if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
                 raise KeyError(approval_id)
-            step = ApprovalGranted(approval_id, reviewer) if approve else ApprovalRejected(approval_id, reviewer)
+            edited = None
+            if edited_arguments is not None:
+                if not approve:
+                    raise EditRefused("edit_needs_approve", "edited arguments go with an approval, not a rejection")
+                edited = edited_step(live.limits, pending.step, edited_arguments)
+            if approve:
+                step = ApprovalGranted(approval_id, reviewer, reason,
+                                       edited_digest=step_digest(edited) if edited is not None else None)
+            else:
+                step = ApprovalRejected(approval_id, reviewer, reason)
             decision, _ = await self._apply(live, step, None)
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
             granted = approve and decision.action is Action.CONTINUE
+            if granted and edited is not None:  # the held request goes on as the reviewer edited it
+                pending.step, pending.edited = edited, True
             self._answer(live, approval_id, granted, None if granted else admission,
                          "approved" if approve else "rejected")
         review = decision.details.get("review", "approved" if approve else "rejected")
-        return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
-                "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
+        answer = {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
+                  "reviewer": reviewer, "outcome": review, "governor": admission.governor_object,
+                  "edited": edited is not None}
+        if edited is not None:
+            answer.update(original_step_digest=decision.details.get("original_step_digest"),
+                          step_digest=decision.details.get("step_digest"))
+        return answer
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
+        when no live session knows it. A walk over sessions: for the control plane's error
+        answer only, never per request."""
+        for live in self._sessions.values():
+            approval = live.state.approvals.get(approval_id)
+            if approval is not None and approval_id not in live.pending:
+                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
+        return None
 
     def approvals(self) -> list[dict[str, Any]]:
         return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
@@ -668,6 +714,7 @@ class Runtime(SessionEvidence):
                 "persona": getattr(pending.step, "persona", None),
                 "step_digest": approval.step_digest if approval else None,
                 "expires_at": iso_utc(pending.expires_at),
+                "plan_editing": editable(live.limits, pending.step),
             })
         return out
 
@@ -684,11 +731,7 @@ class Runtime(SessionEvidence):
 
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
         live = self._sessions.get(session)
-        limits = live.limits if live is not None else self.limits
-        if persona is not None:
-            declared = limits.personas.get(persona)
-            return declared.tools if declared is not None else frozenset()
-        return limits.parent_tools or None
+        return step_tools(live.limits if live is not None else self.limits, persona)
 
     # --- session end, records ----------------------------------------------------------
 
