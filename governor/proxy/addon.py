@@ -1015,17 +1015,28 @@ def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: boo
 def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
     """The request's ADL-* headers by lower-case name (repeats folded as `Headers.get` folds
     them) and whether it has a Content-Encoding: one pass over the raw fields instead of a
-    case-insensitive lookup per header."""
+    case-insensitive lookup per header. Repeats are joined once at the end: folding them
+    one by one copied the growing value per repeat (tens of thousands of repeats in a 1 MiB
+    head: ~0.7 s of the event loop for one request)."""
     found: dict[str, str] = {}
+    repeated: dict[str, list[str]] | None = None
     encoded = False
     for name, value in fields:
         prefix = name[:4].lower()
         if prefix == _GOVERNOR_PREFIX:
             key = name.decode("utf-8", "surrogateescape").lower()
             text = value.decode("utf-8", "surrogateescape")
-            found[key] = f"{found[key]}, {text}" if key in found else text
+            if key in found:
+                if repeated is None:
+                    repeated = {}
+                repeated.setdefault(key, [found[key]]).append(text)
+            else:
+                found[key] = text
         elif prefix == b"cont" and name.lower() == b"content-encoding":
             encoded = True
+    if repeated is not None:
+        for key, values in repeated.items():
+            found[key] = ", ".join(values)
     return found, encoded
 
 
