@@ -19,6 +19,12 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   model asked for awaits admission): the upstream's end-of-message is kept until
   the gate is released, so the client never sees a clean end before the verdict.
 
+* `ping(proxyserver, flow, data)` — send `data` down a streamed response now, between the
+  upstream's chunks (an SSE comment keeping a stream held for a reviewer alive). It goes
+  as an injected message (mitmproxy routes those through every layer, TLS included, to
+  the flow's stream) that the stream turns into response data: the stream callable and
+  the client's framing are mitmproxy's own.
+
 * `answer(proxyserver, flow, raw)` — no response headers yet (a hung upstream). The upstream
   reader is handed a complete HTTP/1.1 response (the governor's error in the
   provider's format) as if the upstream had sent it, and the upstream connection
@@ -34,13 +40,15 @@ The tests in tests/test_proxy_transit.py pin this behaviour.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import h11
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import http
 from mitmproxy.proxy import events, layer
-from mitmproxy.proxy.layers.http import HttpLayer
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, ResponseData
+from mitmproxy.proxy.layers.http._base import HttpEvent
 from mitmproxy.proxy.layers.http._http1 import Http1Client
 
 logger = logging.getLogger(__name__)
@@ -153,6 +161,46 @@ def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
     installed = Gate(handler, flow, client.body_reader, client)
     client.body_reader = installed  # type: ignore[assignment]
     return installed
+
+
+@dataclass
+class _Ping(events.MessageInjected, HttpEvent):
+    """Data for a flow's client: routed like an injected message, accepted by the HTTP stream."""
+
+
+def _http_stream(handler: Any, flow: http.HTTPFlow) -> HttpStream | None:
+    for node in _layers(handler.layer):
+        if isinstance(node, HttpStream) and getattr(node, "flow", None) is flow:
+            return node
+    return None
+
+
+async def ping(proxyserver: Any, flow: http.HTTPFlow, data: bytes) -> bool:
+    """Send `data` to the client of a streamed response as if the upstream had sent it
+    (through the stream callable). False when the response is not streaming any more."""
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live:
+        return False
+    stream = _http_stream(handler, flow)
+    if stream is None or stream.server_state != stream.state_stream_response_body:
+        return False
+    streaming = stream.server_state
+
+    def inject(event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.MessageInjected) and event.flow is flow:
+            stream.server_state = streaming
+            yield from streaming(ResponseData(stream.stream_id, data))
+        else:  # whatever else comes first is the stream's as usual
+            yield from streaming(event)
+
+    stream.server_state = inject
+    try:
+        await handler.server_event(_Ping(stream.stream_id, flow, data))
+    finally:
+        if stream.server_state is inject:  # not delivered (the stream moved on): nothing sent
+            stream.server_state = streaming
+            return False
+    return True
 
 
 def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
