@@ -12,14 +12,27 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
+import orjson
 
 from tests.proxy_harness import AGENT_NAMED
-from tests.upstreams import MockLLM, make_tls
+from tests.upstreams import Behaviour, MockLLM, make_tls
 
 REVIEWER = "reviewer-token-for-oversight-holds-0123456789"
 DELETE = ("delete_note", {"path": "/workspace/notes/old.md"})
 TOOLS = [{"type": "function", "function": {"name": "delete_note", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+class ToolThenText(MockLLM):
+    """The model of a one-step agent: asks for delete_note, and once the conversation carries
+    the tool's result, answers with text. Chosen by the request, so concurrent sessions each
+    get their own turn."""
+
+    def _next(self) -> Behaviour:
+        body = orjson.dumps(self.requests[-1].body) if self.requests else b""
+        if b'"role":"tool"' in body or b'"tool_result"' in body:
+            return Behaviour(text="notes tidied")
+        return Behaviour(tool_calls=(DELETE,))
 
 
 @dataclass
@@ -29,8 +42,9 @@ class World:
     control: httpx.AsyncClient
     sdk_env: dict[str, str]
 
-    def upstream_calls(self, session: str) -> int:
-        return len(self.mock.requests)  # each test resets the mock
+    def calls(self, tag: str) -> int:
+        """Model calls whose conversation names `tag` (the tests put the session in the prompt)."""
+        return sum(tag.encode() in orjson.dumps(r.body) for r in self.mock.requests)
 
     async def view(self, session: str) -> dict[str, Any]:
         resp = await self.control.get(f"/v1/sessions/{session}")
@@ -95,7 +109,7 @@ async def oversight_world(tmp: Path, **settings: Any) -> AsyncIterator[World]:
     from governor.proxy.server import Settings, serve
 
     tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
+    mock = ToolThenText(tls)
     await mock.start()
     options = dict(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
                    upstream_ca=tls.ca_file, reviewer_tokens=(REVIEWER,), tick_interval=0.5, **AGENT_NAMED)
