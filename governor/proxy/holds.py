@@ -141,6 +141,8 @@ class Holds:
         return hold
 
     def _answered(self, hold: Hold) -> None:
+        if hold.done_at is not None:
+            return
         hold.done_at = time.monotonic()
         try:
             hold.answer = hold.task.result()
@@ -178,6 +180,8 @@ class Holds:
         if not hold.task.done():
             flow.response = pending(hold, self.retry_after)
             return "pending"
+        if hold.done_at is None:  # done, its callback not run yet
+            self._answered(hold)
         answer = hold.answer
         flow.response = answer.copy() if answer is not None else failed()
         if flow.client_conn.connected:  # delivered (a client that left takes nothing)
