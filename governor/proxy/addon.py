@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from mitmproxy import ctx, http
 
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
-from governor.adapters import sse
+from governor.adapters import sse, withhold
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -314,6 +314,8 @@ class Governor:
         if self.metrics is not None:
             self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started, response.status_code)
         exchange = flight.exchange
+        if exchange.state.get("withheld"):  # the client learns which offered tools the model never saw
+            response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
         try:
             watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
         except Exception:
@@ -502,6 +504,8 @@ class Governor:
         exchange.decision = main if main is not None else (admissions[first].decision if len(admissions) > first else None)
 
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
+        if "withheld" in exchange.state:
+            _log_withheld(flow, exchange, "request")
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None
@@ -733,6 +737,9 @@ class Governor:
                 return
         if observation.replace_body is not None and flow.response is not None:
             flow.response.content = observation.replace_body
+            if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
+                flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
+                _log_withheld(flow, exchange, "answer")
 
     async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
                            admission: Admission) -> None:
@@ -1030,6 +1037,14 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _log_withheld(flow: http.HTTPFlow, exchange: Exchange, where: str) -> None:
+    withheld = exchange.state["withheld"]
+    if withheld:
+        log.info("governor: withheld %d tool(s) the step may not use from the %s of %s %s in session %s: %s",
+                 len(withheld), where, flow.request.method, flow.request.pretty_url, exchange.session,
+                 withhold.rendered(withheld))
 
 
 def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,
