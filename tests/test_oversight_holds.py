@@ -11,6 +11,8 @@ rejection is a clean 403; a different request is not attached; the kept answer i
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import pytest_asyncio
 
@@ -188,3 +190,44 @@ async def test_a_request_is_named_by_everything_but_its_headers():
         assert holds.request_key(*changed) != key, i
     # no ambiguity where one field ends and the next begins
     assert holds.request_key("ab", None, "c", "h", 1, "/", b"") != holds.request_key("a", None, "bc", "h", 1, "/", b"")
+
+
+async def test_a_held_streams_identical_request_is_told_the_review_is_pending_not_sent_to_the_model(world):
+    import ssl
+
+    import httpx
+
+    body = {"model": "gpt-4o-mini", "max_tokens": 64, "stream": True, "tools": TOOLS,
+            "messages": [{"role": "user", "content": "tidy the notes of gave-up"}]}
+    headers = {"ADL-Session": "gave-up", "x-stainless-read-timeout": "2"}
+    url = f"{world.mock.base_url}/v1/chat/completions"
+    reviewer = Reviewer(world, "gave-up", 3.5)
+    async with httpx.AsyncClient(proxy=world.running.proxy_url, verify=ssl.create_default_context(cafile=str(world.running.ca_file)),
+                                 trust_env=False, timeout=10) as agent:
+        async with agent.stream("POST", url, headers=headers, json=body) as first:
+            lines = first.aiter_lines()
+            while (line := await anext(lines)) != ": waiting for review":  # kept alive, then given up
+                pass
+        reviewer.start()
+        try:
+            again = await agent.post(url, headers=headers, json=body)  # held 1.4 s (its 2 s timeout)
+            assert again.status_code == 429, again.text
+            gov = again.json()["error"]["governor"]
+            assert gov["cause"] == "review_pending" and again.headers["retry-after"] == "10"
+            for _ in range(150):  # approved (bounded wait), to the stream nobody reads
+                if reviewer.answered:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await reviewer.stop()
+        assert gov["approval_id"] == reviewer.answered[0]
+        assert await _counted(world, "gave-up") == (1, 1, 1)  # the retry reached no model
+        # the review is over: the identical stream is a new step (a stream is not replayed)
+        await asyncio.sleep(0.5)
+        async with agent.stream("POST", url, headers=headers, json=body) as later:
+            assert later.status_code == 200
+            lines = later.aiter_lines()
+            while (line := await anext(lines)) != ": waiting for review":  # held for a new review
+                pass
+        assert world.calls("gave-up") == 2
+        assert len(await world.pauses("gave-up")) == 2

@@ -473,9 +473,8 @@ class Governor:
             return
         held = self.holds.find(session, lambda: holds.request_key(
             session, exchange.persona, request.method, request.host, request.port, request.path, view.content))
-        if held is not None:  # a retry of a request whose answer awaits a reviewer: no new step
-            await self._serve_held(flow, held, adapter, exchange)
-            return
+        if held is not None and await self._serve_held(flow, held, adapter, exchange):
+            return  # a retry of a request whose answer awaits (or awaited) a reviewer: no new step
 
         admissions = admitted
         if activity is not None:  # the persona instance first: its first request spawns it
@@ -771,14 +770,33 @@ class Governor:
         held = self.holds.start(key, session, approval.id, admission.governor_object.get("expires_at"), review())
         await self._serve_held(flow, held, exchange.adapter, exchange)
 
-    async def _serve_held(self, flow: http.HTTPFlow, held: holds.Hold, adapter: Adapter, exchange: Exchange) -> None:
+    async def _held_stream(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay, step: Step,
+                           admission: Admission) -> Admission:
+        """A streamed answer held for a reviewer stays on its connection (kept alive); the
+        identical request meanwhile is answered 429 review_pending, not sent to the model
+        (a stream cannot be replayed to it: once the review is over it is a new step)."""
+        exchange = flight.exchange
+        request = flow.request
+        approval = admission.decision.approval
+        assert approval is not None
+        key = holds.request_key(exchange.session, exchange.persona, request.method, request.host, request.port,
+                                request.path, flight.body)
+        held = self.holds.start(key, exchange.session, approval.id, admission.governor_object.get("expires_at"),
+                                self._reviewed(exchange.session, step, admission, relay))
+        return await asyncio.shield(held.task)
+
+    async def _serve_held(self, flow: http.HTTPFlow, held: holds.Hold, adapter: Adapter, exchange: Exchange) -> bool:
+        """Answer `flow` from a hold; False when it has nothing to answer with (a stream's)."""
         session = exchange.session
         served = await self.holds.serve(
             flow, held, lambda hold, retry_after: holds.pending_response(adapter, exchange, session, hold, retry_after),
             lambda: _response(adapter.error_response(503, "governor: the review could not be completed",
                                                      _governor_error_object(session), exchange), "deny"))
+        if served == "gone":
+            return False
         log.info("governor: %s %s in session %s: %s for approval %s", flow.request.method, flow.request.pretty_url,
                  session, "review outcome" if served == "answer" else "review pending (429)", held.approval_id)
+        return True
 
     async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
         """An answer the governor cannot read within its bounds (a decompression bomb, an
@@ -867,7 +885,7 @@ class Governor:
                 step = relay.pending_steps.pop(0)
                 admission = await self.runtime.admit(session, step)
                 if _paused(admission):
-                    admission = await self._reviewed(session, step, admission, relay)
+                    admission = await self._held_stream(flow, flight, relay, step, admission)
                 await self._release(session, admission.ticket)
                 held = id(step) in relay.held_steps
                 relay.held_steps.discard(id(step))

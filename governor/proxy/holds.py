@@ -20,7 +20,9 @@ method, host, path and the body the agent sent, hashed):
 
 A held stream has already sent its headers: it stays on its connection, kept alive by SSE
 comment lines (`: waiting for review`) that every SSE client ignores and that reset the
-client's read timeout (see `keep_alive`).
+client's read timeout (see `keep_alive`). The identical request meanwhile (its client gave up
+on the stream) is answered 429 too; a stream cannot be replayed, so once the review is over
+the identical request is a new step.
 
 Cheap on the request path: a session with no hold costs one dict lookup; the request is
 hashed only in a session that has one.
@@ -107,6 +109,7 @@ class Hold:
     done_at: float | None = None
     taken: bool = False
     answer: http.Response | None = None
+    replayable: bool = True  # False: the review's result is not an answer to give (a held stream's)
 
 
 @dataclass
@@ -126,9 +129,9 @@ class Holds:
         self._sweep()
         return self.by_key.get(key_of())
 
-    def start(self, key: bytes, session: str, approval_id: str, expires_at: Any,
-              review: Awaitable[http.Response]) -> Hold:
-        """A held answer: `review` waits for the reviewer and makes the answer."""
+    def start(self, key: bytes, session: str, approval_id: str, expires_at: Any, review: Awaitable[Any]) -> Hold:
+        """A held answer: `review` waits for the reviewer and makes the answer (an
+        http.Response to give the waiting; anything else: nothing to give, a held stream's)."""
         self._sweep()
         old = self.by_key.get(key)
         if old is not None:  # a new hold for the same request replaces an answered one
@@ -144,11 +147,19 @@ class Holds:
         if hold.done_at is not None:
             return
         hold.done_at = time.monotonic()
-        try:
-            hold.answer = hold.task.result()
-        except BaseException:  # noqa: BLE001 - fail closed: the waiting get a governor error
-            log.exception("governor: the review of approval %s failed", hold.approval_id)
+        if hold.task.cancelled():
             hold.answer = None
+            return
+        if (error := hold.task.exception()) is not None:  # fail closed: the waiting get a governor error
+            log.error("governor: the review of approval %s failed", hold.approval_id, exc_info=error)
+            hold.answer = None
+            return
+        result = hold.task.result()
+        if isinstance(result, http.Response):
+            hold.answer = result
+        else:  # a held stream's admission: it went to the stream's own connection
+            hold.replayable = False
+            self._drop(hold)
 
     def _drop(self, hold: Hold) -> None:
         if self.by_key.get(hold.key) is hold:
@@ -170,7 +181,7 @@ class Holds:
                     failed: Callable[[], http.Response]) -> str:
         """Answer `flow` from the hold: its outcome when it comes within this connection's
         hold time, else `pending(hold, retry_after)` (the 429). Returns what it answered:
-        "answer" or "pending"."""
+        "answer" or "pending", or "gone" (nothing answered: the hold had no answer to give)."""
         if not hold.task.done():
             hold.waiting += 1
             try:
@@ -182,6 +193,8 @@ class Holds:
             return "pending"
         if hold.done_at is None:  # done, its callback not run yet
             self._answered(hold)
+        if not hold.replayable:
+            return "gone"
         answer = hold.answer
         flow.response = answer.copy() if answer is not None else failed()
         if flow.client_conn.connected:  # delivered (a client that left takes nothing)
