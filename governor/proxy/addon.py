@@ -471,9 +471,9 @@ class Governor:
         except BadRequest as exc:
             self._bad_request(flow, adapter, session, exc.message, status=exc.status)
             return
-        held = self.holds.find(session, lambda: holds.request_key(
+        held = self.holds.by_key and self.holds.find(session, lambda: holds.request_key(
             session, exchange.persona, request.method, request.host, request.port, request.path, view.content))
-        if held is not None and await self._serve_held(flow, held, adapter, exchange):
+        if held and await self._serve_held(flow, held, adapter, exchange):
             return  # a retry of a request whose answer awaits (or awaited) a reviewer: no new step
 
         admissions = admitted
