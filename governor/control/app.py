@@ -10,7 +10,9 @@ Access:
   /v1/* reads, nonces, records, end     open, or the control token when one is set
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
-                                        every answer is refused
+                                        every answer is refused. {"decision", "reviewer",
+                                        "edited_arguments"?}: plan editing (runtime_edit)
+  GET  /, /console/                     the reviewer console (reviewer_console)
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
   POST /v1/store/acknowledge            the control token, always (store_ack)
@@ -44,6 +46,7 @@ from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.sessions_api import SESSIONS, add_routes, with_entry
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
+from governor.runtime_edit import EditRefused
 
 log = logging.getLogger("governor.control")
 
@@ -259,9 +262,15 @@ async def answer_approval(request: web.Request) -> web.Response:
     note = body.get("reason", "")
     if not isinstance(note, str) or len(note) > MAX_REASON_LENGTH or not all(c.isprintable() or c in "\n\t" for c in note):
         return error(400, "bad_reason", f'"reason" must be text of at most {MAX_REASON_LENGTH} characters')
+    edited = body.get("edited_arguments")  # plan editing (governor.runtime_edit)
+    if edited is not None and (decision != "approve" or not isinstance(edited, dict)):
+        return error(400, "bad_edited_arguments",
+                     '"edited_arguments" is a JSON object of tool arguments, and goes with "decision": "approve"')
     approval_id = request.match_info["approval"]
     runtime = request.app[RUNTIME]
-    extra = {"reason": note.strip()} if note.strip() else {}  # (scripted test runtimes take no reason)
+    extra: dict[str, Any] = {"reason": note.strip()} if note.strip() else {}  # (scripted test runtimes take no reason)
+    if edited is not None:
+        extra["edited_arguments"] = edited
     try:
         result = await runtime.resolve_approval(approval_id, decision == "approve", reviewer.strip(), **extra)
     except KeyError:
@@ -272,7 +281,10 @@ async def answer_approval(request: web.Request) -> web.Response:
             return error(409, "approval_answered", f"approval {approval_id!r} is no longer pending: {earlier['status']}{by}")
         return error(404, "approval_not_pending",
                      f"approval {approval_id!r} is unknown, already answered or timed out")
-    log.info("approval %s %sd by %s", approval_id, decision, reviewer.strip())
+    except EditRefused as refused:  # the approval stays pending: approve or reject it as it is
+        return error(409, refused.code, refused.message)
+    log.info("approval %s %sd%s by %s", approval_id, decision, " with edited arguments" if edited is not None else "",
+             reviewer.strip())
     return ok(result)
 
 
@@ -373,6 +385,10 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     from governor.control.store_ack import acknowledge_store  # imports this module too
 
     app.router.add_post("/v1/store/acknowledge", acknowledge_store)
+
+    from governor.control import reviewer_console  # the page and its reads (imports this module too)
+
+    reviewer_console.add_routes(app)
     return app
 
 
