@@ -79,16 +79,14 @@ async def asset(request: web.Request) -> web.Response:
 async def token_kind(request: web.Request) -> web.Response:
     """Which kind of token the bearer is: lets the page refuse a wrong token at sign-in,
     also when reads are open (no control token configured)."""
-    from governor.control.app import OPERATORS, REVIEWERS, error, ok
+    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, ok
 
+    if refusal := bearer_refusal(request, request.app[REVIEWERS], request.app[OPERATORS],
+                                 required="this needs `Authorization: Bearer <reviewer or control token>`",
+                                 invalid="the bearer token is not a reviewer or control token"):
+        return refusal
     token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", "this needs `Authorization: Bearer <reviewer or control token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
     reviewer, control = token in request.app[REVIEWERS], token in request.app[OPERATORS]
-    if not (reviewer or control):
-        return error(401, "token_invalid", "the bearer token is not a reviewer or control token",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
     return ok({"reviewer": reviewer, "control": control}, headers={"Cache-Control": "no-store"})
 
 
