@@ -130,7 +130,9 @@ record("once_more", run)
     gov = first["body"]["governor"]
     assert gov["cause"] == "review_pending" and gov["approval_id"] == reviewer.answered[0]
     assert first["retry_after"] == "10" and gov["retry_after"] == 10
-    assert 1.5 < out["first_seconds"] < 3  # held 2.1 s: answered before the client's 3 s timeout
+    # held until shortly before the client's 3 s timeout: a 429, not the client's own timeout
+    # (no upper bound on the time: on a loaded machine the answer can land late)
+    assert out["first_seconds"] > 1.5
     assert out["again"] == ANSWER, out
     assert out["once_more"]["status"] == 429, out  # a new step, held for a new review
     assert out["once_more"]["body"]["governor"]["approval_id"] != gov["approval_id"]
