@@ -8,8 +8,7 @@ on loopback). Past `MAX_HEAD_BYTES` without the blank line:
 
   * a client gets **431** and is disconnected (what mitmproxy does with a head it cannot
     parse);
-  * an upstream's head is read no further (its connection is closed by mitmproxy's
-    CloseConnection command), and the agent gets mitmproxy's 502 for the failed answer
+  * an upstream is disconnected, and the agent gets mitmproxy's 502 for the failed answer
     (the governor's error hook releases what the exchange held).
 
 1 MiB: far above any real head (servers refuse past 8 to 64 KiB) and above the largest
@@ -62,7 +61,10 @@ def _bounded_client(original: Any) -> Any:
                 and self.stream_id is not None and len(self.buf) > MAX_HEAD_BYTES:
             held = len(self.buf)
             self.buf = ReceiveBuffer()
-            yield commands.CloseConnection(self.conn)
+            # only the error: the exchange's stream answers the agent 502 and closes the
+            # upstream connection itself. Closing it here too (CloseConnection, as mitmproxy
+            # does for an unparseable head) cancelled this connection's own task inside the
+            # hooks, which skipped the socket's close: the upstream was never disconnected.
             yield ReceiveHttp(ResponseProtocolError(
                 self.stream_id, f"the upstream sent {held} bytes of response head without its end "
                 f"(the governor reads at most {MAX_HEAD_BYTES})", ErrorCode.GENERIC_SERVER_ERROR))
