@@ -354,3 +354,25 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     running.addon.policy = policy
     running.addon.registry.routes = routes
     assert not runtime.open_tickets, "every admitted step's ticket is finished"
+
+
+@asynccontextmanager
+async def agent_named_world(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """The real proxy and runtime in agent-named mode, the mock upstream and an agent's
+    httpx client through the proxy: (running, mock, agent), all stopped on exit."""
+    import httpx
+
+    from governor.proxy.server import Settings, serve
+    from tests.upstreams import MockLLM
+
+    mock = MockLLM()
+    await mock.start()
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
+                                   tick_interval=0, **settings))
+    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
+    try:
+        yield running, mock, agent
+    finally:
+        await agent.aclose()
+        await running.stop()
+        await mock.stop()

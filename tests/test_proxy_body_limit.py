@@ -11,12 +11,10 @@ governor reads is larger. Past it mitmproxy refuses the body (413 to the agent f
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import AGENT_NAMED
-from tests.upstreams import Behaviour, MockLLM
+from tests.proxy_harness import agent_named_world
+from tests.upstreams import Behaviour
 
 MIB = 1024 * 1024
 CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
@@ -24,15 +22,8 @@ CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", 
 
 @pytest.fixture
 async def world(tmp_path):
-    mock = MockLLM()
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
-                                   tick_interval=0, max_body_bytes=1 * MIB, max_response_bytes=2 * MIB))
-    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
-    yield running, mock, agent
-    await agent.aclose()
-    await running.stop()
-    await mock.stop()
+    async with agent_named_world(tmp_path, max_body_bytes=1 * MIB, max_response_bytes=2 * MIB) as world:
+        yield world
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import orjson
 import pytest
 
 from governor.proxy.heads import MAX_HEAD_BYTES
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import AGENT_NAMED
-from tests.upstreams import MockLLM
+from tests.proxy_harness import agent_named_world
 
 FLOOD = 32 * MAX_HEAD_BYTES  # what the hostile side is ready to send
 PIECE = b"a" * (64 * 1024)
@@ -25,15 +22,8 @@ CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", 
 
 @pytest.fixture
 async def world(tmp_path):
-    mock = MockLLM()
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
-                                   tick_interval=0))
-    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
-    yield running, mock, agent
-    await agent.aclose()
-    await running.stop()
-    await mock.stop()
+    async with agent_named_world(tmp_path) as world:
+        yield world
 
 
 def proxy_address(running) -> tuple[str, int]:

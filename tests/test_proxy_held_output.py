@@ -21,7 +21,7 @@ import pytest
 from governor.cli import main as governor_cli
 from governor.evidence import KeyFiles
 from governor.proxy.server import Settings, serve
-from tests.proxy_harness import AGENT_NAMED
+from tests.proxy_harness import AGENT_NAMED, agent_named_world
 from tests.upstreams import Behaviour, MockLLM
 
 BOUND = 1024 * 1024  # the default max_held_stream_bytes
@@ -37,15 +37,8 @@ def flood_event() -> bytes:
 
 @pytest.fixture
 async def world(tmp_path):
-    mock = MockLLM()
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data",
-                                   tick_interval=0))
-    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
-    yield running, mock, agent
-    await agent.aclose()
-    await running.stop()
-    await mock.stop()
+    async with agent_named_world(tmp_path) as world:
+        yield world
 
 
 async def stream(agent: httpx.AsyncClient, url: str, session: str) -> tuple[int, bytes]:
