@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse
+from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -103,9 +104,12 @@ class AnthropicAdapter(Adapter):
             model=model,
             state={
                 "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
-                "expected_output": positive_int(body.get("max_tokens")) or self.config.default_output_tokens,
+                "expected_output": requested_limit(body, "max_tokens") or self.config.default_output_tokens,
             },
         )
+
+    def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
+        return ("max_tokens",)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
         offered = tuple(
