@@ -28,13 +28,13 @@ def test_the_first_call_of_a_3000_token_budget_is_fitted_not_refused():
     driver = Driver(passport(**budget(tokens={"per_session": 3000})))
     decision = driver.run(call(4096))  # the request named no max_tokens: the guess
     assert decision.action is Action.PERMIT and not decision.blocks
-    assert decision.details[FITTED_KEY] == 3000 - 113
-    assert reserved(decision, TOKENS_S) == 3000  # the reservation is the whole remaining budget
+    assert decision.details[FITTED_KEY] == 3000 - 113 - 16  # the input's margin left free
+    assert reserved(decision, TOKENS_S) == 3000 - 16  # the reservation: all the rest
     event = decision.event
     assert event["cause"] == ON_OUTPUT_FITTED and event["action"] == "continue"
     detail = event["detail"]
     assert detail["decision"] == "permit" and detail["output_tokens_requested"] == 4096
-    assert detail[FITTED_KEY] == 2887 and detail["fit_floor"] == 256
+    assert detail[FITTED_KEY] == 2871 and detail["fit_floor"] == 256
     assert (detail["dimension"], detail["scope"], detail["observed"], detail["limit"]) == ("tokens", "per_session", 0.0, 3000.0)
 
 
@@ -54,20 +54,20 @@ def test_fitting_follows_the_counters_down_to_the_floor_then_refuses_naming_used
     driver = Driver(passport(**budget(tokens={"per_session": 3000})))
     driver.counters[TOKENS_S] = 2500.0
     fitted = driver.run(call(4096))
-    assert fitted.details[FITTED_KEY] == 3000 - 2500 - 113
-    driver.counters[TOKENS_S] = 2700.0  # 187 left: below the floor of 256
+    assert fitted.details[FITTED_KEY] == 3000 - 2500 - 113 - 16
+    driver.counters[TOKENS_S] = 2700.0  # 171 left: below the floor of 256
     refused = driver.run(call(4096))
     assert refused.blocks and refused.cause == ON_BUDGET_EXHAUSTED
     details = refused.details
     assert details["observed"] == 2700.0 and details["limit"] == 3000.0
     assert details["projected"] == 2700 + 113 + 256  # the floor, not the 4,096 guess
-    assert (details["fit_floor"], details["fit_room"], details["output_tokens_requested"]) == (256, 187, 4096)
+    assert (details["fit_floor"], details["fit_room"], details["output_tokens_requested"]) == (256, 171, 4096)
     assert refused.event["detail"]["fit_floor"] == 256  # recorded as well
 
 
 def test_a_request_below_the_floor_that_does_not_fit_is_projected_as_asked():
     driver = Driver(passport(**budget(tokens={"per_session": 300})))
-    refused = driver.run(call(200))  # 113 + 200 > 300; 187 left is below the floor
+    refused = driver.run(call(200))  # 113 + 200 > 300; 171 left is below the floor
     assert refused.blocks and refused.details["projected"] == 313
 
 
@@ -76,26 +76,26 @@ def test_the_tightest_cap_binds_per_day_and_persona_share_included():
     driver = Driver(passport(**doc))
     driver.counters[TOKENS_D] = 1_000.0
     decision = driver.run(call(8000))
-    assert decision.details[FITTED_KEY] == 5_000 - 1_000 - 113
+    assert decision.details[FITTED_KEY] == 5_000 - 1_000 - 113 - 16
     assert decision.event["detail"]["scope"] == "per_day"
 
     persona = Driver(full_passport())
     persona.counters[("per_session", "researcher", "tokens")] = 999_000.0
     shared = persona.run(call(4096, persona="researcher"))
-    assert shared.details[FITTED_KEY] == 1000 - 113
+    assert shared.details[FITTED_KEY] == 1000 - 113 - 16
     assert shared.event["detail"]["budget_share"] == "researcher"
     assert shared.event["detail"]["persona"] == "researcher"
 
 
 def test_a_cost_cap_fits_to_the_largest_output_whose_price_fits():
-    # gpt-4o: $2.50 in, $10.00 out per million; $0.01 left after 113 input tokens
+    # gpt-4o: $2.50 in, $10.00 out per million; $0.01 left after 113 input tokens and 16 of margin
     driver = Driver(passport(**budget(cost_usd={"per_session": 0.01})))
     decision = driver.run(call(4096))
     fitted = decision.details[FITTED_KEY]
-    price_in = 113 * 2.50 / 1e6
-    assert fitted == int((0.01 - price_in) * 1e6 / 10.0)  # 971
+    price_in = (113 + 16) * 2.50 / 1e6
+    assert fitted == int((0.01 - price_in) * 1e6 / 10.0)  # 967
     assert reserved(decision, COST_S) <= 0.01
-    assert (113 * 2.50 + (fitted + 1) * 10.0) / 1e6 > 0.01  # one more token would not fit
+    assert ((113 + 16) * 2.50 + (fitted + 1) * 10.0) / 1e6 > 0.01  # one more token would not fit
 
 
 @pytest.mark.parametrize("used", [0.0, 0.0012345, 0.003, 0.0099])
@@ -112,8 +112,8 @@ def test_a_fitted_cost_never_fails_its_own_projection(used):
 def test_choices_are_fitted_per_answer():
     driver = Driver(passport(**budget(tokens={"per_session": 3000})))
     decision = driver.run(call(1000, choices=4))  # 4,000 asked
-    assert decision.details[FITTED_KEY] == (3000 - 113) // 4
-    assert reserved(decision, TOKENS_S) == 113 + 4 * ((3000 - 113) // 4)
+    assert decision.details[FITTED_KEY] == (3000 - 113 - 16) // 4
+    assert reserved(decision, TOKENS_S) == 113 + 4 * ((3000 - 113 - 16) // 4)
     assert decision.event["detail"]["choices"] == 4
 
 
@@ -136,7 +136,7 @@ def test_a_fitted_call_settles_like_any_other():
     admitted = driver.run(call(4096))
     usage = driver.run(UsageReport("gpt-4o", 100, admitted.details[FITTED_KEY], reserved=admitted.charges))
     assert not usage.blocks and usage.settles
-    assert driver.counters[TOKENS_S] == 100 + 2887
+    assert driver.counters[TOKENS_S] == 100 + 2871
 
 
 def test_the_quiet_path_never_admits_a_call_that_needs_fitting():
@@ -147,6 +147,13 @@ def test_the_quiet_path_never_admits_a_call_that_needs_fitting():
     fits = call(1000)
     quiet = quiet_model_call(driver.limits, driver.snapshot(fits), fits, driver.snapshot(fits).counters, T0)
     assert quiet is not None and quiet[0] == decide(driver.limits, driver.snapshot(fits), fits, T0)
+
+
+def test_the_input_margin_grows_with_a_large_prompt():
+    driver = Driver(passport(**budget(tokens={"per_session": 160_000})))
+    decision = driver.run(call(20_000, input_tokens=150_000))
+    assert decision.details[FITTED_KEY] == 160_000 - 150_000 - 7_500  # 5% of the estimated input
+    assert decision.blocks is False
 
 
 def test_fit_output_alone():

@@ -4,9 +4,10 @@ A model call reserves its expected input plus its output limit (`max_tokens` or 
 protocol's equivalent; for a request naming none, the adapters' guess). When that does not
 fit every cap the call draws on (per session, per day, the persona's budget_share; tokens
 and cost, input estimated and priced as for the reservation), the governor lowers the
-output limit to the largest value that fits, provided that is at least the floor the
-governor is configured with (`ModelCall.output_floor`); below it the call is refused as
-budget-exhausted, projected with the floor. The adapter sends the fitted value upstream, so
+output limit to the largest value that fits (leaving a small margin for the input estimate's
+error, `input_margin`), provided that is at least the floor the governor is configured with
+(`ModelCall.output_floor`); below it the call is refused as budget-exhausted, projected with
+the floor. The adapter sends the fitted value upstream, so
 the reservation is what the call may spend, not a guess.
 
 Pure: no I/O, no clock. `fit_output` decides; the engine charges what it projects and,
@@ -28,6 +29,18 @@ ON_OUTPUT_FITTED = "on_output_fitted"
 
 # Decision.details key of the fitted output limit, per answer (what the adapter sends).
 FITTED_KEY = "output_tokens_fitted"
+
+# The input is an estimate (bytes / bytes_per_token) and the provider counts it its own way: a
+# call fitted to the last token would cross the cap by the estimate's error, and a plain
+# answer that crosses it is refused after the upstream was paid. So a fitted call leaves this
+# much room for the input being larger than estimated: INPUT_MARGIN_MIN tokens, or
+# INPUT_MARGIN_FRACTION of the estimate when that is more.
+INPUT_MARGIN_MIN = 16
+INPUT_MARGIN_FRACTION = 0.05
+
+
+def input_margin(input_tokens: int) -> int:
+    return max(INPUT_MARGIN_MIN, int(input_tokens * INPUT_MARGIN_FRACTION))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +94,19 @@ def _room(limits: Limits, meter: Meter, used: float, step: ModelCall, price: Any
         return None
     inputs = step.expected_input_tokens
     if meter.dimension == TOKENS:
-        return int(cap - used - inputs)
+        if used + inputs + step.expected_output_tokens <= cap:
+            return None  # fits as asked
+        return int(cap - used - inputs - input_margin(inputs))
     if meter.dimension != COST or price is None or price.output <= 0:
         return None  # an unpriced model is refused by the projection itself (it cannot be fitted)
     if used + price.cost(inputs, step.expected_output_tokens) <= cap:
         return None  # fits as asked: the projection's own comparison, not a rounded inverse
-    room = int((cap - used - price.cost(inputs, 0)) * 1_000_000.0 / price.output)
+    padded = inputs + input_margin(inputs)
+    room = int((cap - used - price.cost(padded, 0)) * 1_000_000.0 / price.output)
     # the projection compares used + cost(input, output) > cap in floating point: step down
     # until that comparison passes, so a fitted call is never refused by a rounding error
     for _ in range(4):
-        if room < 0 or used + price.cost(inputs, room) <= cap:
+        if room < 0 or used + price.cost(padded, room) <= cap:
             break
         room -= 1
     return room
@@ -116,7 +132,7 @@ def fit_output(limits: Limits, counters: Mapping[Any, float], meters: tuple[Mete
         fits = _room(limits, meter, used, step, price)
         if fits is not None and (room is None or fits < room):
             room, binding = fits, meter
-    if room is None or binding is None or room >= output:
+    if room is None or binding is None:
         return None
     choices = max(step.output_choices, 1)
     requested = output // choices
