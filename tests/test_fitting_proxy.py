@@ -230,6 +230,7 @@ print(json.dumps(out))
         requests = len(gov.mock.requests)
     assert "raised" not in out["first"]
     refused = out["second"]
+    print("\nbelow the floor:", refused["message"])
     assert refused["status"] == 429 and refused["raised"] == "RateLimitError", refused
     governor = refused["body"]["governor"]
     assert governor["cause"] == "on_budget_exhausted" and governor["fit_floor"] == 256
@@ -247,6 +248,7 @@ print(json.dumps(out))
 """, gov.sdk_env)
         requests = len(gov.mock.requests)
     refused = out["chat"]
+    print("\nfitting off:", refused["message"])
     assert refused["status"] == 429 and "limit 3000 (used 0)" in refused["message"], refused
     assert "projected 4" in refused["message"] and requests == 0
 
