@@ -65,6 +65,15 @@ def test_fitting_follows_the_counters_down_to_the_floor_then_refuses_naming_used
     assert refused.event["detail"]["fit_floor"] == 256  # recorded as well
 
 
+def test_a_call_short_of_the_floor_only_by_the_input_margin_goes_ahead_at_the_floor():
+    driver = Driver(passport(**budget(tokens={"per_session": 3000})))
+    driver.counters[TOKENS_S] = 3000.0 - 113 - 260  # 260 left: 244 after the margin, the floor 256 fits
+    decision = driver.run(call(4096))
+    assert not decision.blocks and decision.details[FITTED_KEY] == 256
+    assert reserved(decision, TOKENS_S) == 113 + 256  # the reservation is what is sent: never more
+    assert decision.event["detail"][FITTED_KEY] == 256
+
+
 def test_a_request_below_the_floor_that_does_not_fit_is_projected_as_asked():
     driver = Driver(passport(**budget(tokens={"per_session": 300})))
     refused = driver.run(call(200))  # 113 + 200 > 300; 171 left is below the floor
@@ -164,4 +173,36 @@ def test_fit_output_alone():
     assert fit_output(driver.limits, {}, meters, call(4096), True) is None  # a reviewer released it past the budget
     assert fit_output(driver.limits, {}, meters, ModelCall("gpt-4o", 10, 0, output_floor=1), False) is None
     fit = fit_output(driver.limits, {TOKENS_S: 2990.0}, meters, call(4096), False)
-    assert fit is not None and fit.refused and fit.fitted == 0  # no room at all: 10 - 113 < 0
+    assert fit is not None and fit.below_floor and fit.fitted == 0  # no room at all: 10 - 113 < 0
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(token_cap=st.integers(1, 50_000), cost_cap=st.sampled_from([None, 0.0005, 0.003, 0.02]),
+       used=st.floats(0, 1), input_tokens=st.integers(0, 20_000), output=st.integers(1, 40_000),
+       choices=st.integers(1, 8), floor=st.integers(1, 2_000))
+def test_a_fitted_call_never_reserves_past_a_cap_and_sends_what_it_reserves(token_cap, cost_cap, used, input_tokens,
+                                                                           output, choices, floor):
+    caps = {"tokens": {"per_session": token_cap}}
+    if cost_cap is not None:
+        caps["cost_usd"] = {"per_session": cost_cap}
+    driver = Driver(passport(**budget(**caps)))
+    driver.counters[TOKENS_S] = float(int(used * token_cap))
+    if cost_cap is not None:
+        driver.counters[COST_S] = used * cost_cap
+    step = call(output, input_tokens=input_tokens, floor=floor, choices=choices, model="gpt-4o-mini")
+    before = dict(driver.counters)
+    decision = driver.run(step)  # Driver.apply raises if a capped charge would pass its cap
+    if decision.blocks:
+        assert decision.cause == ON_BUDGET_EXHAUSTED
+        return
+    sent = decision.details.get(FITTED_KEY, output)  # per answer: what the adapter sends upstream
+    assert sent <= output and (sent >= floor or sent == output)
+    assert reserved(decision, TOKENS_S) == input_tokens + sent * choices
+    assert before.get(TOKENS_S, 0.0) + reserved(decision, TOKENS_S) <= token_cap
+    if cost_cap is not None:
+        assert before.get(COST_S, 0.0) + reserved(decision, COST_S) <= cost_cap
+    assert (FITTED_KEY in decision.details) == (decision.event is not None and decision.event["cause"] == ON_OUTPUT_FITTED)

@@ -25,7 +25,8 @@ Budget projection (§2), the contract with the store:
   * A model call is budget-exhausted when counter + expected consumption > cap for any
     declared cap (parent aggregate per_session / per_day, and the persona's
     budget_share when declared). Expected consumption: expected input + output tokens,
-    priced by the pricing table.
+    priced by the pricing table. A call with an `output_floor` is first fitted: its output
+    lowered to what the caps leave, not below the floor (governor.policy.fitting).
   * When it is admitted, `Decision.charges` are the reservations, one per counter with
     its cap; the store applies them atomically. If the store finds a cap would be
     exceeded (a concurrent step got there first), the runtime re-reads the counters
@@ -510,14 +511,14 @@ def _model_call(run: _Run, step: ModelCall) -> Decision:
     if fit is not None:
         tokens, cost = fit.tokens, fit.cost
     d, warnings = _budget(run, meters, tokens, cost, None, step.model,
-                          fit.refusal_detail() if fit is not None and fit.refused else None)
+                          fit.refusal_detail() if fit is not None and fit.below_floor else None)
     if d is not None:
         return d
     if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, None))) is not None:
         return d
     warnings.extend(clock_warnings)
     decision = run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
-    return decision if fit is None or fit.refused else fitting.recorded(decision, fit, run.kind, step.persona)
+    return decision if fit is None else fitting.recorded(decision, fit, run.kind, step.persona)
 
 
 def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, counters: Mapping[Any, float],

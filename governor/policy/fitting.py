@@ -6,8 +6,8 @@ fit every cap the call draws on (per session, per day, the persona's budget_shar
 and cost, input estimated and priced as for the reservation), the governor lowers the
 output limit to the largest value that fits (leaving a small margin for the input estimate's
 error, `input_margin`), provided that is at least the floor the governor is configured with
-(`ModelCall.output_floor`); below it the call is refused as budget-exhausted, projected with
-the floor. The adapter sends the fitted value upstream, so
+(`ModelCall.output_floor`); below it the call is projected at the floor (its own limit when
+smaller), which the caps refuse as budget-exhausted unless only the margin was missing. The adapter sends the fitted value upstream, so
 the reservation is what the call may spend, not a guess.
 
 Pure: no I/O, no clock. `fit_output` decides; the engine charges what it projects and,
@@ -48,11 +48,11 @@ class Fit:
     """The fitting of one model call that did not fit as asked.
 
     requested: the output limit it asked for (or the guess), per answer.
-    fitted:    the largest output limit per answer that fits every cap (>= 0).
+    fitted:    the largest output limit per answer that fits every cap, the input's margin
+               left free (>= 0).
     floor:     the smallest output limit the governor fits a call to.
     meter / used: the cap that binds hardest and its counter before the call.
-    tokens / cost: what the engine projects and charges: the fitted output, or, refused,
-               min(requested, floor) (the smallest call it could have been).
+    tokens / cost: what the engine projects (and, admitted, charges): `limit` answers' output.
     """
 
     requested: int
@@ -65,8 +65,15 @@ class Fit:
     cost: float | None
 
     @property
-    def refused(self) -> bool:
+    def below_floor(self) -> bool:
+        """Less than the floor fits with the margin: projected at min(requested, floor), which
+        the caps refuse unless only the margin was missing (then it goes ahead at that)."""
         return self.fitted < self.floor
+
+    @property
+    def limit(self) -> int:
+        """The output limit per answer projected and, admitted, sent upstream."""
+        return self.fitted if self.fitted >= self.floor else min(self.requested, self.floor)
 
     def refusal_detail(self) -> dict[str, Any]:
         """Added to the on_budget_exhausted detail of a call refused below the floor."""
@@ -75,7 +82,7 @@ class Fit:
     def detail(self) -> dict[str, Any]:
         """The on_output_fitted event's detail: what was asked, what was sent, which cap bound."""
         detail: dict[str, Any] = {
-            "decision": "permit", "output_tokens_requested": self.requested, FITTED_KEY: self.fitted,
+            "decision": "permit", "output_tokens_requested": self.requested, FITTED_KEY: self.limit,
             "dimension": self.meter.dimension, "scope": self.meter.scope, "observed": self.used,
             "limit": self.meter.cap, "fit_floor": self.floor,
         }
@@ -137,8 +144,7 @@ def fit_output(limits: Limits, counters: Mapping[Any, float], meters: tuple[Mete
     choices = max(step.output_choices, 1)
     requested = output // choices
     fitted = max(room, 0) // choices
-    projected = fitted if fitted >= floor else min(requested, floor)
-    total = projected * choices
+    total = (fitted if fitted >= floor else min(requested, floor)) * choices  # Fit.limit, all answers
     cost = limits.pricing.cost(step.model, step.expected_input_tokens, total)
     return Fit(requested, fitted, floor, choices, binding, counters.get(binding.key, 0.0),
                step.expected_input_tokens + total, cost)
@@ -154,5 +160,5 @@ def recorded(decision: Decision, fit: Fit, step_kind: str, persona: str | None) 
     if persona is not None:
         detail["persona"] = persona
     event = {"cause": ON_OUTPUT_FITTED, "action": Action.CONTINUE.value, "detail": detail}
-    return replace(decision, details={**decision.details, FITTED_KEY: fit.fitted}, event=event,
+    return replace(decision, details={**decision.details, FITTED_KEY: fit.limit}, event=event,
                    prior_events=decision.events)
