@@ -45,8 +45,16 @@ async def llm():
     await mock.stop()
 
 
-def chat_body(max_tokens: int = 20) -> dict:
-    return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+def chat_body(max_tokens: int = 20, answers: int = 1) -> dict:
+    body = {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    if answers > 1:
+        body["n"] = answers
+    return body
+
+
+# Beyond the original 20,000-token cap even with output fitting (docs/fitting.md): 100 answers
+# of at most ~150 tokens each, under the floor of 256.
+BEYOND = {"max_tokens": 31_000, "answers": 100}
 
 
 def journal_events(path: Path) -> list[dict]:
@@ -195,7 +203,7 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
         spent = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(5_000),
                                  headers={"ADL-Session": "admitted"})
         assert spent.status_code == 200, spent.text
-        refused = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
+        refused = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(**BEYOND),
                                    headers={"ADL-Session": "probe"})
         assert refused.status_code != 200  # beyond the original cap: refused before the restart
     await asyncio.to_thread(gov.kill)
@@ -204,7 +212,7 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
     try:
         served_before = len(llm.requests)
         async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30) as agent:
-            step = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
+            step = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(**BEYOND),
                                     headers={"ADL-Session": "admitted"})
             fresh = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
                                      headers={"ADL-Session": "fresh"})
@@ -266,7 +274,7 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
         async with httpx.AsyncClient(proxy=b.proxy_url, trust_env=False, timeout=30) as agent:
             within = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(1_000),
                                       headers={"ADL-Session": "roaming"})
-            beyond = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(31_000),
+            beyond = await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(**BEYOND),
                                       headers={"ADL-Session": "roaming"})
         async with httpx.AsyncClient(base_url=b.control_url, headers=CONTROL_HEADERS, trust_env=False, timeout=30) as control:
             record = (await control.get("/v1/sessions/roaming/record")).json()
