@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "governor.passport.cli",  # passport verify|digest|sign
     "governor.proxy.cli",  # run
     "governor.control.sessions_cli",  # sessions open|list|show|end, locks list|lift
+    "governor.control.approvals_cli",  # approvals list|show|approve|reject
     "governor.demo.cli",  # demo
 )
 

@@ -259,6 +259,12 @@ class Metrics:
             "governor_sessions_opened", "Sessions opened, by who opened them (principal, agent)", ["by"], registry=r)
         self.agent_locks = Gauge(
             "governor_agent_locks", "Locks in force: while above 0 every session of the agent is refused", registry=r)
+        self.webhook_deliveries = Counter(
+            "governor_webhook_deliveries", "Webhook notifications by outcome: delivered, failed (every attempt "
+            "failed, or a non-retryable answer), dropped (its queue was full, or the governor stopped)",
+            ["event", "outcome"], registry=r)
+        self.webhook_retries = Counter(
+            "governor_webhook_retries", "Webhook delivery attempts after the first", ["event"], registry=r)
 
     # --- hot path ----------------------------------------------------------------------
 
@@ -297,6 +303,14 @@ class Metrics:
     def record_signed(self, kind: str, *, nonce: bool = False) -> None:
         """kind: "final" (session end) or "snapshot" (a record of the session so far)."""
         self.records_signed.labels(kind, "true" if nonce else "false").inc()
+
+    def webhook(self, event: str, outcome: str, family: str = "deliveries") -> None:
+        """One webhook delivery's outcome (family "deliveries"), or one retry ("retries").
+        `event` is one of governor.notify.events.EVENTS: a closed set."""
+        if family == "retries":
+            self.webhook_retries.labels(event).inc()
+        else:
+            self.webhook_deliveries.labels(event, outcome).inc()
 
     def threshold_warning(self, dimension: str, scope: str, fraction: float) -> None:
         # the fraction crossed is not a label: it is a measured ratio, not a closed set

@@ -41,6 +41,8 @@ from governor.evidence import (
 )
 from governor import stream_budget
 from governor.metrics import Metrics
+from governor.notify import events as notify
+from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
     ApprovalExpired,
@@ -60,6 +62,7 @@ from governor.policy import (
     decide,
     governor_error,
     quiet_model_call,
+    step_tools,
     quiet_settlement,
 )
 from governor.policy.extension import covered
@@ -173,6 +176,7 @@ class Runtime(SessionEvidence):
         self._index = SessionIndex()  # sorted ids: the control plane pages through them
         self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -476,6 +480,8 @@ class Runtime(SessionEvidence):
             return _unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
+        if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
+            self.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
         self._restate(live)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -570,6 +576,7 @@ class Runtime(SessionEvidence):
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
+        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self._pending_metrics()
         self._restate(live)
 
@@ -634,7 +641,7 @@ class Runtime(SessionEvidence):
         held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "") -> dict[str, Any]:
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
@@ -643,7 +650,7 @@ class Runtime(SessionEvidence):
             approval = live.state.approvals.get(approval_id)
             if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
                 raise KeyError(approval_id)
-            step = ApprovalGranted(approval_id, reviewer) if approve else ApprovalRejected(approval_id, reviewer)
+            step = (ApprovalGranted if approve else ApprovalRejected)(approval_id, reviewer, reason)
             decision, _ = await self._apply(live, step, None)
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
@@ -653,6 +660,16 @@ class Runtime(SessionEvidence):
         review = decision.details.get("review", "approved" if approve else "rejected")
         return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
                 "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
+        when no live session knows it. A walk over sessions: for the control plane's error
+        answer only, never per request."""
+        for live in self._sessions.values():
+            approval = live.state.approvals.get(approval_id)
+            if approval is not None and approval_id not in live.pending:
+                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
+        return None
 
     def approvals(self) -> list[dict[str, Any]]:
         return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
@@ -684,11 +701,7 @@ class Runtime(SessionEvidence):
 
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
         live = self._sessions.get(session)
-        limits = live.limits if live is not None else self.limits
-        if persona is not None:
-            declared = limits.personas.get(persona)
-            return declared.tools if declared is not None else frozenset()
-        return limits.parent_tools or None
+        return step_tools(live.limits if live is not None else self.limits, persona)
 
     # --- session end, records ----------------------------------------------------------
 

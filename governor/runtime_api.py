@@ -108,8 +108,9 @@ class RuntimeAPI(Protocol):
 
     def approvals(self) -> list[dict[str, Any]]: ...
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str) -> dict[str, Any]:
-        """Record and apply a reviewer's answer; KeyError when unknown or already answered."""
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "") -> dict[str, Any]:
+        """Record and apply a reviewer's answer (with the reviewer's note `reason`, when given);
+        KeyError when unknown or already answered."""
 
     async def end_session(self, session: str) -> dict[str, Any]:
         """Finalize, sign and write the session's record; returns it."""
@@ -120,4 +121,5 @@ class RuntimeAPI(Protocol):
     # Optional, looked up with getattr (governor.runtime.Runtime has them; scripted test
     # runtimes need not): `attach_sessions(book)` (record locks, learn of ends: see
     # governor.sessions), `end_session_by_principal(session)` (POST /v1/sessions/{id}/end),
-    # `audit_record(nonce=None)` (GET /v1/audit/record).
+    # `audit_record(nonce=None)` (GET /v1/audit/record), `answered_approval(id)` (how an
+    # approval that is no longer pending ended, for the control plane's 409).

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.evidence import Journal, SessionHeader, sign_record, write_record
+from governor.notify import events as notify
 from governor.sessions import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook, halted_reason
 
 log = logging.getLogger("governor.runtime")
@@ -54,11 +55,13 @@ class SessionEvidence:
         """A session halted with `cause`: tell the operator how to go on, and lock the agent
         when the cause is a locking one."""
         log.warning("session %s HALTED (%s); it stays halted: %s", session, cause, HOW_TO_OPEN)
+        self.notifier.emit(notify.session_halted(self.agent_id, session, cause))  # type: ignore[attr-defined]
         book = self.session_book
         if book is None or cause not in book.lock_causes:
             return
         lock = book.lock(session, cause)
         if lock is not None:
+            self.notifier.emit(notify.agent_locked(self.agent_id, session, lock.id, cause))  # type: ignore[attr-defined]
             try:
                 await self.record_lock(lock, lifted=False)
             except Exception:  # the lock holds regardless: refusing everything is the safe side

@@ -255,6 +255,9 @@ async def test_no_reviewer_token_configured_refuses_every_answer(serve):
     (json.dumps({"decision": "approve"}).encode(), "bad_reviewer"),
     (json.dumps({"decision": "approve", "reviewer": "  "}).encode(), "bad_reviewer"),
     (json.dumps({"decision": "approve", "reviewer": "a\nb"}).encode(), "bad_reviewer"),
+    (json.dumps({"decision": "approve", "reviewer": "alice", "reason": 7}).encode(), "bad_reason"),
+    (json.dumps({"decision": "reject", "reviewer": "alice", "reason": "x" * 501}).encode(), "bad_reason"),
+    (json.dumps({"decision": "reject", "reviewer": "alice", "reason": "ok\x1b[2J"}).encode(), "bad_reason"),
 ])
 async def test_bad_approval_bodies_are_clear_400s(serve, body, code):
     runtime = _pausing_runtime()

@@ -103,6 +103,8 @@ MATRIX = {
     "secrets": ({"ca.existingSecret": "gov-ca", "reviewerTokens.existingSecret": "gov-reviewers",
                  "controlToken.existingSecret": "gov-control", "passport.existingConfigMap": "agent-passport",
                  "passport.content": ""}, ["Deployment", "Service"]),
+    "webhooks": ({"webhooks.urls": ["https://hooks.example.com/a", "http://receiver.ops:8080/governor"],
+                  "webhooks.secret.existingSecret": "gov-webhook"}, ["ConfigMap", "Deployment", "Service"]),
     "network-policy": ({"networkPolicy.enabled": True,
                         "networkPolicy.controlFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
                         "networkPolicy.egressTo": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}]},
@@ -133,7 +135,8 @@ def test_helm_lint_strict_passes_on_every_value_set(helm_tool):
 def test_values_schema_refuses_what_the_chart_cannot_use(helm_tool):
     for bad in ({"governor.tier": "R9"}, {"governor.ports.control": 70000}, {"interception.ports": []},
                 {"governor.fitOutput": "maybe"}, {"governor.fitFloor": 0},
-                {"nosuchkey": 1}, {"serviceMonitor.interval": "often"}):
+                {"nosuchkey": 1}, {"serviceMonitor.interval": "often"}, {"webhooks.urls": ["ftp://x"]},
+                {"webhooks.secret.name": "x"}):
         done = helm_tool("lint", "--strict", str(CHART), *chart_tools.set_args(bad))
         assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stdout + done.stderr, bad
 
@@ -302,3 +305,25 @@ def test_the_control_service_names_are_hosts_the_control_plane_answers_to():
     service = (CHART / "templates" / "service.yaml").read_text()
     assert '{{ include "governor.fullname" . }}-control' in service  # the Service these names point at
     assert hosts.count("{{ $control }}") == 4 and ".svc.cluster.local" in hosts
+
+
+def test_the_webhook_settings_reach_governor_run(rendered, helm_tool):
+    """webhooks.urls and its Secret become GOVERNOR_WEBHOOKS / GOVERNOR_WEBHOOK_SECRET, which
+    `governor run` reads (docs/notifications.md); urls without a Secret are refused at render."""
+    from governor.cli import build_parser
+    from governor.proxy.cli import OPTIONS, WEBHOOK_SECRET_ENV, resolve
+
+    ((_, pod),) = chart_tools.pod_specs(rendered["webhooks"])
+    governor = next(c for c in pod.get("initContainers", []) + pod.get("containers", []) if c["name"] == "governor")
+    env = {e["name"]: e for e in governor["env"]}
+    assert env[WEBHOOK_SECRET_ENV]["valueFrom"]["secretKeyRef"] == {"name": "gov-webhook", "key": "webhook-secret"}
+    parsed = build_parser().parse_args(governor["args"])
+    parsed.passport = None
+    settings = resolve(parsed, {OPTIONS["webhook"][0]: env[OPTIONS["webhook"][0]]["value"],
+                                WEBHOOK_SECRET_ENV: "a-secret-from-the-secret-0123"})
+    assert settings.webhooks.urls == ("https://hooks.example.com/a", "http://receiver.ops:8080/governor")
+    ((_, plain),) = chart_tools.pod_specs(rendered["defaults"])
+    assert not any(e["name"].startswith("GOVERNOR_WEBHOOK") for c in plain.get("initContainers", []) + plain["containers"]
+                   for e in c.get("env", []))
+    done = helm_tool("template", "t", str(CHART), *chart_tools.set_args({"webhooks.urls": ["https://hooks.example.com/a"]}))
+    assert done.returncode != 0 and "webhooks.secret.existingSecret" in done.stderr

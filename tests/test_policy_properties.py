@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from governor.canonical import digest_of
 from governor.policy import (
+    step_tools,
     Action,
     ApprovalExpired,
     ApprovalGranted,
@@ -283,9 +284,12 @@ def test_settlement_is_what_decide_answers_a_final_report_within_its_reservation
     assert settlement(recorder.limits, state, replace(report, final=False)) is None
 
 
-def _plain_permit(decision: Decision) -> bool:
+def _plain_permit(decision: Decision, limits: Any) -> bool:
+    """A permit with its charges and nothing else (beside the tools the call may be offered,
+    the same for every call outside a persona: policy.tools.step_tools)."""
     return (decision.action is Action.PERMIT and decision.enforced and not decision.events and not decision.warnings
-            and not decision.settles and decision.approval is None and decision.allowed_tools is None
+            and not decision.settles and decision.approval is None
+            and decision.allowed_tools == step_tools(limits, None)
             and not decision.details and bool(decision.charges))
 
 
@@ -308,7 +312,7 @@ def test_a_quiet_model_call_is_what_decide_and_advance_give(tier, session, model
     state = recorder.snapshot(step)
     quiet = quiet_model_call(recorder.limits, recorder.state, step, state.counters, now)
     decision = decide(recorder.limits, state, step, now)
-    usual = persona is None and not state.halted and _plain_permit(decision)
+    usual = persona is None and not state.halted and _plain_permit(decision, recorder.limits)
     event(f"quiet: {quiet is not None}")
     assert (quiet is not None) == usual
     if quiet is not None:
@@ -378,7 +382,7 @@ def test_a_quiet_model_call_at_every_threshold_is_what_decide_and_advance_give(d
     quiet = quiet_model_call(limits, state, step, counters, now)
     snapshot = state.with_counters(counters)
     decision = decide(limits, snapshot, step, now)
-    usual = step.persona is None and step.approval_id is None and not state.halted and _plain_permit(decision)
+    usual = step.persona is None and step.approval_id is None and not state.halted and _plain_permit(decision, limits)
     event(f"quiet: {quiet is not None}")
     assert (quiet is not None) == usual
     if quiet is not None:
@@ -419,7 +423,7 @@ def test_a_quiet_model_call_at_each_boundary(counters, state, tokens, quiet):
     step = ModelCall("gpt-4o", tokens, 0)
     snapshot = session.with_counters(counters)
     decision = decide(limits, snapshot, step, now)
-    assert _plain_permit(decision) == quiet
+    assert _plain_permit(decision, limits) == quiet
     answer = quiet_model_call(limits, session, step, counters, now)
     assert (answer is not None) == quiet
     if answer is not None:

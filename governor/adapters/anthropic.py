@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from governor.adapters import sse
+from governor.adapters import sse, withhold
 from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
@@ -89,9 +89,12 @@ class AnthropicAdapter(Adapter):
             raise BadRequest("'model' is required and must be a string")
         if not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' must be an array")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("'tools' must be an array")
+        state: dict[str, Any] = {
+            "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
+            "expected_output": requested_limit(body, "max_tokens") or self.config.default_output_tokens,
+        }
+        if body.get("tools") is not None:  # each offered tool's name (withhold.py); a 400 for one without
+            state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.named_only)
         return Exchange(
             adapter=self,
             method=request.method,
@@ -102,38 +105,26 @@ class AnthropicAdapter(Adapter):
             persona=persona,
             stream=body.get("stream") is True,
             model=model,
-            state={
-                "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
-                "expected_output": requested_limit(body, "max_tokens") or self.config.default_output_tokens,
-            },
+            state=state,
         )
 
     def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
         return ("max_tokens",)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        offered = tuple(
-            t["name"] for t in exchange.body.get("tools") or () if isinstance(t, dict) and isinstance(t.get("name"), str)
-        )
-        return [model_call(self, exchange, offered)]
+        tools = exchange.state.get("tools")
+        return [model_call(self, exchange, withhold.flat(tools) if tools else ())]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
-        tools = body.get("tools")
-        if decision.allowed_tools is None or not tools:
+        state = exchange.state
+        allowed = decision.allowed_tools
+        if allowed is None or ("tools" not in state and "tool_choice" not in body):
             return None
-        kept = [t for t in tools if isinstance(t, dict) and t.get("name") in decision.allowed_tools]
-        if len(kept) == len(tools):
+        withheld = withhold.withhold_anthropic(body, allowed, state.get("tools"))
+        if withheld is None:
             return None
-        exchange.state["tools_removed"] = [t.get("name") for t in tools if isinstance(t, dict) and t not in kept]
-        if kept:
-            body["tools"] = kept
-            choice = body.get("tool_choice")
-            if isinstance(choice, dict) and choice.get("type") == "tool" and choice.get("name") not in decision.allowed_tools:
-                body.pop("tool_choice")
-        else:
-            body.pop("tools")
-            body.pop("tool_choice", None)
+        state["withheld"] = withheld  # offered tools the step may not use: the model never sees them
         return orjson.dumps(body)
 
     def observe_response(

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from governor.adapters import jsonrpc
+from governor.adapters import jsonrpc, withhold
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
@@ -81,17 +81,18 @@ def tool_failure(response: Mapping[str, Any]) -> str | None:
     return None
 
 
-def filter_tools(response: dict[str, Any], allowed: frozenset[str]) -> bool:
-    """Keep only allowed tools in a tools/list result, in place; True when any was dropped."""
+def filter_tools(response: dict[str, Any], allowed: frozenset[str]) -> list[str] | None:
+    """Keep only allowed tools in a tools/list result, in place; the names withheld, or None
+    when nothing was (withhold.filter_listed: exact names; one without a string name goes)."""
     result = response.get("result")
     tools = result.get("tools") if isinstance(result, dict) else None
     if not isinstance(tools, list):
-        return False
-    kept = [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
-    if len(kept) == len(tools):
-        return False
-    result["tools"] = kept
-    return True
+        return None
+    filtered = withhold.filter_listed(tools, allowed)
+    if filtered is None:
+        return None
+    result["tools"], withheld = filtered
+    return withheld
 
 
 class MCPAdapter(Adapter):
@@ -166,8 +167,10 @@ class MCPAdapter(Adapter):
             failure = tool_failure(response)
             return Observation(steps=[self._tool_error(exchange, failure)] if failure else [])
         allowed = exchange.state.get("allowed_tools")
-        if allowed is None or not filter_tools(response, allowed):
+        withheld = filter_tools(response, allowed) if allowed is not None else None
+        if withheld is None:
             return Observation()
+        exchange.state["withheld"] = withheld  # the agent never sees them (ADL-Withheld-Tools)
         if jsonrpc.is_sse(headers):
             return Observation(replace_body=jsonrpc.replace_sse_response(body, rpc_id, response))
         return Observation(replace_body=orjson.dumps(response))

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from governor.adapters import sse
+from governor.adapters import sse, withhold
 from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
@@ -94,20 +94,6 @@ def _token_ids(value: Any) -> int:
     return sum(len(item) for item in value if isinstance(item, list))
 
 
-def _tool_name(tool: Any) -> str | None:
-    """Chat: {"type":"function","function":{"name"}}; Responses: {"type":"function","name"};
-    built-in tools (web_search, file_search, ...) are named by their type."""
-    if not isinstance(tool, dict):
-        return None
-    fn = tool.get("function")
-    if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-        return fn["name"]
-    if isinstance(tool.get("name"), str):
-        return tool["name"]
-    return tool.get("type") if isinstance(tool.get("type"), str) else None
-
-
-
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
         return None
@@ -160,9 +146,12 @@ class OpenAIAdapter(Adapter):
             model = parts[lowered.index("deployments") + 1] if "deployments" in lowered[:-1] else ""
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("'tools' must be an array")
+        state: dict[str, Any] = {"kind": kind}
+        # each offered tool's names (withhold.py): read once here, a 400 for one without a name
+        if body.get("tools") is not None:
+            state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.openai_names)
+        if kind == CHAT and body.get("functions") is not None:  # the legacy form of tools
+            state["functions"] = withhold.read_tools(body["functions"], "functions", withhold.named_only)
         stream = body.get("stream") is True
         expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
         choices = 1
@@ -201,7 +190,7 @@ class OpenAIAdapter(Adapter):
             stream=stream,
             model=model,
             state={
-                "kind": kind,
+                **state,
                 "expected_input": expected_input,
                 "expected_output": expected_output,
                 "choices": choices,
@@ -212,27 +201,22 @@ class OpenAIAdapter(Adapter):
         return _LIMIT_FIELDS[exchange.state["kind"]]
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        tools = exchange.body.get("tools")
-        offered = tuple(n for n in map(_tool_name, tools) if n) if tools else ()
+        state = exchange.state
+        tools, functions = state.get("tools"), state.get("functions")
+        offered = withhold.flat((tools or ()) + (functions or ())) if tools or functions else ()
         return [model_call(self, exchange, offered)]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
         changed = False
-        tools = body.get("tools")
-        if decision.allowed_tools is not None and tools:
-            kept = [t for t in tools if _tool_name(t) in decision.allowed_tools]
-            if len(kept) != len(tools):
+        state = exchange.state
+        allowed = decision.allowed_tools
+        if allowed is not None and ("tools" in state or "functions" in state or "tool_choice" in body
+                                    or "function_call" in body):
+            withheld = withhold.withhold_openai(body, allowed, state.get("tools"), state.get("functions"))
+            if withheld is not None:  # offered tools the step may not use: the model never sees them
+                state["withheld"] = withheld
                 changed = True
-                exchange.state["tools_removed"] = [_tool_name(t) for t in tools if t not in kept]
-                if kept:
-                    body["tools"] = kept
-                    choice = body.get("tool_choice")
-                    if isinstance(choice, dict) and _tool_name(choice) not in decision.allowed_tools:
-                        body.pop("tool_choice")
-                else:
-                    for key in ("tools", "tool_choice", "parallel_tool_calls"):
-                        body.pop(key, None)
         if exchange.state["kind"] in (CHAT, COMPLETIONS) and exchange.stream and self.config.inject_stream_usage:
             options = body.get("stream_options")
             if not (isinstance(options, dict) and options.get("include_usage")):

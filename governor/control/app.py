@@ -49,6 +49,7 @@ log = logging.getLogger("governor.control")
 
 MAX_BODY = 64 * 1024
 MAX_REVIEWER_LENGTH = 200
+MAX_REASON_LENGTH = 500  # the policy records at most this much of a reviewer's note
 
 RUNTIME = web.AppKey("runtime", object)
 REVIEWERS = web.AppKey("reviewers", TokenSet)
@@ -255,10 +256,20 @@ async def answer_approval(request: web.Request) -> web.Response:
             or not reviewer.isprintable():
         return error(400, "bad_reviewer",
                      f'"reviewer" must name who answers: printable text of 1-{MAX_REVIEWER_LENGTH} characters')
+    note = body.get("reason", "")
+    if not isinstance(note, str) or len(note) > MAX_REASON_LENGTH or not all(c.isprintable() or c in "\n\t" for c in note):
+        return error(400, "bad_reason", f'"reason" must be text of at most {MAX_REASON_LENGTH} characters')
     approval_id = request.match_info["approval"]
+    runtime = request.app[RUNTIME]
+    extra = {"reason": note.strip()} if note.strip() else {}  # (scripted test runtimes take no reason)
     try:
-        result = await request.app[RUNTIME].resolve_approval(approval_id, decision == "approve", reviewer.strip())
+        result = await runtime.resolve_approval(approval_id, decision == "approve", reviewer.strip(), **extra)
     except KeyError:
+        answered = getattr(runtime, "answered_approval", None)
+        earlier = answered(approval_id) if answered is not None else None
+        if earlier is not None:
+            by = f" by {earlier['reviewer']}" if earlier.get("reviewer") else ""
+            return error(409, "approval_answered", f"approval {approval_id!r} is no longer pending: {earlier['status']}{by}")
         return error(404, "approval_not_pending",
                      f"approval {approval_id!r} is unknown, already answered or timed out")
     log.info("approval %s %sd by %s", approval_id, decision, reviewer.strip())

@@ -18,7 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from governor.cli import UsageError
 
@@ -109,12 +109,15 @@ def _token(args: argparse.Namespace) -> str | None:
         raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
+          token_of: Callable[[argparse.Namespace], str | None] | None = None) -> Any:
+    """The control plane's JSON answer; Refused for an HTTP error, UsageError when it cannot be
+    reached. `token_of` finds the bearer token (default: the control token, `_token`)."""
     url = _control_url(args) + path
     data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
-    token = _token(args)
+    token = (token_of or _token)(args)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the governor's proxy

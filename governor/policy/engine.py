@@ -62,6 +62,7 @@ from governor.policy.limits import (
     Meter,
 )
 from governor.policy.signature import canonical_bytes, digest
+from governor.policy.tools import step_tools
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
     ON_ANOMALY,
@@ -487,14 +488,10 @@ def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | No
 def _model_call(run: _Run, step: ModelCall) -> Decision:
     limits, state = run.limits, run.state
     run.release(step.approval_id)
-    allowed = None
-    if step.persona is not None:
-        persona = limits.personas.get(step.persona)
-        if persona is None:
-            if (d := _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
-                return d
-        else:
-            allowed = persona.tools
+    allowed = step_tools(limits, step.persona)  # what the call may be offered (policy.tools)
+    if step.persona is not None and step.persona not in limits.personas:
+        if (d := _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
+            return d
     if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
         return d
     if (d := _count(run, "max_iterations", state.iterations, limits.max_iterations)) is not None:
@@ -587,7 +584,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
                      for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
     if not charges:
         return None
-    decision = permitted(charges, None, (), {}, False)
+    decision = permitted(charges, step_tools(limits, None), (), {}, False)
     return decision, state.evolve(counters=counters, seq=state.seq + 1, iterations=state.iterations + 1,
                                   in_flight=state.in_flight + 1)
 
@@ -919,6 +916,8 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
         return _timeout(run, approval, late_reviewer=step.reviewer)
     detail = _approval_detail(run, approval, "approved")
     detail["reviewer"] = step.reviewer
+    if step.reason:
+        detail["reason"] = step.reason[:500]
     detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
     return Decision(
         action=Action.CONTINUE, cause=approval.cause, details=detail,

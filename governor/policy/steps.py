@@ -218,6 +218,7 @@ class ApprovalGranted:
 
     approval_id: str
     reviewer: str
+    reason: str = ""  # the reviewer's note, recorded with the approval
 
 
 @dataclass(frozen=True, slots=True)

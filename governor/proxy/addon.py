@@ -32,7 +32,7 @@ import orjson
 from mitmproxy import ctx, http
 
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
-from governor.adapters import sse
+from governor.adapters import sse, withhold
 from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE, fit_request
 from governor.adapters.base import (
     Adapter,
@@ -299,6 +299,8 @@ class Governor:
         if self.metrics is not None:
             self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started, response.status_code)
         exchange = flight.exchange
+        if exchange.state.get("withheld"):  # the client learns which offered tools the model never saw
+            response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
         try:
             watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
         except Exception:
@@ -485,6 +487,8 @@ class Governor:
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
         if fitted and body is None:
             body = orjson.dumps(exchange.body)
+        if "withheld" in exchange.state:
+            _log_withheld(flow, exchange, "request")
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None
@@ -688,6 +692,9 @@ class Governor:
                 return
         if observation.replace_body is not None:
             response.content = observation.replace_body
+            if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
+                response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
+                _log_withheld(flow, exchange, "answer")
 
     async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
         """An answer the governor cannot read within its bounds (a decompression bomb, an
@@ -944,6 +951,14 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _log_withheld(flow: http.HTTPFlow, exchange: Exchange, where: str) -> None:
+    withheld = exchange.state["withheld"]
+    if withheld:
+        log.info("governor: withheld %d tool(s) the step may not use from the %s of %s %s in session %s: %s",
+                 len(withheld), where, flow.request.method, flow.request.pretty_url, exchange.session,
+                 withhold.rendered(withheld))
 
 
 def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,

@@ -67,12 +67,19 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
                             "ADL-Session value) for at most this many live sessions (default 0: none; every other "
                             "label is a closed set)"),
+    "webhook": ("GOVERNOR_WEBHOOKS", "a URL to POST signed notifications to (a review waiting, a halt, a lock, a "
+                "budget warning): repeat the option, or comma-separate in the variable; a list in the config file"),
+    "webhook_secret_file": ("GOVERNOR_WEBHOOK_SECRET_FILE", "the file holding the webhooks' HMAC secret (or the "
+                            "secret itself in $GOVERNOR_WEBHOOK_SECRET); required with --webhook"),
     "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
                   "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
     "log_format": ("GOVERNOR_LOG_FORMAT", "text (default) or json: one JSON object per line (timestamp, level, "
                    "logger, message and the call's extras such as session and cause)"),
 }
 
+REPEATABLE = {"webhook"}
+WEBHOOK_SECRET_ENV = "GOVERNOR_WEBHOOK_SECRET"
+WEBHOOK_FILE_SETTINGS = ("webhook_timeout", "webhook_attempts", "webhook_backoff", "webhook_queue")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -87,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     for name, (env, text) in OPTIONS.items():
         run.add_argument("--" + name.replace("_", "-"), dest=name, metavar=name.split("_")[-1].upper(),
-                         help=f"{text} [${env}]")
+                         help=f"{text} [${env}]", **({"action": "append"} if name in REPEATABLE else {}))
     run.set_defaults(func=run_command)
 
 
@@ -139,6 +146,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                             "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
                             "peers", "delegation_depth"}
     known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
+    known |= set(WEBHOOK_FILE_SETTINGS)  # docs/notifications.md
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -240,6 +248,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
+    settings.webhooks = _webhooks(value, file, environ, config_path)
     from governor.control.auth import TokenConfigError, load_control_token, load_reviewer_tokens
 
     try:
@@ -263,6 +272,43 @@ def _fitting(value: Any) -> dict[str, Any]:
             raise UsageError(f"--fit-floor: expected a whole number of tokens >= 1, got {floor!r}")
         fields["fit_floor"] = int(floor)
     return fields
+
+
+def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], config_path: Any) -> Any:
+    """The WebhookConfig of --webhook (and its secret, and the config file's webhook_* tuning), or None."""
+    from governor.notify.webhooks import WebhookConfig, WebhookConfigError
+
+    urls = value("webhook")
+    if urls is None:
+        return None
+    if isinstance(urls, str):
+        urls = urls.replace(",", " ").split()
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise UsageError(f"config {config_path}: webhook must be a URL or a list of URLs")
+    urls = [u.strip() for u in urls if u.strip()]
+    if not urls:
+        return None
+    secret_file = value("webhook_secret_file")
+    if secret_file is not None:
+        try:
+            secret = Path(secret_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--webhook-secret-file {secret_file}: {exc}") from None
+    else:
+        secret = environ.get(WEBHOOK_SECRET_ENV, "").strip()
+    if not secret:
+        raise UsageError(f"--webhook needs a secret to sign with: --webhook-secret-file FILE or ${WEBHOOK_SECRET_ENV}")
+    tuning: dict[str, Any] = {}
+    for key in WEBHOOK_FILE_SETTINGS:
+        if key in file:
+            number = file[key]
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise UsageError(f"config {config_path}: {key} must be a number")
+            tuning[key.removeprefix("webhook_")] = int(number) if key in ("webhook_attempts", "webhook_queue") else float(number)
+    try:
+        return WebhookConfig(tuple(dict.fromkeys(urls)), secret, **tuning)
+    except WebhookConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _session_settings(settings: Any, value: Any) -> None:
@@ -300,26 +346,45 @@ def ensure_control_token(settings: Any) -> Path | None:
     <data-dir>/control-token (mode 0600), created on first run. Opening sessions and
     lifting locks always need a token; `governor sessions` finds it there. Returns the
     file when the token came from it."""
-    import secrets
-
     if settings.control is None or settings.control_token:
         return None
-    path = settings.data_dir / CONTROL_TOKEN_FILE
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.control_token = _token_file(settings.data_dir / CONTROL_TOKEN_FILE, "control token")
+    return settings.data_dir / CONTROL_TOKEN_FILE
+
+
+REVIEWER_TOKEN_FILE = "reviewer-token"
+
+
+def ensure_reviewer_token(settings: Any) -> Path | None:
+    """With a control plane and no reviewer token configured: the one in
+    <data-dir>/reviewer-token (mode 0600), created on first run, so a reviewer on this
+    machine can answer approvals (`governor approvals` finds it there) instead of every
+    held step timing out. Returns the file when the token came from it."""
+    if settings.control is None or settings.reviewer_tokens:
+        return None
+    token = _token_file(settings.data_dir / REVIEWER_TOKEN_FILE, "reviewer token")
+    settings.reviewer_tokens = (token,)
+    return settings.data_dir / REVIEWER_TOKEN_FILE
+
+
+def _token_file(path: Path, what: str) -> str:
+    """The token in `path` (mode 0600), written with a fresh random one when missing or empty."""
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         token = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         token = ""
     except OSError as exc:
-        raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"{what} file {path}: {exc.strerror or exc}") from None
     if not token:
         token = secrets.token_urlsafe(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(token + "\n")
     os.chmod(path, 0o600)
-    settings.control_token = token
-    return path
+    return token
 
 
 def write_control_file(running: Any) -> None:
@@ -356,9 +421,17 @@ def instructions(running: Any) -> str:
         lines.append(f"  control plane:  {running.control_url}")
         token_file = getattr(running, "control_token_file", None)
         lines.append("  control token:  " + (f"{token_file} (mode 0600)" if token_file else "configured"))
-        lines.append("  approvals:      " + (f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
+        reviewer_file = getattr(running, "reviewer_token_file", None)
+        lines.append("  approvals:      " + (f"reviewer token {reviewer_file} (mode 0600): governor approvals list "
+                                             f"--data-dir {settings.data_dir}" if reviewer_file else
+                                             f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
                      if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
                      "paused steps can only time out"))
+    if settings.webhooks is not None:
+        from governor.notify.webhooks import redacted
+
+        lines.append("  webhooks:       " + ", ".join(redacted(u) for u in settings.webhooks.urls)
+                     + " (signed; reviews waiting, halts, locks, budget warnings)")
     lines.append(f"  data:           {data}")
     if getattr(runtime, "governor_id", None):
         lines.append(f"  governor id:    {runtime.governor_id}")
@@ -404,6 +477,7 @@ async def _serve_until_stopped(settings: Any) -> int:
     from governor.proxy.server import StartupError, serve
 
     token_file = ensure_control_token(settings)
+    reviewer_file = ensure_reviewer_token(settings)
     try:
         running = await serve(settings)
     except StartupError as exc:
@@ -414,6 +488,7 @@ async def _serve_until_stopped(settings: Any) -> int:
             print(format_report(settings.passport or Path("passport"), exc.report), file=sys.stderr)
         return 1
     running.control_token_file = token_file
+    running.reviewer_token_file = reviewer_file
     write_control_file(running)
     print(instructions(running), flush=True)
     _freeze_startup_objects()

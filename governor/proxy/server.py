@@ -125,6 +125,7 @@ class Settings:
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
     control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
+    webhooks: Any = None  # governor.notify.webhooks.WebhookConfig: signed notifications; None: none
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
 
     @property
@@ -148,6 +149,7 @@ class Running:
     sessions: Any = None  # the SessionBook: who may act in which session, locks
     control_token_file: Any = None  # <data-dir>/control-token when `governor run` made or read it
     connections: ConnectionGuard | None = None  # client connection deadlines and cap
+    notifier: Any = None  # the webhook notifier serve() attached to the runtime (closed on stop)
 
     @property
     def proxy_url(self) -> str:
@@ -195,6 +197,9 @@ class Running:
             result = close()
             if asyncio.iscoroutine(result):
                 await result
+        if self.notifier is not None:  # after the runtime: notifications of its last halts still go out
+            await self.notifier.close()
+            self.notifier = None
 
 
 class _Started:
@@ -235,6 +240,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         metrics = Metrics(per_session=settings.metrics_per_session)
     if runtime is None:
         runtime = build_runtime(settings, metrics)
+    notifier = attach_notifier(settings, runtime, metrics)
     try:
         book = session_book(settings, runtime, metrics)
     except Exception as exc:  # an unreadable or damaged sessions/book.jsonl, a bad setting
@@ -303,7 +309,20 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                            f"(mode {settings.mode}){why}; {_ListenAdvice.ADVICE}")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers,
-                   sessions=book, connections=guard)
+                   sessions=book, connections=guard, notifier=notifier)
+
+
+def attach_notifier(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
+    """The webhook notifier of settings.webhooks, set as the runtime's (None: no webhooks)."""
+    if settings.webhooks is None or not hasattr(runtime, "notifier"):
+        return None
+    from governor.cli import package_version
+    from governor.notify.webhooks import WebhookNotifier
+
+    notifier = WebhookNotifier(settings.webhooks, governor=str(getattr(runtime, "governor_id", "") or ""),
+                               metrics=metrics, user_agent=f"adl-governor/{package_version()}")
+    runtime.notifier = notifier
+    return notifier
 
 
 def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:

@@ -89,6 +89,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
           name: {{ .Values.controlToken.existingSecret }}
           key: {{ .Values.controlToken.key }}
     {{- end }}
+    {{- if .Values.webhooks.urls }}
+    - name: GOVERNOR_WEBHOOKS
+      value: {{ join "," .Values.webhooks.urls | quote }}
+    - name: GOVERNOR_WEBHOOK_SECRET
+      valueFrom:
+        secretKeyRef:
+          name: {{ required "webhooks.secret.existingSecret: the webhooks' signing secret is required with webhooks.urls" .Values.webhooks.secret.existingSecret }}
+          key: {{ .Values.webhooks.secret.key }}
+    {{- end }}
     {{- with .Values.governor.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

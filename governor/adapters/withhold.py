@@ -1,0 +1,224 @@
+"""Withhold what the step may not use: offered tools outside the permitted set are removed
+from a model request before the model sees them (docs/tools.md).
+
+The permitted set is the policy's (governor/policy/tools.py: the passport's `tools[]`,
+narrowed to the persona's); it reaches the adapters as `Decision.allowed_tools` (model
+calls) or the runtime's `allowed_tools` (MCP tools/list). This module reads tool entries
+the way each wire protocol names them, refuses entries it cannot name (400, at open,
+before anything is admitted), and rewrites the parsed body in place only when something
+is withheld. A tool call the model makes anyway is still decided as a tool-call step.
+
+Names. An entry is kept only when *every* name it carries is permitted, so no spelling
+can smuggle an undeclared tool past a declared one (a Responses entry with `name` and a
+chat-style `function.name`, say). OpenAI (chat and Responses): `function.name`,
+`custom.name`, `name`, and the `type` of any tool that is not `function`/`custom` (a
+built-in such as `web_search_preview` or `mcp` is named by its type: the passport must
+declare a tool of that name to offer it). Anthropic: `name`. Legacy chat `functions`:
+`name`. Names compare exactly (no case folding, no Unicode normalization).
+
+tool_choice / function_call naming a withheld tool is dropped (the model then chooses
+among what is left); one that only makes sense with tools (`required`, Anthropic `any`)
+is dropped with the last tool, as is `parallel_tool_calls`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import quote
+
+from governor.adapters.base import BadRequest
+
+# More tools than any provider accepts (OpenAI: 128): a bound on the walk, not a policy.
+MAX_TOOLS = 10_000
+HEADER = "ADL-Withheld-Tools"
+MAX_HEADER_CHARS = 1024  # the header value (and the log line's list) is cut past this
+# OpenAI tool types whose entry carries its name elsewhere; any other type names the tool
+_STRUCTURAL = frozenset({"function", "custom"})
+
+Names = tuple[str, ...]
+Reader = Callable[[Any], "Names | None"]
+
+
+def openai_names(tool: Any) -> Names | None:
+    """Every name an OpenAI (chat or Responses) tool entry or tool_choice carries; None
+    when it carries none readable (not an object, a non-string name, ...)."""
+    if type(tool) is not dict:
+        return None
+    names: list[str] = []
+    kind = tool.get("type")
+    if kind is not None and (type(kind) is not str or not kind):
+        return None
+    for holder in ("function", "custom"):
+        if holder in tool:
+            inner = tool[holder]
+            name = inner.get("name") if type(inner) is dict else None
+            if type(name) is not str or not name:
+                return None
+            names.append(name)
+    if "name" in tool:
+        name = tool["name"]
+        if type(name) is not str or not name:
+            return None
+        names.append(name)
+    if kind is not None and kind not in _STRUCTURAL:
+        names.append(kind)
+    return tuple(names) if names else None
+
+
+def named_only(tool: Any) -> Names | None:
+    """Anthropic tools and legacy chat functions: the entry's `name`."""
+    name = tool.get("name") if type(tool) is dict else None
+    return (name,) if type(name) is str and name else None
+
+
+def read_tools(value: Any, field: str, reader: Reader) -> tuple[Names, ...]:
+    """The names of each entry of a request's tool array, in order; BadRequest (400) for
+    anything that is not an array of entries with readable names."""
+    if not isinstance(value, list):
+        raise BadRequest(f"'{field}' must be an array")
+    if len(value) > MAX_TOOLS:
+        raise BadRequest(f"'{field}' holds {len(value)} entries; the governor reads at most {MAX_TOOLS}")
+    out = []
+    for index, tool in enumerate(value):
+        names = reader(tool)
+        if names is None:
+            raise BadRequest(f"'{field}[{index}]' must be an object naming its tool with a non-empty string "
+                             "(the governor withholds tools by name, so it refuses one it cannot name)")
+        out.append(names)
+    return tuple(out)
+
+
+def flat(per_entry: Iterable[Names]) -> Names:
+    """The distinct names, in order (ModelCall.tools_offered)."""
+    return tuple(dict.fromkeys(n for names in per_entry for n in names))
+
+
+@dataclass(slots=True)
+class _Cut:
+    body: dict[str, Any]
+    allowed: frozenset[str]
+    withheld: dict[str, None]  # ordered set
+    changed: bool = False
+
+    def entries(self, field: str, per_entry: tuple[Names, ...]) -> bool | None:
+        """Withhold the entries of body[field] not permitted. None: nothing withheld;
+        False: all withheld (the field removed); True: some kept."""
+        allowed = self.allowed
+        keep = [i for i, names in enumerate(per_entry) if all(n in allowed for n in names)]
+        if len(keep) == len(per_entry):
+            return None
+        for names in per_entry:
+            self.withheld.update((n, None) for n in names if n not in allowed)
+        self.changed = True
+        if not keep:
+            del self.body[field]
+            return False
+        entries = self.body[field]
+        self.body[field] = [entries[i] for i in keep]
+        return True
+
+    def permits(self, names: Names | None) -> bool:
+        if names is None:
+            return False
+        missing = [n for n in names if n not in self.allowed]
+        self.withheld.update((n, None) for n in missing)
+        return not missing
+
+    def drop(self, *fields: str) -> None:
+        for field in fields:
+            if field in self.body:
+                del self.body[field]
+                self.changed = True
+
+
+def _openai_choice(cut: _Cut, choice: Any) -> bool:
+    """Whether an OpenAI tool_choice may stay (strings always: none/auto/required);
+    an `allowed_tools` choice is narrowed in place."""
+    if type(choice) is not dict:
+        return True
+    if choice.get("type") == "allowed_tools":
+        # chat: {"allowed_tools": {"mode", "tools"}}; Responses: {"mode", "tools"}
+        holder = choice.get("allowed_tools") if "allowed_tools" in choice else choice
+        refs = holder.get("tools") if type(holder) is dict else None
+        if type(refs) is not list or len(refs) > MAX_TOOLS:  # unreadable, or more than any tools array
+            return False
+        kept = [ref for ref in refs if cut.permits(openai_names(ref))]
+        if len(kept) != len(refs):
+            holder["tools"] = kept
+            cut.changed = True
+        return bool(kept)
+    return cut.permits(openai_names(choice))
+
+
+def withhold_openai(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None,
+                    functions: tuple[Names, ...] | None) -> list[str] | None:
+    """Withhold from an OpenAI chat or Responses body, in place; the withheld names, or
+    None when the body is unchanged."""
+    cut = _Cut(body, allowed, {})
+    if tools and cut.entries("tools", tools) is False:
+        cut.drop("tool_choice", "parallel_tool_calls")
+    if "tool_choice" in body and not _openai_choice(cut, body["tool_choice"]):
+        cut.drop("tool_choice")
+    if functions and cut.entries("functions", functions) is False:  # legacy chat functions
+        cut.drop("function_call")
+    call = body.get("function_call")
+    if type(call) is dict and not cut.permits(named_only(call)):
+        cut.drop("function_call")
+    return list(cut.withheld) if cut.changed else None
+
+
+def withhold_anthropic(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None
+                       ) -> list[str] | None:
+    """Withhold from an Anthropic Messages body, in place (tools, tool_choice)."""
+    cut = _Cut(body, allowed, {})
+    if tools and cut.entries("tools", tools) is False:
+        cut.drop("tool_choice")
+    choice = body.get("tool_choice")
+    if type(choice) is dict and choice.get("type") == "tool" and not cut.permits(named_only(choice)):
+        cut.drop("tool_choice")
+    return list(cut.withheld) if cut.changed else None
+
+
+def filter_listed(tools: list[Any], allowed: frozenset[str]) -> tuple[list[Any], list[str]] | None:
+    """An MCP tools/list result's tools with only the permitted ones (an entry without a
+    string name is dropped too: the server's bytes are not trusted); None when all stay."""
+    kept, withheld = [], {}
+    for tool in tools:
+        name = tool.get("name") if type(tool) is dict else None
+        if type(name) is str and name in allowed:
+            kept.append(tool)
+        else:
+            withheld[name if type(name) is str else "<unnamed>"] = None
+    if len(kept) == len(tools):
+        return None
+    return kept, list(withheld)
+
+
+# --- telling the client ---------------------------------------------------------------
+
+
+def rendered(names: Iterable[str], limit: int = MAX_HEADER_CHARS) -> str:
+    """`a, b, +3 more`: each name percent-encoded outside [A-Za-z0-9_.:/@-] (a header value
+    is ASCII without control characters; a comma or space in a name stays unambiguous),
+    cut to about `limit` characters."""
+    names = list(names)
+    parts: list[str] = []
+    size = 0
+    for index, name in enumerate(names):
+        part = quote(name, safe="_.-:/@")
+        if size + len(part) + 2 > limit and parts:
+            parts.append(f"+{len(names) - index} more")
+            break
+        parts.append(part[:limit])
+        size += len(part) + 2
+    return ", ".join(parts)
+
+
+def withheld_of(state: Mapping[str, Any]) -> list[str] | None:
+    """What the exchange withheld (set by the adapters under this key), if anything."""
+    return state.get("withheld")
+
+
+__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "read_tools", "flat", "withhold_openai",
+           "withhold_anthropic", "filter_listed", "rendered", "withheld_of"]

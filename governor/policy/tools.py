@@ -1,0 +1,32 @@
+"""The tools a step may use: what a model call may be offered (Core §8.1, Runtime §4.1).
+
+Pure: a function of the compiled limits and the step's persona. The proxy's adapters
+withhold every offered tool outside this set before the model sees it
+(governor/adapters/withhold.py); a call the model makes anyway is still decided as a
+tool-call step (on_tool_denied, on_sub_agent_denied).
+
+Tool names are compared exactly, as the passport spells them: a name that differs only
+by letter case or Unicode normalization is another tool, so it is not declared and is
+withheld (fail closed; docs/tools.md).
+"""
+
+from __future__ import annotations
+
+from governor.policy.limits import Limits
+
+
+def step_tools(limits: Limits, persona: str | None) -> frozenset[str] | None:
+    """The tools a model call (of `persona`, if any) may offer; None: no restriction.
+
+    - At R1 the governor observes and does not alter execution (Runtime §1): None.
+    - A persona: its declared tools (already narrowed to the parent's, §4.1); an
+      undeclared persona may use none (fail closed).
+    - Otherwise the passport's `tools[]`; a passport that declares no tools restricts none
+      (its tool calls are not checked against a tool surface either).
+    """
+    if not limits.enforce_hard:
+        return None
+    if persona is None:
+        return limits.parent_tools or None
+    declared = limits.personas.get(persona)
+    return declared.tools if declared is not None else frozenset()
