@@ -64,12 +64,14 @@ from governor.policy import (
     quiet_model_call,
     step_tools,
     quiet_settlement,
+    step_digest,
 )
 from governor.policy.extension import covered
 from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
+from governor.runtime_edit import EditRefused, editable, edited_step
 from governor.runtime_sessions import SessionEvidence
 from governor.sessions import HOW_TO_OPEN
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
@@ -109,6 +111,7 @@ class _Pending:
     reason: str
     trigger: str
     held_at: float = 0.0  # when the step was paused (the approval wait histogram)
+    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
 
 
 @dataclass(slots=True)
@@ -581,6 +584,7 @@ class Runtime(SessionEvidence):
         self._restate(live)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
+        edited: dict[str, Any] | None = None  # plan editing: the arguments the reviewer approved
         while True:
             live = self._sessions.get(session)
             pending = live.pending.get(approval_id) if live is not None else None
@@ -594,9 +598,13 @@ class Runtime(SessionEvidence):
                 answered = await self._expire(live, approval_id)
                 approved = False
             if approved:
+                if pending.edited:  # (an edited step is a ToolCall)
+                    edited = dict(pending.step.arguments)  # type: ignore[attr-defined]
                 answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
             decision = answered.decision
             if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
+                if edited is not None and not decision.blocks:
+                    answered.edited_arguments = edited
                 return answered
             # released from one pause into another (a second trigger, an anomaly, a declared
             # re-review on timeout): the request stays held for that review too
@@ -641,7 +649,12 @@ class Runtime(SessionEvidence):
         held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "") -> dict[str, Any]:
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
+        (plan editing, approve only) approves the held step with those arguments instead.
+        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
+        the step does not allow)."""
         live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
@@ -650,16 +663,32 @@ class Runtime(SessionEvidence):
             approval = live.state.approvals.get(approval_id)
             if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
                 raise KeyError(approval_id)
-            step = (ApprovalGranted if approve else ApprovalRejected)(approval_id, reviewer, reason)
+            edited = None
+            if edited_arguments is not None:
+                if not approve:
+                    raise EditRefused("edit_needs_approve", "edited arguments go with an approval, not a rejection")
+                edited = edited_step(live.limits, pending.step, edited_arguments)
+            if approve:
+                step = ApprovalGranted(approval_id, reviewer, reason,
+                                       edited_digest=step_digest(edited) if edited is not None else None)
+            else:
+                step = ApprovalRejected(approval_id, reviewer, reason)
             decision, _ = await self._apply(live, step, None)
             admission = self._admission(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
             granted = approve and decision.action is Action.CONTINUE
+            if granted and edited is not None:  # the held request goes on as the reviewer edited it
+                pending.step, pending.edited = edited, True
             self._answer(live, approval_id, granted, None if granted else admission,
                          "approved" if approve else "rejected")
         review = decision.details.get("review", "approved" if approve else "rejected")
-        return {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
-                "reviewer": reviewer, "outcome": review, "governor": admission.governor_object}
+        answer = {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
+                  "reviewer": reviewer, "outcome": review, "governor": admission.governor_object,
+                  "edited": edited is not None}
+        if edited is not None:
+            answer.update(original_step_digest=decision.details.get("original_step_digest"),
+                          step_digest=decision.details.get("step_digest"))
+        return answer
 
     def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
         """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
@@ -685,6 +714,7 @@ class Runtime(SessionEvidence):
                 "persona": getattr(pending.step, "persona", None),
                 "step_digest": approval.step_digest if approval else None,
                 "expires_at": iso_utc(pending.expires_at),
+                "plan_editing": editable(live.limits, pending.step),
             })
         return out
 

@@ -16,7 +16,8 @@ from governor.policy.steps import Action, Decision, Step, UsageReport
 # Keys of Decision.details that clients and the record's readers care about.
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
                 "tool", "peer", "rule", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause",
-                "model", "loop", "repeats_in_window", "window", "threshold", "fit_floor", "fit_room")
+                "model", "loop", "repeats_in_window", "window", "threshold", "call_used", "call_reserved", "final",
+                "fit_floor", "fit_room")
 
 
 def _plain_number(value: Any) -> Any:
@@ -57,6 +58,9 @@ class Admission:
     session: str
     ticket: Any = None
     governor_object: dict[str, Any] = field(default_factory=dict)  # machine-readable reason for clients
+    # plan editing (§5.4): a reviewer approved these arguments instead of the agent's; the
+    # proxy sends the request upstream with them (governor.runtime_edit)
+    edited_arguments: dict[str, Any] | None = None
 
 
 class RuntimeAPI(Protocol):
@@ -108,9 +112,11 @@ class RuntimeAPI(Protocol):
 
     def approvals(self) -> list[dict[str, Any]]: ...
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "") -> dict[str, Any]:
-        """Record and apply a reviewer's answer (with the reviewer's note `reason`, when given);
-        KeyError when unknown or already answered."""
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record and apply a reviewer's answer (with the reviewer's note `reason`, when given;
+        `edited_arguments`: plan editing, see governor.runtime_edit); KeyError when unknown or
+        already answered."""
 
     async def end_session(self, session: str) -> dict[str, Any]:
         """Finalize, sign and write the session's record; returns it."""

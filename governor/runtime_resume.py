@@ -142,6 +142,9 @@ async def finalize_at_start(runtime: Runtime) -> FinalizeReport:
         states = await asyncio.to_thread(_halted_states, runtime, report)
         for finalized, state in zip(report.finalized, states):
             runtime.adopt_finalized(finalized.session, state, finalized.journal, finalized.record)
+            # the session book learns it ended too: its token or name is refused as ended, and
+            # after later restarts the session is still shown as ended (GET /v1/sessions/{id})
+            runtime._session_ended(finalized.session, state.halt_cause if state.halted else None)
     return report
 
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from governor.evidence import Journal, SessionHeader, sign_record, write_record
+from governor.evidence import Journal, SessionHeader, journal_path, recover_journal, sign_record, write_record
 from governor.notify import events as notify
 from governor.sessions import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook, halted_reason
 
@@ -158,6 +158,20 @@ class SessionEvidence:
         if book is not None:
             book.ended_by_principal(session)
         return record
+
+    def ended_record(self, session: str, nonce: str | None = None) -> dict[str, Any] | None:
+        """The record of a session that ended before this process started (a start finalized
+        it, or an earlier process ended it), signed afresh from its ended journal, bound to
+        `nonce` when given; None when there is no such ended journal. Blocking: a file read."""
+        path = journal_path(self.data_dir, session)  # type: ignore[attr-defined]
+        if not path.exists():
+            return None
+        recovery = recover_journal(path)
+        if recovery.ending is None or recovery.header.session != session:
+            return None  # one still running is the runtime's; a digest-named file of another id is not it
+        if nonce is None and self.session_book is not None:
+            nonce = self.session_book.nonce(session)
+        return sign_record(recovery.build(iat=self.clock(), nonce=nonce), self.key)  # type: ignore[attr-defined]
 
     def _halted_object(self, obj: dict[str, Any], cause: str | None) -> dict[str, Any]:
         """The refusal of a step in a halted session says so, why, and what to do."""

@@ -15,7 +15,9 @@ at most `agent_sessions_per_day` names opened per rolling day.
 A halt whose cause is in `lock_causes` locks the agent: every request is refused until
 a principal lifts the lock (`lift`). What the book decides is persisted in an append-
 only log (`<data-dir>/sessions/book.jsonl`; tokens only by their SHA-256), so tokens,
-ended sessions, the halted default session and locks survive a restart.
+ended sessions, the halted default session and locks survive a restart. The log is
+compacted (rewritten whole, then renamed over the old one) at start-up and whenever it has
+doubled since the last compaction: see `_snapshot` for what a compacted log keeps.
 
 The book does no evidence work itself: a `recorder` (the runtime) journals locks, lifts
 and the agent-named cap's refusal in the session's record and the audit journal.
@@ -36,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+from governor.evidence.record import remove_stale_temp_files, write_durably
+
 log = logging.getLogger("governor.sessions")
 
 MODES = ("principal", "agent-named")
@@ -49,6 +53,8 @@ _TOKEN = re.compile(r"adls_[A-Za-z0-9_-]{32}")
 MAX_NAME_LENGTH = 200  # agent-named sessions
 MAX_LABEL_LENGTH = 200
 DAY = 86400.0
+ENDED_RETENTION = DAY  # how long a compacted book keeps a session after it ended
+COMPACT_MIN_LINES = 10_000  # a running governor compacts its book past this many lines, then past double
 
 ON_AGENT_LOCK = "on_agent_lock"  # the cause of lock and lift events (records: action halt / continue)
 ON_SESSION_CAP = "on_session_cap"  # the agent-named cap's refusal (audit journal, action halt)
@@ -88,6 +94,7 @@ class Opened:
     nonce: str | None = None
     ended_at: float | None = None
     halt_cause: str | None = None
+    token_sha256: str | None = None  # a principal's session: its token, hashed
 
     def view(self) -> dict[str, Any]:
         return {"session": self.id, "opened_by": self.by, "opened_at": _iso(self.opened_at), "label": self.label,
@@ -140,6 +147,8 @@ class SessionBook:
         lock_causes: Iterable[str] = DEFAULT_LOCK_CAUSES,
         clock: Callable[[], float] = time.time,
         metrics: Any = None,
+        ended_retention: float = ENDED_RETENTION,
+        compact_min_lines: int = COMPACT_MIN_LINES,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"sessions mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -168,6 +177,10 @@ class SessionBook:
         self._active: dict[str, Lock] = {}
         self.refusals: collections.Counter[str] = collections.Counter()
         self._write_lock = threading.Lock()
+        self.ended_retention = ended_retention
+        self._lines = 0  # lines in the log
+        self._compact_at = compact_min_lines  # the line count that triggers the next compaction
+        self._compact_min_lines = compact_min_lines
         self._path = Path(data_dir) / "sessions" / "book.jsonl" if data_dir is not None else None
         if self._path is not None:
             self._load()
@@ -306,8 +319,8 @@ class SessionBook:
         token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
         now = self.clock()
         session = f"session-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{secrets.token_hex(4)}"
-        entry = Opened(session, "principal", now, label=label, nonce=nonce)
         digest = _digest(token)
+        entry = Opened(session, "principal", now, label=label, nonce=nonce, token_sha256=digest)
         self._append({"op": "open", "id": session, "by": "principal", "at": now, "token_sha256": digest,
                       "label": label, "nonce": nonce}, sync=True)
         self._by_id[session] = self._by_digest[digest] = self._by_token[token] = entry
@@ -397,6 +410,11 @@ class SessionBook:
             return
         line = (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
         with self._write_lock:
+            if self._lines + 1 >= self._compact_at:
+                # the snapshot, then this line: an op whose state is already in memory replays
+                # idempotently, and one whose state is not yet (open) is kept by the line
+                self._compact(extra=line)
+                return
             try:
                 fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
@@ -407,10 +425,62 @@ class SessionBook:
                     os.close(fd)
             except OSError as exc:
                 raise SessionBookError(f"cannot write {self._path}: {exc.strerror or exc}") from None
+            self._lines += 1
+
+    def _snapshot(self, now: float) -> tuple[list[dict[str, Any]], list[Opened]]:
+        """The log's entries that rebuild what the book holds now, minus what it no longer
+        needs: every session still open, every one that ended within `ended_retention`,
+        every agent-named one opened within the rolling day (the cap counts them) and every
+        default session (a configured default name is never reopened); the halted default
+        session; every lock, with its lift. A principal's session dropped here has ended long
+        ago: its token is refused as unknown instead of as ended. Returns the entries and the
+        sessions left out."""
+        entries: list[dict[str, Any]] = []
+        dropped: list[Opened] = []
+        for opened in self._by_id.values():
+            keep = (opened.ended_at is None or opened.ended_at > now - self.ended_retention or opened.by == "default"
+                    or (opened.by == "agent" and opened.opened_at > now - DAY))
+            if not keep:
+                dropped.append(opened)
+                continue
+            entry: dict[str, Any] = {"op": "open", "id": opened.id, "by": opened.by, "at": opened.opened_at}
+            if opened.token_sha256 is not None:
+                entry["token_sha256"] = opened.token_sha256
+            for key in ("label", "nonce", "ended_at", "halt_cause"):
+                if (value := getattr(opened, key)) is not None:
+                    entry[key] = value
+            entries.append(entry)
+        if self.default_halted is not None:
+            session, cause = self.default_halted
+            entries.append({"op": "default_halted", "id": session, "cause": cause, "at": now})
+        entries.extend({"op": "lock", **asdict(lock)} for lock in self.locks.values())
+        return entries, dropped
+
+    def _compact(self, extra: bytes = b"") -> None:
+        """Rewrite the log as its snapshot (plus `extra`, a line being appended): a temp file,
+        fsync'ed, renamed over the log. A crash leaves the old log or the new one, whole."""
+        assert self._path is not None
+        entries, dropped = self._snapshot(self.clock())
+        lines = [json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n" for entry in entries]
+        data = "".join(lines).encode() + extra
+        try:
+            write_durably(self._path, data)
+        except OSError as exc:
+            raise SessionBookError(f"cannot compact {self._path}: {exc.strerror or exc}") from None
+        for opened in dropped:  # forgotten in memory too: the book stays as small as its log
+            del self._by_id[opened.id]
+            if opened.token_sha256 is not None:
+                self._by_digest.pop(opened.token_sha256, None)
+        if dropped:
+            self._by_token = {token: entry for token, entry in self._by_token.items() if entry.id in self._by_id}
+        before, self._lines = self._lines, len(lines) + (1 if extra else 0)
+        self._compact_at = max(self._compact_min_lines, 2 * self._lines)
+        log.info("%s compacted: %d lines to %d", self._path, before + (1 if extra else 0), self._lines)
 
     def _load(self) -> None:
         assert self._path is not None
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(self._path.parent)  # a compaction a crash cut short: the old log stands
         try:
             data = self._path.read_bytes()
         except FileNotFoundError:
@@ -426,6 +496,7 @@ class SessionBook:
                 self._replay(json.loads(raw), now)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SessionBookError(f"{self._path} line {number}: {exc}") from None
+            self._lines += 1
         if tail:  # a last line without its newline: a write a crash cut short, set aside
             intact = len(data) - len(tail)
             aside = self._path.with_name(f"{self._path.name}.torn-{intact}")
@@ -435,13 +506,19 @@ class SessionBook:
             except OSError as exc:
                 raise SessionBookError(f"cannot set aside the torn last line of {self._path}: {exc}") from None
             log.warning("%s: torn last line (%d bytes) set aside in %s", self._path, len(tail), aside)
+        if len(self._snapshot(now)[0]) < self._lines:  # something to drop or merge: start from a compact log
+            self._compact()
+        self._compact_at = max(self._compact_min_lines, 2 * self._lines)
         if self.metrics is not None:
             self.metrics.set_locks(len(self._active))
 
     def _replay(self, entry: dict[str, Any], now: float) -> None:
         op = entry["op"]
         if op == "open":
-            opened = Opened(entry["id"], entry["by"], float(entry["at"]), entry.get("label"), entry.get("nonce"))
+            opened = Opened(entry["id"], entry["by"], float(entry["at"]), entry.get("label"), entry.get("nonce"),
+                            token_sha256=entry.get("token_sha256"))
+            if entry.get("ended_at") is not None:  # a compacted log's ended session
+                opened.ended_at, opened.halt_cause = float(entry["ended_at"]), entry.get("halt_cause")
             self._by_id[opened.id] = opened
             if opened.by == "principal":
                 self._by_digest[entry["token_sha256"]] = opened

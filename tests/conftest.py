@@ -40,3 +40,21 @@ def shared_dir() -> Path:
 @pytest.fixture
 def repo_dir() -> Path:
     return REPO
+
+
+# a module whose tests want other usage figures sets MOCK_LLM_USAGE = (prompt, completion)
+MOCK_LLM_USAGE = (100, 50)
+
+
+@pytest.fixture
+async def llm(request):
+    """The demo mock LLM (governor.demo.mock_llm) on loopback, charging MOCK_LLM_USAGE tokens
+    a call (the module's, else 100 prompt and 50 completion). Modules that need another mock
+    define their own `llm`."""
+    from governor.demo.mock_llm import MockLLM
+
+    prompt, completion = getattr(request.module, "MOCK_LLM_USAGE", MOCK_LLM_USAGE)
+    mock = MockLLM(prompt_tokens=prompt, completion_tokens=completion)
+    await mock.start()
+    yield mock
+    await mock.stop()

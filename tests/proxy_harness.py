@@ -19,10 +19,10 @@ import socket
 import ssl
 import sys
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
@@ -324,3 +324,33 @@ async def scripted_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[A
     finally:
         await running.stop()
         await mock.stop()
+
+
+def scripted_env(name: str, **settings: Any) -> Any:
+    """A module's `env` fixture: one `scripted_governor` (in a temp folder `name`) shared by
+    the module's tests, as (running, mock, runtime); pair it with `fresh_scripted`."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, ScriptedRuntime]]:
+        async with scripted_governor(tmp_path_factory.mktemp(name), **settings) as parts:
+            yield parts
+
+    return env
+
+
+@contextmanager
+def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterator[None]:
+    """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted
+    runtime reset, and whatever it changed of the addon's policy and routes is put back; no
+    admitted step may be left without its ticket finished."""
+    policy, routes = running.addon.policy, list(running.addon.registry.routes)
+    mock.reset()
+    runtime.token_cap = None
+    runtime.fail_usage = False
+    for kept in (runtime.rules, runtime.books, runtime.steps, runtime.usage_reports):
+        kept.clear()
+    yield
+    running.addon.policy = policy
+    running.addon.registry.routes = routes
+    assert not runtime.open_tickets, "every admitted step's ticket is finished"

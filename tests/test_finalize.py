@@ -8,6 +8,9 @@ left alone, what a changed pin records, and the §6 resolution of a resumed sess
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -91,6 +94,78 @@ def test_a_changed_pin_is_recorded_and_a_corrupt_journal_left_alone(tmp_path):
         assert (fault["detail"]["pinned_digest"], fault["detail"]["admitted_digest"]) == (digest, "B" * 43)
         assert (fault["detail"]["pinned_tier"], fault["detail"]["configured_tier"]) == ("R2", "R3")
         assert verify_record(record, public_key=key.public_key()).ok
+
+
+# a child that creates a session's journal and is killed (SIGKILL) the moment the first file
+# for it is created in journals/, before a byte is written to it
+_KILLED_WHILE_CREATING = textwrap.dedent("""
+    import os, signal, sys
+    from governor.evidence import Journal, SessionHeader
+    from governor.evidence.record import journal_path
+    data = sys.argv[1]
+    real_open = os.open
+    def open_then_die(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT and "journals" in str(path):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fd
+    os.open = open_then_die
+    header = SessionHeader(governor="did:web:localhost:governor", subject_id="agent", passport_digest="A" * 43,
+                           session="cut-at-birth", tier="R2", start=1.7e9)
+    Journal.create(journal_path(data, "cut-at-birth"), header)
+""")
+
+
+def test_a_kill_while_a_journal_is_created_leaves_no_journal_without_a_header(tmp_path):
+    """kill -9 between creating a session's journal file and writing its header (issue #19: one
+    start in a loaded kill -9 run listed 379 of 380 interrupted sessions: the 380th journal was
+    such an empty file, which could be neither finalized nor listed). The journal appears whole
+    or not at all; the temp file the kill left is removed at the next start."""
+    died = subprocess.run([sys.executable, "-c", _KILLED_WHILE_CREATING, str(tmp_path)], capture_output=True,
+                          timeout=60)
+    assert died.returncode == -9, died.stderr.decode()
+    assert list((tmp_path / "journals").iterdir())  # it died with a file created
+    assert not journal_path(tmp_path, "cut-at-birth").exists()  # but no journal
+
+    report = finalize_interrupted(tmp_path, key=generate_key(), pin=Pin(DIGEST, "R2"))
+    assert (report.finalized, report.failed, report.never_started) == ([], [], [])
+    assert list((tmp_path / "journals").iterdir()) == []  # the temp file is gone
+    # and the session's name is free: a request naming it again starts it afresh
+    Journal.create(journal_path(tmp_path, "cut-at-birth"), header("cut-at-birth"), sync=False)
+
+
+def test_a_journal_is_created_whole_without_hard_links_too(tmp_path, monkeypatch):
+    """Where the file system refuses hard links (EPERM), the journal is still created whole, and
+    an existing journal is never replaced."""
+    import errno
+    import os
+
+    def no_links(*args):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = journal_path(tmp_path, "vfat")
+    journal = Journal.create(path, header("vfat"), sync=False)
+    journal.append("on_budget_exhausted", "continue", NOW, {"observed": 1})
+    with pytest.raises(FileExistsError):
+        Journal.create(path, header("vfat"), sync=False)
+    assert Journal.open(path).record.events()[0]["detail"] == {"observed": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["vfat.jsonl"]
+
+
+def test_a_journal_left_without_a_header_by_an_older_governor_is_set_aside(tmp_path):
+    """A data directory from before journals were created whole may hold an empty journal, or
+    a header cut short: its session never started (nothing was served in it), so it is set
+    aside (never deleted) and counted, not left to fail every start."""
+    key = generate_key()
+    interrupted(tmp_path, "kept")
+    journal_path(tmp_path, "empty").write_bytes(b"")
+    journal_path(tmp_path, "cut").write_bytes(b'{"kind":"header","body":{"format":"gov')
+    report = finalize_interrupted(tmp_path, key=key, pin=Pin(DIGEST, "R2"))
+    assert [f.session for f in report.finalized] == ["kept"] and report.failed == []
+    assert sorted(p.name for p in report.never_started) == ["cut.jsonl.torn-0", "empty.jsonl.torn-0"]
+    assert journal_path(tmp_path, "cut").with_name("cut.jsonl.torn-0").read_bytes().startswith(b'{"kind":"header"')
+    assert not journal_path(tmp_path, "empty").exists() and "never started" in report.describe()
 
 
 def test_a_thousand_interrupted_journals(tmp_path):

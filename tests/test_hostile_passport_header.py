@@ -32,15 +32,8 @@ ANSWER_BOUND = 3.0  # seconds: a hang bound for each answer, not a speed check
 # once (4 sessions halted, their journals written): a looser hang bound, still far under the
 # 20 s (10^7) and 85 s (10^8) the old code held every request for
 BUSY_BOUND = 5.0
+MOCK_LLM_USAGE = (10, 5)  # the `llm` fixture (tests/conftest.py)
 CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hello"}]}
-
-
-@pytest.fixture
-async def llm():
-    mock = MockLLM(prompt_tokens=10, completion_tokens=5)
-    await mock.start()
-    yield mock
-    await mock.stop()
 
 
 @pytest.fixture

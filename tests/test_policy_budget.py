@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from governor.adapters.base import describe
 from governor.policy import (
     ON_BUDGET_EXHAUSTED,
     Action,
@@ -16,6 +17,7 @@ from governor.policy import (
     UsageReport,
 )
 from governor.policy.pricing import ModelPrice, PricingTable
+from governor.runtime_api import governor_object
 from tests.test_policy_support import PRICING, T0, Driver, StoreRefused, budget, full_passport, passport, tools, with_runtime
 
 TOKENS_S = ("per_session", None, "tokens")
@@ -109,6 +111,10 @@ def test_s2_final_usage_is_recorded_even_when_it_overshoots():
     assert usage.settles and usage.halts and usage.cause == ON_BUDGET_EXHAUSTED
     assert usage.details["actual"] is True and usage.details["projected"] == 1300
     assert driver.counters[TOKENS_S] == 1300  # the consumption happened: it is counted
+    # the call's own figures, for a message that names what was used (not "used 0")
+    assert (usage.details["call_used"], usage.details["call_reserved"], usage.details["observed"]) == (1300, 800, 0)
+    text = describe(governor_object(usage, "s"))
+    assert "used 1300 > limit 1000 (this call 1300, 800 reserved for it; the rest of the session 0)" in text
 
 
 def test_s2_running_stream_total_crossing_a_cap_cuts_the_stream():

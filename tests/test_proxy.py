@@ -26,7 +26,7 @@ from governor.policy.steps import (
     PassportPresented,
     ToolCall,
 )
-from tests.proxy_harness import AGENT_NAMED, RawClient, pause_rule, scripted_governor
+from tests.proxy_harness import AGENT_NAMED, RawClient, fresh_scripted, pause_rule, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -35,26 +35,13 @@ CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("proxy")) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("proxy")
 
 
 @pytest.fixture(autouse=True)
 def fresh(env):
-    running, mock, runtime = env
-    policy, registry_routes = running.addon.policy, list(running.addon.registry.routes)
-    mock.reset()
-    runtime.token_cap = None
-    runtime.rules.clear()
-    runtime.books.clear()
-    runtime.steps.clear()
-    runtime.fail_usage = False
-    yield
-    running.addon.policy = policy
-    running.addon.registry.routes = registry_routes
-    assert not runtime.open_tickets, "every admitted step's ticket is finished"
+    with fresh_scripted(*env):
+        yield
 
 
 async def exchange(running, mock, path: str, body: bytes, headers: dict | None = None, *, count: int = 1):

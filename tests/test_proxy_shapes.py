@@ -18,11 +18,10 @@ import zlib
 import brotli
 import orjson
 import pytest
-import pytest_asyncio
 
 from governor.adapters import Route
 from governor.policy.steps import ModelCall, ToolCall
-from tests.proxy_harness import RawClient, scripted_governor
+from tests.proxy_harness import RawClient, fresh_scripted, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -30,26 +29,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CHAT = orjson.dumps({"model": "gpt-test", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]})
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("shapes")) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("shapes")
 
 
 @pytest.fixture(autouse=True)
 def fresh(env):
-    running, mock, runtime = env
-    policy, routes = running.addon.policy, list(running.addon.registry.routes)
-    mock.reset()
-    runtime.token_cap = None
-    runtime.rules.clear()
-    runtime.books.clear()
-    runtime.steps.clear()
-    runtime.usage_reports.clear()
-    yield
-    running.addon.policy = policy
-    running.addon.registry.routes = routes
-    assert not runtime.open_tickets, "every admitted step's ticket is finished"
+    with fresh_scripted(*env):
+        yield
 
 
 async def send(running, mock, method: str, path: str, body: bytes, headers: dict | None = None,

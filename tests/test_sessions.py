@@ -14,13 +14,14 @@ import os
 import re
 import signal
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 import pytest
 
 from governor.cli import main as governor_cli
-from governor.demo.mock_llm import MockLLM
 from governor.evidence import KeyFiles
 from governor.proxy.server import Settings, serve
 from governor.runtime_sessions import audit_paths
@@ -89,20 +90,20 @@ class World:
         return report
 
 
-@pytest.fixture
-async def llm():
-    mock = MockLLM(prompt_tokens=100, completion_tokens=50)
-    await mock.start()
-    yield mock
-    await mock.stop()
+@asynccontextmanager
+async def served_world(llm, tmp_path: Path, data_dir: Path, **overrides) -> AsyncIterator[World]:
+    """A governor served on `data_dir` (settings_for with `overrides`), its agent and control clients."""
+    world = World(await serve(settings_for(data_dir, **overrides)), llm, tmp_path)
+    try:
+        yield world
+    finally:
+        await world.close()
 
 
 @pytest.fixture
 async def world(tmp_path, llm):
-    running = await serve(settings_for(tmp_path / "data"))
-    w = World(running, llm, tmp_path)
-    yield w
-    await w.close()
+    async with served_world(llm, tmp_path, tmp_path / "data") as w:
+        yield w
 
 
 def refusal(response: httpx.Response) -> dict:
@@ -208,20 +209,14 @@ async def test_opening_a_session_is_refused_without_any_control_token_configured
 
 
 async def test_token_less_traffic_uses_the_default_session_and_off_refuses_it(tmp_path, llm):
-    running = await serve(settings_for(tmp_path / "on", default_session="on"))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, tmp_path / "on", default_session="on") as world:
         assert (await world.chat(None)).status_code == 200
         opened = await world.open()
         assert (await world.chat(opened["token"])).status_code == 200
         assert (await world.chat(None)).status_code == 200  # "on" keeps it after a principal opened one
-        default = running.sessions.default_id
+        default = world.running.sessions.default_id
         assert await world.tokens_used(default) == 2 * PER_CALL
-    finally:
-        await world.close()
-    running = await serve(settings_for(tmp_path / "off", default_session="off"))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, tmp_path / "off", default_session="off") as world:
         served = llm.served
         assert refusal(await world.chat(None))["refusal"] == "session_token_required"
         assert llm.served == served
@@ -231,18 +226,14 @@ async def test_token_less_traffic_uses_the_default_session_and_off_refuses_it(tm
         assert page.status_code == 404 and "ADL-Governor-Action" not in page.headers
         named = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt", headers={"ADL-Session": "mine"})
         assert named.status_code == 403 and named.json()["error"]["governor"]["refusal"] == "session_token_malformed"
-    finally:
-        await world.close()
 
 
 async def test_a_halted_default_session_stays_halted_until_a_principal_ends_it(tmp_path, llm):
-    running = await serve(settings_for(tmp_path / "data", default_session="on"))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, tmp_path / "data", default_session="on") as world:
         assert (await world.chat(None)).status_code == 200
         assert (await world.chat(None, **UNFITTABLE)).status_code == 429
-        default = running.sessions.default_id
-        await running.runtime.end_session(default)  # the idle sweeper ends it: that frees nothing
+        default = world.running.sessions.default_id
+        await world.running.runtime.end_session(default)  # the idle sweeper ends it: that frees nothing
         served = llm.served
         stuck = refusal(await world.chat(None))
         assert stuck["refusal"] == "default_session_halted" and stuck["cause"] == "on_budget_exhausted"
@@ -250,20 +241,16 @@ async def test_a_halted_default_session_stays_halted_until_a_principal_ends_it(t
         assert llm.served == served
         assert (await world.control.post(f"/v1/sessions/{default}/end")).status_code == 200  # the principal
         assert (await world.chat(None)).status_code == 200
-        assert running.sessions.default_id != default
-    finally:
-        await world.close()
+        assert world.running.sessions.default_id != default
 
 
 # --- agent-named sessions: opt-in and capped ------------------------------------------------
 
 
 async def test_the_agent_named_cap_holds_under_64_concurrent_new_names(tmp_path, llm, capsys):
-    running = await serve(settings_for(tmp_path / "data", sessions="agent-named", agent_sessions_per_day=10))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, tmp_path / "data", sessions="agent-named", agent_sessions_per_day=10) as world:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
-        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=60, limits=limits) as agent:
+        async with httpx.AsyncClient(proxy=world.running.proxy_url, trust_env=False, timeout=60, limits=limits) as agent:
             answers = await asyncio.gather(*(
                 agent.post(f"{llm.url}/chat/completions", headers={"ADL-Session": f"name-{i}"},
                            json={"model": "gpt-4o-mini", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]})
@@ -278,15 +265,13 @@ async def test_the_agent_named_cap_holds_under_64_concurrent_new_names(tmp_path,
         audit = (await world.control.get("/v1/audit/record")).json()
         assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_session_cap", "halt")]
         assert audit["events"][0]["detail"]["limit"] == 10
-        _, record_file, _ = audit_paths(running.settings.data_dir, running.runtime.limits.passport_digest)
+        _, record_file, _ = audit_paths(world.running.settings.data_dir, world.running.runtime.limits.passport_digest)
         world.verify(json.loads(record_file.read_text()), "audit", capsys)
         # a name already opened goes on; principal sessions are not capped
         assert (await world.chat("name-keeps-going")).status_code == 403
         known = next(a.request.headers["ADL-Session"] for a in answers if a.status_code == 200)
         assert (await world.chat(known)).status_code == 200
         assert (await world.chat((await world.open())["token"])).status_code == 200
-    finally:
-        await world.close()
 
 
 # --- item 2: halts that hold; locks ---------------------------------------------------------
@@ -352,17 +337,11 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
 
 async def test_a_lock_survives_a_restart(tmp_path, llm):
     data = tmp_path / "data"
-    running = await serve(settings_for(data))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, data) as world:
         a, b = await world.open(), await world.open()
         refusal(await world.chat(a["token"], **{"ADL-Passport": "sha256=" + "A" * 43}))
         assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"
-    finally:
-        await world.close()
-    running = await serve(settings_for(data))
-    world = World(running, llm, tmp_path)
-    try:
+    async with served_world(llm, tmp_path, data) as world:
         assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"
         assert refusal(await world.chat(None))["refusal"] == "agent_locked"
         lock = (await world.control.get("/v1/locks")).json()["locks"][0]
@@ -376,8 +355,6 @@ async def test_a_lock_survives_a_restart(tmp_path, llm):
         assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_agent_lock", "halt"),
                                                                        ("on_agent_lock", "continue")]
         assert audit["events"][1]["detail"]["in_session_record"] is False
-    finally:
-        await world.close()
 
 
 # --- the principal's command line, against a running `governor run` ---------------------------

@@ -61,6 +61,77 @@ def test_the_book_survives_a_restart_and_sets_a_torn_line_aside(tmp_path):
     assert later.get(third.id) is not None and later.locked
 
 
+def test_a_book_of_many_ended_sessions_is_compacted_and_keeps_what_holds(tmp_path):
+    """The log is rewritten at start-up without what no longer matters (sessions ended past
+    the retention, opening/ending pairs merged), crash-safe, and a restart from the compacted
+    log restores the open sessions, the locks (in force and lifted) and the halted default."""
+    clock = Clock()
+    book = SessionBook(tmp_path, mode="agent-named", default="on", clock=clock, lock_causes=("on_loop_detected",))
+    for _ in range(300):
+        entry, _ = book.open(label="batch job")
+        book.ended(entry.id, None)
+    for i in range(100):
+        book.ended(book.resolve(f"agent-run-{i}"), "on_budget_exhausted")
+    default = book.resolve(None)
+    book.ended(default, "on_loop_detected")
+    lifted = book.lock(default, "on_loop_detected")
+    lifted.lifted_by, lifted.lifted_at = "alice", clock.now  # (lift() records through the runtime)
+    book._active.clear()
+    book._append({"op": "lift", "id": lifted.id, "by": "alice", "at": clock.now})
+    clock.now += 2 * DAY  # all of the above ended two days ago
+    live, live_token = book.open(label="still running", nonce="n" * 22)
+    recent, recent_token = book.open()
+    book.ended(recent.id, "on_budget_exhausted")
+    kept_agent = book.resolve("agent-today")
+    lock = book.lock(live.id, "on_loop_detected")
+    log = tmp_path / "sessions" / "book.jsonl"
+    before = log.stat().st_size
+    (tmp_path / "sessions" / ".book.jsonl.x1y2.tmp").write_bytes(b'{"op": "open", "id": "a compaction cut sh')
+
+    again = SessionBook(tmp_path, mode="agent-named", default="on", clock=clock)
+    after = log.stat().st_size
+    assert after < before / 10, (before, after)
+    assert [p.name for p in (tmp_path / "sessions").iterdir()] == ["book.jsonl"]  # the cut compaction: gone
+    # what holds is restored: the open session, its nonce and label, the lock in force
+    assert again.locked and again.locks[lock.id].session == live.id
+    assert again.resolve(live_token).code == "agent_locked"
+    again._active.clear()
+    assert again.resolve(live_token) == live.id and again.nonce(live.id) == "n" * 22
+    assert again.get(live.id).label == "still running"
+    # the lifted lock and who lifted it; the halted default session
+    assert again.locks[lifted.id].lifted_by == "alice" and not again.locks[lifted.id].active
+    assert again.resolve(None).code == "default_session_halted"
+    # a session ended within the retention is still refused as ended; one long gone as unknown
+    assert again.resolve(recent_token).code == "session_ended"
+    assert again.get(kept_agent).by == "agent" and again.get("agent-run-7") is None
+    # the agent-named cap still counts today's opening
+    assert len(again._agent_openings) == 1
+    # a second start finds nothing to compact, and the compacted log reads like any other
+    third = SessionBook(tmp_path, mode="agent-named", default="on", clock=clock)
+    assert log.stat().st_size == after and third.locked and third.nonce(live.id) == "n" * 22
+
+
+def test_a_running_book_compacts_itself_past_a_size(tmp_path):
+    """A long-running governor's log does not grow without bound: past `compact_min_lines`
+    (then past double its last compacted size) the book is rewritten, the line being
+    appended included, and nothing it holds is lost."""
+    clock = Clock()
+    book = SessionBook(tmp_path, clock=clock, compact_min_lines=50, ended_retention=60)
+    tokens = []
+    for i in range(400):
+        entry, token = book.open(label=f"job {i}")
+        clock.now += 1
+        if i % 10:
+            book.ended(entry.id, None)
+        else:
+            tokens.append((entry.id, token))  # every tenth stays open
+    lines = (tmp_path / "sessions" / "book.jsonl").read_bytes().count(b"\n")
+    assert lines < 250, lines  # 400 openings and 360 ends were appended
+    again = SessionBook(tmp_path, clock=clock)
+    assert all(again.resolve(token) == session for session, token in tokens)
+    assert again.get(tokens[0][0]).label == "job 0"
+
+
 async def test_a_damaged_book_refuses_to_start(tmp_path):
     (tmp_path / "sessions").mkdir()
     (tmp_path / "sessions" / "book.jsonl").write_text('{"op": "open"}\n{"op": "lock"}\n')

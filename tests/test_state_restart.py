@@ -8,7 +8,6 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from governor.demo.mock_llm import MockLLM
 from governor.policy import Tier
 from governor.proxy.server import Settings, StartupError, serve
 from tests.proxy_harness import AGENT_NAMED
@@ -31,14 +30,6 @@ async def session_view(running, session: str) -> dict:
         answer = await control.get(f"/v1/sessions/{session}")
         assert answer.status_code == 200, answer.text
         return answer.json()
-
-
-@pytest.fixture
-async def llm():
-    mock = MockLLM(prompt_tokens=100, completion_tokens=50)
-    await mock.start()
-    yield mock
-    await mock.stop()
 
 
 async def test_budgets_survive_a_restart_and_a_data_directory_has_one_governor(tmp_path, llm):

@@ -332,6 +332,12 @@ class Adapter(abc.ABC):
         insert first (governor.adapters.fitting); () when it has no output limit."""
         return ()
 
+    def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
+        """Plan editing (governor.runtime_edit): make the request carry the tool arguments a
+        reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
+        refuses the request rather than send what was not approved)."""
+        return False
+
     @abc.abstractmethod
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
@@ -404,6 +410,14 @@ def describe(governor: Mapping[str, Any]) -> str:
         limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
         parts.append(f"model {governor.get('model')!r} has no price, so its cost cannot be checked{limit}: "
                      f"price it in the pricing file (governor run --pricing FILE; default policies/pricing.yaml)")
+    elif "call_used" in governor and "projected" in governor and "limit" in governor:
+        # a call's actual usage crossed (mid-stream or at its end): the session's use with it,
+        # and the call's own part against what it had reserved
+        so_far = "" if governor.get("final") else " so far"
+        parts.append(f"used {_figure(governor['projected'])} > limit {_figure(governor['limit'])} "
+                     f"(this call {_figure(governor['call_used'])}{so_far}, "
+                     f"{_figure(governor.get('call_reserved', 0))} reserved for it; "
+                     f"the rest of the session {_figure(governor.get('observed', 0))})")
     elif "projected" in governor and "limit" in governor:
         parts.append(f"projected {governor['projected']} > limit {governor['limit']}"
                      + (f" (used {governor['observed']})" if "observed" in governor else ""))
@@ -417,6 +431,13 @@ def describe(governor: Mapping[str, Any]) -> str:
     if governor.get("message"):  # the passport's declared message for this degradation
         parts.append(str(governor["message"]))
     return "; ".join(parts)
+
+
+def _figure(value: Any) -> str:
+    """A budget figure for people: whole numbers without a fraction, costs to 6 digits."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:.6g}"
+    return str(value)
 
 
 def tool_names(tools: Sequence[Any], key_path: Sequence[str]) -> tuple[str, ...]:

@@ -150,6 +150,20 @@ class MCPAdapter(Adapter):
             exchange.state["allowed_tools"] = allowed
         return []
 
+    def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
+        """A tools/call sent upstream with the reviewer's arguments (same id, name, _meta)."""
+        if exchange.state.get("method") != "tools/call" or not isinstance(exchange.body, dict):
+            return False
+        body = dict(exchange.body)
+        body["params"] = {**body["params"], "arguments": dict(arguments)}
+        exchange.body = body
+        exchange.state["arguments"] = dict(arguments)
+        exchange.state["edited_body"] = orjson.dumps(body)
+        return True
+
+    def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
+        return exchange.state.get("edited_body")
+
     def observe_response(self, exchange: Exchange, status: int, headers: Mapping[str, str],
                          body: bytes) -> Observation:
         method = exchange.state.get("method")

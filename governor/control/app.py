@@ -10,7 +10,9 @@ Access:
   /v1/* reads, nonces, records, end     open, or the control token when one is set
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
-                                        every answer is refused
+                                        every answer is refused. {"decision", "reviewer",
+                                        "edited_arguments"?}: plan editing (runtime_edit)
+  GET  /, /console/                     the reviewer console (reviewer_console)
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
   POST /v1/store/acknowledge            the control token, always (store_ack)
@@ -29,7 +31,7 @@ import inspect
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Collection, Sequence
 
 import orjson
 from aiohttp import web
@@ -42,8 +44,10 @@ from governor.control.nonces import (
 from governor.control.origin import ProxyOrigin
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.sessions_api import SESSIONS, add_routes, with_entry
+from governor.evidence.errors import EvidenceError
 from governor.metrics import CONTENT_TYPE, Metrics
 from governor.runtime_api import RuntimeAPI
+from governor.runtime_edit import EditRefused
 
 log = logging.getLogger("governor.control")
 
@@ -127,18 +131,27 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
 # --- access ----------------------------------------------------------------------------
 
 
+def bearer_refusal(request: web.Request, *accepted: Collection[str], required: str, invalid: str,
+                   realm: str = "governor") -> web.Response | None:
+    """None when the request's bearer token is in one of `accepted`, else the 401 that says
+    what is `required` (no token) or that the token is `invalid`: the check every guarded
+    endpoint makes (each decides itself what a missing configuration means)."""
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        return error(401, "token_required", required, headers={"WWW-Authenticate": f'Bearer realm="{realm}"'})
+    if any(token in tokens for tokens in accepted):
+        return None
+    return error(401, "token_invalid", invalid,
+                 headers={"WWW-Authenticate": f'Bearer realm="{realm}", error="invalid_token"'})
+
+
 def _operator_refusal(request: web.Request) -> web.Response | None:
     operators = request.app[OPERATORS]
     if not operators:
         return None
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", "this control plane requires `Authorization: Bearer <control token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
-    if token in operators or token in request.app[REVIEWERS]:
-        return None
-    return error(401, "token_invalid", "the bearer token is not a control or reviewer token",
-                 headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
+    return bearer_refusal(request, operators, request.app[REVIEWERS],
+                          required="this control plane requires `Authorization: Bearer <control token>`",
+                          invalid="the bearer token is not a control or reviewer token")
 
 
 def _reviewer_refusal(request: web.Request) -> web.Response | None:
@@ -147,14 +160,18 @@ def _reviewer_refusal(request: web.Request) -> web.Response | None:
         return error(403, "approvals_disabled",
                      "no reviewer token is configured, so no approval can be answered here; set "
                      "GOVERNOR_REVIEWER_TOKENS or a reviewer token file and restart the governor")
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", "answering an approval requires `Authorization: Bearer <reviewer token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers"'})
-    if token not in reviewers:
-        return error(401, "token_invalid", "the bearer token is not a reviewer token",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor-reviewers", error="invalid_token"'})
-    return None
+    return bearer_refusal(request, reviewers, realm="governor-reviewers",
+                          required="answering an approval requires `Authorization: Bearer <reviewer token>`",
+                          invalid="the bearer token is not a reviewer token")
+
+
+async def checked_body(request: web.Request, refusal: web.Response | None, *,
+                       optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
+    """An endpoint's preamble: its access check's `refusal` when there is one, else the
+    request's JSON object body (or why it is refused)."""
+    if refusal is not None:
+        return None, refusal
+    return await _json_body(request, optional=optional)
 
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
@@ -243,9 +260,7 @@ async def list_approvals(request: web.Request) -> web.Response:
 
 
 async def answer_approval(request: web.Request) -> web.Response:
-    if refusal := _reviewer_refusal(request):
-        return refusal
-    body, refusal = await _json_body(request)
+    body, refusal = await checked_body(request, _reviewer_refusal(request))
     if refusal:
         return refusal
     decision = body.get("decision")
@@ -259,9 +274,15 @@ async def answer_approval(request: web.Request) -> web.Response:
     note = body.get("reason", "")
     if not isinstance(note, str) or len(note) > MAX_REASON_LENGTH or not all(c.isprintable() or c in "\n\t" for c in note):
         return error(400, "bad_reason", f'"reason" must be text of at most {MAX_REASON_LENGTH} characters')
+    edited = body.get("edited_arguments")  # plan editing (governor.runtime_edit)
+    if edited is not None and (decision != "approve" or not isinstance(edited, dict)):
+        return error(400, "bad_edited_arguments",
+                     '"edited_arguments" is a JSON object of tool arguments, and goes with "decision": "approve"')
     approval_id = request.match_info["approval"]
     runtime = request.app[RUNTIME]
-    extra = {"reason": note.strip()} if note.strip() else {}  # (scripted test runtimes take no reason)
+    extra: dict[str, Any] = {"reason": note.strip()} if note.strip() else {}  # (scripted test runtimes take no reason)
+    if edited is not None:
+        extra["edited_arguments"] = edited
     try:
         result = await runtime.resolve_approval(approval_id, decision == "approve", reviewer.strip(), **extra)
     except KeyError:
@@ -272,14 +293,15 @@ async def answer_approval(request: web.Request) -> web.Response:
             return error(409, "approval_answered", f"approval {approval_id!r} is no longer pending: {earlier['status']}{by}")
         return error(404, "approval_not_pending",
                      f"approval {approval_id!r} is unknown, already answered or timed out")
-    log.info("approval %s %sd by %s", approval_id, decision, reviewer.strip())
+    except EditRefused as refused:  # the approval stays pending: approve or reject it as it is
+        return error(409, refused.code, refused.message)
+    log.info("approval %s %sd%s by %s", approval_id, decision, " with edited arguments" if edited is not None else "",
+             reviewer.strip())
     return ok(result)
 
 
 async def issue_nonce(request: web.Request) -> web.Response:
-    if refusal := _operator_refusal(request):
-        return refusal
-    body, refusal = await _json_body(request, optional=True)
+    body, refusal = await checked_body(request, _operator_refusal(request), optional=True)
     if refusal:
         return refusal
     nonces: NonceIssuer = request.app[NONCES]
@@ -302,7 +324,9 @@ async def get_record(request: web.Request) -> web.Response:
         return refusal
     runtime = request.app[RUNTIME]
     session = request.match_info["session"]
-    if not runtime.has_session(session):
+    # a session that ended before this process started is served from its ended journal
+    earlier = None if runtime.has_session(session) else getattr(runtime, "ended_record", None)
+    if earlier is None and not runtime.has_session(session):
         return _unknown_session(session)
     nonce = request.query.get("nonce")
     if nonce is not None:
@@ -311,8 +335,12 @@ async def get_record(request: web.Request) -> web.Response:
         except NonceError as exc:
             return error(_NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
     try:
-        record = runtime.record(session, nonce)
+        record = runtime.record(session, nonce) if earlier is None else await asyncio.to_thread(earlier, session, nonce)
     except KeyError:
+        return _unknown_session(session)
+    except EvidenceError as exc:  # its journal is damaged: say so rather than that it does not exist
+        return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
+    if record is None:
         return _unknown_session(session)
     return ok(record, headers={"Cache-Control": "no-store"})
 
@@ -373,6 +401,10 @@ def create_app(runtime: RuntimeAPI, *, reviewer_tokens: Sequence[str] = (), cont
     from governor.control.store_ack import acknowledge_store  # imports this module too
 
     app.router.add_post("/v1/store/acknowledge", acknowledge_store)
+
+    from governor.control import reviewer_console  # the page and its reads (imports this module too)
+
+    reviewer_console.add_routes(app)
     return app
 
 

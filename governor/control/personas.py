@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from governor.control.app import RUNTIME, _json_body, _operator_refusal, _unknown_session, error, ok
+from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, checked_body, error, ok
 from governor.personas import MAX_INSTANCE_LENGTH, MAX_PERSONA_LENGTH
 
 
@@ -31,9 +31,7 @@ async def list_instances(request: web.Request) -> web.Response:
 
 
 async def end_instance(request: web.Request) -> web.Response:
-    if refusal := _operator_refusal(request):
-        return refusal
-    body, refusal = await _json_body(request, optional=True)
+    body, refusal = await checked_body(request, _operator_refusal(request), optional=True)
     if refusal:
         return refusal
     session, persona = request.match_info["session"], request.match_info["persona"]

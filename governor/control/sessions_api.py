@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from governor.control.auth import TokenSet, bearer
+from governor.control.auth import TokenSet
 from governor.control.nonces import NonceError, _check_format
 
 log = logging.getLogger("governor.control")
@@ -29,7 +29,7 @@ MAX_TEXT = 200
 
 
 def _principal_refusal(request: web.Request, *, reviewers_too: bool) -> web.Response | None:
-    from governor.control.app import OPERATORS, REVIEWERS, error
+    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, error
 
     operators: TokenSet = request.app[OPERATORS]
     reviewers: TokenSet = request.app[REVIEWERS]
@@ -38,14 +38,8 @@ def _principal_refusal(request: web.Request, *, reviewers_too: bool) -> web.Resp
         return error(403, "principal_token_not_configured",
                      f"this needs {what}, and none is configured: `governor run` writes one to "
                      "<data-dir>/control-token, or set GOVERNOR_CONTROL_TOKEN")
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", f"this needs `Authorization: Bearer <{what}>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
-    if token in operators or (reviewers_too and token in reviewers):
-        return None
-    return error(401, "token_invalid", f"the bearer token is not {what}",
-                 headers={"WWW-Authenticate": 'Bearer realm="governor", error="invalid_token"'})
+    return bearer_refusal(request, operators, *([reviewers] if reviewers_too else []),
+                          required=f"this needs `Authorization: Bearer <{what}>`", invalid=f"the bearer token is not {what}")
 
 
 def _text(body: dict[str, Any], key: str) -> tuple[str | None, str | None]:

@@ -26,12 +26,10 @@ TIMEOUT = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    sessions = subparsers.add_parser(
-        "sessions", help="open, list, show and end sessions of a running governor (the principal's side)",
+    actions = _command(
+        subparsers, "sessions", help="open, list, show and end sessions of a running governor (the principal's side)",
         description="Sessions are opened by a principal: `open` returns a session token the agent sends "
         "in its ADL-Session header. Talks to the control plane of a running `governor run`.")
-    actions = sessions.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
     opened = actions.add_parser("open", help="open a session; prints its id and token")
     opened.add_argument("--label", help="a label for people reading the session list")
     opened.add_argument("--nonce", help="a counterparty nonce (§8.5) the session's record will carry")
@@ -40,23 +38,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("session", metavar="ID")
     ended = actions.add_parser("end", help="end a session: its record is signed and its token refused from now on")
     ended.add_argument("session", metavar="ID")
-    for parser in (opened, listed, shown, ended):
-        _common(parser)
-        parser.set_defaults(func=run_sessions)
+    _actions_run(run_sessions, opened, listed, shown, ended)
 
-    locks = subparsers.add_parser(
-        "locks", help="list and lift the locks that stop every session of the agent",
+    lock_actions = _command(
+        subparsers, "locks", help="list and lift the locks that stop every session of the agent",
         description="A halt with a locking cause (--lock-on) locks the agent: every session is refused "
         "until a principal lifts the lock.")
-    lock_actions = locks.add_subparsers(dest="action", metavar="ACTION")
-    lock_actions.required = True
     lock_list = lock_actions.add_parser("list", help="locks in force and lifted")
     lift = lock_actions.add_parser("lift", help="lift a lock (recorded with who lifted it)")
     lift.add_argument("lock", metavar="LOCK_ID")
     lift.add_argument("--by", required=True, help="who lifts it (recorded)")
-    for parser in (lock_list, lift):
+    _actions_run(run_locks, lock_list, lift)
+
+
+def _command(subparsers: argparse._SubParsersAction, name: str, *, help: str,
+             description: str) -> argparse._SubParsersAction:
+    """A `governor NAME ACTION` command: its parser and the (required) actions under it."""
+    command = subparsers.add_parser(name, help=help, description=description)
+    actions = command.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    return actions
+
+
+def _actions_run(func: Callable[[argparse.Namespace], int], *parsers: argparse.ArgumentParser) -> None:
+    for parser in parsers:
         _common(parser)
-        parser.set_defaults(func=run_locks)
+        parser.set_defaults(func=func)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -139,52 +146,62 @@ def _print(args: argparse.Namespace, answer: Any, text: str) -> None:
     print(json.dumps(answer, indent=2) if args.json else text)
 
 
-def run_sessions(args: argparse.Namespace) -> int:
+def _answered(args: argparse.Namespace, command: str, ask: Callable[[], tuple[Any, str]]) -> int:
+    """Run one control plane exchange (`ask` returns the answer and its text): 0 printed, 1 the
+    control plane refused (its reason on stderr)."""
     try:
-        if args.action == "open":
-            body = {k: v for k, v in (("label", args.label), ("nonce", args.nonce)) if v is not None}
-            answer = _call(args, "POST", "/v1/sessions", body)
-            text = (f"session {answer['session']} opened\n"
-                    f"token   {answer['token']}\n"
-                    f"the agent sends it in every request: ADL-Session: {answer['token']}")
-            if answer.get("locked"):
-                text += "\nnote: the agent is LOCKED; requests are refused until the lock is lifted (governor locks list)"
-        elif args.action == "list":
-            answer = _call(args, "GET", "/v1/sessions")
-            rows = [f"{s.get('session')}  {s.get('state', '?')}  {s.get('opened_by') or ''}  {s.get('label') or ''}".rstrip()
-                    for s in answer.get("sessions", [])]
-            text = "\n".join(rows) if rows else "no sessions"
-        elif args.action == "show":
-            answer = _call(args, "GET", f"/v1/sessions/{_quote(args.session)}")
-            text = json.dumps(answer, indent=2)
-        else:
-            answer = _call(args, "POST", f"/v1/sessions/{_quote(args.session)}/end")
-            text = (f"session {args.session} ended ({answer.get('outcome')}); its signed record has "
-                    f"{len(answer.get('events', []))} event(s)")
+        answer, text = ask()
     except Refused as exc:
-        print(f"governor sessions {args.action}: {exc}", file=sys.stderr)
+        print(f"governor {command} {args.action}: {exc}", file=sys.stderr)
         return 1
     _print(args, answer, text)
     return 0
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    return _answered(args, "sessions", lambda: _sessions(args))
+
+
+def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "open":
+        body = {k: v for k, v in (("label", args.label), ("nonce", args.nonce)) if v is not None}
+        answer = _call(args, "POST", "/v1/sessions", body)
+        text = (f"session {answer['session']} opened\n"
+                f"token   {answer['token']}\n"
+                f"the agent sends it in every request: ADL-Session: {answer['token']}")
+        if answer.get("locked"):
+            text += "\nnote: the agent is LOCKED; requests are refused until the lock is lifted (governor locks list)"
+    elif args.action == "list":
+        answer = _call(args, "GET", "/v1/sessions")
+        rows = [f"{s.get('session')}  {s.get('state', '?')}  {s.get('opened_by') or ''}  {s.get('label') or ''}".rstrip()
+                for s in answer.get("sessions", [])]
+        text = "\n".join(rows) if rows else "no sessions"
+    elif args.action == "show":
+        answer = _call(args, "GET", f"/v1/sessions/{_quote(args.session)}")
+        text = json.dumps(answer, indent=2)
+    else:
+        answer = _call(args, "POST", f"/v1/sessions/{_quote(args.session)}/end")
+        text = (f"session {args.session} ended ({answer.get('outcome')}); its signed record has "
+                f"{len(answer.get('events', []))} event(s)")
+    return answer, text
 
 
 def run_locks(args: argparse.Namespace) -> int:
-    try:
-        if args.action == "list":
-            answer = _call(args, "GET", "/v1/locks")
-            rows = [f"{lock['id']}  {lock['state']}  session {lock['session']}  {lock['cause']}"
-                    + (f"  lifted by {lock['lifted_by']}" if lock.get("lifted_by") else "")
-                    for lock in answer.get("locks", [])]
-            text = "\n".join(rows) if rows else "no locks"
-        else:
-            answer = _call(args, "POST", f"/v1/locks/{_quote(args.lock)}/lift", {"by": args.by})
-            text = f"lock {args.lock} lifted by {args.by}" + ("" if not answer.get("locked") else
-                                                              "; other locks are still in force")
-    except Refused as exc:
-        print(f"governor locks {args.action}: {exc}", file=sys.stderr)
-        return 1
-    _print(args, answer, text)
-    return 0
+    return _answered(args, "locks", lambda: _locks(args))
+
+
+def _locks(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "list":
+        answer = _call(args, "GET", "/v1/locks")
+        rows = [f"{lock['id']}  {lock['state']}  session {lock['session']}  {lock['cause']}"
+                + (f"  lifted by {lock['lifted_by']}" if lock.get("lifted_by") else "")
+                for lock in answer.get("locks", [])]
+        text = "\n".join(rows) if rows else "no locks"
+    else:
+        answer = _call(args, "POST", f"/v1/locks/{_quote(args.lock)}/lift", {"by": args.by})
+        text = f"lock {args.lock} lifted by {args.by}" + ("" if not answer.get("locked") else
+                                                          "; other locks are still in force")
+    return answer, text
 
 
 def _quote(value: str) -> str:

@@ -16,8 +16,7 @@ import logging
 
 from aiohttp import web
 
-from governor.control.app import OPERATORS, RUNTIME, _json_body, error, ok
-from governor.control.auth import bearer
+from governor.control.app import OPERATORS, RUNTIME, bearer_refusal, checked_body, error, ok
 
 log = logging.getLogger("governor.control")
 
@@ -30,12 +29,8 @@ async def acknowledge_store(request: web.Request) -> web.Response:
         return error(403, "acknowledgement_disabled",
                      "acknowledging a store's data loss needs the control token, and none is configured "
                      "(GOVERNOR_CONTROL_TOKEN); restart the governor with one")
-    token = bearer(request.headers.get("Authorization"))
-    if token is None or token not in operators:
-        return error(401, "token_required" if token is None else "token_invalid",
-                     "acknowledging a store's data loss requires `Authorization: Bearer <control token>`",
-                     headers={"WWW-Authenticate": 'Bearer realm="governor"'})
-    body, refusal = await _json_body(request)
+    needed = "acknowledging a store's data loss requires `Authorization: Bearer <control token>`"
+    body, refusal = await checked_body(request, bearer_refusal(request, operators, required=needed, invalid=needed))
     if refusal:
         return refusal
     assert body is not None

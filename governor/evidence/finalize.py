@@ -18,7 +18,11 @@ the proxy serves traffic, each such journal is:
   4. ended, outcome `halted`, and its record signed and written to `records/<session>.json`.
 
 A journal that ended but has no record (the governor died between the two) gets its
-record, with the outcome it ended with.
+record, with the outcome it ended with. A journal file that holds no line at all (only a
+data directory of a governor before journals were created whole can have one: a kill
+between creating the file and writing its header) belongs to a session that never started,
+in which nothing was served: it is set aside in `<journal>.torn-0` and counted. Temp files
+that a kill left before their rename (`.<name>.*.tmp`, see `write_durably`) are removed.
 
 Both causes match the record schema's `^on_[a-z0-9_]+$` and `halt` is a §6 action, so
 `governor verify` checks these records like any other. The work runs in a small thread
@@ -40,8 +44,8 @@ from typing import Any, Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.evidence.errors import EvidenceError
-from governor.evidence.journal import Journal
-from governor.evidence.record import fsync_directory, iso_utc, record_path, write_record
+from governor.evidence.journal import Journal, has_ended, never_started
+from governor.evidence.record import fsync_directory, iso_utc, record_path, remove_stale_temp_files, write_record
 from governor.evidence.signing import sign_record
 
 log = logging.getLogger("governor.evidence.finalize")
@@ -52,7 +56,6 @@ ON_SESSION_INTEGRITY = "on_session_integrity"
 GOVERNOR_STOPPED = "governor_stopped"
 PIN_CHANGED = "pin_changed_across_restart"
 WORKERS = 8
-_END_LINE = b'{"kind":"end"'  # how Journal writes an end line (compact JSON, kind first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class Finalized:
 class FinalizeReport:
     finalized: list[Finalized] = field(default_factory=list)
     already_ended: int = 0
+    never_started: list[Path] = field(default_factory=list)  # set aside: no header was ever written
     failed: list[tuple[Path, str]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -86,6 +90,8 @@ class FinalizeReport:
         swapped = sum(1 for f in self.finalized if f.pin_changed)
         if swapped:
             text += f"; {swapped} admitted under another passport or tier: recorded as on_session_integrity"
+        if self.never_started:
+            text += f"; {len(self.never_started)} never started (no header), set aside"
         if self.failed:
             text += f"; {len(self.failed)} could not be finalized, see the log"
         return text + ")"
@@ -101,23 +107,11 @@ def journal_files(data_dir: Path | str) -> list[Path]:
     return sorted(directory / name for name in names if name.endswith(".jsonl"))
 
 
-def has_ended(path: Path) -> bool:
-    """Whether the journal's last line is an end line: cheap, no parsing (an unfinished or
-    damaged journal goes through the full read in `finalize_journal`)."""
-    with open(path, "rb") as fh:
-        try:
-            fh.seek(-4096, os.SEEK_END)
-            whole = False
-        except OSError:  # shorter than that
-            fh.seek(0)
-            whole = True
-        tail = fh.read()
-    if not tail.endswith(b"\n"):
-        return False
-    before, newline, last = tail[:-1].rpartition(b"\n")
-    if not newline and not whole:  # the last line starts before the window: read it all
-        return False
-    return last.startswith(_END_LINE)
+def set_aside_never_started(path: Path) -> Path:
+    """Move a journal that never started out of the way (never deleted: an operator may look)."""
+    aside = path.with_name(f"{path.name}.torn-0")
+    os.replace(path, aside)
+    return aside
 
 
 def _session_of(path: Path) -> str:
@@ -180,10 +174,18 @@ def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: P
     started = time.perf_counter()
     data_dir = Path(data_dir)
     report = FinalizeReport()
+    for directory in (data_dir / "journals", data_dir / "records"):
+        if removed := remove_stale_temp_files(directory):
+            log.warning("%s: removed %d temp file(s) a stop left before their rename", directory, removed)
     unfinished = []
     for path in journal_files(data_dir):
         try:
             ended = has_ended(path)
+            if not ended and never_started(path):
+                report.never_started.append(set_aside_never_started(path))
+                log.warning("journal %s holds no header: its session never started; set aside in %s",
+                            path, report.never_started[-1])
+                continue
         except OSError as exc:
             report.failed.append((path, f"cannot read: {exc}"))
             continue
@@ -216,7 +218,7 @@ def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: P
         if sync and report.finalized:
             fsync_directory(data_dir / "records")
     report.seconds = time.perf_counter() - started
-    if report.finalized or report.failed:
+    if report.finalized or report.failed or report.never_started:
         log.warning("%s at %s", report.describe(), iso_utc(now))
     return report
 

@@ -43,10 +43,12 @@ from governor.evidence.record import (
     as_timestamp,
     fsync_directory,
     make_event,
+    write_durably,
 )
 
 JOURNAL_FORMAT = "governor-journal/1"
 _LINE_MEMBERS = {"kind", "body", "prev", "hash"}
+_END_LINE_START = b'{"kind":"end"'  # how _encode_line writes an end line (compact JSON, kind first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,19 +234,10 @@ class Journal:
         then lose events the caller believed recorded).
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         line, digest = _encode_line("header", {"format": JOURNAL_FORMAT, **header.to_json()}, "")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        try:
-            _write_all(fd, line)
-            if sync:
-                os.fsync(fd)
-                fsync_directory(path.parent)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
+        # whole or not at all: a kill between creating the file and writing its header would
+        # leave a journal with no header, which no start could finalize (nor list)
+        write_durably(path, line, sync=sync, exclusive=True)
         return cls(path, _Contents(header, [], None, digest, len(line), None), sync=sync)
 
     @classmethod
@@ -335,6 +328,35 @@ class Journal:
             os.close(fd)
         self._prev = digest
         self._size += len(line)
+
+
+def has_ended(path: Path) -> bool:
+    """Whether the journal's last line is an end line: cheap, no parsing (an unfinished or
+    damaged journal goes through the full read, `Journal.open`)."""
+    with open(path, "rb") as fh:
+        try:
+            fh.seek(-4096, os.SEEK_END)
+            whole = False
+        except OSError:  # shorter than that
+            fh.seek(0)
+            whole = True
+        tail = fh.read()
+    if not tail.endswith(b"\n"):
+        return False
+    before, newline, last = tail[:-1].rpartition(b"\n")
+    if not newline and not whole:  # the last line starts before the window: read it all
+        return False
+    return last.startswith(_END_LINE_START)
+
+
+def never_started(path: Path) -> bool:
+    """Whether a journal holds no complete line: its header write never happened (or was cut
+    short), so no step of its session was ever taken."""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 16):
+            if b"\n" in chunk:
+                return False
+    return True
 
 
 def set_aside_torn_tail(path: Path, torn: TornTail) -> Path:

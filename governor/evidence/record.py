@@ -14,6 +14,7 @@ per-line checksum chain.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import math
 import os
@@ -292,6 +293,9 @@ def record_path(data_dir: Path | str, session: str) -> Path:
     return Path(data_dir) / "records" / f"{file_stem(session)}.json"
 
 
+TEMP_SUFFIX = ".tmp"  # write_durably's temp files: ".<name>.<random>.tmp"
+
+
 def write_record(path: Path | str, record: Mapping[str, Any], *, sync_directory: bool = True) -> Path:
     """Write a record atomically and durably (temp file, fsync, rename, fsync the directory).
 
@@ -300,25 +304,72 @@ def write_record(path: Path | str, record: Mapping[str, Any], *, sync_directory:
     return write_durably(path, data, sync_directory=sync_directory)
 
 
-def write_durably(path: Path | str, data: bytes, *, sync_directory: bool = True) -> Path:
+def write_durably(path: Path | str, data: bytes, *, sync_directory: bool = True, sync: bool = True,
+                  exclusive: bool = False) -> Path:
     """Write bytes atomically and durably: a temp file beside `path`, fsync, rename over it,
     then (unless the caller batches it) fsync the directory. A reader sees the old file or the
-    whole new one, never a torn one, and a crash after return loses nothing."""
+    whole new one, never a torn one, and a crash after return loses nothing.
+
+    `exclusive`: never replace a file already at `path` (FileExistsError), by linking the
+    temp file in place of renaming it. `sync=False` skips the fsyncs (throwaway data only).
+    A crash before the rename or link leaves only the temp file (`.<name>.*.tmp`), which no
+    reader takes for the file: `remove_stale_temp_files` clears them at the next start."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            if sync:
+                os.fsync(fh.fileno())
+        if exclusive:
+            _link_exclusively(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if sync_directory:
+    if sync and sync_directory:
         fsync_directory(path.parent)
     return path
+
+
+def _link_exclusively(tmp: str, path: Path) -> None:
+    """Put `tmp` at `path` unless something is there (FileExistsError): a hard link, which
+    never replaces; on a file system without hard links, a check then a rename (the callers
+    serialize their writers of one path, so nothing comes in between)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def remove_stale_temp_files(directory: Path) -> int:
+    """Remove the temp files `write_durably` left in `directory` when the process died
+    before renaming them (run at start-up, before anything writes there): none of them was
+    ever the file it was meant to become. Returns how many were removed."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if name.startswith(".") and name.endswith(TEMP_SUFFIX):
+            try:
+                os.unlink(directory / name)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def fsync_directory(directory: Path) -> None:

@@ -430,6 +430,10 @@ def _budget(
             if type(run.step) is UsageReport:
                 detail["actual"] = True
                 detail["final"] = run.step.final  # type: ignore[attr-defined]
+                # the call's own figures: what it used (so far, mid-stream) and what it had reserved;
+                # `observed` is then the rest of the session, `projected` the session's use with it
+                detail["call_used"] = amount
+                detail["call_reserved"] = held
             if extra:
                 detail.update(extra)
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
@@ -914,11 +918,17 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
         return _unknown_approval(step.approval_id, approval)
     if run.now > approval.expires_at:
         return _timeout(run, approval, late_reviewer=step.reviewer)
+    if step.edited_digest is not None and not run.limits.plan_editing:
+        # §5.4: edits are part of the plan_editing intervention model only
+        return Decision(action=Action.DENY, details={
+            "approval_id": step.approval_id, "reason": "the passport's intervention_model is not plan_editing"})
     detail = _approval_detail(run, approval, "approved")
     detail["reviewer"] = step.reviewer
     if step.reason:
         detail["reason"] = step.reason[:500]
     detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
+    if step.edited_digest is not None:  # both digests recorded: what the agent asked, what was approved
+        detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)
     return Decision(
         action=Action.CONTINUE, cause=approval.cause, details=detail,
         event=_event(approval.cause, Action.CONTINUE.value, detail),
@@ -1111,6 +1121,9 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
             status = {"approved": GRANTED, "rejected": REJECTED, "expired": EXPIRED}[review]
             approvals = dict(state.approvals) if approvals is None else approvals
             approvals[approval.id] = replace(approval, status=status, reviewer=getattr(step, "reviewer", None))
+            if status == GRANTED and getattr(step, "edited_digest", None) is not None:
+                # plan editing: the grant releases the edited step, not the one the agent sent
+                approvals[approval.id] = replace(approvals[approval.id], step_digest=step.edited_digest)
             if status == GRANTED:
                 trigger = next((t for t in limits.triggers if t.name == approval.trigger), None)
                 if trigger is not None and trigger.session_level:

@@ -172,6 +172,8 @@ class Limits:
     enforce_oversight: bool  # §5: R2, R3 (§5 "At R2 it MUST pause on a fired trigger")
     enforce_anomaly: bool  # §7: R3
     summary: Mapping[str, Any] = field(default_factory=dict)
+    # §5 intervention_model plan_editing: a reviewer may approve an edited step
+    plan_editing: bool = False
     _keys: Mapping[Any, tuple[CounterKey, ...]] = field(default_factory=dict)
 
     def within_reservation(self, step: UsageReport, cost: float | None | object = ...) -> bool:
@@ -528,6 +530,7 @@ def compile_limits(
         triggers=triggers,
         free_text_triggers=free_text,
         monitor_only=oversight.get("intervention_model") == "monitor_only",
+        plan_editing=oversight.get("intervention_model") == "plan_editing",
         response_time_sec=float(response_minutes) * 60.0,  # type: ignore[arg-type]
         agent_sensitivity=SENSITIVITY.get(sensitivity) if isinstance(sensitivity, str) else None,
         tool_sensitivity=tool_sensitivity,

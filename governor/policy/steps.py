@@ -214,11 +214,15 @@ class StepDone:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalGranted:
-    """A reviewer approved a paused step (§5); the step is released once, by its digest."""
+    """A reviewer approved a paused step (§5); the step is released once, by its digest.
+
+    `edited_digest`: under plan_editing, the reviewer approved an edited step instead;
+    the approval is then bound to (and releases only) the step with that digest."""
 
     approval_id: str
     reviewer: str
     reason: str = ""  # the reviewer's note, recorded with the approval
+    edited_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -478,6 +478,12 @@ class Governor:
                 admissions.clear()
                 self._refuse(flow, adapter, admission, session, exchange)
                 return
+            if admission.edited_arguments is not None and not adapter.edit_request(exchange, admission.edited_arguments):
+                for held in admissions:  # never send upstream what the reviewer did not approve
+                    await self._release(session, held.ticket, error="refused")
+                admissions.clear()
+                self._fail_closed(flow, session, f"the {adapter.name} request cannot carry the reviewer's edited arguments")
+                return
             if isinstance(step, ModelCall) and main is None:
                 usage_ticket = admission.ticket
                 main = admission.decision

@@ -24,11 +24,12 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   provider's format) as if the upstream had sent it, and the upstream connection
   is closed. The client gets a clean error response on its kept-alive connection.
 
-Both need the HTTP/1 client layer of the flow's upstream connection. When it
-cannot be found (an HTTP/2 upstream, a changed mitmproxy), they fall back to
-closing the upstream connection, which ends the client's response abruptly but
+Each works on the HTTP/1 client layer of the flow's upstream connection; against an
+HTTP/2 upstream, `transit_h2` does the same for the flow's one stream of the connection
+(its siblings go on). When neither can be found (a changed mitmproxy), they fall back
+to closing the upstream connection, which ends the client's response abruptly but
 still stops generation (fail closed), and return False so the caller can log it.
-The tests in tests/test_proxy_transit.py pin this behaviour.
+The tests in tests/test_proxy_transit.py and tests/test_stream_cuts.py pin this behaviour.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ from typing import Any, Iterator
 import h11
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import http
+from mitmproxy.net.http.http1.read import read_response_head
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.http._http1 import Http1Client
+
+from governor.proxy import transit_h2
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,11 @@ def _layers(root: layer.Layer) -> Iterator[layer.Layer]:
 
 
 def _http1_client(handler: Any, flow: http.HTTPFlow) -> Http1Client | None:
-    for node in _layers(handler.layer):
+    return _http1_client_in(_layers(handler.layer), flow)
+
+
+def _http1_client_in(layers: Any, flow: http.HTTPFlow) -> Http1Client | None:
+    for node in layers:
         if isinstance(node, Http1Client) and node.conn is flow.server_conn:
             return node
     return None
@@ -142,13 +150,24 @@ class Gate:
             self.client.body_reader = self.inner
 
 
-def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | None:
+HELD_END = "governor.held_end"  # flow.metadata: the upstream's end, read already and kept (transit_h2.QueuedEnd)
+
+
+def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | transit_h2.Gate | transit_h2.QueuedEnd | None:
     """Install a Gate on the flow's upstream body (None when it cannot be done)."""
     handler = _handler(proxyserver, flow)
     if handler is None or not flow.live:
         return None
-    client = _http1_client(handler, flow)
-    if client is None or client.state != client.read_body:
+    layers = list(_layers(handler.layer))
+    # the upstream ended while the flow's stream waited for a hook: its end is queued there
+    queued = transit_h2.take_queued_end(handler, flow, layers)
+    if queued is not None:
+        flow.metadata[HELD_END] = queued
+        return queued
+    client = _http1_client_in(layers, flow)
+    if client is None:
+        return transit_h2.gate(handler, flow, layers)
+    if client.state != client.read_body:
         return None
     installed = Gate(handler, flow, client.body_reader, client)
     client.body_reader = installed  # type: ignore[assignment]
@@ -164,7 +183,14 @@ def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
     handler = _handler(proxyserver, flow)
     if handler is None or not flow.live:
         return False
-    client = _http1_client(handler, flow)
+    queued = flow.metadata.pop(HELD_END, None)
+    if queued is not None and not queued.released:  # the upstream is done: hand its end back
+        queued.release()
+        return True
+    layers = list(_layers(handler.layer))
+    client = _http1_client_in(layers, flow)
+    if client is None and transit_h2.end_stream(handler, flow, layers):
+        return True  # the one HTTP/2 stream reset, the connection kept for its siblings
     clean = client is not None and client.state == client.read_body
     if clean:
         assert client is not None
@@ -184,6 +210,8 @@ def answer(proxyserver: Any, flow: http.HTTPFlow, raw_response: bytes) -> bool:
     if handler is None or not flow.live or flow.response is not None:
         return False
     client = _http1_client(handler, flow)
+    if client is None and transit_h2.answer(handler, flow, list(_layers(handler.layer)), _parsed(raw_response)):
+        return True
     if client is None or client.state != client.read_headers or not client.request_done:
         logger.warning("governor: cannot answer %s in transit; closing the upstream connection", flow.request.url)
         _close_upstream(handler, flow)
@@ -200,3 +228,11 @@ def answer(proxyserver: Any, flow: http.HTTPFlow, raw_response: bytes) -> bool:
     client.state = on_close
     _close_upstream(handler, flow)
     return True
+
+
+def _parsed(raw_response: bytes) -> http.Response:
+    """`answer`'s raw HTTP/1.1 response as a Response (for an HTTP/2 upstream's stream)."""
+    head, _, body = raw_response.partition(b"\r\n\r\n")
+    response = read_response_head(head.split(b"\r\n"))
+    response.content = body
+    return response

@@ -1,0 +1,128 @@
+"""The reviewer console: a static page the control plane serves, and the two reads it adds.
+
+  GET /                         redirects to /console/
+  GET /console/                 the page (console/index.html), open: it holds no secret
+  GET /console/{file}           its script and style sheet (console/*.js, *.css)
+  GET /v1/token                 which kind a bearer token is ({"reviewer": bool, "control": bool});
+                                401 for a token of neither kind (the page's sign-in check)
+  GET /v1/sessions/{id}/verification
+                                a fresh signed record of the session and the §8.6 verification
+                                of it against this governor's key and pinned passport
+
+The page is plain HTML, JavaScript and CSS shipped in the package: no build step, no
+third-party script. It is served under a strict Content-Security-Policy (scripts and
+styles from this origin only, no inline script, no eval, no framing), so a string an
+agent controls (tool arguments, persona and session names, reasons, labels) cannot
+run even if the page's own textContent-only rendering were ever bypassed. The token
+the reviewer types stays in the tab (sessionStorage) and travels only in
+`Authorization: Bearer`; the control guard (Host, Origin, JSON bodies) applies to the
+page's requests as to any other (they are same-origin, so it lets them through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from governor.control.auth import bearer
+
+# default-src 'self' covers scripts, styles, images, fetch; nothing inline, nothing framed
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+CONSOLE_FILES = web.AppKey("console_files", dict)
+
+
+def console_files() -> dict[str, tuple[bytes, str]]:
+    """The page's files by name, read once from the package: name -> (bytes, content type)."""
+    files: dict[str, tuple[bytes, str]] = {}
+    for entry in resources.files("governor.control").joinpath("console").iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and suffix in _TYPES:
+            files[entry.name] = (entry.read_bytes(), _TYPES[suffix])
+    return files
+
+
+def _serve(request: web.Request, name: str) -> web.Response:
+    found = request.app[CONSOLE_FILES].get(name)
+    if found is None:
+        raise web.HTTPNotFound(text=f"no console file {name!r}")
+    body, content_type = found
+    return web.Response(body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS)
+
+
+async def root(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/console/", headers=SECURITY_HEADERS)
+
+
+async def page(request: web.Request) -> web.Response:
+    return _serve(request, "index.html")
+
+
+async def asset(request: web.Request) -> web.Response:
+    return _serve(request, request.match_info["name"])
+
+
+async def token_kind(request: web.Request) -> web.Response:
+    """Which kind of token the bearer is: lets the page refuse a wrong token at sign-in,
+    also when reads are open (no control token configured)."""
+    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, ok
+
+    if refusal := bearer_refusal(request, request.app[REVIEWERS], request.app[OPERATORS],
+                                 required="this needs `Authorization: Bearer <reviewer or control token>`",
+                                 invalid="the bearer token is not a reviewer or control token"):
+        return refusal
+    token = bearer(request.headers.get("Authorization"))
+    reviewer, control = token in request.app[REVIEWERS], token in request.app[OPERATORS]
+    return ok({"reviewer": reviewer, "control": control}, headers={"Cache-Control": "no-store"})
+
+
+async def session_verification(request: web.Request) -> web.Response:
+    """A fresh snapshot record of the session, verified as `governor verify` would (§8.6
+    steps 1-6) against this governor's public key and its pinned passport. The verdict is
+    the governor checking itself: an auditor runs `governor verify` offline on the record."""
+    from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, error, ok
+    from governor.evidence.verify import verify_record
+
+    if refusal := _operator_refusal(request):
+        return refusal
+    runtime = request.app[RUNTIME]
+    session = request.match_info["session"]
+    if not runtime.has_session(session):
+        return _unknown_session(session)
+    key = getattr(runtime, "key", None)
+    if key is None:
+        return error(501, "no_key", "this runtime does not expose its signing key's public half")
+    try:
+        record = runtime.record(session)
+    except KeyError:
+        return _unknown_session(session)
+    pinned = getattr(runtime, "pinned", None)
+    passport: Any = getattr(pinned, "document", None)
+    # schema validation, the chain and the signature: CPU work off the event loop
+    report = await asyncio.to_thread(verify_record, record, public_key=key.public_key(), passport=passport)
+    return ok({"session": session, "record": record, "verification": report.to_json()},
+              headers={"Cache-Control": "no-store"})
+
+
+def add_routes(app: web.Application) -> None:
+    app[CONSOLE_FILES] = console_files()
+    app.router.add_get("/", root)
+    app.router.add_get("/console", root)
+    app.router.add_get("/console/", page)
+    app.router.add_get("/console/{name}", asset)
+    app.router.add_get("/v1/token", token_kind)
+    app.router.add_get("/v1/sessions/{session}/verification", session_verification)
