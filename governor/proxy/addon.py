@@ -59,7 +59,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 from governor.personas import PersonaHeaderError, parse_persona
-from governor.proxy import bodies, transit
+from governor.proxy import bodies, holds, transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
@@ -92,6 +92,8 @@ class ProxyPolicy:
     max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this (decoded): 413
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, decoded: 502 past it
     max_decoded_ratio: float = bodies.DEFAULT_RATIO  # decoded / compressed size, past 1 MiB decoded
+    review_hold: float = holds.DEFAULT_HOLD_SEC  # a connection held for a reviewer, at most (then 429)
+    review_retry_after: float = holds.DEFAULT_RETRY_AFTER_SEC  # the Retry-After of that 429
 
 
 @dataclass(eq=False)
@@ -106,6 +108,7 @@ class Flight:
     relay: "StreamRelay | None" = None
     refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
     finished: bool = False
+    body: bytes = b""  # the request body the agent sent (decoded): names the request if its answer is held
 
 
 class StreamRelay:
@@ -137,10 +140,14 @@ class StreamRelay:
         self.held_steps: set[int] = set()  # ids of the steps holding the stream
         self.kept = b""  # whole events kept back while holds > 0
         self.gate: transit.Gate | None = None
+        self.pings = 0  # a keep-alive comment line on its way to the client (a held stream)
 
     def __call__(self, data: bytes) -> list[bytes]:
         if data == b"":
             return self.end()
+        if self.pings and data == holds.KEEPALIVE:  # ours, not the upstream's: straight to the client
+            self.pings -= 1
+            return [data]
         self.flight.last_activity = time.monotonic()
         if self.terminal is not None:
             return []
@@ -178,6 +185,17 @@ class StreamRelay:
         self.held = b""
         self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
         return []
+
+    async def ping(self, data: bytes) -> None:
+        """Send an SSE comment line to the client while the stream is held for a reviewer.
+        Whole events only were forwarded so far, so a comment line fits between them."""
+        if self.terminal is not None or self.ended:
+            return
+        self.pings += 1
+        try:
+            await transit.ping(self.governor.proxyserver, self.flow, data)
+        finally:
+            self.pings = 0  # delivered synchronously, or not at all
 
     def hold(self) -> None:
         """Keep output back (and the upstream's end) until `unhold` balances this."""
@@ -256,6 +274,7 @@ class Governor:
         # it: every chunk is forwarded and checked after, as before)
         self._covers = getattr(runtime, "covers", None)
         self.presented = PresentedPassports()  # ADL-Passport headers, read off the event loop
+        self.holds = holds.Holds(policy.review_hold, policy.review_retry_after)  # answers held for a reviewer
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -456,6 +475,10 @@ class Governor:
         except BadRequest as exc:
             self._bad_request(flow, adapter, session, exc.message, status=exc.status)
             return
+        held = self.holds.by_key and self.holds.find(session, lambda: holds.request_key(
+            session, exchange.persona, request.method, request.host, request.port, request.path, view.content))
+        if held and await self._serve_held(flow, held, adapter, exchange):
+            return  # a retry of a request whose answer awaits (or awaited) a reviewer: no new step
 
         admissions = admitted
         if activity is not None:  # the persona instance first: its first request spawns it
@@ -500,7 +523,7 @@ class Governor:
             body = None
         if body is not None or exchange.stream or exchange.upstream_headers:
             _rewrite_for_upstream(request, body, exchange.stream, exchange.upstream_headers)
-        flight = Flight(exchange, admissions, usage_ticket)
+        flight = Flight(exchange, admissions, usage_ticket, body=view.content)
         flow.metadata[METADATA_KEY] = flight
         self._track(flow, flight)
 
@@ -508,15 +531,27 @@ class Governor:
         """Admit one step; a PAUSE is held right here until the reviewer's answer (or the
         timeout's resolution) comes back."""
         admission = await self.runtime.admit(session, step)
-        decision = admission.decision
-        if decision.action is Action.PAUSE and decision.enforced and decision.approval is not None:
-            log.info("governor: holding %s in session %s for approval %s",
-                     type(step).__name__, session, decision.approval.id)
-            held = admission
-            admission = await self.runtime.await_approval(session, decision.approval.id)
-            if held.ticket is not None and held.ticket is not admission.ticket:
-                await self._release(session, held.ticket)
+        if _paused(admission):
+            admission = await self._reviewed(session, step, admission)
         return admission
+
+    async def _reviewed(self, session: str, step: Step, admission: Admission, relay: Any = None) -> Admission:
+        """A paused step held until the reviewer's answer (or the timeout's resolution); a
+        held stream is kept alive meanwhile."""
+        approval = admission.decision.approval
+        assert approval is not None
+        log.info("governor: holding %s in session %s for approval %s", type(step).__name__, session, approval.id)
+        pinger = None
+        if relay is not None:
+            pinger = self._spawn(holds.keep_alive(relay, holds.keepalive_interval(relay.flow.request.headers)))
+        try:
+            answered = await self.runtime.await_approval(session, approval.id)
+        finally:
+            if pinger is not None:
+                pinger.cancel()
+        if admission.ticket is not None and admission.ticket is not answered.ticket:
+            await self._release(session, admission.ticket)
+        return answered
 
     async def _release(self, session: str, ticket: Any, error: str | None = None) -> None:
         if ticket is None:
@@ -688,19 +723,93 @@ class Governor:
             if decision.blocks:
                 self._replace(flow, adapter, decision, session, exchange=exchange)
                 return
-        for step in observation.steps:
-            admission = await self._admit(session, step)
+        await self._admit_observed(flow, flight, observation)
+
+    async def _admit_observed(self, flow: http.HTTPFlow, flight: Flight, observation: Any, start: int = 0,
+                              detach: bool = True) -> None:
+        """The tool calls a plain answer asks for, admitted in order from `start`; a refusal
+        replaces the answer. The first that pauses holds the answer for its reviewer
+        (`_hold_answer`); the rest are then admitted by that review."""
+        exchange = flight.exchange
+        session = exchange.session
+        steps = observation.steps
+        for index in range(start, len(steps)):
+            step = steps[index]
+            admission = await self.runtime.admit(session, step)
+            if _paused(admission):
+                if detach:
+                    await self._hold_answer(flow, flight, observation, index, admission)
+                    return
+                admission = await self._reviewed(session, step, admission)
             await self._release(session, admission.ticket)
             if admission.decision.blocks:
                 decision = admission.decision
                 gov = admission.governor_object or governor_object(decision, session)
-                self._replace(flow, adapter, decision, session, gov, exchange)
+                self._replace(flow, exchange.adapter, decision, session, gov, exchange)
                 return
-        if observation.replace_body is not None:
-            response.content = observation.replace_body
+        if observation.replace_body is not None and flow.response is not None:
+            flow.response.content = observation.replace_body
             if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
-                response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
+                flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
                 _log_withheld(flow, exchange, "answer")
+
+    async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
+                           admission: Admission) -> None:
+        """The answer waits for a reviewer in a Hold (governor.proxy.holds): the identical
+        request meanwhile attaches to it, and this connection is answered when the review
+        is (or 429 review_pending when it outlasts the client's patience)."""
+        exchange = flight.exchange
+        session = exchange.session
+        request = flow.request
+        shadow = holds.shadow_of(flow)
+
+        async def review() -> http.Response:
+            step = observation.steps[index]
+            answered = await self._reviewed(session, step, admission)
+            await self._release(session, answered.ticket)
+            if answered.decision.blocks:
+                decision = answered.decision
+                gov = answered.governor_object or governor_object(decision, session)
+                self._replace(shadow, exchange.adapter, decision, session, gov, exchange)
+            else:
+                await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
+            assert shadow.response is not None
+            return shadow.response
+
+        approval = admission.decision.approval
+        assert approval is not None
+        key = holds.request_key(session, exchange.persona, request.method, request.host, request.port,
+                                request.path, flight.body)
+        held = self.holds.start(key, session, approval.id, admission.governor_object.get("expires_at"), review())
+        await self._serve_held(flow, held, exchange.adapter, exchange)
+
+    async def _held_stream(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay, step: Step,
+                           admission: Admission) -> Admission:
+        """A streamed answer held for a reviewer stays on its connection (kept alive); the
+        identical request meanwhile is answered 429 review_pending, not sent to the model
+        (a stream cannot be replayed to it: once the review is over it is a new step)."""
+        exchange = flight.exchange
+        request = flow.request
+        approval = admission.decision.approval
+        assert approval is not None
+        key = holds.request_key(exchange.session, exchange.persona, request.method, request.host, request.port,
+                                request.path, flight.body)
+        held = self.holds.start(key, exchange.session, approval.id, admission.governor_object.get("expires_at"),
+                                self._reviewed(exchange.session, step, admission, relay))
+        return await asyncio.shield(held.task)
+
+    async def _serve_held(self, flow: http.HTTPFlow, held: holds.Hold, adapter: Adapter, exchange: Exchange) -> bool:
+        """Answer `flow` from a hold; False when it has nothing to answer with (a stream's)."""
+        session = exchange.session
+        served = await self.holds.serve(
+            flow, held, lambda hold, retry_after: holds.pending_response(adapter, exchange, session, hold, retry_after),
+            lambda: _response(adapter.error_response(503, "governor: the review could not be completed",
+                                                     _governor_error_object(session), exchange), "deny"))
+        if served == "gone":
+            return False
+        log.info("governor: %s %s in session %s: %s for approval %s", flow.request.method, flow.request.pretty_url,
+                 session, "review outcome" if served == "answer" else "review pending (429)", held.approval_id)
+        return True
 
     async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
         """An answer the governor cannot read within its bounds (a decompression bomb, an
@@ -787,7 +896,9 @@ class Governor:
         try:
             while relay.pending_steps:
                 step = relay.pending_steps.pop(0)
-                admission = await self._admit(session, step)
+                admission = await self.runtime.admit(session, step)
+                if _paused(admission):
+                    admission = await self._held_stream(flow, flight, relay, step, admission)
                 await self._release(session, admission.ticket)
                 held = id(step) in relay.held_steps
                 relay.held_steps.discard(id(step))
@@ -1006,6 +1117,11 @@ def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, st
         elif prefix == b"cont" and name.lower() == b"content-encoding":
             encoded = True
     return found, encoded
+
+
+def _paused(admission: Admission) -> bool:
+    decision = admission.decision
+    return decision.action is Action.PAUSE and decision.enforced and decision.approval is not None
 
 
 def _has_content_encoding(fields: Any) -> bool:

@@ -62,6 +62,11 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
+    "review_hold_seconds": ("GOVERNOR_REVIEW_HOLD_SECONDS", "hold a connection whose step awaits a reviewer at most "
+                            "this long, less when the client's X-Stainless-Read-Timeout is shorter, then answer 429 "
+                            "review_pending (default 300; docs/oversight.md)"),
+    "review_retry_after": ("GOVERNOR_REVIEW_RETRY_AFTER", "the Retry-After seconds of a 429 review_pending "
+                           "(default 10)"),
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -210,6 +215,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.pricing = Path(pricing)
     if (persona_idle := value("persona_idle")) is not None:
         settings.persona_idle = _number(persona_idle, "--persona-idle")
+    if (review_hold := value("review_hold_seconds")) is not None:
+        settings.review_hold = _number(review_hold, "--review-hold-seconds")
+    if (retry_after := value("review_retry_after")) is not None:
+        settings.review_retry_after = _number(retry_after, "--review-retry-after")
     if (store := value("store")) is not None:
         settings.store = str(store)
     settings.upstream_insecure = bool(file.get("upstream_insecure", False))

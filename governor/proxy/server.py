@@ -112,6 +112,8 @@ class Settings:
     metrics_per_session: int = 0  # budget series labelled by session, for at most this many live sessions
     tick_interval: float = 1.0
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
+    review_hold: float = 300.0  # a connection held for a reviewer, at most (docs/oversight.md)
+    review_retry_after: float = 10.0  # the Retry-After of the 429 review_pending after it
     max_body_bytes: int = 64 * 1024 * 1024
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
     max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
@@ -354,6 +356,8 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         max_body_bytes=settings.max_body_bytes,
         max_response_bytes=settings.max_response_bytes,
         max_decoded_ratio=settings.max_decoded_ratio,
+        review_hold=settings.review_hold,
+        review_retry_after=settings.review_retry_after,
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:

@@ -19,6 +19,12 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   model asked for awaits admission): the upstream's end-of-message is kept until
   the gate is released, so the client never sees a clean end before the verdict.
 
+* `ping(proxyserver, flow, data)` — send `data` down a streamed response now, between the
+  upstream's chunks (an SSE comment keeping a stream held for a reviewer alive). It goes
+  as an injected message (mitmproxy routes those through every layer, TLS included, to
+  the flow's stream) that the stream turns into response data: the stream callable and
+  the client's framing are mitmproxy's own.
+
 * `answer(proxyserver, flow, raw)` — no response headers yet (a hung upstream). The upstream
   reader is handed a complete HTTP/1.1 response (the governor's error in the
   provider's format) as if the upstream had sent it, and the upstream connection
@@ -35,6 +41,7 @@ The tests in tests/test_proxy_transit.py and tests/test_stream_cuts.py pin this 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import h11
@@ -42,7 +49,8 @@ from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import http
 from mitmproxy.net.http.http1.read import read_response_head
 from mitmproxy.proxy import events, layer
-from mitmproxy.proxy.layers.http import HttpLayer
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, ResponseData
+from mitmproxy.proxy.layers.http._base import HttpEvent
 from mitmproxy.proxy.layers.http._http1 import Http1Client
 
 from governor.proxy import transit_h2
@@ -172,6 +180,43 @@ def gate(proxyserver: Any, flow: http.HTTPFlow) -> Gate | transit_h2.Gate | tran
     installed = Gate(handler, flow, client.body_reader, client)
     client.body_reader = installed  # type: ignore[assignment]
     return installed
+
+
+@dataclass
+class _Ping(events.MessageInjected, HttpEvent):
+    """Data for a flow's client: routed like an injected message, accepted by the HTTP stream."""
+
+
+async def ping(proxyserver: Any, flow: http.HTTPFlow, data: bytes) -> bool:
+    """Send `data` to the client of a streamed response as if the upstream had sent it
+    (through the stream callable). False when the response is not streaming any more."""
+    handler = _handler(proxyserver, flow)
+    if handler is None or not flow.live:
+        return False
+    layers = list(_layers(handler.layer))
+    stream = next((n for n in layers if isinstance(n, HttpStream) and getattr(n, "flow", None) is flow), None)
+    # mitmproxy routes an injected message to the stream through the HTTP/1 client layer of
+    # the upstream connection: not done over an HTTP/2 upstream (no keep-alive there)
+    if (stream is None or stream.server_state != stream.state_stream_response_body
+            or _http1_client_in(layers, flow) is None):
+        return False
+    streaming = stream.server_state
+
+    def inject(event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.MessageInjected) and event.flow is flow:
+            stream.server_state = streaming
+            yield from streaming(ResponseData(stream.stream_id, data))
+        else:  # whatever else comes first is the stream's as usual
+            yield from streaming(event)
+
+    stream.server_state = inject
+    try:
+        await handler.server_event(_Ping(stream.stream_id, flow, data))
+    finally:
+        if stream.server_state is inject:  # not delivered (the stream moved on): nothing sent
+            stream.server_state = streaming
+            return False
+    return True
 
 
 def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:

@@ -1,0 +1,235 @@
+"""Held steps that outlast their client (§5 human oversight; docs/oversight.md).
+
+A tool call the model asks for that needs a reviewer holds the model's answer. A review
+takes minutes or hours; clients wait seconds (the openai SDK's `timeout=5`) and then
+re-send the identical request, which without this module reached the model again: one
+more model call, one more iteration, one more approval for the same step.
+
+Here a held answer is a `Hold`, found by the request that produced it (session, persona,
+method, host, path and the body the agent sent, hashed):
+
+* the identical request while the review is pending is attached to the hold: no model
+  call, no step, no approval; it waits like the original;
+* a connection waits at most its hold time (`--review-hold-seconds`, shortened to fit the
+  client's own read timeout when it says it: the openai and anthropic SDKs send
+  `X-Stainless-Read-Timeout`); then it is answered 429 `review_pending` naming the approval,
+  with `Retry-After`, which the SDKs retry and agents can catch;
+* the review's outcome (the approved answer, or the refusal: 403 on a rejection) goes to
+  every connection still waiting; when none was left to take it, it is kept for the next
+  identical request (KEEP_ANSWER_SEC), which gets it exactly once.
+
+A held stream has already sent its headers: it stays on its connection, kept alive by SSE
+comment lines (`: waiting for review`) that every SSE client ignores and that reset the
+client's read timeout (see `keep_alive`). The identical request meanwhile (its client gave up
+on the stream) is answered 429 too; a stream cannot be replayed, so once the review is over
+the identical request is a new step.
+
+Cheap on the request path: a session with no hold costs one dict lookup; the request is
+hashed only in a session that has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from mitmproxy import http
+
+log = logging.getLogger("governor.proxy.holds")
+
+DEFAULT_HOLD_SEC = 300.0  # under the 600 s read timeout of the openai and anthropic SDKs
+DEFAULT_RETRY_AFTER_SEC = 10.0
+MIN_HOLD_SEC = 0.5
+KEEP_ANSWER_SEC = 900.0  # an outcome nobody was left to take waits this long for the identical request
+# the read timeout the openai and anthropic SDKs say they have, in seconds (each sends the first)
+TIMEOUT_HEADERS = ("x-stainless-read-timeout", "x-stainless-timeout")
+KEEPALIVE = b": waiting for review\n\n"  # an SSE comment: ignored by every SSE parser
+MAX_KEEPALIVE_SEC = 15.0
+PENDING_CAUSE = "review_pending"
+ACTION_HEADER = "ADL-Governor-Action"
+
+
+def request_key(session: str, persona: str | None, method: str, host: str, port: int, path: str,
+                body: bytes) -> bytes:
+    """What makes two requests the same step's retries: everything but headers (the SDKs
+    change their retry counters there)."""
+    h = hashlib.blake2b(digest_size=20)
+    for part in (session, persona or "", method, host, str(port), path):
+        encoded = part.encode("utf-8", "surrogateescape")
+        h.update(len(encoded).to_bytes(4, "big"))
+        h.update(encoded)
+    h.update(body)
+    return h.digest()
+
+
+def client_timeout(headers: Any) -> float | None:
+    """The read timeout the client says it has (X-Stainless-Read-Timeout), when it is a sane number."""
+    if headers is None:
+        return None
+    raw = headers.get(TIMEOUT_HEADERS[0]) or headers.get(TIMEOUT_HEADERS[1])
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def hold_time(headers: Any, configured: float) -> float:
+    """How long one connection is held before it is told the review is pending: the
+    configured hold, cut to end before the client's own read timeout fires."""
+    timeout = client_timeout(headers)
+    if timeout is None:
+        return configured
+    return max(MIN_HOLD_SEC, min(configured, timeout - min(1.5, timeout * 0.3)))
+
+
+def keepalive_interval(headers: Any) -> float:
+    """How often a held stream sends a comment line: well inside the client's read timeout."""
+    timeout = client_timeout(headers)
+    return MAX_KEEPALIVE_SEC if timeout is None else max(0.25, min(MAX_KEEPALIVE_SEC, timeout / 2))
+
+
+@dataclass(eq=False)
+class Hold:
+    """One held answer: its review runs in `task`, whose result is the answer's response."""
+
+    key: bytes
+    session: str
+    approval_id: str
+    expires_at: Any
+    task: asyncio.Task
+    waiting: int = 0
+    done_at: float | None = None
+    taken: bool = False
+    answer: http.Response | None = None
+    replayable: bool = True  # False: the review's result is not an answer to give (a held stream's)
+
+
+@dataclass
+class Holds:
+    """The held answers of one proxy, by request key."""
+
+    hold_sec: float = DEFAULT_HOLD_SEC
+    retry_after: float = DEFAULT_RETRY_AFTER_SEC
+    by_key: dict[bytes, Hold] = field(default_factory=dict)
+    per_session: dict[str, int] = field(default_factory=dict)
+
+    def find(self, session: str, key_of: Callable[[], bytes]) -> Hold | None:
+        """The hold the identical request left in this session, if any (`key_of` hashes the
+        request only when the session has one)."""
+        if not self.per_session.get(session):
+            return None
+        self._sweep()
+        return self.by_key.get(key_of())
+
+    def start(self, key: bytes, session: str, approval_id: str, expires_at: Any, review: Awaitable[Any]) -> Hold:
+        """A held answer: `review` waits for the reviewer and makes the answer (an
+        http.Response to give the waiting; anything else: nothing to give, a held stream's)."""
+        self._sweep()
+        old = self.by_key.get(key)
+        if old is not None:  # a new hold for the same request replaces an answered one
+            self._drop(old)
+        task = asyncio.get_running_loop().create_task(review)  # type: ignore[arg-type]
+        hold = Hold(key, session, approval_id, expires_at, task)
+        self.by_key[key] = hold
+        self.per_session[session] = self.per_session.get(session, 0) + 1
+        task.add_done_callback(lambda _t: self._answered(hold))
+        return hold
+
+    def _answered(self, hold: Hold) -> None:
+        if hold.done_at is not None:
+            return
+        hold.done_at = time.monotonic()
+        if hold.task.cancelled():
+            hold.answer = None
+            return
+        if (error := hold.task.exception()) is not None:  # fail closed: the waiting get a governor error
+            log.error("governor: the review of approval %s failed", hold.approval_id, exc_info=error)
+            hold.answer = None
+            return
+        result = hold.task.result()
+        if isinstance(result, http.Response):
+            hold.answer = result
+        else:  # a held stream's admission: it went to the stream's own connection
+            hold.replayable = False
+            self._drop(hold)
+
+    def _drop(self, hold: Hold) -> None:
+        if self.by_key.get(hold.key) is hold:
+            del self.by_key[hold.key]
+            left = self.per_session.get(hold.session, 1) - 1
+            if left > 0:
+                self.per_session[hold.session] = left
+            else:
+                self.per_session.pop(hold.session, None)
+
+    def _sweep(self) -> None:
+        """Forget answers nobody came back for (a pass over the holds: there are as many as
+        pending or recent reviews, not requests)."""
+        now = time.monotonic()
+        for hold in [h for h in self.by_key.values() if h.done_at is not None and now - h.done_at > KEEP_ANSWER_SEC]:
+            self._drop(hold)
+
+    async def serve(self, flow: http.HTTPFlow, hold: Hold, pending: Callable[[Hold, float], http.Response],
+                    failed: Callable[[], http.Response]) -> str:
+        """Answer `flow` from the hold: its outcome when it comes within this connection's
+        hold time, else `pending(hold, retry_after)` (the 429). Returns what it answered:
+        "answer" or "pending", or "gone" (nothing answered: the hold had no answer to give)."""
+        if not hold.task.done():
+            hold.waiting += 1
+            try:
+                await asyncio.wait({hold.task}, timeout=hold_time(flow.request.headers, self.hold_sec))
+            finally:
+                hold.waiting -= 1
+        if not hold.task.done():
+            flow.response = pending(hold, self.retry_after)
+            return "pending"
+        if hold.done_at is None:  # done, its callback not run yet
+            self._answered(hold)
+        if not hold.replayable:
+            return "gone"
+        answer = hold.answer
+        flow.response = answer.copy() if answer is not None else failed()
+        if flow.client_conn.connected:  # delivered (a client that left takes nothing)
+            hold.taken = True
+            self._drop(hold)
+        return "answer"
+
+
+def pending_response(adapter: Any, exchange: Any, session: str, hold: Hold, retry_after: float) -> http.Response:
+    """429 review_pending in the protocol's error format: the SDKs retry it after
+    Retry-After, and an agent that catches it knows which approval it waits for."""
+    seconds = max(1, math.ceil(retry_after))
+    gov = {"cause": PENDING_CAUSE, "action": "pause", "session": session, "approval_id": hold.approval_id,
+           "expires_at": hold.expires_at, "retry_after": seconds,
+           "reason": "the step is held for human review; send the identical request again to get the "
+                     "reviewer's outcome"}
+    message = (f"governor: review pending (approval {hold.approval_id}): the step is held for a human reviewer; "
+               f"send the identical request again after {seconds}s")
+    reply = adapter.error_response(429, message, gov, exchange)
+    headers = {**reply.headers, ACTION_HEADER: "pause", "retry-after": str(seconds), "x-should-retry": "true"}
+    return http.Response.make(429, reply.body, headers)
+
+
+def shadow_of(flow: http.HTTPFlow) -> http.HTTPFlow:
+    """A flow that carries the upstream's answer through a review which may outlast the
+    client's connection: what the review makes of it is the hold's answer, while the
+    original flow may already have been answered 429."""
+    shadow = http.HTTPFlow(flow.client_conn, flow.server_conn)
+    shadow.request = flow.request
+    shadow.response = flow.response
+    return shadow
+
+
+async def keep_alive(relay: Any, interval: float) -> None:
+    """Send an SSE comment line down a held stream every `interval` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(interval)
+        await relay.ping(KEEPALIVE)

@@ -1,0 +1,126 @@
+"""A real governor (real runtime, the bundled example passport: delete_note requires
+confirmation) with its control plane and a reviewer token, in front of the loopback TLS mock
+LLM; and a reviewer that answers held steps through the control plane's /v1/approvals after
+a chosen delay, counting every approval it saw. Shared by the oversight-hold tests."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+import orjson
+
+from tests.proxy_harness import AGENT_NAMED
+from tests.upstreams import Behaviour, MockLLM, make_tls
+
+REVIEWER = "reviewer-token-for-oversight-holds-0123456789"
+DELETE = ("delete_note", {"path": "/workspace/notes/old.md"})
+TOOLS = [{"type": "function", "function": {"name": "delete_note", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+class ToolThenText(MockLLM):
+    """The model of a one-step agent: asks for delete_note, and once the conversation carries
+    the tool's result, answers with text. Chosen by the request, so concurrent sessions each
+    get their own turn."""
+
+    def _next(self) -> Behaviour:
+        body = orjson.dumps(self.requests[-1].body) if self.requests else b""
+        if b'"role":"tool"' in body or b'"tool_result"' in body:
+            return Behaviour(text="notes tidied")
+        return Behaviour(tool_calls=(DELETE,))
+
+
+@dataclass
+class World:
+    running: Any
+    mock: MockLLM
+    control: httpx.AsyncClient
+    sdk_env: dict[str, str]
+
+    def calls(self, tag: str) -> int:
+        """Model calls whose conversation names `tag` (the tests put the session in the prompt)."""
+        return sum(tag.encode() in orjson.dumps(r.body) for r in self.mock.requests)
+
+    async def view(self, session: str) -> dict[str, Any]:
+        resp = await self.control.get(f"/v1/sessions/{session}")
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    async def pauses(self, session: str) -> list[dict[str, Any]]:
+        """The session's recorded pause events (one per approval asked for)."""
+        resp = await self.control.get(f"/v1/sessions/{session}/record")
+        assert resp.status_code == 200, resp.text
+        return [e for e in resp.json()["events"] if e["action"] == "pause"]
+
+
+@dataclass
+class Reviewer:
+    """Answers the first pending approval of `session` `after` seconds after it appeared."""
+
+    world: World
+    session: str
+    after: float
+    decision: str = "approve"
+    seen: set[str] = field(default_factory=set)
+    answered: list[str] = field(default_factory=list)
+    task: asyncio.Task | None = None
+
+    def start(self) -> "Reviewer":
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def _pending(self) -> list[dict[str, Any]]:
+        listed = (await self.world.control.get("/v1/approvals")).json()["approvals"]
+        return [a for a in listed if a["session"] == self.session]
+
+    async def _run(self) -> None:
+        first_seen = None
+        for _ in range(int((self.after + 60) / 0.1)):  # bounded: gives up a minute past its answer
+            pending = await self._pending()
+            self.seen.update(a["id"] for a in pending)
+            loop = asyncio.get_running_loop()
+            if pending and first_seen is None:
+                first_seen = loop.time()
+            if pending and first_seen is not None and loop.time() - first_seen >= self.after and not self.answered:
+                approval = pending[0]["id"]
+                resp = await self.world.control.post(
+                    f"/v1/approvals/{approval}", json={"decision": self.decision, "reviewer": "lead"},
+                    headers={"Authorization": f"Bearer {REVIEWER}"})
+                assert resp.status_code == 200, resp.text
+                self.answered.append(approval)
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+
+
+@asynccontextmanager
+async def oversight_world(tmp: Path, **settings: Any) -> AsyncIterator[World]:
+    from governor.proxy.server import Settings, serve
+
+    tls = make_tls(tmp / "tls")
+    mock = ToolThenText(tls)
+    await mock.start()
+    options = dict(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
+                   upstream_ca=tls.ca_file, reviewer_tokens=(REVIEWER,), tick_interval=0.5, **AGENT_NAMED)
+    running = await serve(Settings(**{**options, **settings}))
+    control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)
+    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
+               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1",
+               "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": mock.base_url}
+    try:
+        yield World(running, mock, control, sdk_env)
+    finally:
+        await control.aclose()
+        await running.stop()
+        await mock.stop()
