@@ -255,6 +255,12 @@ class Metrics:
             "governor_session_refusals", "Requests refused before any session was touched: a malformed, "
             "unknown or ended session token, no token where one is required, the agent-named cap, a lock "
             "(reason = the refusal code)", ["reason"], registry=r)
+        self.proxy_refusals = Counter(
+            "governor_proxy_refusals", "Requests (or streams) the proxy refused on its own before any step "
+            "was decided: reason = unclaimed_model_call, method_not_allowed, body_too_large, "
+            "encoding_unsupported, bad_request, held_output_exceeded, event_too_large; recorded = whether "
+            "the refusal is in a session's record (false: it belongs to no session, or the record had ended)",
+            ["reason", "recorded"], registry=r)
         self.sessions_opened = Counter(
             "governor_sessions_opened", "Sessions opened, by who opened them (principal, agent)", ["by"], registry=r)
         self.agent_locks = Gauge(
@@ -339,6 +345,9 @@ class Metrics:
 
     def session_refused(self, reason: str) -> None:
         self.session_refusals.labels(reason).inc()
+
+    def proxy_refused(self, reason: str, recorded: bool) -> None:
+        self.proxy_refusals.labels(reason, "true" if recorded else "false").inc()
 
     def session_opened(self, by: str) -> None:
         self.sessions_opened.labels(by).inc()

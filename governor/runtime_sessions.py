@@ -7,7 +7,10 @@ Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough). T
     (cause on_agent_lock, action halt / continue) in the record of the session that
     caused it, while that session's journal is open, and always in the audit journal;
   * the refusal that hit the agent-named cap (cause on_session_cap, action halt): in
-    the audit journal, since it belongs to no session.
+    the audit journal, since it belongs to no session;
+  * a refusal the proxy made on its own, before any step was decided (a model call on a
+    path no adapter claims, a stream whose held-back output outgrew its bound: cause
+    on_request_refused, action fallback), in the record of the session it belongs to.
 
 The audit journal is a session journal like any other (`governor.evidence.Journal`),
 `<data-dir>/audit/audit-<digest>.jsonl`, one per admitted passport digest; after each
@@ -25,6 +28,7 @@ from typing import Any
 
 from governor.evidence import Journal, SessionHeader, journal_path, recover_journal, sign_record, write_record
 from governor.notify import events as notify
+from governor.policy.steps import ON_REQUEST_REFUSED
 from governor.sessions import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook, halted_reason
 
 log = logging.getLogger("governor.runtime")
@@ -83,6 +87,19 @@ class SessionEvidence:
             detail = {**detail, "in_session_record": False,
                       "note": "the session's journal had ended (restart or principal end): recorded here only"}
         await self.record_audit(ON_AGENT_LOCK, action, detail, at=now)
+
+    # --- the proxy's own refusals ------------------------------------------------------
+
+    async def record_refusal(self, session: str, detail: dict[str, Any]) -> bool:
+        """Journal a refusal the proxy made before (or without) admitting a step, in
+        `session`'s record (opened when new, as its first request would). False when the
+        session has ended (nothing can be added to its record); raises when the journal
+        cannot be written. The journal serializes appends itself: no session lock."""
+        live = self._sessions.get(session) or await self._session(session)  # type: ignore[attr-defined]
+        if live.ended or live.journal.ending is not None:
+            return False
+        await asyncio.to_thread(live.journal.append, ON_REQUEST_REFUSED, "fallback", self.clock(), detail)  # type: ignore[attr-defined]
+        return True
 
     # --- the audit journal -------------------------------------------------------------
 

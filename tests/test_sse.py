@@ -8,7 +8,11 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governor.adapters.sse import SSEDecoder, SSEEvent, last_boundary
+import time
+
+import pytest
+
+from governor.adapters.sse import EventFramer, EventTooLarge, SSEDecoder, SSEEvent, last_boundary
 
 
 def reference(stream: bytes) -> list[tuple[str | None, str]]:
@@ -83,3 +87,52 @@ def test_what_last_boundary_lets_through_is_whole_events(stream: bytes, cut: int
     assert head == b"" or head.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
     forwarded = reference(head)
     assert forwarded == reference(stream)[:len(forwarded)]
+
+
+@settings(max_examples=300)
+@given(streams, st.lists(st.integers(0, 10_000), max_size=12))
+def test_the_framer_passes_what_last_boundary_over_everything_so_far_would(stream: bytes, cuts: list[int]):
+    """The relay's EventFramer keeps only the tail and searches only the new bytes; what it
+    lets through, chunk by chunk, is what last_boundary over the whole buffer would."""
+    framer, held, start = EventFramer(), b"", 0
+    for cut in sorted({c % (len(stream) + 1) for c in cuts}) + [len(stream)]:
+        chunk = stream[start:cut]
+        start = cut
+        buf = held + chunk
+        boundary = last_boundary(buf)
+        held = buf[boundary:]
+        assert framer.feed(chunk) == buf[:boundary]
+        assert framer.pending == len(held)
+    assert framer.take() == held and framer.pending == 0
+
+
+# --- a hostile upstream dribbling one endless event ---------------------------------------
+# Before, each chunk copied and scanned everything held so far: 16 MiB dribbled in 1 KiB
+# chunks took the decoder minutes of CPU on the proxy's event loop (4 MiB: 47 s measured
+# here). Linear now: well under a second. The bound below only says "no hang".
+HANG = 20.0  # seconds
+DRIBBLE = b"x" * 1024
+
+
+@pytest.mark.parametrize("start", [b"data: {", b": comment ", b"event: "])
+def test_an_endless_line_dribbled_in_small_chunks_is_refused_at_the_limit_without_a_hang(start: bytes):
+    decoder = SSEDecoder()
+    decoder.feed(start)
+    began = time.monotonic()
+    chunks = 0
+    with pytest.raises(EventTooLarge):
+        while True:
+            decoder.feed(DRIBBLE)
+            chunks += 1
+            assert time.monotonic() - began < HANG, f"{chunks} chunks fed in {HANG} s: quadratic"
+    assert chunks == decoder.limit // len(DRIBBLE) - 1 or chunks == decoder.limit // len(DRIBBLE)
+    assert decoder.idle  # nothing held after the refusal
+
+
+def test_an_endless_event_dribbled_to_the_framer_is_held_linearly():
+    framer = EventFramer()
+    began = time.monotonic()
+    for chunk in range(16 * 1024):  # 16 MiB, the relay's limit, in 1 KiB chunks without a boundary
+        assert framer.feed(b"data: x\n" if chunk % 2 else DRIBBLE) == b""
+        assert time.monotonic() - began < HANG, f"{chunk} chunks framed in {HANG} s: quadratic"
+    assert framer.feed(b"\n") != b"" and framer.pending == 0  # the boundary lets it all through

@@ -149,6 +149,9 @@ class Behaviour:
     gzip: bool = False  # OpenAI chat, plain: the answer gzip-compressed (Content-Encoding: gzip)
     encoded_answer: tuple[str, bytes] | None = None  # OpenAI chat: these bytes under this Content-Encoding
     boundless: tuple[bytes, int] | None = None  # stream: after the first event, this line this many times, no blank line
+    # OpenAI chat stream: after the finish event (which completes the tool calls the governor
+    # then admits), this event this many times: an upstream flooding while a call is held
+    after_finish: tuple[bytes, int] | None = None
     # stream: stop after max_tokens text deltas when the request names one (an honest provider;
     # one delta is one token), counting the usage it reports accordingly. False: the request's
     # max_tokens is ignored, every chunk is sent and its usage reported (a hostile upstream).
@@ -371,6 +374,9 @@ class MockLLM:
                 {"index": i, "function": {"arguments": arguments[half:]}}]}, "finish_reason": None}]}))
         events.append(self._sse({**chunk, "choices": [
             {"index": 0, "delta": {}, "finish_reason": "tool_calls" if b.tool_calls else "stop"}]}))
+        if b.after_finish is not None:
+            flood, times = b.after_finish
+            events += [flood] * times
         if include_usage:
             events.append(self._sse({**chunk, "choices": [], "usage": usage}))
         events.append(b"data: [DONE]\n\n")

@@ -151,14 +151,13 @@ class RpcStreamWatcher(StreamWatcher):
 
     def __init__(self, rpc_id: Any, on_response: Callable[[dict[str, Any]], list[StreamEvent]] | None = None) -> None:
         self._decoder = sse.SSEDecoder()
-        self._tail = b""  # bytes after the last complete event
+        self._tail = sse.EventFramer()  # bytes after the last complete event
         self._rpc_id = rpc_id
         self._on_response = on_response
         self._answered = False
 
     def feed(self, chunk: bytes) -> list[StreamEvent]:
-        self._tail += chunk
-        self._tail = self._tail[sse.last_boundary(self._tail):]
+        self._tail.feed(chunk)
         return self._seen(self._decoder.feed(chunk))
 
     def close(self) -> list[StreamEvent]:
@@ -175,7 +174,7 @@ class RpcStreamWatcher(StreamWatcher):
 
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
         # A half-sent event is ended first (the client drops it as unparseable).
-        prefix = b"\n\n" if self._tail.strip(b"\r\n") else b""
+        prefix = b"\n\n" if self._tail.rest().strip(b"\r\n") else b""
         if self._answered or self._rpc_id is None:
             return prefix
         return prefix + sse_event(error(self._rpc_id, GOVERNOR_ERROR_CODE, message, {"governor": dict(governor)}))

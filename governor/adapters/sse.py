@@ -9,6 +9,11 @@ What the decoder holds between chunks (the unterminated line, the data lines of 
 not yet dispatched) is bounded: past `MAX_EVENT_BYTES` it raises `EventTooLarge`, and the
 proxy cuts the stream. An upstream that never sends an event boundary cannot make the
 governor (which forwards whole events only) hold its stream in memory.
+
+Both are linear in the bytes fed, however the upstream slices them: a line or an event
+that grows over many chunks is kept as a list of pieces, and only the bytes that can
+complete a terminator are searched (an upstream dribbling one endless line in 1 KiB
+chunks made each chunk copy and scan everything held so far: minutes of the event loop).
 """
 
 from __future__ import annotations
@@ -52,6 +57,60 @@ def last_boundary(buf: bytes | bytearray) -> int:
     return end
 
 
+class EventFramer:
+    """Whole events out, the unfinished tail kept: the relay forwards complete events only.
+
+    `feed` returns the bytes up to the last event boundary seen so far (b"" when none
+    completed) and keeps the rest; `pending` is its size (the caller bounds it). Linear:
+    a pending tail has no boundary in it, so a boundary the new bytes complete starts at
+    most 3 bytes before them; only those and the new bytes are searched, and a tail that
+    grows is kept as pieces, joined once when an event completes."""
+
+    __slots__ = ("_pieces", "_edge", "pending")
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._edge = b""  # the last 3 bytes pending
+        self.pending = 0
+
+    def feed(self, data: bytes) -> bytes:
+        if not self.pending:
+            cut = last_boundary(data)
+            if cut == len(data):
+                return data
+            rest = data[cut:]
+            self._pieces, self._edge, self.pending = [rest], rest[-3:], len(rest)
+            return data[:cut]
+        edge = self._edge
+        joined = edge + data
+        cut = last_boundary(joined)
+        if not cut:
+            self._pieces.append(data)
+            self._edge = joined[-3:]
+            self.pending += len(data)
+            return b""
+        cut -= len(edge)  # > 0: the tail itself completed no boundary
+        out = b"".join(self._pieces) + data[:cut]
+        rest = data[cut:]
+        self._pieces, self._edge, self.pending = ([rest] if rest else []), rest[-3:], len(rest)
+        return out
+
+    def rest(self) -> bytes:
+        """The pending tail (kept)."""
+        if len(self._pieces) > 1:
+            self._pieces = [b"".join(self._pieces)]
+        return self._pieces[0] if self._pieces else b""
+
+    def take(self) -> bytes:
+        """The pending tail, emptied (what is left at the end of the stream)."""
+        rest = self.rest()
+        self.clear()
+        return rest
+
+    def clear(self) -> None:
+        self._pieces, self._edge, self.pending = [], b"", 0
+
+
 def encode(data: Any, event: str | None = None) -> bytes:
     """One SSE event; data is JSON-serialized unless already bytes."""
     head = b"event: " + event.encode() + b"\n" if event else b""
@@ -61,10 +120,12 @@ def encode(data: Any, event: str | None = None) -> bytes:
 class SSEDecoder:
     """Incremental SSE parser (WHATWG event-stream rules, minus id/retry which we ignore)."""
 
-    __slots__ = ("_buf", "_event", "_data", "_has_data", "_held", "limit")
+    __slots__ = ("_buf", "_more", "_more_bytes", "_event", "_data", "_has_data", "_held", "limit")
 
     def __init__(self, limit: int | None = None) -> None:
         self._buf = b""
+        self._more: list[bytes] = []  # chunks continuing _buf's unterminated line, not yet joined
+        self._more_bytes = 0
         self._event: str | None = None
         self._data: list[str] = []
         self._has_data = False
@@ -72,13 +133,23 @@ class SSEDecoder:
         self.limit = MAX_EVENT_BYTES if limit is None else limit
 
     def _check(self) -> None:
-        if len(self._buf) + self._held > self.limit:
-            held = len(self._buf) + self._held
+        if len(self._buf) + self._more_bytes + self._held > self.limit:
+            held = len(self._buf) + self._more_bytes + self._held
             self._buf, self._data, self._held, self._has_data, self._event = b"", [], 0, False, None
+            self._more, self._more_bytes = [], 0
             raise EventTooLarge(f"the upstream sent {held} bytes of one event without an event boundary "
                                 f"(the governor holds at most {self.limit})")
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._buf and 10 not in chunk and 13 not in chunk and self._buf[-1] != 13:
+            # the unterminated line goes on and this chunk ends no line: keep it aside, unjoined
+            self._more.append(chunk)
+            self._more_bytes += len(chunk)
+            self._check()
+            return []
+        if self._more:
+            self._buf += b"".join(self._more)
+            self._more, self._more_bytes = [], 0
         buf = self._buf + chunk if self._buf else bytes(chunk)
         events: list[SSEEvent] = []
         if 13 not in buf:  # no \r (an int test: a memchr, where b"\r" would be a substring search)
@@ -113,11 +184,14 @@ class SSEDecoder:
     @property
     def idle(self) -> bool:
         """Between events: no partial line or event kept from earlier chunks."""
-        return not self._buf and not self._has_data and self._event is None
+        return not self._buf and not self._has_data and self._event is None  # _more only follows a _buf
 
     def close(self) -> list[SSEEvent]:
         """End of stream: an unterminated last event is dispatched (lenient, as browsers are not)."""
         events: list[SSEEvent] = []
+        if self._more:
+            self._buf += b"".join(self._more)
+            self._more, self._more_bytes = [], 0
         if self._buf:
             # what is left is one line: feed() kept a lone \r at the end in case \n followed
             self._line(self._buf.removesuffix(b"\r"), events)

@@ -33,6 +33,13 @@ ON_GOVERNOR_ERROR = "on_governor_error"
 # (Core §8.1), by the agent itself. §4.1 forbids granting a persona "a tool the parent
 # itself lacks"; the same holds for the parent. Resolved through §6: halt unless declared.
 ON_TOOL_DENIED = "on_tool_denied"
+# Not named by the spec: a request (or an upstream's answer) the enforcement point refused
+# on its own before any step was decided: a model call on a path no adapter claims, a
+# method or body the governor does not forward, an encoding it cannot read, a stream whose
+# held-back output outgrew its bound. Recorded with action `fallback` (the record's action
+# vocabulary has no "deny": the request was replaced by the governor's error answer and
+# the session goes on), detail.reason saying which (governor/proxy/refusals.py).
+ON_REQUEST_REFUSED = "on_request_refused"
 # A step the oversight procedure (§5) paused: recorded when the pause begins and
 # when a reviewer approves or rejects it.
 ON_OVERSIGHT_TRIGGER = "on_oversight_trigger"

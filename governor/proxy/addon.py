@@ -59,7 +59,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 from governor.personas import PersonaHeaderError, parse_persona
-from governor.proxy import bodies, holds, transit
+from governor.proxy import bodies, holds, refusals, transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
@@ -92,6 +92,7 @@ class ProxyPolicy:
     max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this (decoded): 413
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, decoded: 502 past it
     max_decoded_ratio: float = bodies.DEFAULT_RATIO  # decoded / compressed size, past 1 MiB decoded
+    max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back during an admission: cut past it
     review_hold: float = holds.DEFAULT_HOLD_SEC  # a connection held for a reviewer, at most (then 429)
     review_retry_after: float = holds.DEFAULT_RETRY_AFTER_SEC  # the Retry-After of that 429
 
@@ -126,7 +127,7 @@ class StreamRelay:
         self.flow = flow
         self.flight = flight
         self.watcher = watcher
-        self.held = b""  # the incomplete tail of the last event, forwarded once complete
+        self.held = sse.EventFramer()  # the incomplete tail of the last event, forwarded once complete
         self.terminal: bytes | None = None
         self.ended = False
         self.final_events: list[Any] = []
@@ -138,7 +139,8 @@ class StreamRelay:
         self.admitting = False
         self.holds = 0  # streamed tool calls awaiting admission: output is kept back meanwhile
         self.held_steps: set[int] = set()  # ids of the steps holding the stream
-        self.kept = b""  # whole events kept back while holds > 0
+        self.kept: list[bytes] = []  # whole events kept back while holds > 0 (a list: no quadratic copies)
+        self.kept_bytes = 0  # their size, bounded by the policy's max_held_stream_bytes
         self.gate: transit.Gate | None = None
         self.pings = 0  # a keep-alive comment line on its way to the client (a held stream)
 
@@ -162,28 +164,39 @@ class StreamRelay:
             self.governor.stream_events(self, events)
             if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
                 return []
-        if not self.held and not self.holds and not self.kept and data.endswith(b"\n\n"):
+        held = self.held
+        if not held.pending and not self.holds and not self.kept and data.endswith(b"\n\n"):
             return [data]  # whole events, nothing kept back: the usual chunk, as it came
-        buf = self.held + data
-        cut = sse.last_boundary(buf)
-        self.held = buf[cut:]
-        if len(self.held) > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
-            return self._overflow(f"the upstream sent {len(self.held)} bytes without an event boundary "
+        out = held.feed(data)
+        if held.pending > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
+            return self._overflow(f"the upstream sent {held.pending} bytes without an event boundary "
                                   f"(the governor holds at most {sse.MAX_EVENT_BYTES})")
-        out = buf[:cut]
         if self.holds:
-            self.kept += out
+            if out:
+                limit = self.governor.policy.max_held_stream_bytes
+                if self.kept_bytes + len(out) > limit:  # an upstream flooding while a step awaits admission
+                    return self._overflow(
+                        f"the upstream sent more than {limit} bytes while the governor held its output back "
+                        f"(a step awaited admission); the stream was cut", refusals.HELD_OUTPUT_EXCEEDED)
+                self.kept.append(out)
+                self.kept_bytes += len(out)
             return []
         if self.kept:
-            out, self.kept = self.kept + out, b""
+            out = b"".join(self.kept) + out
+            self.kept, self.kept_bytes = [], 0
         return [out] if out else []
 
-    def _overflow(self, reason: str) -> list[bytes]:
-        """The upstream's event outgrew what the governor holds: cut the stream (fail closed)."""
+    def _overflow(self, reason: str, code: str = refusals.EVENT_TOO_LARGE) -> list[bytes]:
+        """The upstream's output outgrew what the governor holds: cut the stream (fail closed),
+        and record the cut in the session (governor.proxy.refusals)."""
         log.warning("governor: %s; cutting the stream of %s", reason, self.flow.request.pretty_url)
-        gov = {"cause": None, "action": "deny", "reason": reason, "session": self.flight.exchange.session}
-        self.held = b""
+        session = self.flight.exchange.session
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": session}
+        self.held.clear()
         self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
+        # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile)
+        self.governor._spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
+                                             refusals.detail(code, 502, self.flow.request, reason)))
         return []
 
     async def ping(self, data: bytes) -> None:
@@ -220,7 +233,8 @@ class StreamRelay:
         except Exception:
             log.exception("governor: stream watcher could not build a terminal event")
             self.terminal = b""
-        self.held = b""
+        self.held.clear()
+        self.kept, self.kept_bytes = [], 0  # never forwarded now: freed at once
         return True
 
     def end(self) -> list[bytes]:
@@ -240,7 +254,8 @@ class StreamRelay:
                      _governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
-        tail, self.held, self.kept = self.kept + self.held, b"", b""
+        tail = b"".join(self.kept) + self.held.take()
+        self.kept, self.kept_bytes = [], 0
         return [tail] if tail else []
 
 
@@ -452,7 +467,7 @@ class Governor:
         if selected == IGNORE:
             return
         if isinstance(selected, Refusal):
-            self._refuse_unselected(flow, selected, session)
+            await self._refuse_unselected(flow, selected, session)
             return
         if adapter is None:
             self._unknown(flow, session)
@@ -462,18 +477,18 @@ class Governor:
             try:
                 activity = parse_persona(persona)
             except PersonaHeaderError as exc:
-                self._bad_request(flow, adapter, session, str(exc))
+                await self._bad_request(flow, adapter, session, str(exc))
                 return
             persona = activity.persona
         if len(view.content) > self.policy.max_body_bytes:
-            self._bad_request(flow, adapter, session,
+            await self._bad_request(flow, adapter, session,
                               f"request body of {len(view.content)} bytes exceeds the governor's limit of "
                               f"{self.policy.max_body_bytes} bytes", status=413)
             return
         try:
             exchange = adapter.open(view, session=session, persona=persona)
         except BadRequest as exc:
-            self._bad_request(flow, adapter, session, exc.message, status=exc.status)
+            await self._bad_request(flow, adapter, session, exc.message, status=exc.status)
             return
         held = self.holds.by_key and self.holds.find(session, lambda: holds.request_key(
             session, exchange.persona, request.method, request.host, request.port, request.path, view.content))
@@ -581,6 +596,10 @@ class Governor:
             if ungoverned:
                 self._unknown(flow, "")
             return
+        if isinstance(selected, Refusal):  # refused at selection too; it belongs to no session
+            await refusals.record(self.runtime, self.metrics, None, refusals.reason_for(selected.status), {})
+            log.info("governor: %s %s would also be refused at selection (%s): counted, not recorded (no session)",
+                     request.method, request.pretty_url, selected.status)
         if refusal.audit is not None:
             try:
                 await self.sessions.record_refusal(refusal)
@@ -640,8 +659,13 @@ class Governor:
                                        gov.get("cause") or gov.get("reason"))
         flow.response = _response(self._refusal_reply(adapter, decision, gov, exchange), decision.action.value)
 
-    def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
-                     status: int = 400) -> None:
+    async def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
+                           status: int = 400) -> None:
+        """A request its adapter cannot open (malformed, too large, a bad ADL-Persona): recorded
+        in its session (governor.proxy.refusals), then answered in its protocol's format."""
+        reason = refusals.BODY_TOO_LARGE if status == 413 else refusals.BAD_REQUEST
+        await refusals.record(self.runtime, self.metrics, session, reason,
+                              refusals.detail(reason, status, flow.request, message))
         gov = {"cause": None, "action": "deny", "reason": message, "session": session}
         flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
         log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
@@ -660,9 +684,13 @@ class Governor:
             return Refusal(exc.status, f"request {exc.message}", self.registry.claimant(view))
         return None
 
-    def _refuse_unselected(self, flow: http.HTTPFlow, refusal: Refusal, session: str) -> None:
-        """A request refused before any adapter opened it (selection, body decoding): in the
-        format of the adapter whose endpoint the path is, else the generic one."""
+    async def _refuse_unselected(self, flow: http.HTTPFlow, refusal: Refusal, session: str) -> None:
+        """A request refused before any adapter opened it (selection, body decoding): recorded
+        in its session (governor.proxy.refusals), then answered in the format of the adapter
+        whose endpoint the path is, else the generic one."""
+        reason = refusals.reason_for(refusal.status)
+        await refusals.record(self.runtime, self.metrics, session, reason,
+                              refusals.detail(reason, refusal.status, flow.request, refusal.message))
         message = f"governor: {refusal.message}"
         gov = {"cause": None, "action": "deny", "reason": refusal.message, "session": session}
         adapter = refusal.adapter
@@ -1105,17 +1133,28 @@ def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: boo
 def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
     """The request's ADL-* headers by lower-case name (repeats folded as `Headers.get` folds
     them) and whether it has a Content-Encoding: one pass over the raw fields instead of a
-    case-insensitive lookup per header."""
+    case-insensitive lookup per header. Repeats are joined once at the end: folding them
+    one by one copied the growing value per repeat (tens of thousands of repeats in a 1 MiB
+    head: ~0.7 s of the event loop for one request)."""
     found: dict[str, str] = {}
+    repeated: dict[str, list[str]] | None = None
     encoded = False
     for name, value in fields:
         prefix = name[:4].lower()
         if prefix == _GOVERNOR_PREFIX:
             key = name.decode("utf-8", "surrogateescape").lower()
             text = value.decode("utf-8", "surrogateescape")
-            found[key] = f"{found[key]}, {text}" if key in found else text
+            if key in found:
+                if repeated is None:
+                    repeated = {}
+                repeated.setdefault(key, [found[key]]).append(text)
+            else:
+                found[key] = text
         elif prefix == b"cont" and name.lower() == b"content-encoding":
             encoded = True
+    if repeated is not None:
+        for key, values in repeated.items():
+            found[key] = ", ".join(values)
     return found, encoded
 
 

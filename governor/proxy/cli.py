@@ -151,6 +151,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                             "bytes_per_token", "inject_stream_usage", "governor_id", "control_token",
                             "peers", "delegation_depth"}
     known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
+    known |= {"max_held_stream_bytes"}  # a stream's output kept back during an admission (docs/wire-protocols.md)
     known |= set(WEBHOOK_FILE_SETTINGS)  # docs/notifications.md
     unknown = set(file) - known
     if unknown:
@@ -233,6 +234,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
             raise UsageError(f"config {config_path}: max_decoded_ratio must be a number >= 1")
         settings.max_decoded_ratio = float(ratio)
+    if "max_held_stream_bytes" in file:
+        held = file["max_held_stream_bytes"]
+        if isinstance(held, bool) or not isinstance(held, int) or held < 1:
+            raise UsageError(f"config {config_path}: max_held_stream_bytes must be a whole number of bytes >= 1")
+        settings.max_held_stream_bytes = held
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     peers = file.get("peers") or {}

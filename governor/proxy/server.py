@@ -28,6 +28,7 @@ from mitmproxy.master import Master
 from governor.adapters import AdapterRegistry, Route
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
+from governor.proxy import heads
 from governor.proxy.addon import Governor, ProxyPolicy
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
@@ -117,6 +118,7 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
     max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
+    max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back while a step awaits admission
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
@@ -227,6 +229,10 @@ def master_options(settings: Settings) -> dict[str, Any]:
         # mitmproxy's own inactivity bound, for what the connection guard does not time
         # (tunnels, a stream in flight): never shorter than the upstream's allowed silence
         tcp_timeout=int(max(600, settings.upstream_timeout + 60)),
+        # what mitmproxy buffers of one body (every request; answers the governor reads whole):
+        # without it a hostile agent or upstream had the governor hold any size in memory.
+        # Nothing the governor reads is larger; streamed answers are not buffered, so not bound.
+        body_size_limit=str(max(settings.max_body_bytes, settings.max_response_bytes)),
     )
     if settings.upstream_ca is not None:
         opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)
@@ -275,6 +281,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     guard = ConnectionGuard(ConnectionLimits(
         header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
         idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
+    heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
     master = Master(options.Options())
     master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
                       _StartupErrorCheck(), guard, addon, started)
@@ -356,6 +363,7 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         max_body_bytes=settings.max_body_bytes,
         max_response_bytes=settings.max_response_bytes,
         max_decoded_ratio=settings.max_decoded_ratio,
+        max_held_stream_bytes=settings.max_held_stream_bytes,
         review_hold=settings.review_hold,
         review_retry_after=settings.review_retry_after,
     )
