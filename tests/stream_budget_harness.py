@@ -126,7 +126,7 @@ async def main():
     cfg = json.loads(sys.argv[1])
     running = await serve(Settings(**AGENT_NAMED, passport=Path(cfg["passport"]), listen=("127.0.0.1", 0), control=None,
                                    data_dir=Path(cfg["data_dir"]), store=cfg["store"], tier=Tier.R2,
-                                   tick_interval=0, adapters=AdapterConfig(default_output_tokens=cfg["guess"])))
+                                   tick_interval=0, adapters=AdapterConfig(default_output_tokens=cfg["guess"], fit_output=False)))
     print(json.dumps({"proxy": running.proxy_url}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes stdin
     await running.stop()
@@ -136,7 +136,8 @@ asyncio.run(main())
 
 
 class Replica:
-    """A governor process (`serve()` on the test passport) with its own data directory."""
+    """A governor process (`serve()` on the test passport) with its own data directory, output
+    fitting off: these tests measure a stream growing past its reservation (docs/budgets.md)."""
 
     def __init__(self, process: asyncio.subprocess.Process, proxy: str) -> None:
         self.process = process

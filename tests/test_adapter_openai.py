@@ -71,7 +71,7 @@ def test_open_estimates_expected_tokens():
     [step] = asyncio.run(ADAPTER.steps(exchange))
     assert step == ModelCall(model="gpt-4o", expected_input_tokens=-(-len(orjson.dumps(body)) // 4),
                              expected_output_tokens=77, tools_offered=("search_papers", "send_email"),
-                             persona="p", provider="openai")
+                             persona="p", provider="openai", output_floor=256)  # fitting on, by default
     responses = open_("/v1/responses", {"model": "o3", "input": "hi"})
     assert responses.state["expected_output"] == 1234  # no max_output_tokens: the configured default
     azure = open_("/openai/deployments/my-gpt/chat/completions", {"messages": []})

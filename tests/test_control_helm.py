@@ -134,6 +134,7 @@ def test_helm_lint_strict_passes_on_every_value_set(helm_tool):
 
 def test_values_schema_refuses_what_the_chart_cannot_use(helm_tool):
     for bad in ({"governor.tier": "R9"}, {"governor.ports.control": 70000}, {"interception.ports": []},
+                {"governor.fitOutput": "maybe"}, {"governor.fitFloor": 0},
                 {"nosuchkey": 1}, {"serviceMonitor.interval": "often"}, {"webhooks.urls": ["ftp://x"]},
                 {"webhooks.secret.name": "x"}):
         done = helm_tool("lint", "--strict", str(CHART), *chart_tools.set_args(bad))
@@ -278,6 +279,21 @@ def test_the_session_settings_reach_governor_run(rendered, values):
     settings = resolve(parsed, {})
     assert (settings.sessions, settings.default_session, settings.lock_on) == (
         "principal", "auto", ("on_session_integrity",))
+
+
+def test_the_output_fitting_settings_reach_governor_run(rendered, values):
+    """governor.fitOutput and governor.fitFloor (docs/fitting.md) become `governor run` settings."""
+    from governor.cli import build_parser
+    from governor.proxy.cli import resolve
+
+    ((_, pod),) = chart_tools.pod_specs(rendered["defaults"])
+    args = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")["args"]
+    assert args[args.index("--fit-output") + 1] == values["governor"]["fitOutput"] == "on"
+    assert args[args.index("--fit-floor") + 1] == str(values["governor"]["fitFloor"]) == "256"
+    parsed = build_parser().parse_args(args)
+    parsed.passport = None
+    adapters = resolve(parsed, {}).adapters
+    assert (adapters.fit_output, adapters.fit_floor) == (True, 256)
 
 
 def test_the_control_service_names_are_hosts_the_control_plane_answers_to():

@@ -110,7 +110,7 @@ def test_kept_record_verifies_with_governor_verify(demo):
     assert len(lines) == len(record["events"])
     for line, event in zip(lines, record["events"]):
         assert line.split()[:4] == [str(event["seq"]), event["at"], event["cause"], event["action"]], line
-    assert '"dimension":"tokens"' in lines[-1] and '"limit":20000' in lines[-1]
+    assert '"dimension":"tokens"' in lines[-1] and record["events"][-1]["detail"]["limit"] == 20000
 
     # the verdict is real: the same record with one event changed is rejected
     record["events"][-1]["action"] = "continue"

@@ -51,11 +51,11 @@ async def world(tmp_path):
     await llm.stop()
 
 
-async def chat(world, session, max_tokens=100, **headers):
+async def chat(world, session, max_tokens=100, answers=1, **headers):
     _, llm, *_rest = world
     agent = world[4]
     return await agent.post(f"{llm.url}/chat/completions", headers={"ADL-Session": session, **headers},
-                            json={"model": "gpt-4o-mini", "max_tokens": max_tokens,
+                            json={"model": "gpt-4o-mini", "max_tokens": max_tokens, "n": answers,
                                   "messages": [{"role": "user", "content": "find papers on governance"}]})
 
 
@@ -97,7 +97,8 @@ async def verified_events(world, session, tmp_path, capsys):
 
 
 async def test_s2_budget_exhaustion_halts_and_is_the_only_event(world, tmp_path, capsys):
-    refused = await chat(world, "budget", max_tokens=25_000)
+    # 100 answers: output fitting could give each at most 199 tokens, under its floor (256)
+    refused = await chat(world, "budget", max_tokens=25_000, answers=100)
     assert refused.status_code == 429
     assert refused.json()["error"]["governor"]["cause"] == "on_budget_exhausted"
     events, record = await verified_events(world, "budget", tmp_path, capsys)

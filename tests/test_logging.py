@@ -18,7 +18,8 @@ from tests.upstreams import MockLLM, make_tls
 def _over_budget(proxy, ca_file, port: int) -> int:
     client = RawClient(proxy, ca_file, ("127.0.0.1", port))
     try:
-        body = {"model": "gpt-4o-mini", "max_tokens": 50_000, "messages": [{"role": "user", "content": "hi"}]}
+        # 100 answers: even fitted (docs/fitting.md) each would get under the floor, so refused
+        body = {"model": "gpt-4o-mini", "max_tokens": 50_000, "n": 100, "messages": [{"role": "user", "content": "hi"}]}
         client.send("POST", "/v1/chat/completions", orjson.dumps(body), {"ADL-Session": 'odd "name"\\n'})
         return client.read_response()[0]
     finally:

@@ -71,10 +71,11 @@ print(json.dumps(out))
 
 
 async def test_a_declared_degradation_message_reaches_the_client(env):
+    # 100 answers: fitted, each could have 199 tokens, under the fitting floor (256), so refused
     running, mock, sdk_env = env
     mock.reset()
     code = PRELUDE + """
-record("big", lambda: client.chat.completions.create(model="gpt-4o-mini", max_tokens=30000,
+record("big", lambda: client.chat.completions.create(model="gpt-4o-mini", max_tokens=30000, n=100,
     messages=[{"role": "user", "content": "hello"}], extra_headers={"ADL-Session": "declared"}).id)
 print(json.dumps(out))
 """

@@ -32,10 +32,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _send(running, mock, headers: dict[str, str], max_tokens: int = 50) -> int:
+def _send(running, mock, headers: dict[str, str], max_tokens: int = 50, answers: int = 1) -> int:
     client = RawClient(running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
     try:
         body = {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+        if answers > 1:
+            body["n"] = answers
         client.send("POST", CHAT, orjson.dumps(body), headers)
         return client.read_response()[0]
     finally:
@@ -68,7 +70,7 @@ async def test_a_real_prometheus_scrapes_the_governor_and_promtool_accepts_the_s
         # a persona the passport does not declare: never a label value
         assert await asyncio.to_thread(_send, running, mock, {"ADL-Session": "p", "ADL-Persona": "intruder"}) == 200
         # refused: more output than the session's whole token budget (20,000)
-        assert await asyncio.to_thread(_send, running, mock, {"ADL-Session": "big"}, 50_000) in (403, 429)
+        assert await asyncio.to_thread(_send, running, mock, {"ADL-Session": "big"}, 50_000, 100) in (403, 429)
         mock.script(Behaviour(status=503))
         assert await asyncio.to_thread(_send, running, mock, {"ADL-Session": "ok"}) == 503
 

@@ -57,9 +57,14 @@ async def tokens_used(running, session: str) -> float:
                 if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
 
 
-def chat(max_tokens: int = 100, stream: bool = False) -> dict:
-    return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "stream": stream,
+def chat(max_tokens: int = 100, stream: bool = False, answers: int = 1) -> dict:
+    return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "stream": stream, "n": answers,
             "messages": [{"role": "user", "content": "hello"}]}
+
+
+# A call that cannot fit the example passport's 20,000 tokens even fitted: 100 answers of
+# at most 199 tokens each, under the fitting floor of 256 (docs/fitting.md).
+UNFITTABLE = {"max_tokens": 30_000, "answers": 100}
 
 
 def message(max_tokens: int = 100, stream: bool = False) -> dict:
@@ -84,7 +89,7 @@ async def test_usage_is_counted_exactly_plain_and_streamed(env):
 
 async def test_budget_exhaustion_halts_the_session_with_the_same_reason_after(env):
     running, mock = env
-    status, headers, body = await send(running, mock, CHAT, chat(max_tokens=25_000), "broke")
+    status, headers, body = await send(running, mock, CHAT, chat(**UNFITTABLE), "broke")
     assert status == 429
     governor = orjson.loads(body)["error"]["governor"]
     assert governor["cause"] == "on_budget_exhausted" and governor["action"] == "halt"
@@ -143,8 +148,8 @@ r = client.chat.completions.create(model="gpt-4o-mini", max_tokens=50, messages=
 s = list(client.chat.completions.create(model="gpt-4o-mini", max_tokens=50, stream=True,
                                         messages=[{"role": "user", "content": "x"}], extra_headers=h))
 try:
-    client.chat.completions.create(model="gpt-4o-mini", max_tokens=30000, messages=[{"role": "user", "content": "x"}],
-                                   extra_headers=h)
+    client.chat.completions.create(model="gpt-4o-mini", max_tokens=30000, n=100,  # under the fitting floor
+                                   messages=[{"role": "user", "content": "x"}], extra_headers=h)
     refused = None
 except openai.APIStatusError as e:
     refused = {"type": type(e).__name__, "status": e.status_code, "cause": e.body["governor"]["cause"]}
@@ -167,7 +172,7 @@ async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
     finally:
         client.close()
     assert before != 403
-    status, _, _ = await send(running, mock, CHAT, chat(max_tokens=30000), "ungoverned")
+    status, _, _ = await send(running, mock, CHAT, chat(**UNFITTABLE), "ungoverned")
     assert status == 429 and (await running.runtime.session_view("ungoverned"))["state"] == "halted"
     client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
     try:

@@ -45,8 +45,16 @@ async def llm():
     await mock.stop()
 
 
-def chat_body(max_tokens: int = 20) -> dict:
-    return {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+def chat_body(max_tokens: int = 20, answers: int = 1) -> dict:
+    body = {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    if answers > 1:
+        body["n"] = answers
+    return body
+
+
+# Beyond the original 20,000-token cap even with output fitting (docs/fitting.md): 100 answers
+# of at most ~150 tokens each, under the floor of 256.
+BEYOND = {"max_tokens": 31_000, "answers": 100}
 
 
 def journal_events(path: Path) -> list[dict]:
@@ -62,9 +70,10 @@ def journal_events(path: Path) -> list[dict]:
     return events
 
 
-async def chat(agent: httpx.AsyncClient, llm: MockLLM, session: str, max_tokens: int = 20) -> httpx.Response:
+async def chat(agent: httpx.AsyncClient, llm: MockLLM, session: str, max_tokens: int = 20,
+               answers: int = 1) -> httpx.Response:
     """One model call of the agent in `session` (agent-named)."""
-    return await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(max_tokens),
+    return await agent.post(f"{llm.base_url}/v1/chat/completions", json=chat_body(max_tokens, answers),
                             headers={"ADL-Session": session})
 
 
@@ -212,7 +221,7 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
     async with agent_client(gov) as agent:
         spent = await chat(agent, llm, "admitted", 5_000)
         assert spent.status_code == 200, spent.text
-        refused = await chat(agent, llm, "probe", 31_000)
+        refused = await chat(agent, llm, "probe", **BEYOND)
         assert refused.status_code != 200  # beyond the original cap: refused before the restart
     await asyncio.to_thread(gov.kill)
 
@@ -220,7 +229,7 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
     try:
         served_before = len(llm.requests)
         async with agent_client(gov) as agent:
-            step = await chat(agent, llm, "admitted", 31_000)
+            step = await chat(agent, llm, "admitted", **BEYOND)
             fresh = await chat(agent, llm, "fresh", 31_000)
         assert step.status_code != 200 and len(llm.requests) == served_before + 1, step.text
         assert fresh.status_code == 200, fresh.text  # a new session is admitted with the new passport
@@ -278,7 +287,7 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
         served_before = len(llm.requests)
         async with agent_client(b) as agent:
             within = await chat(agent, llm, "roaming", 1_000)
-            beyond = await chat(agent, llm, "roaming", 31_000)
+            beyond = await chat(agent, llm, "roaming", **BEYOND)
         async with control_client(b) as control:
             record = (await control.get("/v1/sessions/roaming/record")).json()
     finally:

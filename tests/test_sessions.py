@@ -38,6 +38,11 @@ def settings_for(data_dir: Path, **overrides) -> Settings:
     return Settings(**{**options, **overrides})
 
 
+# A call the 20,000-token session budget refuses even with output fitting (docs/fitting.md):
+# 100 answers, each of which could be fitted to at most 199 tokens, under the floor of 256.
+UNFITTABLE = {"max_tokens": 30_000, "answers": 100}
+
+
 class World:
     def __init__(self, running, llm, tmp: Path) -> None:
         self.running, self.llm, self.tmp = running, llm, tmp
@@ -55,12 +60,14 @@ class World:
         assert answer.status_code == 201, answer.text
         return answer.json()
 
-    async def chat(self, session: str | None = None, max_tokens: int = 100, **headers) -> httpx.Response:
+    async def chat(self, session: str | None = None, max_tokens: int = 100, answers: int = 1,
+                   **headers) -> httpx.Response:
         if session is not None:
             headers["ADL-Session"] = session
-        return await self.agent.post(f"{self.llm.url}/chat/completions", headers=headers,
-                                     json={"model": "gpt-4o-mini", "max_tokens": max_tokens,
-                                           "messages": [{"role": "user", "content": "find papers"}]})
+        body = {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "find papers"}]}
+        if answers > 1:
+            body["n"] = answers
+        return await self.agent.post(f"{self.llm.url}/chat/completions", headers=headers, json=body)
 
     async def view(self, session: str) -> dict:
         answer = await self.control.get(f"/v1/sessions/{session}")
@@ -113,7 +120,8 @@ async def test_a_halted_agent_is_refused_with_a_fresh_invented_or_absent_session
     token, session = opened["token"], opened["session"]
     assert re.fullmatch(r"adls_[A-Za-z0-9_-]{32}", token) and token not in session  # 192 random bits
     assert (await world.chat(token)).status_code == 200
-    halted = await world.chat(token, max_tokens=30000)  # beyond the 20,000-token session budget
+    # beyond the 20,000-token session budget even fitted (docs/fitting.md): 100 answers of 199 tokens
+    halted = await world.chat(token, **UNFITTABLE)
     assert halted.status_code == 429
     assert halted.json()["error"]["governor"]["cause"] == "on_budget_exhausted"
     served = world.llm.served
@@ -223,7 +231,7 @@ async def test_token_less_traffic_uses_the_default_session_and_off_refuses_it(tm
 async def test_a_halted_default_session_stays_halted_until_a_principal_ends_it(tmp_path, llm):
     async with served_world(llm, tmp_path, tmp_path / "data", default_session="on") as world:
         assert (await world.chat(None)).status_code == 200
-        assert (await world.chat(None, max_tokens=30000)).status_code == 429
+        assert (await world.chat(None, **UNFITTABLE)).status_code == 429
         default = world.running.sessions.default_id
         await world.running.runtime.end_session(default)  # the idle sweeper ends it: that frees nothing
         served = llm.served

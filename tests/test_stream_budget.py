@@ -4,6 +4,8 @@ tokens delivered counted at the client. Upstreams: a hostile one that ignores ma
 (20) and streams 500 tokens, reporting usage in every chunk or only at the end; an honest
 one, asked for no max_tokens, that streams 500 tokens (the admission guessed 100) or 6,000
 (the admission guessed the default 4,096). Target: delivered <= cap + one chunk per stream.
+Output fitting is off here: what is measured is a stream spending past its reservation
+(tests/test_fitting_proxy.py measures the same loads with fitting on).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ async def governed(tmp_path, guess: int):
     await mock.start()
     running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp_path / "passport.json"), listen=("127.0.0.1", 0),
                                    control=None, data_dir=tmp_path / "data", tick_interval=0,
-                                   adapters=AdapterConfig(default_output_tokens=guess)))
+                                   adapters=AdapterConfig(default_output_tokens=guess, fit_output=False)))
     return running, mock
 
 

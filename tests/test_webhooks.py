@@ -94,9 +94,11 @@ async def metric(control_url: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def chat(agent: httpx.AsyncClient, llm: MockLLM, session: str, max_tokens: int):
-    return agent.post(f"{llm.url}/chat/completions", headers={"ADL-Session": session},
-                      json={"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]})
+def chat(agent: httpx.AsyncClient, llm: MockLLM, session: str, max_tokens: int, answers: int = 1):
+    body = {"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    if answers > 1:  # 100 answers: output fitting (docs/fitting.md) cannot fit them above its floor
+        body["n"] = answers
+    return agent.post(f"{llm.url}/chat/completions", headers={"ADL-Session": session}, json=body)
 
 
 @pytest.fixture
@@ -176,7 +178,7 @@ async def test_a_review_a_threshold_a_halt_and_a_lock_are_notified_signed(tmp_pa
 
         assert (await chat(agent, llm, "spender", 17_000)).status_code == 200  # past 80 % of 20,000, under the cap
         await receiver.wait_for(lambda: len(receiver.seen) >= 2, "a threshold warning")
-        assert (await chat(agent, llm, "spender", 25_000)).status_code == 429  # the cap: halt, and lock
+        assert (await chat(agent, llm, "spender", 25_000, 100)).status_code == 429  # the cap: halt, and lock
         await receiver.wait_for(lambda: len(receiver.seen) >= 4, "a halt and a lock")
         payloads = receiver.verified()
         by_event = {p["event"]: p for p in payloads}
@@ -218,7 +220,7 @@ async def test_a_receiver_down_or_slow_never_delays_enforcement_and_failures_are
     agent = httpx.AsyncClient(proxy="http://%s:%d" % governor.proxy, trust_env=False, timeout=HANG_GUARD)
     try:
         started = time.monotonic()
-        refused = await chat(agent, llm, "halts", 25_000)  # halts the session: a notification to both
+        refused = await chat(agent, llm, "halts", 25_000, 100)  # halts the session: a notification to both
         took = time.monotonic() - started
         assert refused.status_code == 429 and refused.json()["error"]["governor"]["cause"] == "on_budget_exhausted"
         assert took < ENFORCEMENT_BOUND, f"the halting call took {took:.1f}s"

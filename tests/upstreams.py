@@ -184,7 +184,10 @@ def _split(text: str, n: int) -> list[str]:
 
 def _honoured(b: Behaviour, body: Any) -> Behaviour:
     """`b` cut to the request's max_tokens (one text delta per token) when it honours it."""
-    limit = body.get("max_tokens") if isinstance(body, dict) else None
+    limit = None
+    if isinstance(body, dict):  # whichever output-limit field the API has (chat, Responses, Anthropic)
+        limit = next((body[k] for k in ("max_completion_tokens", "max_tokens", "max_output_tokens")
+                      if body.get(k) is not None), None)
     if not b.honour_max_tokens or not isinstance(limit, int) or limit >= b.chunks:
         return b
     pieces = _split(b.text, b.chunks)
@@ -420,6 +423,7 @@ class MockLLM:
                 status=b.status,
             )
         model = body.get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        b = _honoured(b, body)
         usage = {
             "input_tokens": b.input_tokens,
             "input_tokens_details": {"cached_tokens": b.cached_tokens},

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -90,7 +91,7 @@ class AnthropicAdapter(Adapter):
             raise BadRequest("'messages' must be an array")
         state: dict[str, Any] = {
             "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token),
-            "expected_output": positive_int(body.get("max_tokens")) or self.config.default_output_tokens,
+            "expected_output": requested_limit(body, "max_tokens") or self.config.default_output_tokens,
         }
         if body.get("tools") is not None:  # each offered tool's name (withhold.py); a 400 for one without
             state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.named_only)
@@ -106,6 +107,9 @@ class AnthropicAdapter(Adapter):
             model=model,
             state=state,
         )
+
+    def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
+        return ("max_tokens",)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
         tools = exchange.state.get("tools")

@@ -69,6 +69,11 @@ class AdapterConfig:
     default_output_tokens: int = 4096
     # OpenAI chat streams: ask for a final usage chunk when the client did not.
     inject_stream_usage: bool = True
+    # Output fitting (docs/fitting.md): lower a call's output limit to what its caps leave,
+    # down to fit_floor tokens per answer (below it the call is refused); a call naming no
+    # limit that draws on a cap is sent with its reservation's as its limit.
+    fit_output: bool = True
+    fit_floor: int = 256
     # Free-form settings for other adapters (e.g. A2A peer resolution).
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -322,6 +327,11 @@ class Adapter(abc.ABC):
         """The request body to send upstream once admitted, or None to send it unchanged."""
         return None
 
+    def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
+        """The request body's output-limit fields for this exchange's endpoint, the one to
+        insert first (governor.adapters.fitting); () when it has no output limit."""
+        return ()
+
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
         """Plan editing (governor.runtime_edit): make the request carry the tool arguments a
         reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
@@ -413,6 +423,9 @@ def describe(governor: Mapping[str, Any]) -> str:
                      + (f" (used {governor['observed']})" if "observed" in governor else ""))
     elif "observed" in governor and "limit" in governor:
         parts.append(f"observed {governor['observed']} > limit {governor['limit']}")
+    if "fit_floor" in governor:  # output fitting could not fit the call (docs/fitting.md)
+        parts.append(f"at most {governor.get('fit_room')} output tokens would fit, under the fitting floor of "
+                     f"{governor['fit_floor']} (--fit-floor)")
     if governor.get("reason") and not unpriced:
         parts.append(str(governor["reason"]))
     if governor.get("message"):  # the passport's declared message for this degradation
@@ -475,6 +488,7 @@ def positive_int(value: Any) -> int:
 
 def model_call(adapter: Adapter, exchange: Exchange, offered: tuple[str, ...]) -> ModelCall:
     """The step an LLM request is: its model, expected consumption and offered tools."""
+    config = adapter.config
     return ModelCall(
         model=exchange.model,
         expected_input_tokens=exchange.state["expected_input"],
@@ -482,6 +496,8 @@ def model_call(adapter: Adapter, exchange: Exchange, offered: tuple[str, ...]) -
         tools_offered=offered,
         persona=exchange.persona,
         provider=adapter.provider,
+        output_floor=config.fit_floor if config.fit_output and adapter.output_limit_fields(exchange) else None,
+        output_choices=exchange.state.get("choices", 1),
     )
 
 

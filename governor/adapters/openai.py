@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -65,6 +66,16 @@ def _kind(route: str) -> str | None:
     if route.endswith("/embeddings"):
         return EMBEDDINGS
     return None
+
+
+# The output-limit fields of each endpoint, the one inserted into a request naming none first
+# (max_completion_tokens: max_tokens is deprecated for chat and refused by reasoning models).
+_LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
+    CHAT: ("max_completion_tokens", "max_tokens"),
+    RESPONSES: ("max_output_tokens",),
+    COMPLETIONS: ("max_tokens",),
+    EMBEDDINGS: (),
+}
 
 
 def _choices(body: dict[str, Any]) -> int:
@@ -143,22 +154,24 @@ class OpenAIAdapter(Adapter):
             state["functions"] = withhold.read_tools(body["functions"], "functions", withhold.named_only)
         stream = body.get("stream") is True
         expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
+        choices = 1
         if kind == CHAT:
             if not isinstance(body.get("messages"), list):
                 raise BadRequest("'messages' must be an array")
-            limit = body.get("max_completion_tokens", body.get("max_tokens"))
-            expected_output = (positive_int(limit) or self.config.default_output_tokens) * _choices(body)
+            choices = _choices(body)
+            limit = requested_limit(body, "max_completion_tokens") or requested_limit(body, "max_tokens")
+            expected_output = (limit or self.config.default_output_tokens) * choices
         elif kind == RESPONSES:
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
-            expected_output = positive_int(body.get("max_output_tokens")) or self.config.default_output_tokens
+            expected_output = requested_limit(body, "max_output_tokens") or self.config.default_output_tokens
         elif kind == COMPLETIONS:
             prompt = body.get("prompt")
             if not isinstance(prompt, (str, list)):
                 raise BadRequest("'prompt' is required and must be a string or an array")
             expected_input = max(expected_input, _token_ids(prompt))
-            expected_output = (positive_int(body.get("max_tokens")) or self.config.default_output_tokens) \
-                * _choices(body)
+            choices = _choices(body)
+            expected_output = (requested_limit(body, "max_tokens") or self.config.default_output_tokens) * choices
         else:  # embeddings: input tokens only, never streamed
             embedded = body.get("input")
             if not isinstance(embedded, (str, list)):
@@ -180,8 +193,12 @@ class OpenAIAdapter(Adapter):
                 **state,
                 "expected_input": expected_input,
                 "expected_output": expected_output,
+                "choices": choices,
             },
         )
+
+    def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
+        return _LIMIT_FIELDS[exchange.state["kind"]]
 
     async def steps(self, exchange: Exchange) -> list[Step]:
         state = exchange.state

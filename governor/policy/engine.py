@@ -25,7 +25,8 @@ Budget projection (§2), the contract with the store:
   * A model call is budget-exhausted when counter + expected consumption > cap for any
     declared cap (parent aggregate per_session / per_day, and the persona's
     budget_share when declared). Expected consumption: expected input + output tokens,
-    priced by the pricing table.
+    priced by the pricing table. A call with an `output_floor` is first fitted: its output
+    lowered to what the caps leave, not below the floor (governor.policy.fitting).
   * When it is admitted, `Decision.charges` are the reservations, one per counter with
     its cap; the store applies them atomically. If the store finds a cap would be
     exceeded (a concurrent step got there first), the runtime re-reads the counters
@@ -50,7 +51,7 @@ from typing import Any, Callable, Mapping
 
 from governor import degradation as _degradation
 from governor.canonical import b64url
-from governor.policy import anomaly, peers
+from governor.policy import anomaly, fitting, peers
 from governor.policy.limits import (
     COST,
     SENSITIVITY,
@@ -399,9 +400,11 @@ def _warn(run: _Run, meter: Meter, projected: float, warnings: list[tuple[str, s
 
 
 def _budget(
-    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str
+    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[Decision | None, list[tuple[str, str, float]]]:
-    """§2 projection of tokens and cost against every declared cap."""
+    """§2 projection of tokens and cost against every declared cap (`extra`: more detail for
+    an exhaustion, e.g. the output fitting that could not fit the call)."""
     counters = run.state.counters
     enforce = run.limits.enforce_hard
     warnings: list[tuple[str, str, float]] = []
@@ -431,6 +434,8 @@ def _budget(
                 # `observed` is then the rest of the session, `projected` the session's use with it
                 detail["call_used"] = amount
                 detail["call_reserved"] = held
+            if extra:
+                detail.update(extra)
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         if m.warn_at is not None and projected >= m.warn_at:
             _warn(run, m, projected, warnings)
@@ -501,13 +506,20 @@ def _model_call(run: _Run, step: ModelCall) -> Decision:
     tokens = step.expected_input_tokens + step.expected_output_tokens
     cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
     meters = limits.meters.get(step.persona, limits.meters[None])
-    d, warnings = _budget(run, meters, tokens, cost, None, step.model)
+    # an output limit that does not fit is lowered to what does (or projected at the floor)
+    fit = fitting.fit_output(limits, state.counters, meters, step, run.budget_open) \
+        if step.output_floor is not None else None
+    if fit is not None:
+        tokens, cost = fit.tokens, fit.cost
+    d, warnings = _budget(run, meters, tokens, cost, None, step.model,
+                          fit.refusal_detail() if fit is not None and fit.below_floor else None)
     if d is not None:
         return d
     if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, None))) is not None:
         return d
     warnings.extend(clock_warnings)
-    return run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
+    decision = run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
+    return decision if fit is None else fitting.recorded(decision, fit, run.kind, step.persona)
 
 
 def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, counters: Mapping[Any, float],

@@ -93,6 +93,10 @@ class ModelCall:
     persona: str | None = None
     provider: str = ""  # "openai" | "anthropic" | ...; informational
     approval_id: str | None = None  # set when a reviewer released this exact step
+    # Output fitting (governor.policy.fitting): the smallest output limit per answer the
+    # governor may lower this call's to when it does not fit its caps; None: never lowered.
+    output_floor: int | None = None
+    output_choices: int = 1  # answers generated (`n`): expected_output_tokens is per answer times this
 
 
 @dataclass(frozen=True, slots=True)

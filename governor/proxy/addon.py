@@ -28,10 +28,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import orjson
 from mitmproxy import ctx, http
 
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters import sse, withhold
+from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE, fit_request
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -326,6 +328,8 @@ class Governor:
             response.stream = True  # ungoverned traffic: relay as it comes, never buffer
             return
         flight.last_activity = time.monotonic()
+        if (fitted := flight.exchange.state.get(FITTED_STATE)) is not None:
+            response.headers[FITTED_HEADER] = str(fitted)  # the client learns the limit it was served under
         if self.metrics is not None:
             self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started, response.status_code)
         exchange = flight.exchange
@@ -523,7 +527,10 @@ class Governor:
                 main = admission.decision
         exchange.decision = main if main is not None else (admissions[first].decision if len(admissions) > first else None)
 
+        fitted = exchange.decision is not None and fit_request(exchange, exchange.decision)  # output limit
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
+        if fitted and body is None:
+            body = orjson.dumps(exchange.body)
         if "withheld" in exchange.state:
             _log_withheld(flow, exchange, "request")
         if body is not None and encoded:

@@ -55,6 +55,10 @@ OPTIONS: dict[str, tuple[str, str]] = {
                                "the file-descriptor limit, about 7/16 of it); over it the longest-waiting idle one is "
                                "closed, or the newcomer refused"),
     "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
+    "fit_output": ("GOVERNOR_FIT_OUTPUT", "on (default) or off: lower a model call's output limit (max_tokens, "
+                   "...) to what its budgets leave, and give a call naming none its reservation's (docs/fitting.md)"),
+    "fit_floor": ("GOVERNOR_FIT_FLOOR", "the smallest output limit, in tokens per answer, a call is fitted to; "
+                  "a call that fits only below it is refused as budget-exhausted (default 256)"),
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
@@ -255,6 +259,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             bytes_per_token=float(file.get("bytes_per_token", 4.0)),
             default_output_tokens=int(file.get("default_output_tokens", 4096)),
             inject_stream_usage=bool(file.get("inject_stream_usage", True)),
+            **_fitting(value),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
@@ -267,6 +272,21 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     except TokenConfigError as exc:
         raise UsageError(str(exc)) from None
     return settings
+
+
+def _fitting(value: Any) -> dict[str, Any]:
+    """--fit-output and --fit-floor as AdapterConfig fields (only those given)."""
+    fields: dict[str, Any] = {}
+    if (fit := value("fit_output")) is not None:
+        fit = {True: "on", False: "off"}.get(fit, str(fit).lower())  # YAML reads on/off as booleans
+        if fit not in ("on", "off"):
+            raise UsageError(f"--fit-output: expected on or off, got {fit!r}")
+        fields["fit_output"] = fit == "on"
+    if (floor := value("fit_floor")) is not None:
+        if isinstance(floor, bool) or not str(floor).isdigit() or int(floor) < 1:
+            raise UsageError(f"--fit-floor: expected a whole number of tokens >= 1, got {floor!r}")
+        fields["fit_floor"] = int(floor)
+    return fields
 
 
 def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], config_path: Any) -> Any:

@@ -54,6 +54,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - {{ .Values.sessions.agentSessionsPerDay | quote }}
     - --lock-on
     - {{ .Values.sessions.lockOn | quote }}
+    - --fit-output
+    - {{ .Values.governor.fitOutput | quote }}
+    - --fit-floor
+    - {{ .Values.governor.fitFloor | quote }}
     {{- if .Values.interception.enabled }}
     - --transparent
     - "127.0.0.1:{{ .Values.interception.transparentPort }}"
