@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from governor.canonical import digest_of
@@ -238,6 +238,11 @@ def test_decide_is_pure(tier, session):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiers, sessions, st.integers(0, 150_000), st.integers(0, 40_000))
+# found by hypothesis: a final report whose cost triggers a review named a different step
+# digest (so a different approval) with ends_call set than without it
+@example(Tier.R2, [(("usage", 9956, 40000, 50000, True), 90.0), (("usage", 9956, 40000, 50000, True), 90.0),
+                   (("usage", 9956, 40000, 50000, True), 0.0), (("usage", 0, 26158, 23798, True), 90.0)],
+         75623, 40000)
 def test_a_report_that_ends_its_call_is_the_report_then_step_done(tier, session, used_in, used_out):
     """UsageReport.ends_call folds the StepDone("model") that follows a final report into
     the report's own step: the same decision, counters and state (one step fewer)."""

@@ -131,14 +131,20 @@ def _json(value: Any) -> Any:
     return value
 
 
+_BOOKKEEPING_FIELDS = frozenset({"approval_id", "reserved", "ends_call"})
+
+
 def step_digest(step: Step) -> str:
     """The digest an approval names. ToolCall: digest_of({"tool", "arguments"}); other
-    steps: digest_of({"step": kind, <fields but approval_id>})."""
+    steps: digest_of({"step": kind, <fields but the runtime's bookkeeping>}): not
+    approval_id, reserved or ends_call, which say how the runtime presents a step, not what
+    the step is (a final report that ends its call is the same step as the report and its
+    StepDone, so it must name the same approval)."""
     if type(step) is ToolCall:
         return digest({"tool": step.tool, "arguments": step.arguments})
     payload: dict[str, Any] = {"step": STEP_KINDS[type(step)]}
     for f in fields(step):  # type: ignore[arg-type]
-        if f.name not in ("approval_id", "reserved"):
+        if f.name not in _BOOKKEEPING_FIELDS:
             payload[f.name] = _json(getattr(step, f.name))
     return digest(payload)
 
