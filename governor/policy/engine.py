@@ -41,27 +41,27 @@ Budget projection (§2), the contract with the store:
     settled like usage) and projected on every admission.
   * Charges are never negative: the only decrease is the store releasing a
     reservation (UsageReport.reserved, or a step that did not go ahead).
+
+Where the pieces live (this module keeps the door and the dispatcher; split to stay short):
+  governor.policy.digests          step digests, loop signatures, approval ids, events
+  governor.policy.run              one step's evaluation: a fired cause resolved through §6
+  governor.policy.checks           counted limits, the wall clock, budget projection, charges
+  governor.policy.quiet            the per-request fast paths (quiet_model_call, settlement)
+  governor.policy.model_steps      model calls and usage reports
+  governor.policy.tool_steps       tool calls and tool errors
+  governor.policy.sub_agent_steps  persona spawns and exits, delegations
+  governor.policy.approval_steps   a reviewer's answer, an approval's timeout
+  governor.policy.transition       advance(): the state after a decision
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from governor import degradation as _degradation
-from governor.canonical import b64url
 from governor.policy import anomaly, fitting, peers
-from governor.policy.limits import (
-    COST,
-    SENSITIVITY,
-    SESSION_COST,
-    TOKENS,
-    WALL_CLOCK,
-    Limits,
-    Meter,
-)
-from governor.policy.signature import canonical_bytes, digest
+from governor.policy.limits import COST, SENSITIVITY, SESSION_COST, TOKENS, WALL_CLOCK, Limits, Meter
 from governor.policy.tools import step_tools
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
@@ -101,69 +101,21 @@ from governor.policy.steps import (
     UsageReport,
     permitted,
 )
+from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
 
-STEP_KINDS: dict[type, str] = {
-    ModelCall: "model_call",
-    UsageReport: "usage_report",
-    ToolCall: "tool_call",
-    PersonaSpawn: "persona_spawn",
-    PersonaExit: "persona_exit",
-    Delegation: "delegation",
-    ToolError: "tool_error",
-    Tick: "tick",
-    PassportPresented: "passport_presented",
-    SessionEnd: "session_end",
-    StepDone: "step_done",
-    ApprovalGranted: "approval_granted",
-    ApprovalRejected: "approval_rejected",
-    ApprovalExpired: "approval_expired",
-}
-
-
-# --- digests and ids -------------------------------------------------------------------
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list, frozenset)):
-        return [_json(v) for v in value]
-    return value
-
-
-_BOOKKEEPING_FIELDS = frozenset({"approval_id", "reserved", "ends_call"})
-
-
-def step_digest(step: Step) -> str:
-    """The digest an approval names. ToolCall: digest_of({"tool", "arguments"}); other
-    steps: digest_of({"step": kind, <fields but the runtime's bookkeeping>}): not
-    approval_id, reserved or ends_call, which say how the runtime presents a step, not what
-    the step is (a final report that ends its call is the same step as the report and its
-    StepDone, so it must name the same approval)."""
-    if type(step) is ToolCall:
-        return digest({"tool": step.tool, "arguments": step.arguments})
-    payload: dict[str, Any] = {"step": STEP_KINDS[type(step)]}
-    for f in fields(step):  # type: ignore[arg-type]
-        if f.name not in _BOOKKEEPING_FIELDS:
-            payload[f.name] = _json(getattr(step, f.name))
-    return digest(payload)
-
-
-def loop_signature(tool: str, arguments: Mapping[str, Any]) -> str:
-    """§3 signature: tool name + hex SHA-256 of JCS(arguments)."""
-    return tool + "#" + hashlib.sha256(canonical_bytes(arguments)).hexdigest()
-
-
-def approval_id(session: str, seq: int, digest_value: str) -> str:
-    raw = f"{session}\x00{seq}\x00{digest_value}".encode()
-    return "apr_" + b64url(hashlib.sha256(raw).digest())[:22]
-
-
-def _event(cause: str, action: str, detail: dict[str, Any]) -> dict[str, Any]:
-    return {"cause": cause, "action": action, "detail": detail}
-
-
-# --- one evaluation --------------------------------------------------------------------
+# the door: what outside code imports from here, wherever each piece now lives
+__all__ = [
+    "advance",
+    "decide",
+    "governor_error",
+    "quiet_model_call",
+    "quiet_settlement",
+    "settlement",
+    "step_digest",
+    "loop_signature",
+    "approval_id",
+    "STEP_KINDS",
+]
 
 
 class _Run:
@@ -226,14 +178,14 @@ class _Run:
             detail["observed_only"] = True
             detail["would"] = resolution.action.value
             detail["overridden_cause"] = cause
-            self.events.append(_event(cause, Action.CONTINUE.value, detail))
+            self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
             if self.observed is None:
                 self.observed = (resolution.action, cause, detail)
             return None
         action = resolution.action
         if action is Action.CONTINUE:
             detail["overridden_cause"] = cause  # §6: every continue recorded with what it overrode
-            self.events.append(_event(cause, Action.CONTINUE.value, detail))
+            self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
             self.continued = (cause, detail)
             return None
         if action is Action.PAUSE:
@@ -259,7 +211,7 @@ class _Run:
             detail["observed_only"] = True
             detail["would"] = Action.PAUSE.value
             detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            self.events.append(_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
+            self.events.append(enforcement_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
             if self.observed is None:
                 self.observed = (Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
             return None
@@ -272,7 +224,7 @@ class _Run:
                 approval_id(self.state.session, self.state.seq, digest_value), reason, digest_value,
                 self.now + limits.response_time_sec, name, monitor_only=True,
             )
-            self.events.append(_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
+            self.events.append(enforcement_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
             self.continued = (ON_OVERSIGHT_TRIGGER, detail)
             return None
         return self.pause(ON_OVERSIGHT_TRIGGER, reason, detail, name)
@@ -295,7 +247,7 @@ class _Run:
             action=action,
             cause=cause,
             details=detail,
-            event=_event(cause, action.value, detail),
+            event=enforcement_event(cause, action.value, detail),
             prior_events=tuple(self.events),
             charges=self.charges if self.settles else (),
             settles=self.settles,
@@ -340,9 +292,6 @@ class _Run:
             approval=self.monitor,
             settles=self.settles,
         )
-
-
-# --- shared checks ---------------------------------------------------------------------
 
 
 def _persona_denied(run: _Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
@@ -490,9 +439,6 @@ def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | No
         if amount is not None:  # fields in CounterCharge's order: scope, dimension, amount, cap, persona
             out.append(_new_tuple(CounterCharge, (m.scope, m.dimension, amount, m.cap if capped else None, m.persona)))
     return tuple(out)
-
-
-# --- per step --------------------------------------------------------------------------
 
 
 def _model_call(run: _Run, step: ModelCall) -> Decision:
@@ -822,7 +768,7 @@ def _went_ahead(decision: Decision, cause: str, run: _Run, detail: dict[str, Any
     if decision.blocks:
         return decision
     detail.update(decision="permit", step=run.kind)
-    return replace(decision, event=_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
+    return replace(decision, event=enforcement_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
 
 
 def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
@@ -833,7 +779,7 @@ def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
         detail["reason"] = step.reason
     if step.lived_sec is not None:
         detail["lived_sec"] = round(step.lived_sec, 3)
-    return Decision(event=_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
+    return Decision(event=enforcement_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
 
 
 def _tool_error(run: _Run, step: ToolError) -> Decision:
@@ -911,7 +857,7 @@ def _timeout(run: _Run, approval: Approval, late_reviewer: str | None = None) ->
         detail["held_step"] = "not_executed"
         return Decision(
             action=Action.DENY, cause=ON_OVERSIGHT_TIMEOUT, details=detail,
-            event=_event(ON_OVERSIGHT_TIMEOUT, Action.CONTINUE.value, detail),
+            event=enforcement_event(ON_OVERSIGHT_TIMEOUT, Action.CONTINUE.value, detail),
         )
     if action is Action.FALLBACK:
         return run.stop(Action.FALLBACK, ON_OVERSIGHT_TIMEOUT, detail, fallback_value=resolution.value, fallback_message=resolution.message)
@@ -937,7 +883,7 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
         detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)
     return Decision(
         action=Action.CONTINUE, cause=approval.cause, details=detail,
-        event=_event(approval.cause, Action.CONTINUE.value, detail),
+        event=enforcement_event(approval.cause, Action.CONTINUE.value, detail),
     )
 
 
@@ -953,7 +899,7 @@ def _approval_rejected(run: _Run, step: ApprovalRejected) -> Decision:
     # rejection and the session goes on, which is §6's fallback.
     return Decision(
         action=Action.DENY, cause=approval.cause, details=detail,
-        event=_event(approval.cause, Action.FALLBACK.value, detail),
+        event=enforcement_event(approval.cause, Action.FALLBACK.value, detail),
     )
 
 
@@ -1051,7 +997,7 @@ def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExce
     if not enforced:
         detail.update(observed_only=True, would=action.value, overridden_cause=ON_GOVERNOR_ERROR)
         return Decision(action=action, enforced=False, cause=ON_GOVERNOR_ERROR, details=detail,
-                        event=_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail))
+                        event=enforcement_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail))
     if action is Action.CONTINUE:
         detail["overridden_cause"] = ON_GOVERNOR_ERROR
     return Decision(
@@ -1059,7 +1005,7 @@ def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExce
         cause=ON_GOVERNOR_ERROR,
         fail_closed=detail["fail_closed"],
         details=detail,
-        event=_event(ON_GOVERNOR_ERROR, action.value, detail),
+        event=enforcement_event(ON_GOVERNOR_ERROR, action.value, detail),
         fallback_value=resolution.value if action is Action.FALLBACK else None,
         fallback_message=resolution.message,
     )
@@ -1077,9 +1023,6 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
         return handler(_Run(limits, state, step, now), step)
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
         return governor_error(limits, state, step, exc)
-
-
-# --- the state transition --------------------------------------------------------------
 
 
 def _deviation_keys(decision: Decision) -> frozenset[str]:
