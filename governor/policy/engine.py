@@ -102,6 +102,7 @@ from governor.policy.steps import (
     permitted,
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
+from governor.policy.run import Run
 
 # the door: what outside code imports from here, wherever each piece now lives
 __all__ = [
@@ -118,195 +119,19 @@ __all__ = [
 ]
 
 
-class _Run:
-    """The causes fired while one step is checked, and the decision they add up to."""
-
-    __slots__ = (
-        "limits", "state", "step", "now", "kind", "bypass", "released_by", "events",
-        "observed", "continued", "monitor", "budget_open", "charges", "settles",
-    )
-
-    def __init__(self, limits: Limits, state: SessionState, step: Step, now: float):
-        self.limits = limits
-        self.state = state
-        self.step = step
-        self.now = now
-        self.kind = STEP_KINDS[type(step)]
-        self.bypass: frozenset[str] = frozenset()  # causes reviewers released this exact step from
-        self.released_by: str | None = None
-        self.events: list[dict[str, Any]] = []
-        self.observed: tuple[Action, str, dict[str, Any]] | None = None
-        self.continued: tuple[str, dict[str, Any]] | None = None
-        self.monitor: ApprovalRequest | None = None
-        self.budget_open = False  # a budget cause was overridden: charges carry no caps
-        self.charges: tuple[CounterCharge, ...] = ()
-        self.settles = False
-
-    def release(self, approval_ref: str | None) -> None:
-        """A step carrying a granted approval for exactly this step skips the cause that paused it."""
-        if approval_ref is None:
-            return
-        approval = self.state.approvals.get(approval_ref)
-        digest_value = step_digest(self.step)
-        if approval is not None and approval.status == GRANTED and approval.step_digest == digest_value:
-            # every review already granted for this exact step counts: a step held by one
-            # cause, approved, then held by another is not asked about the first again
-            self.bypass = frozenset(a.cause for a in self.state.approvals.values()
-                                    if a.status == GRANTED and a.step_digest == digest_value)
-            self.released_by = approval_ref
-            if ON_BUDGET_EXHAUSTED in self.bypass:
-                self.budget_open = True
-
-    def fire(self, cause: str, detail: dict[str, Any], enforce: bool, first: _degradation.Resolution | None = None) -> Decision | None:
-        """§6 for a fired cause: a Decision that stops the step, or None to go on checking."""
-        if cause in self.bypass:
-            return None
-        resolution = first if first is not None else self.limits.degradation.get(cause, _degradation.FAIL_CLOSED)
-        detail["step"] = self.kind
-        persona = getattr(self.step, "persona", None)
-        if persona is not None:  # §8.3: attribute the conduct to the persona that produced it
-            detail.setdefault("persona", persona)
-        detail["fail_closed"] = resolution.fail_closed
-        if resolution.declared_by is not None:
-            detail["declared_by"] = resolution.declared_by
-        if resolution.notify:
-            detail["notify"] = True
-        if cause == ON_BUDGET_EXHAUSTED and (not enforce or resolution.action is Action.CONTINUE):
-            self.budget_open = True
-        if not enforce:
-            # R1 (and §7 below R3): record what would apply; the step goes ahead
-            detail["observed_only"] = True
-            detail["would"] = resolution.action.value
-            detail["overridden_cause"] = cause
-            self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (resolution.action, cause, detail)
-            return None
-        action = resolution.action
-        if action is Action.CONTINUE:
-            detail["overridden_cause"] = cause  # §6: every continue recorded with what it overrode
-            self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
-            self.continued = (cause, detail)
-            return None
-        if action is Action.PAUSE:
-            return self.pause(cause, resolution.message or cause, detail, cause)
-        if action is Action.FALLBACK:
-            if resolution.message is not None:
-                detail["message"] = resolution.message
-            return self.stop(Action.FALLBACK, cause, detail, fallback_value=resolution.value, fallback_message=resolution.message)
-        if resolution.message is not None:  # the passport's words for this halt reach the client
-            detail["message"] = resolution.message
-        return self.stop(Action.HALT, cause, detail, fail_closed=resolution.fail_closed,
-                         fallback_message=resolution.message)
-
-    def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
-        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
-        if ON_OVERSIGHT_TRIGGER in self.bypass:
-            return None
-        limits = self.limits
-        detail["step"] = self.kind
-        detail["trigger"] = name
-        detail["fail_closed"] = False
-        if not limits.enforce_oversight:
-            detail["observed_only"] = True
-            detail["would"] = Action.PAUSE.value
-            detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            self.events.append(enforcement_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
-            return None
-        if limits.monitor_only and not detail.get("requires_confirmation"):
-            # monitor_only does not gate (§5.4); the firing is recorded and reviewers told
-            detail["monitor_only"] = True
-            detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            digest_value = step_digest(self.step)
-            self.monitor = ApprovalRequest(
-                approval_id(self.state.session, self.state.seq, digest_value), reason, digest_value,
-                self.now + limits.response_time_sec, name, monitor_only=True,
-            )
-            self.events.append(enforcement_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
-            self.continued = (ON_OVERSIGHT_TRIGGER, detail)
-            return None
-        return self.pause(ON_OVERSIGHT_TRIGGER, reason, detail, name)
-
-    def pause(self, cause: str, reason: str, detail: dict[str, Any], trigger: str) -> Decision:
-        digest_value = step_digest(self.step)
-        request = ApprovalRequest(
-            approval_id(self.state.session, self.state.seq, digest_value),
-            reason,
-            digest_value,
-            self.now + self.limits.response_time_sec,
-            trigger,
-        )
-        detail.update(approval_id=request.id, step_digest=digest_value, expires_at=request.expires_at, reason=reason)
-        detail.setdefault("trigger", trigger)
-        return self.stop(Action.PAUSE, cause, detail, approval=request)
-
-    def stop(self, action: Action, cause: str, detail: dict[str, Any], **extra: Any) -> Decision:
-        return Decision(
-            action=action,
-            cause=cause,
-            details=detail,
-            event=enforcement_event(cause, action.value, detail),
-            prior_events=tuple(self.events),
-            charges=self.charges if self.settles else (),
-            settles=self.settles,
-            **extra,
-        )
-
-    def finish(
-        self,
-        charges: tuple[CounterCharge, ...] = (),
-        allowed_tools: frozenset[str] | None = None,
-        warnings: tuple[tuple[str, str, float], ...] = (),
-        details: Mapping[str, Any] | None = None,
-    ) -> Decision:
-        """Nothing stopped the step: PERMIT, or CONTINUE / observed-only with the events."""
-        if self.settles:
-            charges = self.charges
-        if self.released_by is not None:
-            details = {**(details or {}), "released_by": self.released_by}
-        if not self.events:
-            if not charges and allowed_tools is None and not warnings and not details and not self.settles:
-                return PERMIT
-            return permitted(charges, allowed_tools, warnings, details or {}, self.settles)
-        if self.continued is not None:
-            cause, detail = self.continued
-            action, enforced = Action.CONTINUE, True
-        else:
-            action, cause, detail = self.observed  # type: ignore[misc]
-            enforced = False
-        if details:
-            detail = {**details, **detail}
-        return Decision(
-            action=action,
-            enforced=enforced,
-            cause=cause,
-            fail_closed=bool(detail.get("fail_closed")) and not enforced,
-            details=detail,
-            event=self.events[-1],
-            prior_events=tuple(self.events[:-1]),
-            charges=charges,
-            allowed_tools=allowed_tools,
-            warnings=warnings,
-            approval=self.monitor,
-            settles=self.settles,
-        )
-
-
-def _persona_denied(run: _Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
+def _persona_denied(run: Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
     detail = {"persona": persona_name, "reason": reason, **detail}
     return run.fire(ON_SUB_AGENT_DENIED, detail, run.limits.enforce_hard)
 
 
-def _count(run: _Run, limit_name: str, observed: int, limit: int | None) -> Decision | None:
+def _count(run: Run, limit_name: str, observed: int, limit: int | None) -> Decision | None:
     if limit is not None and observed + 1 > limit:
         detail = {"limit_name": limit_name, "observed": observed, "projected": observed + 1, "limit": limit}
         return run.fire(ON_ITERATION_LIMIT, detail, run.limits.enforce_hard)
     return None
 
 
-def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
+def _clock(run: Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
     """Wall-clock: max_duration_sec and the wall_clock_sec caps, projected to `now`."""
     limits, state, now = run.limits, run.state, run.now
     if not settle and not limits.clock_checked:
@@ -348,14 +173,14 @@ def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None
     return None, charges, warnings
 
 
-def _warn(run: _Run, meter: Meter, projected: float, warnings: list[tuple[str, str, float]]) -> None:
+def _warn(run: Run, meter: Meter, projected: float, warnings: list[tuple[str, str, float]]) -> None:
     """Once per (dimension, scope) of the parent's caps: advance() remembers it in the state."""
     if (meter.dimension, meter.scope) not in run.state.warned:
         warnings.append((meter.dimension, meter.scope, round(projected / meter.cap, 4)))  # type: ignore[operator]
 
 
 def _budget(
-    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str,
+    run: Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str,
     extra: Mapping[str, Any] | None = None,
 ) -> tuple[Decision | None, list[tuple[str, str, float]]]:
     """§2 projection of tokens and cost against every declared cap (`extra`: more detail for
@@ -401,12 +226,12 @@ def _budget(
     return None, warnings
 
 
-def _session_cost(run: _Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:
+def _session_cost(run: Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:
     held = reserved.get(SESSION_COST, 0.0) if reserved else 0.0
     return run.state.counters.get(SESSION_COST, 0.0) - held + (cost or 0.0)
 
 
-def _cost_checks(run: _Run, session_cost: float) -> Decision | None:
+def _cost_checks(run: Run, session_cost: float) -> Decision | None:
     """Session-level oversight triggers (cost only) and the §7 cost ceiling."""
     limits = run.limits
     for trigger in limits.triggers:
@@ -431,7 +256,7 @@ def _cost_checks(run: _Run, session_cost: float) -> Decision | None:
 _new_tuple = tuple.__new__  # CounterCharge(...) without the NamedTuple's Python-level __new__
 
 
-def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, capped: bool) -> tuple[CounterCharge, ...]:
+def _charges(run: Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, capped: bool) -> tuple[CounterCharge, ...]:
     capped = capped and run.limits.enforce_hard and not run.budget_open
     out = []
     for m in meters:
@@ -441,7 +266,7 @@ def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | No
     return tuple(out)
 
 
-def _model_call(run: _Run, step: ModelCall) -> Decision:
+def _model_call(run: Run, step: ModelCall) -> Decision:
     limits, state = run.limits, run.state
     run.release(step.approval_id)
     allowed = step_tools(limits, step.persona)  # what the call may be offered (policy.tools)
@@ -585,7 +410,7 @@ def _settlement(limits: Limits, step: UsageReport, cost: float | None) -> Decisi
     return permitted(charges, None, (), {}, True)
 
 
-def _usage(run: _Run, step: UsageReport) -> Decision:
+def _usage(run: Run, step: UsageReport) -> Decision:
     limits = run.limits
     cost = _report_cost(limits, step)
     # (a halted session is answered by decide() before any handler)
@@ -625,7 +450,7 @@ def _classes(limits: Limits, step: ToolCall) -> frozenset[str]:
     return classes | declared if declared else classes
 
 
-def _tool_call(run: _Run, step: ToolCall) -> Decision:
+def _tool_call(run: Run, step: ToolCall) -> Decision:
     limits, state = run.limits, run.state
     enforce = limits.enforce_hard
     run.release(step.approval_id)
@@ -703,7 +528,7 @@ def _tool_call(run: _Run, step: ToolCall) -> Decision:
     return run.finish(warnings=tuple(warnings))
 
 
-def _persona_spawn(run: _Run, step: PersonaSpawn) -> Decision:
+def _persona_spawn(run: Run, step: PersonaSpawn) -> Decision:
     limits, state = run.limits, run.state
     run.release(step.approval_id)
     persona = limits.personas.get(step.persona)
@@ -738,7 +563,7 @@ def _persona_spawn(run: _Run, step: PersonaSpawn) -> Decision:
     return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {**details, **_instance(step, live + 1, persona.max_parallel)})
 
 
-def _delegation(run: _Run, step: Delegation) -> Decision:
+def _delegation(run: Run, step: Delegation) -> Decision:
     limits = run.limits
     run.release(step.approval_id)
     reason, detail = peers.admit_peer(limits.delegation, limits.own_scopes, limits.own_budget, step)
@@ -762,7 +587,7 @@ def _instance(step: PersonaSpawn | PersonaExit, live: int, max_parallel: int | N
     return detail
 
 
-def _went_ahead(decision: Decision, cause: str, run: _Run, detail: dict[str, Any]) -> Decision:
+def _went_ahead(decision: Decision, cause: str, run: Run, detail: dict[str, Any]) -> Decision:
     """§4.1.5 / §4.2.5: a spawn or delegation that goes ahead is recorded too, after any event
     its checks recorded (an observed or continued denial), as `continue` overriding nothing."""
     if decision.blocks:
@@ -771,7 +596,7 @@ def _went_ahead(decision: Decision, cause: str, run: _Run, detail: dict[str, Any
     return replace(decision, event=enforcement_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
 
 
-def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
+def _persona_exit(run: Run, step: PersonaExit) -> Decision:
     """The instance's slot is freed by advance(); the end is recorded beside its spawn."""
     remaining = max(0, run.state.personas_live.get(step.persona, 0) - 1)
     detail = {"persona": step.persona, **_instance(step, remaining, None), "step": run.kind}
@@ -782,7 +607,7 @@ def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
     return Decision(event=enforcement_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
 
 
-def _tool_error(run: _Run, step: ToolError) -> Decision:
+def _tool_error(run: Run, step: ToolError) -> Decision:
     detail: dict[str, Any] = {"tool": step.tool}
     if step.message:
         detail["message"] = step.message[:500]
@@ -791,12 +616,12 @@ def _tool_error(run: _Run, step: ToolError) -> Decision:
     return run.fire(ON_TOOL_ERROR, detail, run.limits.enforce_hard) or run.finish()
 
 
-def _tick(run: _Run, step: Tick) -> Decision:
+def _tick(run: Run, step: Tick) -> Decision:
     d, _, warnings = _clock(run, settle=True)
     return d or run.finish(warnings=tuple(warnings))
 
 
-def _session_end(run: _Run, step: SessionEnd) -> Decision:
+def _session_end(run: Run, step: SessionEnd) -> Decision:
     _clock(run, settle=True, check=False)  # the last interval settles; nothing left to stop
     baseline = run.limits.baseline
     if baseline is not None and baseline.cost_min is not None:
@@ -808,7 +633,7 @@ def _session_end(run: _Run, step: SessionEnd) -> Decision:
     return run.finish()
 
 
-def _passport_presented(run: _Run, step: PassportPresented) -> Decision:
+def _passport_presented(run: Run, step: PassportPresented) -> Decision:
     if step.digest == run.limits.passport_digest:
         return PERMIT
     # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6
@@ -824,14 +649,14 @@ def _unknown_approval(approval_ref: str, approval: Approval | None) -> Decision:
     )
 
 
-def _approval_detail(run: _Run, approval: Approval, review: str) -> dict[str, Any]:
+def _approval_detail(run: Run, approval: Approval, review: str) -> dict[str, Any]:
     return {
         "step": run.kind, "review": review, "approval_id": approval.id, "step_digest": approval.step_digest,
         "trigger": approval.trigger, "fail_closed": False,
     }
 
 
-def _timeout(run: _Run, approval: Approval, late_reviewer: str | None = None) -> Decision:
+def _timeout(run: Run, approval: Approval, late_reviewer: str | None = None) -> Decision:
     """§5.3: nobody answered in time. The held step never runs unreviewed."""
     detail = _approval_detail(run, approval, "expired")
     detail["paused_cause"] = approval.cause
@@ -864,7 +689,7 @@ def _timeout(run: _Run, approval: Approval, late_reviewer: str | None = None) ->
     return run.stop(Action.HALT, ON_OVERSIGHT_TIMEOUT, detail, fail_closed=resolution.fail_closed)
 
 
-def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
+def _approval_granted(run: Run, step: ApprovalGranted) -> Decision:
     approval = run.state.approvals.get(step.approval_id)
     if approval is None or approval.status != PENDING:
         return _unknown_approval(step.approval_id, approval)
@@ -887,7 +712,7 @@ def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
     )
 
 
-def _approval_rejected(run: _Run, step: ApprovalRejected) -> Decision:
+def _approval_rejected(run: Run, step: ApprovalRejected) -> Decision:
     approval = run.state.approvals.get(step.approval_id)
     if approval is None or approval.status != PENDING:
         return _unknown_approval(step.approval_id, approval)
@@ -903,18 +728,18 @@ def _approval_rejected(run: _Run, step: ApprovalRejected) -> Decision:
     )
 
 
-def _approval_expired(run: _Run, step: ApprovalExpired) -> Decision:
+def _approval_expired(run: Run, step: ApprovalExpired) -> Decision:
     approval = run.state.approvals.get(step.approval_id)
     if approval is None or approval.status != PENDING:
         return _unknown_approval(step.approval_id, approval)
     return _timeout(run, approval)
 
 
-def _nothing(run: _Run, step: Step) -> Decision:
+def _nothing(run: Run, step: Step) -> Decision:
     return PERMIT
 
 
-_HANDLERS: dict[type, Callable[[_Run, Any], Decision]] = {
+_HANDLERS: dict[type, Callable[[Run, Any], Decision]] = {
     ModelCall: _model_call,
     UsageReport: _usage,
     ToolCall: _tool_call,
@@ -968,10 +793,10 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
         delivered = limits.within_reservation(step, cost)  # type: ignore[arg-type]
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
-            run = _Run(limits, state, step, now)
+            run = Run(limits, state, step, now)
             charges = _charges(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
     elif kind is Tick or kind is SessionEnd:
-        _, charges, _ = _clock(_Run(limits, state, step, now), settle=True)
+        _, charges, _ = _clock(Run(limits, state, step, now), settle=True)
     if delivered:
         return Decision(details={"halted": True, "halt_cause": state.halt_cause, "admitted_before_halt": True},
                         charges=charges, settles=bool(charges))
@@ -1020,7 +845,7 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
         if state.halted:
             return _after_halt(limits, state, step, now)
         handler = _HANDLERS[type(step)]
-        return handler(_Run(limits, state, step, now), step)
+        return handler(Run(limits, state, step, now), step)
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
         return governor_error(limits, state, step, exc)
 
