@@ -61,12 +61,11 @@ from typing import Any, Callable, Mapping
 
 from governor import degradation as _degradation
 from governor.policy import anomaly, fitting, peers
-from governor.policy.limits import COST, SENSITIVITY, SESSION_COST, TOKENS, WALL_CLOCK, Limits, Meter
+from governor.policy.limits import COST, SENSITIVITY, SESSION_COST, TOKENS, Limits, Meter
 from governor.policy.tools import step_tools
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
     ON_ANOMALY,
-    ON_BUDGET_EXHAUSTED,
     ON_DELEGATION_ADMITTED,
     ON_DELEGATION_DENIED,
     ON_GOVERNOR_ERROR,
@@ -74,7 +73,6 @@ from governor.policy.steps import (
     ON_OVERSIGHT_TIMEOUT,
     ON_OVERSIGHT_TRIGGER,
     ON_SESSION_INTEGRITY,
-    ON_SUB_AGENT_DENIED,
     ON_SUB_AGENT_ENDED,
     ON_SUB_AGENT_SPAWNED,
     ON_TOOL_DENIED,
@@ -103,6 +101,16 @@ from governor.policy.steps import (
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
 from governor.policy.run import Run
+from governor.policy.checks import (
+    budget_check,
+    charges_for,
+    clock_check,
+    cost_checks,
+    count_check,
+    new_tuple,
+    persona_denied,
+    projected_session_cost,
+)
 
 # the door: what outside code imports from here, wherever each piece now lives
 __all__ = [
@@ -119,165 +127,18 @@ __all__ = [
 ]
 
 
-def _persona_denied(run: Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
-    detail = {"persona": persona_name, "reason": reason, **detail}
-    return run.fire(ON_SUB_AGENT_DENIED, detail, run.limits.enforce_hard)
-
-
-def _count(run: Run, limit_name: str, observed: int, limit: int | None) -> Decision | None:
-    if limit is not None and observed + 1 > limit:
-        detail = {"limit_name": limit_name, "observed": observed, "projected": observed + 1, "limit": limit}
-        return run.fire(ON_ITERATION_LIMIT, detail, run.limits.enforce_hard)
-    return None
-
-
-def _clock(run: Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
-    """Wall-clock: max_duration_sec and the wall_clock_sec caps, projected to `now`."""
-    limits, state, now = run.limits, run.state, run.now
-    if not settle and not limits.clock_checked:
-        return None, (), []
-    elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-    meters: tuple[Meter, ...] = limits.clock_meters[None]
-    for name, live in state.personas_live.items():
-        if live > 0:
-            meters = meters + limits.clock_meters.get(name, ())
-    charges: tuple[CounterCharge, ...] = ()
-    if settle:  # elapsed time is consumption that happened: committed whatever is decided
-        charges = tuple(CounterCharge(m.scope, WALL_CLOCK, elapsed_since, None, m.persona) for m in meters)
-        run.settles, run.charges = True, charges
-    warnings: list[tuple[str, str, float]] = []
-    if not check or not limits.clock_checked:
-        return None, charges, warnings
-    enforce = limits.enforce_hard
-    if limits.max_duration_sec is not None:
-        duration = now - state.started_at
-        if duration > limits.max_duration_sec:
-            detail = {
-                "dimension": WALL_CLOCK, "scope": "per_session", "limit_name": "max_duration_sec",
-                "observed": duration, "limit": limits.max_duration_sec,
-            }
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
-    counters = state.counters
-    for m in meters:
-        if m.cap is None:
-            continue
-        current = counters.get(m.key, 0.0)
-        projected = current + elapsed_since
-        if projected > m.cap:
-            detail = {"dimension": WALL_CLOCK, "scope": m.scope, "observed": current, "projected": projected, "limit": m.cap}
-            if m.persona is not None:
-                detail["budget_share"] = m.persona
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
-        if m.warn_at is not None and projected >= m.warn_at:
-            _warn(run, m, projected, warnings)
-    return None, charges, warnings
-
-
-def _warn(run: Run, meter: Meter, projected: float, warnings: list[tuple[str, str, float]]) -> None:
-    """Once per (dimension, scope) of the parent's caps: advance() remembers it in the state."""
-    if (meter.dimension, meter.scope) not in run.state.warned:
-        warnings.append((meter.dimension, meter.scope, round(projected / meter.cap, 4)))  # type: ignore[operator]
-
-
-def _budget(
-    run: Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str,
-    extra: Mapping[str, Any] | None = None,
-) -> tuple[Decision | None, list[tuple[str, str, float]]]:
-    """§2 projection of tokens and cost against every declared cap (`extra`: more detail for
-    an exhaustion, e.g. the output fitting that could not fit the call)."""
-    counters = run.state.counters
-    enforce = run.limits.enforce_hard
-    warnings: list[tuple[str, str, float]] = []
-    for m in meters:
-        cap = m.cap
-        if cap is None:
-            continue
-        held = reserved.get(m.key, 0.0) if reserved else 0.0
-        current = counters.get(m.key, 0.0) - held
-        amount = tokens if m.dimension == TOKENS else cost
-        if amount is None:  # unpriced model: unknown cost counts as unbounded
-            detail = {
-                "dimension": COST, "scope": m.scope, "reason": "unpriced_model", "model": model,
-                "observed": current, "limit": cap,
-            }
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-        projected = current + amount
-        # usage within its reservation was admitted already; only an overshoot is news
-        if projected > cap and amount > held:
-            detail = {"dimension": m.dimension, "scope": m.scope, "observed": current, "projected": projected, "limit": cap}
-            if m.persona is not None:  # the persona's own budget_share, not the parent's aggregate
-                detail["budget_share"] = m.persona
-            if type(run.step) is UsageReport:
-                detail["actual"] = True
-                detail["final"] = run.step.final  # type: ignore[attr-defined]
-                # the call's own figures: what it used (so far, mid-stream) and what it had reserved;
-                # `observed` is then the rest of the session, `projected` the session's use with it
-                detail["call_used"] = amount
-                detail["call_reserved"] = held
-            if extra:
-                detail.update(extra)
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-        if m.warn_at is not None and projected >= m.warn_at:
-            _warn(run, m, projected, warnings)
-    if cost is None and run.limits.cost_governed:
-        # cost is governed elsewhere (an oversight trigger, the anomaly cost range)
-        detail = {"dimension": COST, "scope": "per_session", "reason": "unpriced_model", "model": model}
-        return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-    return None, warnings
-
-
-def _session_cost(run: Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:
-    held = reserved.get(SESSION_COST, 0.0) if reserved else 0.0
-    return run.state.counters.get(SESSION_COST, 0.0) - held + (cost or 0.0)
-
-
-def _cost_checks(run: Run, session_cost: float) -> Decision | None:
-    """Session-level oversight triggers (cost only) and the §7 cost ceiling."""
-    limits = run.limits
-    for trigger in limits.triggers:
-        if (
-            trigger.session_level
-            and trigger.cost_usd_over is not None
-            and session_cost > trigger.cost_usd_over
-            and trigger.name not in run.state.released_triggers
-        ):
-            detail = {"cost_usd": session_cost, "cost_usd_over": trigger.cost_usd_over}
-            decision = run.trigger(trigger.name, trigger.description, detail)
-            if decision is not None:
-                return decision
-    baseline = limits.baseline
-    if baseline is not None and baseline.cost_max is not None:
-        deviation = anomaly.cost_deviation(baseline, run.state, session_cost, at_end=False)
-        if deviation is not None:
-            return run.fire(ON_ANOMALY, {"deviations": [deviation]}, limits.enforce_anomaly)
-    return None
-
-
-_new_tuple = tuple.__new__  # CounterCharge(...) without the NamedTuple's Python-level __new__
-
-
-def _charges(run: Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, capped: bool) -> tuple[CounterCharge, ...]:
-    capped = capped and run.limits.enforce_hard and not run.budget_open
-    out = []
-    for m in meters:
-        amount = tokens if m.dimension == TOKENS else cost
-        if amount is not None:  # fields in CounterCharge's order: scope, dimension, amount, cap, persona
-            out.append(_new_tuple(CounterCharge, (m.scope, m.dimension, amount, m.cap if capped else None, m.persona)))
-    return tuple(out)
-
-
 def _model_call(run: Run, step: ModelCall) -> Decision:
     limits, state = run.limits, run.state
     run.release(step.approval_id)
     allowed = step_tools(limits, step.persona)  # what the call may be offered (policy.tools)
     if step.persona is not None and step.persona not in limits.personas:
-        if (d := _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
+        if (d := persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
             return d
-    if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
+    if (d := count_check(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
         return d
-    if (d := _count(run, "max_iterations", state.iterations, limits.max_iterations)) is not None:
+    if (d := count_check(run, "max_iterations", state.iterations, limits.max_iterations)) is not None:
         return d
-    d, _, clock_warnings = _clock(run, settle=False)
+    d, _, clock_warnings = clock_check(run, settle=False)
     if d is not None:
         return d
     tokens = step.expected_input_tokens + step.expected_output_tokens
@@ -288,14 +149,14 @@ def _model_call(run: Run, step: ModelCall) -> Decision:
         if step.output_floor is not None else None
     if fit is not None:
         tokens, cost = fit.tokens, fit.cost
-    d, warnings = _budget(run, meters, tokens, cost, None, step.model,
+    d, warnings = budget_check(run, meters, tokens, cost, None, step.model,
                           fit.refusal_detail() if fit is not None and fit.below_floor else None)
     if d is not None:
         return d
-    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, None))) is not None:
+    if (limits.triggers or limits.baseline is not None) and (d := cost_checks(run, projected_session_cost(run, cost, None))) is not None:
         return d
     warnings.extend(clock_warnings)
-    decision = run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
+    decision = run.finish(charges_for(run, meters, tokens, cost, True), allowed, tuple(warnings))
     return decision if fit is None else fitting.recorded(decision, fit, run.kind, step.persona)
 
 
@@ -317,7 +178,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
     if limits.max_iterations is not None and state.iterations + 1 > limits.max_iterations:
         return None
     warned = state.warned
-    if limits.clock_checked:  # _clock(settle=False)
+    if limits.clock_checked:  # clock_check(settle=False)
         elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
         meters: tuple[Meter, ...] = limits.clock_meters[None]
         for name, live in state.personas_live.items():
@@ -335,7 +196,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
     tokens = step.expected_input_tokens + step.expected_output_tokens
     cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
     meters = limits.meters[None]
-    for m in meters:  # _budget, with nothing reserved
+    for m in meters:  # budget_check, with nothing reserved
         cap = m.cap
         if cap is None:
             continue
@@ -348,7 +209,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
             return None
     if cost is None and limits.cost_governed:
         return None
-    if limits.triggers or limits.baseline is not None:  # _cost_checks
+    if limits.triggers or limits.baseline is not None:  # cost_checks
         session_cost = counters.get(SESSION_COST, 0.0) + (cost or 0.0)
         for trigger in limits.triggers:
             if (trigger.session_level and trigger.cost_usd_over is not None and session_cost > trigger.cost_usd_over
@@ -360,7 +221,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
             return None
     capped = limits.enforce_hard
     # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
-    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
+    charges = tuple([new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
                                                 m.cap if capped else None, m.persona))
                      for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
     if not charges:
@@ -405,7 +266,7 @@ def _settlement(limits: Limits, step: UsageReport, cost: float | None) -> Decisi
         return None
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
-    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
+    charges = tuple([new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
                                                 m.persona)) for m in meters])  # settled: no caps
     return permitted(charges, None, (), {}, True)
 
@@ -420,12 +281,12 @@ def _usage(run: Run, step: UsageReport) -> Decision:
     tokens = step.input_tokens + step.output_tokens
     if step.final:
         run.settles = True
-        run.charges = _charges(run, meters, tokens, cost, False)
+        run.charges = charges_for(run, meters, tokens, cost, False)
     reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
-    d, warnings = _budget(run, meters, tokens, cost, reserved, step.model)
+    d, warnings = budget_check(run, meters, tokens, cost, reserved, step.model)
     if d is not None:
         return d
-    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, reserved))) is not None:
+    if (limits.triggers or limits.baseline is not None) and (d := cost_checks(run, projected_session_cost(run, cost, reserved))) is not None:
         return d
     return run.finish(warnings=tuple(warnings))
 
@@ -461,10 +322,10 @@ def _tool_call(run: Run, step: ToolCall) -> Decision:
     if step.persona is not None:
         persona = limits.personas.get(step.persona)
         if persona is None:
-            if (d := _persona_denied(run, step.persona, "undeclared_persona", tool=tool, matched_rule=None)) is not None:
+            if (d := persona_denied(run, step.persona, "undeclared_persona", tool=tool, matched_rule=None)) is not None:
                 return d
         elif tool not in persona.tools:
-            d = _persona_denied(
+            d = persona_denied(
                 run, step.persona, "tool_not_granted", tool=tool, matched_rule=persona.rule, allowed_tools=sorted(persona.tools)
             )
             if d is not None:
@@ -474,11 +335,11 @@ def _tool_call(run: Run, step: ToolCall) -> Decision:
         detail = {"tool": tool, "reason": "tool_not_declared", "declared_tools": sorted(limits.parent_tools)}
         if (d := run.fire(ON_TOOL_DENIED, detail, enforce)) is not None:
             return d
-    if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
+    if (d := count_check(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
         return d
-    if (d := _count(run, "tool_invocation.max_concurrent", state.tools_in_flight, limits.tool_max_concurrent)) is not None:
+    if (d := count_check(run, "tool_invocation.max_concurrent", state.tools_in_flight, limits.tool_max_concurrent)) is not None:
         return d
-    if (d := _count(run, "max_tool_calls_per_session", state.tool_calls, limits.max_tool_calls)) is not None:
+    if (d := count_check(run, "max_tool_calls_per_session", state.tool_calls, limits.max_tool_calls)) is not None:
         return d
     if limits.loop_window is not None:
         signature = loop_signature(tool, step.arguments)
@@ -492,7 +353,7 @@ def _tool_call(run: Run, step: ToolCall) -> Decision:
             first = limits.loop_on_detected  # §3.4: on_detected, else on_iteration_limit, else halt
             if (d := run.fire(ON_ITERATION_LIMIT, detail, enforce, first)) is not None:
                 return d
-    d, _, warnings = _clock(run, settle=False)
+    d, _, warnings = clock_check(run, settle=False)
     if d is not None:
         return d
     if tool in limits.confirm_tools:
@@ -534,18 +395,18 @@ def _persona_spawn(run: Run, step: PersonaSpawn) -> Decision:
     persona = limits.personas.get(step.persona)
     live = state.personas_live.get(step.persona, 0)
     if persona is None:
-        decision = _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
+        decision = persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
         return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {"persona": step.persona, "matched_rule": None,
                                                                  **_instance(step, live + 1, None)})
     if persona.max_parallel is not None and live + 1 > persona.max_parallel:
-        d = _persona_denied(
+        d = persona_denied(
             run, step.persona, "max_parallel", matched_rule=persona.rule, observed=live, limit=persona.max_parallel
         )
         if d is not None:
             return d
     total = sum(state.personas_live.values())
     if limits.max_concurrent is not None and total + 1 > limits.max_concurrent:
-        d = _persona_denied(
+        d = persona_denied(
             run, step.persona, "max_concurrent", matched_rule=persona.rule, observed=total, limit=limits.max_concurrent
         )
         if d is not None:
@@ -572,7 +433,7 @@ def _delegation(run: Run, step: Delegation) -> Decision:
         if (d := run.fire(ON_DELEGATION_DENIED, detail, limits.enforce_hard)) is not None:
             return d
         return run.finish()
-    d, _, _ = _clock(run, settle=False)
+    d, _, _ = clock_check(run, settle=False)
     if step.persona is not None:
         detail["persona"] = step.persona
     return d or _went_ahead(run.finish(details=detail), ON_DELEGATION_ADMITTED, run, dict(detail))
@@ -617,12 +478,12 @@ def _tool_error(run: Run, step: ToolError) -> Decision:
 
 
 def _tick(run: Run, step: Tick) -> Decision:
-    d, _, warnings = _clock(run, settle=True)
+    d, _, warnings = clock_check(run, settle=True)
     return d or run.finish(warnings=tuple(warnings))
 
 
 def _session_end(run: Run, step: SessionEnd) -> Decision:
-    _clock(run, settle=True, check=False)  # the last interval settles; nothing left to stop
+    clock_check(run, settle=True, check=False)  # the last interval settles; nothing left to stop
     baseline = run.limits.baseline
     if baseline is not None and baseline.cost_min is not None:
         deviation = anomaly.cost_deviation(baseline, run.state, run.state.counters.get(SESSION_COST, 0.0), at_end=True)
@@ -794,9 +655,9 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
             run = Run(limits, state, step, now)
-            charges = _charges(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
+            charges = charges_for(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
     elif kind is Tick or kind is SessionEnd:
-        _, charges, _ = _clock(Run(limits, state, step, now), settle=True)
+        _, charges, _ = clock_check(Run(limits, state, step, now), settle=True)
     if delivered:
         return Decision(details={"halted": True, "halt_cause": state.halt_cause, "admitted_before_halt": True},
                         charges=charges, settles=bool(charges))
