@@ -60,9 +60,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from governor import degradation as _degradation
-from governor.policy import anomaly, fitting, peers
+from governor.policy import anomaly, peers
 from governor.policy.limits import COST, SENSITIVITY, SESSION_COST, TOKENS, Limits
-from governor.policy.tools import step_tools
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
     ON_ANOMALY,
@@ -100,22 +99,9 @@ from governor.policy.steps import (
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
 from governor.policy.run import Run
-from governor.policy.checks import (
-    budget_check,
-    charges_for,
-    clock_check,
-    cost_checks,
-    count_check,
-    persona_denied,
-    projected_session_cost,
-)
-from governor.policy.quiet import (
-    quiet_model_call,
-    quiet_settlement,
-    report_cost,
-    settle_within_reservation,
-    settlement,
-)
+from governor.policy.checks import charges_for, clock_check, count_check, persona_denied
+from governor.policy.quiet import quiet_model_call, quiet_settlement, settlement
+from governor.policy.model_steps import decide_model_call, decide_usage
 
 # the door: what outside code imports from here, wherever each piece now lives
 __all__ = [
@@ -130,59 +116,6 @@ __all__ = [
     "approval_id",
     "STEP_KINDS",
 ]
-
-
-def _model_call(run: Run, step: ModelCall) -> Decision:
-    limits, state = run.limits, run.state
-    run.release(step.approval_id)
-    allowed = step_tools(limits, step.persona)  # what the call may be offered (policy.tools)
-    if step.persona is not None and step.persona not in limits.personas:
-        if (d := persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
-            return d
-    if (d := count_check(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
-        return d
-    if (d := count_check(run, "max_iterations", state.iterations, limits.max_iterations)) is not None:
-        return d
-    d, _, clock_warnings = clock_check(run, settle=False)
-    if d is not None:
-        return d
-    tokens = step.expected_input_tokens + step.expected_output_tokens
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
-    meters = limits.meters.get(step.persona, limits.meters[None])
-    # an output limit that does not fit is lowered to what does (or projected at the floor)
-    fit = fitting.fit_output(limits, state.counters, meters, step, run.budget_open) \
-        if step.output_floor is not None else None
-    if fit is not None:
-        tokens, cost = fit.tokens, fit.cost
-    d, warnings = budget_check(run, meters, tokens, cost, None, step.model,
-                          fit.refusal_detail() if fit is not None and fit.below_floor else None)
-    if d is not None:
-        return d
-    if (limits.triggers or limits.baseline is not None) and (d := cost_checks(run, projected_session_cost(run, cost, None))) is not None:
-        return d
-    warnings.extend(clock_warnings)
-    decision = run.finish(charges_for(run, meters, tokens, cost, True), allowed, tuple(warnings))
-    return decision if fit is None else fitting.recorded(decision, fit, run.kind, step.persona)
-
-
-def _usage(run: Run, step: UsageReport) -> Decision:
-    limits = run.limits
-    cost = report_cost(limits, step)
-    # (a halted session is answered by decide() before any handler)
-    if step.final and (settled := settle_within_reservation(limits, step, cost)) is not None:
-        return settled  # nothing the admission did not check: settle only
-    meters = limits.meters.get(step.persona, limits.meters[None])
-    tokens = step.input_tokens + step.output_tokens
-    if step.final:
-        run.settles = True
-        run.charges = charges_for(run, meters, tokens, cost, False)
-    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
-    d, warnings = budget_check(run, meters, tokens, cost, reserved, step.model)
-    if d is not None:
-        return d
-    if (limits.triggers or limits.baseline is not None) and (d := cost_checks(run, projected_session_cost(run, cost, reserved))) is not None:
-        return d
-    return run.finish(warnings=tuple(warnings))
 
 
 def _step_level(limits: Limits, step: ToolCall) -> int | None:
@@ -495,8 +428,8 @@ def _nothing(run: Run, step: Step) -> Decision:
 
 
 _HANDLERS: dict[type, Callable[[Run, Any], Decision]] = {
-    ModelCall: _model_call,
-    UsageReport: _usage,
+    ModelCall: decide_model_call,
+    UsageReport: decide_usage,
     ToolCall: _tool_call,
     PersonaSpawn: _persona_spawn,
     PersonaExit: _persona_exit,

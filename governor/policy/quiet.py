@@ -27,7 +27,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
     Returns (decide(limits, s, step, now), advance(limits, s, step, decision, now)) for
     s = state.with_counters(counters), exactly; None when that call would fire or warn, or
     is not the usual one (a persona's, a released one, in a halted session, reserving
-    nothing): decide() answers those. The checks are _model_call's, in its order; each one
+    nothing): decide() answers those. The checks are decide_model_call's, in its order; each one
     that would record something gives None instead (the property tests hold the two equal)."""
     if state.halted or step.persona is not None or step.approval_id is not None:
         return None
