@@ -60,19 +60,15 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from governor import degradation as _degradation
-from governor.policy import anomaly, peers
-from governor.policy.limits import COST, SESSION_COST, TOKENS, Limits
+from governor.policy import anomaly
+from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
     ON_ANOMALY,
-    ON_DELEGATION_ADMITTED,
-    ON_DELEGATION_DENIED,
     ON_GOVERNOR_ERROR,
     ON_OVERSIGHT_TIMEOUT,
     ON_OVERSIGHT_TRIGGER,
     ON_SESSION_INTEGRITY,
-    ON_SUB_AGENT_ENDED,
-    ON_SUB_AGENT_SPAWNED,
     PERMIT,
     Action,
     ApprovalExpired,
@@ -96,10 +92,11 @@ from governor.policy.steps import (
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
 from governor.policy.run import Run
-from governor.policy.checks import charges_for, clock_check, persona_denied
+from governor.policy.checks import charges_for, clock_check
 from governor.policy.quiet import quiet_model_call, quiet_settlement, settlement
 from governor.policy.model_steps import decide_model_call, decide_usage
 from governor.policy.tool_steps import decide_tool_call, decide_tool_error, tool_data_classes
+from governor.policy.sub_agent_steps import decide_delegation, decide_persona_exit, decide_persona_spawn
 
 # the door: what outside code imports from here, wherever each piece now lives
 __all__ = [
@@ -114,85 +111,6 @@ __all__ = [
     "approval_id",
     "STEP_KINDS",
 ]
-
-
-def _persona_spawn(run: Run, step: PersonaSpawn) -> Decision:
-    limits, state = run.limits, run.state
-    run.release(step.approval_id)
-    persona = limits.personas.get(step.persona)
-    live = state.personas_live.get(step.persona, 0)
-    if persona is None:
-        decision = persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
-        return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {"persona": step.persona, "matched_rule": None,
-                                                                 **_instance(step, live + 1, None)})
-    if persona.max_parallel is not None and live + 1 > persona.max_parallel:
-        d = persona_denied(
-            run, step.persona, "max_parallel", matched_rule=persona.rule, observed=live, limit=persona.max_parallel
-        )
-        if d is not None:
-            return d
-    total = sum(state.personas_live.values())
-    if limits.max_concurrent is not None and total + 1 > limits.max_concurrent:
-        d = persona_denied(
-            run, step.persona, "max_concurrent", matched_rule=persona.rule, observed=total, limit=limits.max_concurrent
-        )
-        if d is not None:
-            return d
-    counters = state.counters
-    details = {
-        "persona": step.persona,
-        "matched_rule": persona.rule,
-        "draw_down": {  # the parent's aggregate use the persona starts from (§4.1.5)
-            TOKENS: counters.get(("per_session", None, TOKENS), 0.0),
-            COST: counters.get(SESSION_COST, 0.0),
-        },
-    }
-    decision = run.finish(allowed_tools=persona.tools, details=details)
-    return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {**details, **_instance(step, live + 1, persona.max_parallel)})
-
-
-def _delegation(run: Run, step: Delegation) -> Decision:
-    limits = run.limits
-    run.release(step.approval_id)
-    reason, detail = peers.admit_peer(limits.delegation, limits.own_scopes, limits.own_budget, step)
-    if reason is not None:
-        detail["reason"] = reason
-        if (d := run.fire(ON_DELEGATION_DENIED, detail, limits.enforce_hard)) is not None:
-            return d
-        return run.finish()
-    d, _, _ = clock_check(run, settle=False)
-    if step.persona is not None:
-        detail["persona"] = step.persona
-    return d or _went_ahead(run.finish(details=detail), ON_DELEGATION_ADMITTED, run, dict(detail))
-
-
-def _instance(step: PersonaSpawn | PersonaExit, live: int, max_parallel: int | None) -> dict[str, Any]:
-    detail: dict[str, Any] = {"live": live}
-    if step.instance is not None:
-        detail["instance"] = step.instance
-    if max_parallel is not None:
-        detail["max_parallel"] = max_parallel
-    return detail
-
-
-def _went_ahead(decision: Decision, cause: str, run: Run, detail: dict[str, Any]) -> Decision:
-    """§4.1.5 / §4.2.5: a spawn or delegation that goes ahead is recorded too, after any event
-    its checks recorded (an observed or continued denial), as `continue` overriding nothing."""
-    if decision.blocks:
-        return decision
-    detail.update(decision="permit", step=run.kind)
-    return replace(decision, event=enforcement_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
-
-
-def _persona_exit(run: Run, step: PersonaExit) -> Decision:
-    """The instance's slot is freed by advance(); the end is recorded beside its spawn."""
-    remaining = max(0, run.state.personas_live.get(step.persona, 0) - 1)
-    detail = {"persona": step.persona, **_instance(step, remaining, None), "step": run.kind}
-    if step.reason is not None:
-        detail["reason"] = step.reason
-    if step.lived_sec is not None:
-        detail["lived_sec"] = round(step.lived_sec, 3)
-    return Decision(event=enforcement_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
 
 
 def _tick(run: Run, step: Tick) -> Decision:
@@ -322,10 +240,10 @@ _HANDLERS: dict[type, Callable[[Run, Any], Decision]] = {
     ModelCall: decide_model_call,
     UsageReport: decide_usage,
     ToolCall: decide_tool_call,
-    PersonaSpawn: _persona_spawn,
-    PersonaExit: _persona_exit,
+    PersonaSpawn: decide_persona_spawn,
+    PersonaExit: decide_persona_exit,
     StepDone: _nothing,
-    Delegation: _delegation,
+    Delegation: decide_delegation,
     ToolError: decide_tool_error,
     Tick: _tick,
     SessionEnd: _session_end,
