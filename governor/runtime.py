@@ -73,7 +73,7 @@ from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, 
 from governor.runtime_api import Admission, governor_object
 from governor.runtime_edit import EditRefused, editable, edited_step
 from governor.runtime_sessions import SessionEvidence
-from governor.sessions import HOW_TO_OPEN
+from governor.runtime_refusals import ended_refusal, unrecorded_failure
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
@@ -310,7 +310,7 @@ class Runtime(SessionEvidence):
             live = self._sessions.get(session) or await self._session(session)
         except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
             log.exception("session %s could not be opened", session)
-            decision = _unrecorded_failure(step, exc)
+            decision = unrecorded_failure(step, exc)
             return self._admission(session, decision, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         if admitted is not None:
@@ -326,7 +326,7 @@ class Runtime(SessionEvidence):
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
         live = self._sessions.get(session)
         if live is None or not isinstance(ticket, Ticket):
-            return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
+            return unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
         started = time.perf_counter()
         decision = self._settle_at_once(live, ticket, report)
         if decision is None:
@@ -459,7 +459,7 @@ class Runtime(SessionEvidence):
         if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
             live.last_activity = now
         if live.ended:
-            return _ended(live), None
+            return ended_refusal(live), None
         state = live.state
         reservation: str | None = None
         try:
@@ -480,7 +480,7 @@ class Runtime(SessionEvidence):
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:
                 await self._store(self._release_quietly, reservation)
-            return _unrecorded_failure(step, exc), None
+            return unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
         if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
@@ -589,7 +589,7 @@ class Runtime(SessionEvidence):
             live = self._sessions.get(session)
             pending = live.pending.get(approval_id) if live is not None else None
             if live is None or pending is None:
-                decision = _unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
+                decision = unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
                 return self._admission(session, decision, None)
             timeout = max(0.0, pending.expires_at - self.clock())
             try:
@@ -758,7 +758,7 @@ class Runtime(SessionEvidence):
             live.ended = True
             self._restate(live)
             for approval_id in list(live.pending):  # a held step never runs after its session ended
-                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None), "session_ended")
+                self._answer(live, approval_id, False, self._admission(live.id, ended_refusal(live), None), "session_ended")
             record = self._signed(live, None, kind="final")
             await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
             live.final_record = record
@@ -952,19 +952,6 @@ def _caps_by_key(limits: Limits) -> dict[tuple, float]:
                 if meter.cap is not None:
                     caps[meter.key] = meter.cap
     return caps
-
-
-def _ended(live: _Session) -> Decision:
-    return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
-                    details={"reason": "the session has ended; " + HOW_TO_OPEN,
-                             "halt_cause": live.state.halt_cause})
-
-
-def _unrecorded_failure(step: Step, exc: BaseException) -> Decision:
-    """Fail closed when not even the journal can be trusted: refuse, say why."""
-    return Decision(action=Action.HALT, cause=ON_GOVERNOR_ERROR, fail_closed=True,
-                    details={"reason": f"governor could not decide or record this step: {type(exc).__name__}: {exc}"[:500],
-                             "step": type(step).__name__})
 
 
 __all__ = ["Runtime", "Ticket"]
