@@ -15,6 +15,11 @@ Steps of one session are decided one at a time (an asyncio lock per session); th
 upstream work they admit runs concurrently. Anything that goes wrong in 1-5 fails
 closed: the step is refused with cause on_governor_error and, when the journal is
 still writable, that is recorded too.
+
+Split to stay short: Runtime mixes in runtime_approvals (held steps, reviews),
+runtime_records (session ends, signed records), runtime_views (control-plane views, the
+sweeper) and runtime_sessions (locks, lifts, the audit journal); runtime_refusals holds
+the refusals it makes itself. The per-step path (admit, usage, finish) stays here.
 """
 
 from __future__ import annotations
@@ -29,14 +34,7 @@ from typing import Any, Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.evidence import (
-    Journal,
-    SessionHeader,
-    journal_path,
-    record_path,
-    sign_record,
-    write_record,
-)
+from governor.evidence import Journal, SessionHeader, journal_path, record_path
 from governor import stream_budget
 from governor.metrics import Metrics
 from governor.notify import events as notify
@@ -67,6 +65,7 @@ from governor.runtime_api import Admission, governor_object
 from governor.runtime_approvals import HeldStep, RuntimeApprovals
 from governor.runtime_sessions import SessionEvidence
 from governor.runtime_views import GAUGE_BATCH, SWEEP_SLICE, RuntimeViews, caps_by_key
+from governor.runtime_records import RuntimeRecords
 from governor.runtime_refusals import ended_refusal, unrecorded_failure
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
@@ -110,7 +109,7 @@ class _Session:
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
 
 
-class Runtime(RuntimeApprovals, RuntimeViews, SessionEvidence):
+class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
     """One governor's sessions against one pinned passport."""
 
     def __init__(
@@ -573,63 +572,8 @@ class Runtime(RuntimeApprovals, RuntimeViews, SessionEvidence):
         live = self._sessions.get(session)
         return step_tools(live.limits if live is not None else self.limits, persona)
 
-    # --- session end, records ----------------------------------------------------------
-
-    def _outcome(self, live: _Session) -> str:
-        if live.state.halted:
-            return "halted"
-        if live.pending:
-            return "paused"
-        return "completed"
-
-    async def end_session(self, session: str) -> dict[str, Any]:
-        if session not in self._sessions and not journal_path(self.data_dir, session).exists():
-            raise KeyError(session)
-        live = await self._session(session)
-        if not live.ended:  # each persona instance's end is recorded beside its spawn
-            await self.personas.end_all(session, "session_end")
-        async with live.lock:
-            if live.ended:
-                return live.final_record or self._signed(live, None)
-            await self._apply(live, SessionEnd(), None)
-            outcome = self._outcome(live)
-            now = self.clock()
-            await asyncio.to_thread(live.journal.end, outcome, now)
-            live.ended = True
-            self._restate(live)
-            for approval_id in list(live.pending):  # a held step never runs after its session ended
-                self._answer(live, approval_id, False, self._admission(live.id, ended_refusal(live), None), "session_ended")
-            record = self._signed(live, None, kind="final")
-            await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
-            live.final_record = record
-        self._session_ended(session, live.state.halt_cause if live.state.halted else None)
-        self.metrics.forget_session(session)
-        self.personas.forget(session)
-        if session == self._default_session:
-            self._default_session = self._new_default_session()
-        return record
-
-    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
-        live = self._sessions.get(session)
-        if live is None:
-            raise KeyError(session)
-        return self._signed(live, nonce)
-
-    def _signed(self, live: _Session, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
-        now = self.clock()
-        if nonce is None and self.session_book is not None:
-            nonce = self.session_book.nonce(live.id)  # the counterparty nonce the session was opened with (§8.5)
-        ending = live.journal.ending
-        if ending is not None:
-            outcome, end = ending.outcome, ending.at
-        else:
-            # a record of a running session: its outcome so far (the format has no "running")
-            outcome, end = self._outcome(live), now
-        record = sign_record(live.journal.record.build(outcome=outcome, end=end, iat=now, nonce=nonce), self.key)
-        self.metrics.record_signed(kind, nonce=nonce is not None)
-        return record
-
-    # views (control plane) and the sweeper: governor.runtime_views
+    # session ends and records: governor.runtime_records; views (control plane) and the
+    # sweeper: governor.runtime_views
 
 
 __all__ = ["Runtime", "Ticket", "GAUGE_BATCH", "SWEEP_SLICE"]
