@@ -123,7 +123,7 @@ time.sleep(3)
 record("again", run)
 record("once_more", run)
 """
-    reviewer = Reviewer(world, "pending", 2)
+    reviewer = Reviewer(world, "pending", 3.5)  # after the first try gave up (2.1 s), before the next (5.1 s)
     out = await _with_reviewers(world, code, reviewer)
     first = out["first"]
     assert first["raised"] == "RateLimitError" and first["status"] == 429, first
@@ -147,7 +147,7 @@ record("first", run)
 time.sleep(2)
 record("again", run)
 """
-    reviewer = Reviewer(world, "rejected", 2.5, "reject")
+    reviewer = Reviewer(world, "rejected", 3.0, "reject")  # between the first try (2.1 s) and the next (4.1 s)
     out = await _with_reviewers(world, code, reviewer)
     assert out["first"]["status"] == 429, out
     again = out["again"]

@@ -1,0 +1,105 @@
+"""A request's steps admitted, where one may be held for a reviewer at the request itself
+(§5: an MCP `tools/call` of a tool that requires confirmation, an oversight trigger on a
+model call; docs/oversight.md).
+
+Nothing has gone upstream while such a step waits. Its review runs in a Hold
+(governor.proxy.holds, unshared) apart from any connection; its outcome is the request's
+admissions (`Admitted`), which exactly one identical request takes and goes upstream with:
+the one still waiting when the review ends, or the client's retry afterwards. The retries
+meanwhile attach to the hold: no second step, no second approval, no upstream call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from governor.policy.steps import Action, Step
+from governor.proxy import holds
+from governor.runtime_api import Admission
+
+if TYPE_CHECKING:
+    from governor.adapters.base import Adapter, Exchange
+    from mitmproxy import http
+
+
+@dataclass
+class Admitted:
+    """A request's admissions, in order (a persona activity first, then its steps: `steps[i]`
+    is `admissions[first + i]`); `refused` the one that refused it (every ticket released)."""
+
+    admissions: list[Admission] = field(default_factory=list)
+    first: int = 0
+    refused: Admission | None = None
+
+
+def paused(admission: Admission) -> bool:
+    decision = admission.decision
+    return decision.action is Action.PAUSE and decision.enforced and decision.approval is not None
+
+
+async def admit(gov: Any, session: str, steps: Sequence[Step], start: int, admitted: Admitted,
+                *, inline: bool) -> Admission | None:
+    """Admit `steps` from `start` into `admitted`. A refusal releases every ticket and is
+    `admitted.refused`. A pause is reviewed right here when `inline`; otherwise the paused
+    admission is returned (not in `admitted`) for the caller to hold."""
+    for index in range(start, len(steps)):
+        step = steps[index]
+        admission = await gov.runtime.admit(session, step)
+        if paused(admission):
+            if not inline:
+                return admission
+            admission = await gov._reviewed(session, step, admission)
+        admitted.admissions.append(admission)
+        if admission.decision.blocks:
+            await release(gov, session, admitted, "refused")
+            admitted.refused = admission
+            return None
+    return None
+
+
+async def release(gov: Any, session: str, admitted: Admitted, error: str) -> None:
+    for admission in admitted.admissions:
+        await gov._release(session, admission.ticket, error=error)
+
+
+def hold(gov: Any, flow: "http.HTTPFlow", exchange: "Exchange", content: bytes, steps: Sequence[Step],
+         admitted: Admitted, admission: Admission) -> holds.Hold:
+    """Hold the request's step `steps[len(admitted.admissions) - admitted.first]` (paused:
+    `admission`) for its reviewer; the hold's outcome is the request's `Admitted`, the
+    remaining steps admitted after the approval (a further pause reviewed there)."""
+    session = exchange.session
+    index = len(admitted.admissions) - admitted.first
+
+    async def review() -> Admitted:
+        answered = await gov._reviewed(session, steps[index], admission)
+        admitted.admissions.append(answered)
+        if answered.decision.blocks:
+            await release(gov, session, admitted, "refused")
+            admitted.refused = answered
+            return admitted
+        await admit(gov, session, steps, index + 1, admitted, inline=True)
+        return admitted
+
+    def forget(outcome: Admitted) -> None:  # approved, and nobody came back for it
+        if outcome.refused is None:
+            gov._spawn(release(gov, session, outcome, "the approved request never came back"))
+
+    request = flow.request
+    key = holds.request_key(session, exchange.persona, request.method, request.host, request.port, request.path,
+                            holds.identity(exchange, content))
+    approval = admission.decision.approval
+    assert approval is not None
+    return gov.holds.start(key, session, approval.id, admission.governor_object.get("expires_at"), review(),
+                           shared=False, forget=forget)
+
+
+async def attend(gov: Any, flow: "http.HTTPFlow", held: holds.Hold, adapter: "Adapter",
+                 exchange: "Exchange") -> tuple[str, Admitted | None]:
+    """Wait at a step held at the request (governor.proxy.holds.Holds.attend), answering
+    429 review_pending (a JSON-RPC error for MCP) past this connection's hold time."""
+    session = exchange.session
+    verdict, outcome = await gov.holds.attend(
+        flow, held, lambda h, retry_after: holds.pending_response(adapter, exchange, session, h, retry_after),
+        holds.DEFAULT_CLIENT_TIMEOUT.get(adapter.name))
+    return verdict, outcome
