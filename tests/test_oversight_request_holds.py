@@ -244,3 +244,74 @@ record("once_more", run)
     assert out["once_more"]["status"] == 429, out
     assert out["once_more"]["body"]["governor"]["approval_id"] != reviewer.answered[0]
     assert world.calls("rejected") == 0
+
+
+# --- the pure part: who takes a step held at the request -----------------------------------------
+
+
+async def _outcome(future):
+    return await future
+
+
+def _flow(connected: bool = True):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request=SimpleNamespace(headers={}), client_conn=SimpleNamespace(connected=connected),
+                           response=None)
+
+
+async def test_the_newest_waiting_connection_takes_the_step_and_one_that_left_takes_nothing():
+    from governor.proxy import holds
+
+    book = holds.Holds(hold_sec=5.0, retry_after=1.0)
+    forgotten = []
+    review = asyncio.get_running_loop().create_future()
+    held = book.start(b"k", "s", "apr_1", None, _outcome(review), shared=False, forget=forgotten.append)
+    old, new, gone = _flow(), _flow(), _flow()
+    waits = [asyncio.create_task(book.attend(f, held, lambda h, r: "pending")) for f in (old, new, gone)]
+    await asyncio.sleep(0.05)
+    gone.client_conn.connected = False  # the newest left: the newest still there takes it
+    review.set_result("outcome")
+    results = await asyncio.gather(*waits)
+    assert results == [("gone", None), ("take", "outcome"), ("pending", None)]
+    assert book.find("s", lambda: b"k") is None and book.counted["answered"] == 1
+    assert forgotten == []  # taken: nothing to release
+
+    # nobody left to take it: kept for the next identical request; once
+    review = asyncio.get_running_loop().create_future()
+    held = book.start(b"k", "s", "apr_2", None, _outcome(review), shared=False, forget=forgotten.append)
+    left = _flow()
+    wait = asyncio.create_task(book.attend(left, held, lambda h, r: "pending"))
+    await asyncio.sleep(0.05)
+    left.client_conn.connected = False
+    review.set_result("kept")
+    assert await wait == ("pending", None)
+    again = book.find("s", lambda: b"k")
+    assert again is held and await book.attend(_flow(), again, lambda h, r: "pending") == ("take", "kept")
+    assert book.find("s", lambda: b"k") is None
+
+    # an outcome nobody came back for is forgotten (its reservations released) when swept
+    review = asyncio.get_running_loop().create_future()
+    held = book.start(b"k", "s", "apr_3", None, _outcome(review), shared=False, forget=forgotten.append)
+    review.set_result("unclaimed")
+    await asyncio.wait({held.task})
+    await asyncio.sleep(0)
+    held.done_at -= holds.KEEP_ANSWER_SEC + 1
+    assert book.find("s", lambda: b"k") is None and forgotten == ["unclaimed"]
+
+
+async def test_a_jsonrpc_call_is_named_without_its_id_and_anything_else_counts():
+    from types import SimpleNamespace
+
+    from governor.proxy import holds
+
+    def named(body):
+        exchange = SimpleNamespace(body=body, state={"rpc_id": body.get("id")})
+        return holds.identity(exchange, json.dumps(body).encode())
+
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t", "arguments": {"p": "a"}}}
+    assert named(call) == named({**call, "id": 2}) == named({**call, "id": "x"})
+    assert named(call) != named({**call, "params": {"name": "t", "arguments": {"p": "b"}}})
+    assert named(call) != named({**call, "method": "tools/list"})
+    plain = SimpleNamespace(body={"id": 1}, state={})  # not JSON-RPC: the bytes as sent
+    assert holds.identity(plain, b'{"id": 1}') == b'{"id": 1}'

@@ -273,11 +273,13 @@ class Holds:
             return "pending", None
         if hold.done_at is None:  # done, its callback not run yet
             self._answered(hold)
-        if hold.taken or (hold.taker is not None and hold.taker is not flow):
-            return "gone", None
-        if not flow.client_conn.connected:  # a client that left takes nothing: the next identical request will
+        if not flow.client_conn.connected:  # a client that left takes nothing and starts nothing
+            if hold.taker is flow:  # the next identical request takes it instead
+                hold.taker = None
             flow.response = pending(hold, self.retry_after)
             return "pending", None
+        if hold.taken or (hold.taker is not None and hold.taker is not flow):
+            return "gone", None
         hold.taken = True
         self._drop(hold)
         self._count(ANSWERED)
