@@ -315,3 +315,28 @@ async def test_a_jsonrpc_call_is_named_without_its_id_and_anything_else_counts()
     assert named(call) != named({**call, "method": "tools/list"})
     plain = SimpleNamespace(body={"id": 1}, state={})  # not JSON-RPC: the bytes as sent
     assert holds.identity(plain, b'{"id": 1}') == b'{"id": 1}'
+
+
+async def test_an_approved_call_taken_after_its_session_halted_is_refused_and_the_tool_never_runs(mcp_world):
+    server, world, governor = mcp_world
+    reviewer = Reviewer(world, "notes-1", 1.5).start()  # approved after the first try gave up (1 s)
+    try:
+        async with mcp_session(server.url, governor.proxy_url) as session:
+            with pytest.raises(McpError) as pending:
+                await session.call_tool("delete_note", {"path": "/notes/late.md"})
+            assert pending.value.error.data["governor"]["cause"] == "review_pending"
+            for _ in range(100):  # bounded wait for the approval
+                if reviewer.answered:
+                    break
+                await asyncio.sleep(0.1)
+            assert reviewer.answered
+            with pytest.raises(McpError) as halting:  # an undeclared tool halts the session
+                await session.call_tool("shell", {"cmd": "id"})
+            assert halting.value.error.data["governor"]["action"] == "halt"
+            with pytest.raises(McpError) as refused:
+                await session.call_tool("delete_note", {"path": "/notes/late.md"})
+    finally:
+        await reviewer.stop()
+    gov = refused.value.error.data["governor"]
+    assert gov["action"] == "halt" and gov["approval_id"] == reviewer.answered[0], gov
+    assert not any(name == "delete_note" for name, _ in server.calls)

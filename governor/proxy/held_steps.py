@@ -14,13 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from mitmproxy import http
+
 from governor.policy.steps import Action, Step
 from governor.proxy import holds
 from governor.runtime_api import Admission
+from governor.sessions import halted_reason
 
 if TYPE_CHECKING:
     from governor.adapters.base import Adapter, Exchange
-    from mitmproxy import http
 
 
 @dataclass
@@ -97,9 +99,21 @@ def hold(gov: Any, flow: "http.HTTPFlow", exchange: "Exchange", content: bytes, 
 async def attend(gov: Any, flow: "http.HTTPFlow", held: holds.Hold, adapter: "Adapter",
                  exchange: "Exchange") -> tuple[str, Admitted | None]:
     """Wait at a step held at the request (governor.proxy.holds.Holds.attend), answering
-    429 review_pending (a JSON-RPC error for MCP) past this connection's hold time."""
+    429 review_pending (a JSON-RPC error for MCP) past this connection's hold time; an
+    approved step taken once its session halted is refused. "pending": answered here."""
     session = exchange.session
     verdict, outcome = await gov.holds.attend(
         flow, held, lambda h, retry_after: holds.pending_response(adapter, exchange, session, h, retry_after),
         holds.DEFAULT_CLIENT_TIMEOUT.get(adapter.name))
+    if verdict == "take" and outcome is not None and outcome.refused is None:
+        # approved, maybe minutes ago: a session halted (or ended) since sends nothing upstream
+        halted = getattr(gov.runtime, "halted", None)
+        cause = halted(session) if halted is not None else None
+        if cause is not None:
+            await release(gov, session, outcome, "session halted")
+            gov_object = {"cause": cause, "action": "halt", "reason": halted_reason(cause), "session": session,
+                          "approval_id": held.approval_id}
+            reply = adapter.error_response(403, f"governor: session halted ({cause})", gov_object, exchange)
+            flow.response = http.Response.make(reply.status, reply.body, {**reply.headers, holds.ACTION_HEADER: "halt"})
+            return "pending", None  # answered here
     return verdict, outcome
