@@ -494,43 +494,13 @@ class Governor:
         held = self.holds.by_key and self.holds.find(session, lambda: holds.request_key(
             session, exchange.persona, request.method, request.host, request.port, request.path,
             holds.identity(exchange, view.content)))
-        taken: held_steps.Admitted | None = None
         if held and held.shared and await self._serve_held(flow, held, adapter, exchange):
             return  # a retry of a request whose answer awaits (or awaited) a reviewer: no new step
-        if held and not held.shared:  # a retry of a request held at one of its steps
-            verdict, taken = await held_steps.attend(self, flow, held, adapter, exchange)
-            if verdict == "pending":
-                return
-            if verdict == "take" and taken is None:
-                self._fail_closed(flow, session, "the review could not be completed")
-                return
-        steps = await adapter.steps(exchange)
-        if taken is None:  # a new step (the reviewed one's retry skips admission: counted once)
-            taken = held_steps.Admitted(admitted)  # the same list: released if governing fails half-way
-            if activity is not None:  # the persona instance first: its first request spawns it
-                taken.admissions.append(await self._admit(session, activity))  # type: ignore[arg-type]
-                if taken.admissions[0].decision.blocks:
-                    await held_steps.release(self, session, taken, "refused")
-                    taken.refused = taken.admissions[0]
-            taken.first = len(taken.admissions)
-            if taken.refused is None:
-                paused = await held_steps.admit(self, session, steps, 0, taken, inline=False)
-                if paused is not None:  # held for a reviewer, apart from this connection
-                    taken.admissions = list(admitted)  # the hold's now (released when nobody takes them)
-                    admitted.clear()
-                    held = held_steps.hold(self, flow, exchange, view.content, steps, taken, paused)
-                    verdict, taken = await held_steps.attend(self, flow, held, adapter, exchange)
-                    if verdict != "take" or taken is None:
-                        if verdict == "take":
-                            self._fail_closed(flow, session, "the review could not be completed")
-                        return
-                    admitted.extend(taken.admissions)  # ours now: released if governing fails from here
-        else:
-            admitted.extend(taken.admissions)
-        if taken.refused is not None:
-            admitted.clear()
-            self._refuse(flow, adapter, taken.refused, session, exchange)
-            return
+        admitted_steps = await held_steps.admit_request(self, flow, adapter, exchange, activity, admitted, view.content,
+                                                        held if held and not held.shared else None)
+        if admitted_steps is None:
+            return  # answered: refused, or held for a reviewer past this connection's patience
+        steps, taken = admitted_steps
         admissions = taken.admissions
         first = taken.first
         usage_ticket = None

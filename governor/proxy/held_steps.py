@@ -117,3 +117,50 @@ async def attend(gov: Any, flow: "http.HTTPFlow", held: holds.Hold, adapter: "Ad
             flow.response = http.Response.make(reply.status, reply.body, {**reply.headers, holds.ACTION_HEADER: "halt"})
             return "pending", None  # answered here
     return verdict, outcome
+
+
+async def admit_request(gov: Any, flow: "http.HTTPFlow", adapter: "Adapter", exchange: "Exchange", activity: Any,
+                        admitted: list[Admission], content: bytes,
+                        held: holds.Hold | None) -> tuple[list[Step], Admitted] | None:
+    """A request's steps and their admissions, or None when `flow` was answered here (a
+    refusal, review_pending, a failed review). `held`: the unshared hold of the identical
+    request, which this one attends (taking it, it skips admission: counted once).
+    `admitted` is the caller's list of what to release if governing fails half-way."""
+    session = exchange.session
+    taken: Admitted | None = None
+    if held is not None:  # a retry of a request held at one of its steps
+        verdict, taken = await attend(gov, flow, held, adapter, exchange)
+        if verdict == "pending":
+            return None
+        if verdict == "take" and taken is None:
+            gov._fail_closed(flow, session, "the review could not be completed")
+            return None
+    if taken is None:  # a new step
+        taken = Admitted(admitted)  # the same list: released if governing fails half-way
+        if activity is not None:  # the persona instance first: its first request spawns it
+            taken.admissions.append(await gov._admit(session, activity))
+            if taken.admissions[0].decision.blocks:
+                await release(gov, session, taken, "refused")
+                taken.refused = taken.admissions[0]
+        taken.first = len(taken.admissions)
+        steps = await adapter.steps(exchange) if taken.refused is None else []
+        if taken.refused is None:
+            paused_at = await admit(gov, session, steps, 0, taken, inline=False)
+            if paused_at is not None:  # held for a reviewer, apart from this connection
+                taken.admissions = list(admitted)  # the hold's now (released when nobody takes them)
+                admitted.clear()
+                new_hold = hold(gov, flow, exchange, content, steps, taken, paused_at)
+                verdict, taken = await attend(gov, flow, new_hold, adapter, exchange)
+                if verdict != "take" or taken is None:
+                    if verdict == "take":
+                        gov._fail_closed(flow, session, "the review could not be completed")
+                    return None
+                admitted.extend(taken.admissions)  # ours now: released if governing fails from here
+    else:
+        admitted.extend(taken.admissions)  # ours now: released if governing fails from here
+        steps = await adapter.steps(exchange)  # this exchange's state, as the held one's
+    if taken.refused is not None:
+        admitted.clear()
+        gov._refuse(flow, adapter, taken.refused, session, exchange)
+        return None
+    return steps, taken
