@@ -319,7 +319,7 @@ async def test_a_jsonrpc_call_is_named_without_its_id_and_anything_else_counts()
 
 async def test_an_approved_call_taken_after_its_session_halted_is_refused_and_the_tool_never_runs(mcp_world):
     server, world, governor = mcp_world
-    reviewer = Reviewer(world, "notes-1", 1.5).start()  # approved after the first try gave up (1 s)
+    reviewer = Reviewer(world, "notes-1", 2.5).start()  # approved after the first try gave up (1 s)
     try:
         async with mcp_session(server.url, governor.proxy_url) as session:
             with pytest.raises(McpError) as pending:
