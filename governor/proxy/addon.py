@@ -641,6 +641,12 @@ class Governor:
         log.info("governor: refused %s %s in session %s: %s", flow.request.method, flow.request.pretty_url,
                  session, message)
 
+    def _replace_blocked(self, flow: http.HTTPFlow, exchange: Exchange, admission: Admission) -> None:
+        """The answer of an exchange whose step the admission blocks: its refusal."""
+        decision, session = admission.decision, exchange.session
+        self._replace(flow, exchange.adapter, decision, session,
+                      admission.governor_object or governor_object(decision, session), exchange)
+
     def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
                  gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
         gov = gov or governor_object(decision, session)
@@ -761,9 +767,7 @@ class Governor:
                 admission = await self._reviewed(session, step, admission)
             await self._release(session, admission.ticket)
             if admission.decision.blocks:
-                decision = admission.decision
-                gov = admission.governor_object or governor_object(decision, session)
-                self._replace(flow, exchange.adapter, decision, session, gov, exchange)
+                self._replace_blocked(flow, exchange, admission)
                 return
         if observation.replace_body is not None and flow.response is not None:
             flow.response.content = observation.replace_body
@@ -786,9 +790,7 @@ class Governor:
             answered = await self._reviewed(session, step, admission)
             await self._release(session, answered.ticket)
             if answered.decision.blocks:
-                decision = answered.decision
-                gov = answered.governor_object or governor_object(decision, session)
-                self._replace(shadow, exchange.adapter, decision, session, gov, exchange)
+                self._replace_blocked(shadow, exchange, answered)
             else:
                 await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
             assert shadow.response is not None
