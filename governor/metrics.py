@@ -49,6 +49,7 @@ DECISION_BUCKETS = (
 # Human review: from seconds to the longest response_time a passport declares (hours).
 APPROVAL_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
 APPROVAL_OUTCOMES = ("approved", "rejected", "expired", "session_ended")
+REVIEW_HOLD_OUTCOMES = ("attached", "refused_pending", "answered")  # governor.proxy.holds
 SESSION_STATES = ("active", "paused", "halted", "ended")
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -224,6 +225,12 @@ class Metrics:
         for outcome in APPROVAL_OUTCOMES:  # every outcome exported from the start, at 0
             self.approvals.labels(outcome)
             self.approval_wait.labels(outcome)
+        self.review_holds = Counter(
+            "governor_review_holds", "Requests at a step held for review (issue #21), by outcome: attached (an "
+            "identical request joined the held step), refused_pending (told review_pending, with Retry-After), "
+            "answered (given the review's outcome)", ["outcome"], registry=r)
+        for outcome in REVIEW_HOLD_OUTCOMES:
+            self.review_holds.labels(outcome)
         self.sessions = Gauge(
             "governor_sessions", "Sessions this process holds, by state (ended: since it started); kept on "
             "transitions", ["state"], registry=r)
@@ -367,6 +374,12 @@ class Metrics:
             raise ValueError(f"unknown approval outcome {outcome!r}")
         self.approvals.labels(outcome).inc()
         self.approval_wait.labels(outcome).observe(max(0.0, waited))
+
+    def review_hold(self, outcome: str) -> None:
+        """A request at a held step: outcome in REVIEW_HOLD_OUTCOMES (governor.proxy.holds)."""
+        if outcome not in REVIEW_HOLD_OUTCOMES:
+            raise ValueError(f"unknown review hold outcome {outcome!r}")
+        self.review_holds.labels(outcome).inc()
 
     def session_moved(self, before: str | None, after: str) -> None:
         """A session entered state `after` (from `before`, None when it just opened)."""

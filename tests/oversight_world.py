@@ -9,7 +9,7 @@ import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 import orjson
@@ -69,6 +69,7 @@ class Reviewer:
     seen: set[str] = field(default_factory=set)
     answered: list[str] = field(default_factory=list)
     task: asyncio.Task | None = None
+    gate: Callable[[], bool] | None = None  # answers only once this says so too (a client's cue)
 
     def start(self) -> "Reviewer":
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -86,7 +87,8 @@ class Reviewer:
             loop = asyncio.get_running_loop()
             if pending and first_seen is None:
                 first_seen = loop.time()
-            if pending and first_seen is not None and loop.time() - first_seen >= self.after and not self.answered:
+            if (pending and first_seen is not None and loop.time() - first_seen >= self.after and not self.answered
+                    and (self.gate is None or self.gate())):
                 approval = pending[0]["id"]
                 resp = await self.world.control.post(
                     f"/v1/approvals/{approval}", json={"decision": self.decision, "reviewer": "lead"},

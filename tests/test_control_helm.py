@@ -135,6 +135,8 @@ def test_helm_lint_strict_passes_on_every_value_set(helm_tool):
 def test_values_schema_refuses_what_the_chart_cannot_use(helm_tool):
     for bad in ({"governor.tier": "R9"}, {"governor.ports.control": 70000}, {"interception.ports": []},
                 {"governor.fitOutput": "maybe"}, {"governor.fitFloor": 0},
+                {"governor.reviewHoldSeconds": 0}, {"governor.reviewRetryAfter": -1},
+                {"governor.reviewHoldSeconds": "long"},
                 {"nosuchkey": 1}, {"serviceMonitor.interval": "often"}, {"webhooks.urls": ["ftp://x"]},
                 {"webhooks.secret.name": "x"}):
         done = helm_tool("lint", "--strict", str(CHART), *chart_tools.set_args(bad))
@@ -294,6 +296,27 @@ def test_the_output_fitting_settings_reach_governor_run(rendered, values):
     parsed.passport = None
     adapters = resolve(parsed, {}).adapters
     assert (adapters.fit_output, adapters.fit_floor) == (True, 256)
+
+
+def test_the_review_hold_settings_reach_governor_run(rendered, values):
+    """governor.reviewHoldSeconds and governor.reviewRetryAfter (docs/oversight.md) become
+    `governor run`'s --review-hold-seconds and --review-retry-after, defaults and set values."""
+    from governor.cli import build_parser
+    from governor.proxy.cli import resolve
+
+    def settings_of(docs):
+        ((_, pod),) = chart_tools.pod_specs(docs)
+        args = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")["args"]
+        parsed = build_parser().parse_args(args)
+        parsed.passport = None
+        return args, resolve(parsed, {})
+
+    args, settings = settings_of(rendered["defaults"])
+    assert args[args.index("--review-hold-seconds") + 1] == str(values["governor"]["reviewHoldSeconds"]) == "300"
+    assert args[args.index("--review-retry-after") + 1] == str(values["governor"]["reviewRetryAfter"]) == "10"
+    assert (settings.review_hold, settings.review_retry_after) == (300.0, 10.0)
+    _, settings = settings_of(chart_tools.render({"governor.reviewHoldSeconds": 45.5, "governor.reviewRetryAfter": 3}))
+    assert (settings.review_hold, settings.review_retry_after) == (45.5, 3.0)
 
 
 def test_the_control_service_names_are_hosts_the_control_plane_answers_to():

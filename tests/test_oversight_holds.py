@@ -111,19 +111,22 @@ runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=na
     assert len(world.mock.streams) == 1
 
 
-async def test_a_pending_review_is_a_429_naming_the_approval_and_its_answer_is_taken_once(world):
+async def test_a_pending_review_is_a_429_naming_the_approval_and_its_answer_is_taken_once(world, tmp_path):
     # no retries: the agent sees the 429 itself, comes back after the approval and gets the
     # answer without a model call; the identical request once more is a new step (model call,
-    # approval), held again
-    code = """
+    # approval), held again. The reviewer answers only after the client had its 429 (its cue:
+    # a file), however late a loaded machine lets that be.
+    cue = tmp_path / "first-done"
+    code = f"""
 client = openai.OpenAI(timeout=3, max_retries=0)
 run = chat(client, "pending")
 record("first", run)
+open({str(cue)!r}, "w").close()
 time.sleep(3)
 record("again", run)
 record("once_more", run)
 """
-    reviewer = Reviewer(world, "pending", 2)
+    reviewer = Reviewer(world, "pending", 2, gate=cue.exists)
     out = await _with_reviewers(world, code, reviewer)
     first = out["first"]
     assert first["raised"] == "RateLimitError" and first["status"] == 429, first
@@ -139,15 +142,17 @@ record("once_more", run)
     assert await _counted(world, "pending") == (2, 2, 2)
 
 
-async def test_a_rejection_reaches_the_client_as_a_clean_403_once_the_review_is_over(world):
-    code = """
+async def test_a_rejection_reaches_the_client_as_a_clean_403_once_the_review_is_over(world, tmp_path):
+    cue = tmp_path / "first-done"  # the reviewer rejects only after the client had its 429
+    code = f"""
 client = openai.OpenAI(timeout=3, max_retries=0)
 run = chat(client, "rejected")
 record("first", run)
+open({str(cue)!r}, "w").close()
 time.sleep(2)
 record("again", run)
 """
-    reviewer = Reviewer(world, "rejected", 2.5, "reject")
+    reviewer = Reviewer(world, "rejected", 2.5, "reject", gate=cue.exists)
     out = await _with_reviewers(world, code, reviewer)
     assert out["first"]["status"] == 429, out
     again = out["again"]

@@ -340,7 +340,10 @@ async def test_a_malformed_persona_header_is_refused_clearly_and_touches_nothing
     assert message in refused.json()["error"]["message"]
     assert world.llm.served == 0
     assert (await world.chat("bystander", "reviewer")).status_code == 200  # the proxy and others go on
-    assert (await world.control.get("/v1/sessions/hostile")).status_code == 404  # nothing was opened
+    # the refusal is its session's only event (governor.proxy.refusals): no persona instance
+    # was spawned, no step decided
+    record = (await world.control.get("/v1/sessions/hostile/record")).json()
+    assert [(e["cause"], e["detail"]["reason"]) for e in record["events"]] == [("on_request_refused", "bad_request")]
 
 
 async def test_control_characters_in_the_persona_header_are_refused(world):

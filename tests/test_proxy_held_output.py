@@ -66,11 +66,12 @@ async def test_an_upstream_flooding_while_a_tool_call_is_held_is_cut_at_the_boun
     await asyncio.wait_for(log.done.wait(), 10)
     assert log.disconnected and not log.completed and log.events_sent < FLOOD_EVENTS
 
-    # the cut is in the session's record (recorded by a task: wait for it, bounded)
-    for _ in range(100):
+    # the cut is in the session's record and counted (by a task: wait for both, bounded)
+    counted = 'governor_proxy_refusals_total{reason="held_output_exceeded",recorded="true"} 1.0'
+    for _ in range(400):
         record = running.runtime.record("flooded")
         refused = [e for e in record["events"] if e["cause"] == "on_request_refused"]
-        if refused:
+        if refused and counted in running.runtime.metrics.exposition().decode():
             break
         await asyncio.sleep(0.05)
     assert [(e["action"], e["detail"]["reason"]) for e in refused] == [("fallback", "held_output_exceeded")]
@@ -81,8 +82,7 @@ async def test_an_upstream_flooding_while_a_tool_call_is_held_is_cut_at_the_boun
     code = governor_cli(["verify", str(path), "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
     out = capsys.readouterr().out
     assert code == 0 and "VALID" in out, out
-    metrics = running.runtime.metrics.exposition().decode()
-    assert 'governor_proxy_refusals_total{reason="held_output_exceeded",recorded="true"} 1.0' in metrics
+    assert counted in running.runtime.metrics.exposition().decode()
 
 
 async def test_output_held_within_the_bound_is_delivered_once_the_call_is_approved(tmp_path):

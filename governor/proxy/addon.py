@@ -59,7 +59,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 from governor.personas import PersonaHeaderError, parse_persona
-from governor.proxy import bodies, holds, refusals, transit
+from governor.proxy import bodies, held_steps, holds, refusals, transit
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
@@ -289,7 +289,8 @@ class Governor:
         # it: every chunk is forwarded and checked after, as before)
         self._covers = getattr(runtime, "covers", None)
         self.presented = PresentedPassports()  # ADL-Passport headers, read off the event loop
-        self.holds = holds.Holds(policy.review_hold, policy.review_retry_after)  # answers held for a reviewer
+        self.holds = holds.Holds(policy.review_hold, policy.review_retry_after,  # steps held for a reviewer
+                                 on_count=metrics.review_hold if metrics is not None else None)
 
     def session_of(self, headers: Any) -> str:
         """ADL-Session names the session; without it: the configured default, else the
@@ -491,35 +492,24 @@ class Governor:
             await self._bad_request(flow, adapter, session, exc.message, status=exc.status)
             return
         held = self.holds.by_key and self.holds.find(session, lambda: holds.request_key(
-            session, exchange.persona, request.method, request.host, request.port, request.path, view.content))
-        if held and await self._serve_held(flow, held, adapter, exchange):
+            session, exchange.persona, request.method, request.host, request.port, request.path,
+            holds.identity(exchange, view.content)))
+        if held and held.shared and await self._serve_held(flow, held, adapter, exchange):
             return  # a retry of a request whose answer awaits (or awaited) a reviewer: no new step
-
-        admissions = admitted
-        if activity is not None:  # the persona instance first: its first request spawns it
-            admission = await self._admit(session, activity)  # type: ignore[arg-type]
-            admissions.append(admission)
-            if admission.decision.blocks:
-                await self._release(session, admission.ticket, error="refused")
-                admissions.clear()
-                self._refuse(flow, adapter, admission, session, exchange)
-                return
-        first = len(admissions)
+        admitted_steps = await held_steps.admit_request(self, flow, adapter, exchange, activity, admitted, view.content,
+                                                        held if held and not held.shared else None)
+        if admitted_steps is None:
+            return  # answered: refused, or held for a reviewer past this connection's patience
+        steps, taken = admitted_steps
+        admissions = taken.admissions
+        first = taken.first
         usage_ticket = None
         main: Decision | None = None
-        for step in await adapter.steps(exchange):
-            admission = await self._admit(session, step)
-            admissions.append(admission)
-            if admission.decision.blocks:
-                for held in admissions:
-                    await self._release(session, held.ticket, error="refused")
-                admissions.clear()
-                self._refuse(flow, adapter, admission, session, exchange)
-                return
+        for step, admission in zip(steps, admissions[first:]):
             if admission.edited_arguments is not None and not adapter.edit_request(exchange, admission.edited_arguments):
-                for held in admissions:  # never send upstream what the reviewer did not approve
-                    await self._release(session, held.ticket, error="refused")
-                admissions.clear()
+                for held_admission in admissions:  # never send upstream what the reviewer did not approve
+                    await self._release(session, held_admission.ticket, error="refused")
+                admitted.clear()
                 self._fail_closed(flow, session, f"the {adapter.name} request cannot carry the reviewer's edited arguments")
                 return
             if isinstance(step, ModelCall) and main is None:
@@ -651,6 +641,12 @@ class Governor:
         log.info("governor: refused %s %s in session %s: %s", flow.request.method, flow.request.pretty_url,
                  session, message)
 
+    def _replace_blocked(self, flow: http.HTTPFlow, exchange: Exchange, admission: Admission) -> None:
+        """The answer of an exchange whose step the admission blocks: its refusal."""
+        decision, session = admission.decision, exchange.session
+        self._replace(flow, exchange.adapter, decision, session,
+                      admission.governor_object or governor_object(decision, session), exchange)
+
     def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
                  gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
         gov = gov or governor_object(decision, session)
@@ -771,9 +767,7 @@ class Governor:
                 admission = await self._reviewed(session, step, admission)
             await self._release(session, admission.ticket)
             if admission.decision.blocks:
-                decision = admission.decision
-                gov = admission.governor_object or governor_object(decision, session)
-                self._replace(flow, exchange.adapter, decision, session, gov, exchange)
+                self._replace_blocked(flow, exchange, admission)
                 return
         if observation.replace_body is not None and flow.response is not None:
             flow.response.content = observation.replace_body
@@ -796,9 +790,7 @@ class Governor:
             answered = await self._reviewed(session, step, admission)
             await self._release(session, answered.ticket)
             if answered.decision.blocks:
-                decision = answered.decision
-                gov = answered.governor_object or governor_object(decision, session)
-                self._replace(shadow, exchange.adapter, decision, session, gov, exchange)
+                self._replace_blocked(shadow, exchange, answered)
             else:
                 await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
             assert shadow.response is not None

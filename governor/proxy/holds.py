@@ -24,6 +24,15 @@ client's read timeout (see `keep_alive`). The identical request meanwhile (its c
 on the stream) is answered 429 too; a stream cannot be replayed, so once the review is over
 the identical request is a new step.
 
+A step held at the *request* (an MCP `tools/call` of a tool that requires confirmation, an
+oversight trigger on a model call) is a Hold too (`shared=False`): its review runs apart
+from any connection, and its outcome (the request's admissions, see governor.proxy.held_steps)
+is taken by exactly one identical request, which then goes upstream: the newest connection
+still waiting when the review ends (an older one was most likely given up by its client),
+else the next identical request. Nothing went upstream before the review; the upstream is
+called once, after it. For JSON-RPC (MCP, A2A) the request's `id` is not part of what names
+it: an SDK retry is a new call with a new id.
+
 Cheap on the request path: a session with no hold costs one dict lookup; the request is
 hashed only in a session that has one.
 """
@@ -35,9 +44,11 @@ import hashlib
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import orjson
 from mitmproxy import http
 
 log = logging.getLogger("governor.proxy.holds")
@@ -52,6 +63,10 @@ KEEPALIVE = b": waiting for review\n\n"  # an SSE comment: ignored by every SSE 
 MAX_KEEPALIVE_SEC = 15.0
 PENDING_CAUSE = "review_pending"
 ACTION_HEADER = "ADL-Governor-Action"
+# the read timeout a client has when it does not say (the mcp SDK: MCP_DEFAULT_SSE_READ_TIMEOUT)
+DEFAULT_CLIENT_TIMEOUT = {"mcp": 300.0}
+# what the holds counted (governor_review_holds_total{outcome})
+ATTACHED, REFUSED_PENDING, ANSWERED = "attached", "refused_pending", "answered"
 
 
 def request_key(session: str, persona: str | None, method: str, host: str, port: int, path: str,
@@ -65,6 +80,15 @@ def request_key(session: str, persona: str | None, method: str, host: str, port:
         h.update(encoded)
     h.update(body)
     return h.digest()
+
+
+def identity(exchange: Any, content: bytes) -> bytes:
+    """The body bytes that name a request: as sent, but a JSON-RPC call without its `id`
+    (the mcp SDK's retry is a new call, with a new id, of the same step)."""
+    body = exchange.body
+    if "rpc_id" in exchange.state and isinstance(body, dict):
+        return orjson.dumps({k: v for k, v in body.items() if k != "id"})
+    return content
 
 
 def client_timeout(headers: Any) -> float | None:
@@ -81,10 +105,11 @@ def client_timeout(headers: Any) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def hold_time(headers: Any, configured: float) -> float:
+def hold_time(headers: Any, configured: float, default_timeout: float | None = None) -> float:
     """How long one connection is held before it is told the review is pending: the
-    configured hold, cut to end before the client's own read timeout fires."""
-    timeout = client_timeout(headers)
+    configured hold, cut to end before the client's own read timeout fires (the one it
+    states, else `default_timeout`, its SDK's default)."""
+    timeout = client_timeout(headers) or default_timeout
     if timeout is None:
         return configured
     return max(MIN_HOLD_SEC, min(configured, timeout - min(1.5, timeout * 0.3)))
@@ -108,8 +133,12 @@ class Hold:
     waiting: int = 0
     done_at: float | None = None
     taken: bool = False
-    answer: http.Response | None = None
+    answer: Any = None  # an http.Response to copy (shared), or the outcome one request takes
     replayable: bool = True  # False: the review's result is not an answer to give (a held stream's)
+    shared: bool = True  # False: a step held at the request, whose outcome one request takes
+    waiters: list[Any] = field(default_factory=list)  # flows attending an unshared hold, oldest first
+    taker: Any = None  # the flow chosen to take an unshared hold's outcome
+    forget: Callable[[Any], None] | None = None  # an outcome nobody took, when it is dropped
 
 
 @dataclass
@@ -120,6 +149,13 @@ class Holds:
     retry_after: float = DEFAULT_RETRY_AFTER_SEC
     by_key: dict[bytes, Hold] = field(default_factory=dict)
     per_session: dict[str, int] = field(default_factory=dict)
+    counted: Counter = field(default_factory=Counter)  # outcome -> count
+    on_count: Callable[[str], None] | None = None  # governor.metrics.Metrics.review_hold
+
+    def _count(self, outcome: str) -> None:
+        self.counted[outcome] += 1
+        if self.on_count is not None:
+            self.on_count(outcome)
 
     def find(self, session: str, key_of: Callable[[], bytes]) -> Hold | None:
         """The hold the identical request left in this session, if any (`key_of` hashes the
@@ -127,17 +163,25 @@ class Holds:
         if not self.per_session.get(session):
             return None
         self._sweep()
-        return self.by_key.get(key_of())
+        hold = self.by_key.get(key_of())
+        if hold is not None:
+            self._count(ATTACHED)
+        return hold
 
-    def start(self, key: bytes, session: str, approval_id: str, expires_at: Any, review: Awaitable[Any]) -> Hold:
+    def start(self, key: bytes, session: str, approval_id: str, expires_at: Any, review: Awaitable[Any], *,
+              shared: bool = True, forget: Callable[[Any], None] | None = None) -> Hold:
         """A held answer: `review` waits for the reviewer and makes the answer (an
-        http.Response to give the waiting; anything else: nothing to give, a held stream's)."""
+        http.Response to give the waiting; anything else: nothing to give, a held stream's).
+        Unshared: a step held at its request, whose outcome one request takes (`attend`);
+        `forget` gets an outcome nobody took."""
         self._sweep()
         old = self.by_key.get(key)
         if old is not None:  # a new hold for the same request replaces an answered one
             self._drop(old)
+            if not old.taken and old.forget is not None and old.answer is not None:
+                old.forget(old.answer)
         task = asyncio.get_running_loop().create_task(review)  # type: ignore[arg-type]
-        hold = Hold(key, session, approval_id, expires_at, task)
+        hold = Hold(key, session, approval_id, expires_at, task, shared=shared, forget=forget)
         self.by_key[key] = hold
         self.per_session[session] = self.per_session.get(session, 0) + 1
         task.add_done_callback(lambda _t: self._answered(hold))
@@ -155,6 +199,10 @@ class Holds:
             hold.answer = None
             return
         result = hold.task.result()
+        if not hold.shared:  # the newest connection still there takes it (older ones were given up)
+            hold.answer = result
+            hold.taker = next((f for f in reversed(hold.waiters) if f.client_conn.connected), None)
+            return
         if isinstance(result, http.Response):
             hold.answer = result
         else:  # a held stream's admission: it went to the stream's own connection
@@ -176,6 +224,8 @@ class Holds:
         now = time.monotonic()
         for hold in [h for h in self.by_key.values() if h.done_at is not None and now - h.done_at > KEEP_ANSWER_SEC]:
             self._drop(hold)
+            if not hold.taken and hold.forget is not None and hold.answer is not None:
+                hold.forget(hold.answer)
 
     async def serve(self, flow: http.HTTPFlow, hold: Hold, pending: Callable[[Hold, float], http.Response],
                     failed: Callable[[], http.Response]) -> str:
@@ -190,6 +240,7 @@ class Holds:
                 hold.waiting -= 1
         if not hold.task.done():
             flow.response = pending(hold, self.retry_after)
+            self._count(REFUSED_PENDING)
             return "pending"
         if hold.done_at is None:  # done, its callback not run yet
             self._answered(hold)
@@ -200,7 +251,39 @@ class Holds:
         if flow.client_conn.connected:  # delivered (a client that left takes nothing)
             hold.taken = True
             self._drop(hold)
+            self._count(ANSWERED)
         return "answer"
+
+    async def attend(self, flow: http.HTTPFlow, hold: Hold, pending: Callable[[Hold, float], http.Response],
+                     default_timeout: float | None = None) -> tuple[str, Any]:
+        """A request at a step held at the request (unshared): wait for the review within
+        this connection's hold time. Returns ("take", outcome) to the one request that goes
+        on with the reviewed step (outcome None: the review failed), ("pending", None) when
+        `flow` was answered `pending(...)` (the 429), or ("gone", None) when another request
+        took the step: this one is a new step."""
+        if not hold.task.done():
+            hold.waiters.append(flow)
+            try:
+                await asyncio.wait({hold.task}, timeout=hold_time(flow.request.headers, self.hold_sec, default_timeout))
+            finally:
+                hold.waiters.remove(flow)
+        if not hold.task.done():
+            flow.response = pending(hold, self.retry_after)
+            self._count(REFUSED_PENDING)
+            return "pending", None
+        if hold.done_at is None:  # done, its callback not run yet
+            self._answered(hold)
+        if not flow.client_conn.connected:  # a client that left takes nothing and starts nothing
+            if hold.taker is flow:  # the next identical request takes it instead
+                hold.taker = None
+            flow.response = pending(hold, self.retry_after)
+            return "pending", None
+        if hold.taken or (hold.taker is not None and hold.taker is not flow):
+            return "gone", None
+        hold.taken = True
+        self._drop(hold)
+        self._count(ANSWERED)
+        return "take", hold.answer
 
 
 def pending_response(adapter: Any, exchange: Any, session: str, hold: Hold, retry_after: float) -> http.Response:
@@ -215,7 +298,9 @@ def pending_response(adapter: Any, exchange: Any, session: str, hold: Hold, retr
                f"send the identical request again after {seconds}s")
     reply = adapter.error_response(429, message, gov, exchange)
     headers = {**reply.headers, ACTION_HEADER: "pause", "retry-after": str(seconds), "x-should-retry": "true"}
-    return http.Response.make(429, reply.body, headers)
+    # the reply's own status: 429, but a JSON-RPC error with the call's id goes out as HTTP 200
+    # (governor.adapters.jsonrpc: the mcp SDK raises on an HTTP error without reading the body)
+    return http.Response.make(reply.status, reply.body, headers)
 
 
 def shadow_of(flow: http.HTTPFlow) -> http.HTTPFlow:

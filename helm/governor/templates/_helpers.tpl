@@ -58,6 +58,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - {{ .Values.governor.fitOutput | quote }}
     - --fit-floor
     - {{ .Values.governor.fitFloor | quote }}
+    - --review-hold-seconds
+    - {{ .Values.governor.reviewHoldSeconds | quote }}
+    - --review-retry-after
+    - {{ .Values.governor.reviewRetryAfter | quote }}
     {{- if .Values.interception.enabled }}
     - --transparent
     - "127.0.0.1:{{ .Values.interception.transparentPort }}"
