@@ -13,13 +13,8 @@ from typing import Any
 from governor import degradation as _degradation
 from governor.policy.state import PENDING, Approval
 from governor.policy.steps import (
-    ON_OVERSIGHT_TIMEOUT,
-    Action,
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
-    ApprovalRequest,
-    Decision,
+    ON_OVERSIGHT_TIMEOUT, Action, ApprovalExpired, ApprovalGranted, ApprovalRejected, ApprovalRequest,
+    Decision
 )
 from governor.policy.digests import approval_id, enforcement_event
 from governor.policy.run import Run

@@ -15,13 +15,8 @@ from typing import Any, Mapping
 from governor.policy import anomaly
 from governor.policy.limits import COST, SESSION_COST, TOKENS, WALL_CLOCK, Meter
 from governor.policy.steps import (
-    ON_ANOMALY,
-    ON_BUDGET_EXHAUSTED,
-    ON_ITERATION_LIMIT,
-    ON_SUB_AGENT_DENIED,
-    CounterCharge,
-    Decision,
-    UsageReport,
+    ON_ANOMALY, ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, ON_SUB_AGENT_DENIED, CounterCharge, Decision,
+    UsageReport
 )
 from governor.policy.run import Run
 

@@ -16,21 +16,8 @@ from typing import Any, Mapping
 from governor.canonical import b64url
 from governor.policy.signature import canonical_bytes, digest
 from governor.policy.steps import (
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
-    Delegation,
-    ModelCall,
-    PassportPresented,
-    PersonaExit,
-    PersonaSpawn,
-    SessionEnd,
-    Step,
-    StepDone,
-    Tick,
-    ToolCall,
-    ToolError,
-    UsageReport,
+    ApprovalExpired, ApprovalGranted, ApprovalRejected, Delegation, ModelCall, PassportPresented,
+    PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall, ToolError, UsageReport
 )
 
 

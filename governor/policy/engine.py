@@ -63,28 +63,10 @@ from governor.policy import anomaly
 from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import SessionState
 from governor.policy.steps import (
-    ON_ANOMALY,
-    ON_GOVERNOR_ERROR,
-    ON_SESSION_INTEGRITY,
-    PERMIT,
-    Action,
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
-    CounterCharge,
-    Decision,
-    Delegation,
-    ModelCall,
-    PassportPresented,
-    PersonaExit,
-    PersonaSpawn,
-    SessionEnd,
-    Step,
-    StepDone,
-    Tick,
-    ToolCall,
-    ToolError,
-    UsageReport,
+    ON_ANOMALY, ON_GOVERNOR_ERROR, ON_SESSION_INTEGRITY, PERMIT, Action, ApprovalExpired,
+    ApprovalGranted, ApprovalRejected, CounterCharge, Decision, Delegation, ModelCall,
+    PassportPresented, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall, ToolError,
+    UsageReport
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
 from governor.policy.run import Run
@@ -94,9 +76,7 @@ from governor.policy.model_steps import decide_model_call, decide_usage
 from governor.policy.tool_steps import decide_tool_call, decide_tool_error
 from governor.policy.sub_agent_steps import decide_delegation, decide_persona_exit, decide_persona_spawn
 from governor.policy.approval_steps import (
-    decide_approval_expired,
-    decide_approval_granted,
-    decide_approval_rejected,
+    decide_approval_expired, decide_approval_granted, decide_approval_rejected
 )
 from governor.policy.transition import advance
 

@@ -13,13 +13,8 @@ from governor.policy.tools import step_tools
 from governor.policy.steps import Decision, ModelCall, UsageReport
 from governor.policy.run import Run
 from governor.policy.checks import (
-    budget_check,
-    charges_for,
-    clock_check,
-    cost_checks,
-    count_check,
-    persona_denied,
-    projected_session_cost,
+    budget_check, charges_for, clock_check, cost_checks, count_check, persona_denied,
+    projected_session_cost
 )
 from governor.policy.quiet import report_cost, settle_within_reservation
 

@@ -16,15 +16,8 @@ from governor import degradation as _degradation
 from governor.policy.limits import Limits
 from governor.policy.state import GRANTED, SessionState
 from governor.policy.steps import (
-    ON_BUDGET_EXHAUSTED,
-    ON_OVERSIGHT_TRIGGER,
-    PERMIT,
-    Action,
-    ApprovalRequest,
-    CounterCharge,
-    Decision,
-    Step,
-    permitted,
+    ON_BUDGET_EXHAUSTED, ON_OVERSIGHT_TRIGGER, PERMIT, Action, ApprovalRequest, CounterCharge, Decision,
+    Step, permitted
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, step_digest
 

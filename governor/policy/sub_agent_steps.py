@@ -14,15 +14,8 @@ from typing import Any
 from governor.policy import peers
 from governor.policy.limits import COST, SESSION_COST, TOKENS
 from governor.policy.steps import (
-    ON_DELEGATION_ADMITTED,
-    ON_DELEGATION_DENIED,
-    ON_SUB_AGENT_ENDED,
-    ON_SUB_AGENT_SPAWNED,
-    Action,
-    Decision,
-    Delegation,
-    PersonaExit,
-    PersonaSpawn,
+    ON_DELEGATION_ADMITTED, ON_DELEGATION_DENIED, ON_SUB_AGENT_ENDED, ON_SUB_AGENT_SPAWNED, Action,
+    Decision, Delegation, PersonaExit, PersonaSpawn
 )
 from governor.policy.digests import enforcement_event
 from governor.policy.run import Run

@@ -14,13 +14,7 @@ from typing import Any
 from governor.policy import anomaly
 from governor.policy.limits import SENSITIVITY, SESSION_COST, Limits
 from governor.policy.steps import (
-    ON_ANOMALY,
-    ON_ITERATION_LIMIT,
-    ON_TOOL_DENIED,
-    ON_TOOL_ERROR,
-    Decision,
-    ToolCall,
-    ToolError,
+    ON_ANOMALY, ON_ITERATION_LIMIT, ON_TOOL_DENIED, ON_TOOL_ERROR, Decision, ToolCall, ToolError
 )
 from governor.policy.digests import loop_signature
 from governor.policy.run import Run

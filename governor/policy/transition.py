@@ -15,22 +15,9 @@ from typing import Any
 from governor.policy.limits import Limits
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
-    ON_ANOMALY,
-    ON_OVERSIGHT_TRIGGER,
-    Action,
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
-    Decision,
-    ModelCall,
-    PersonaExit,
-    PersonaSpawn,
-    SessionEnd,
-    Step,
-    StepDone,
-    Tick,
-    ToolCall,
-    UsageReport,
+    ON_ANOMALY, ON_OVERSIGHT_TRIGGER, Action, ApprovalExpired, ApprovalGranted, ApprovalRejected,
+    Decision, ModelCall, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall,
+    UsageReport
 )
 from governor.policy.digests import loop_signature
 from governor.policy.tool_steps import tool_data_classes
