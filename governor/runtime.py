@@ -15,12 +15,16 @@ Steps of one session are decided one at a time (an asyncio lock per session); th
 upstream work they admit runs concurrently. Anything that goes wrong in 1-5 fails
 closed: the step is refused with cause on_governor_error and, when the journal is
 still writable, that is recorded too.
+
+Split to stay short: Runtime mixes in runtime_approvals (held steps, reviews),
+runtime_records (session ends, signed records), runtime_views (control-plane views, the
+sweeper) and runtime_sessions (locks, lifts, the audit journal); runtime_refusals holds
+the refusals it makes itself. The per-step path (admit, usage, finish) stays here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -30,24 +34,13 @@ from typing import Any, Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.evidence import (
-    Journal,
-    SessionHeader,
-    iso_utc,
-    journal_path,
-    record_path,
-    sign_record,
-    write_record,
-)
+from governor.evidence import Journal, SessionHeader, journal_path, record_path
 from governor import stream_budget
 from governor.metrics import Metrics
 from governor.notify import events as notify
 from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
     Decision,
     Limits,
     ModelCall,
@@ -64,16 +57,16 @@ from governor.policy import (
     quiet_model_call,
     step_tools,
     quiet_settlement,
-    step_digest,
 )
 from governor.policy.extension import covered
-from governor.policy.state import PENDING
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime_api import Admission, governor_object
-from governor.runtime_edit import EditRefused, editable, edited_step
+from governor.runtime_approvals import HeldStep, RuntimeApprovals
 from governor.runtime_sessions import SessionEvidence
-from governor.sessions import HOW_TO_OPEN
+from governor.runtime_views import GAUGE_BATCH, SWEEP_SLICE, RuntimeViews, caps_by_key
+from governor.runtime_records import RuntimeRecords
+from governor.runtime_refusals import ended_refusal, unrecorded_failure
 from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
@@ -84,12 +77,7 @@ log = logging.getLogger("governor.runtime")
 # fresh snapshot; the projection then reports the exhaustion. More rounds than this
 # means the counters keep moving under us: fail closed rather than spin.
 MAX_DECIDE_ROUNDS = 4
-# The sweeper charges the wall-clock (a full decision round) of a session that was active
-# since its last sweep; of an idle one only every IDLE_SWEEP_SEC, at most
-# IDLE_SWEEPS_PER_PASS of them a pass, so a pass over 10,000 idle sessions stays cheap. An
-# idle session loses nothing by it: its next step projects the clock to its own time.
-IDLE_SWEEP_SEC = 30.0
-IDLE_SWEEPS_PER_PASS = 200
+
 
 @dataclass(slots=True)
 class Ticket:
@@ -104,23 +92,12 @@ class Ticket:
 
 
 @dataclass(slots=True)
-class _Pending:
-    step: Step
-    expires_at: float
-    answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
-    reason: str
-    trigger: str
-    held_at: float = 0.0  # when the step was paused (the approval wait histogram)
-    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
-
-
-@dataclass(slots=True)
 class _Session:
     id: str
     state: SessionState
     journal: Journal
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    pending: dict[str, _Pending] = field(default_factory=dict)
+    pending: dict[str, HeldStep] = field(default_factory=dict)
     last_activity: float = 0.0
     ended: bool = False
     final_record: dict[str, Any] | None = None
@@ -132,7 +109,7 @@ class _Session:
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
 
 
-class Runtime(SessionEvidence):
+class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
     """One governor's sessions against one pinned passport."""
 
     def __init__(
@@ -172,7 +149,7 @@ class Runtime(SessionEvidence):
         self._sessions: dict[str, _Session] = {}
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
-        self._caps = _caps_by_key(limits)
+        self._caps = caps_by_key(limits)
         self._store_in_thread = bool(getattr(store, "remote", False))
         self._opening: dict[str, asyncio.Lock] = {}  # sessions being opened (their first request)
         self._sweeper: asyncio.Task | None = None
@@ -310,7 +287,7 @@ class Runtime(SessionEvidence):
             live = self._sessions.get(session) or await self._session(session)
         except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
             log.exception("session %s could not be opened", session)
-            decision = _unrecorded_failure(step, exc)
+            decision = unrecorded_failure(step, exc)
             return self._admission(session, decision, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         if admitted is not None:
@@ -326,7 +303,7 @@ class Runtime(SessionEvidence):
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
         live = self._sessions.get(session)
         if live is None or not isinstance(ticket, Ticket):
-            return _unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
+            return unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
         started = time.perf_counter()
         decision = self._settle_at_once(live, ticket, report)
         if decision is None:
@@ -459,7 +436,7 @@ class Runtime(SessionEvidence):
         if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
             live.last_activity = now
         if live.ended:
-            return _ended(live), None
+            return ended_refusal(live), None
         state = live.state
         reservation: str | None = None
         try:
@@ -480,7 +457,7 @@ class Runtime(SessionEvidence):
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:
                 await self._store(self._release_quietly, reservation)
-            return _unrecorded_failure(step, exc), None
+            return unrecorded_failure(step, exc), None
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
         if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
@@ -570,69 +547,7 @@ class Runtime(SessionEvidence):
             obj = self._halted_object(obj, decision.cause)
         return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
-    # --- oversight (§5) ----------------------------------------------------------------
-
-    def _hold(self, live: _Session, step: Step, decision: Decision) -> None:
-        request = decision.approval
-        assert request is not None
-        live.pending[request.id] = _Pending(
-            step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
-            reason=request.reason, trigger=request.trigger, held_at=self.clock(),
-        )
-        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
-        self._pending_metrics()
-        self._restate(live)
-
-    async def await_approval(self, session: str, approval_id: str) -> Admission:
-        edited: dict[str, Any] | None = None  # plan editing: the arguments the reviewer approved
-        while True:
-            live = self._sessions.get(session)
-            pending = live.pending.get(approval_id) if live is not None else None
-            if live is None or pending is None:
-                decision = _unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
-                return self._admission(session, decision, None)
-            timeout = max(0.0, pending.expires_at - self.clock())
-            try:
-                approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
-            except TimeoutError:
-                answered = await self._expire(live, approval_id)
-                approved = False
-            if approved:
-                if pending.edited:  # (an edited step is a ToolCall)
-                    edited = dict(pending.step.arguments)  # type: ignore[attr-defined]
-                answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
-            decision = answered.decision
-            if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
-                if edited is not None and not decision.blocks:
-                    answered.edited_arguments = edited
-                return answered
-            # released from one pause into another (a second trigger, an anomaly, a declared
-            # re-review on timeout): the request stays held for that review too
-            approval_id = decision.approval.id
-
-    async def _expire(self, live: _Session, approval_id: str) -> Admission:
-        """§5.3: nobody answered in time; resolve on_oversight_timeout (halt by default)."""
-        async with live.lock:
-            pending = live.pending.get(approval_id)
-            if pending is not None and pending.answer.done():  # answered while we waited for the lock
-                approved, answered = pending.answer.result()
-                return answered if not approved else self._admission(live.id, Decision(), None)
-            decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
-            admission = self._admission(live.id, decision, None)
-            self._answer(live, approval_id, False, admission, "expired")
-        if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
-            self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
-        return admission
-
-    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None,
-                outcome: str) -> None:
-        pending = live.pending.pop(approval_id, None)
-        if pending is not None and not pending.answer.done():
-            pending.answer.set_result((approved, admission))
-        if pending is not None:
-            self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
-        self._pending_metrics()
-        self._restate(live)
+    # --- the session's state (oversight, §5: governor.runtime_approvals) -------------------
 
     def _restate(self, live: _Session) -> None:
         """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
@@ -641,82 +556,6 @@ class Runtime(SessionEvidence):
             self.metrics.session_moved(live.metric_state, state)
             live.metric_state = state
 
-    def _pending_count(self) -> int:
-        return sum(len(s.pending) for s in self._sessions.values())
-
-    def _pending_metrics(self) -> None:
-        """The pending-approval gauges, on a hold or an answer (not per request)."""
-        held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
-        self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
-
-    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
-                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
-        (plan editing, approve only) approves the held step with those arguments instead.
-        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
-        the step does not allow)."""
-        live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
-        if live is None:
-            raise KeyError(approval_id)
-        async with live.lock:
-            pending = live.pending.get(approval_id)
-            approval = live.state.approvals.get(approval_id)
-            if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
-                raise KeyError(approval_id)
-            edited = None
-            if edited_arguments is not None:
-                if not approve:
-                    raise EditRefused("edit_needs_approve", "edited arguments go with an approval, not a rejection")
-                edited = edited_step(live.limits, pending.step, edited_arguments)
-            if approve:
-                step = ApprovalGranted(approval_id, reviewer, reason,
-                                       edited_digest=step_digest(edited) if edited is not None else None)
-            else:
-                step = ApprovalRejected(approval_id, reviewer, reason)
-            decision, _ = await self._apply(live, step, None)
-            admission = self._admission(live.id, decision, None)
-            # approved: the waiting request re-admits the held step, released by its digest
-            granted = approve and decision.action is Action.CONTINUE
-            if granted and edited is not None:  # the held request goes on as the reviewer edited it
-                pending.step, pending.edited = edited, True
-            self._answer(live, approval_id, granted, None if granted else admission,
-                         "approved" if approve else "rejected")
-        review = decision.details.get("review", "approved" if approve else "rejected")
-        answer = {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
-                  "reviewer": reviewer, "outcome": review, "governor": admission.governor_object,
-                  "edited": edited is not None}
-        if edited is not None:
-            answer.update(original_step_digest=decision.details.get("original_step_digest"),
-                          step_digest=decision.details.get("step_digest"))
-        return answer
-
-    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
-        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
-        when no live session knows it. A walk over sessions: for the control plane's error
-        answer only, never per request."""
-        for live in self._sessions.values():
-            approval = live.state.approvals.get(approval_id)
-            if approval is not None and approval_id not in live.pending:
-                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
-        return None
-
-    def approvals(self) -> list[dict[str, Any]]:
-        return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
-
-    def _approval_views(self, live: _Session) -> list[dict[str, Any]]:
-        out = []
-        for approval_id, pending in live.pending.items():
-            approval = live.state.approvals.get(approval_id)
-            out.append({
-                "id": approval_id, "session": live.id, "reason": pending.reason, "trigger": pending.trigger,
-                "tool": getattr(pending.step, "tool", None),
-                "arguments": dict(getattr(pending.step, "arguments", {}) or {}),
-                "persona": getattr(pending.step, "persona", None),
-                "step_digest": approval.step_digest if approval else None,
-                "expires_at": iso_utc(pending.expires_at),
-                "plan_editing": editable(live.limits, pending.step),
-            })
-        return out
 
     def halted(self, session: str) -> str | None:
         """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""
@@ -733,238 +572,8 @@ class Runtime(SessionEvidence):
         live = self._sessions.get(session)
         return step_tools(live.limits if live is not None else self.limits, persona)
 
-    # --- session end, records ----------------------------------------------------------
-
-    def _outcome(self, live: _Session) -> str:
-        if live.state.halted:
-            return "halted"
-        if live.pending:
-            return "paused"
-        return "completed"
-
-    async def end_session(self, session: str) -> dict[str, Any]:
-        if session not in self._sessions and not journal_path(self.data_dir, session).exists():
-            raise KeyError(session)
-        live = await self._session(session)
-        if not live.ended:  # each persona instance's end is recorded beside its spawn
-            await self.personas.end_all(session, "session_end")
-        async with live.lock:
-            if live.ended:
-                return live.final_record or self._signed(live, None)
-            await self._apply(live, SessionEnd(), None)
-            outcome = self._outcome(live)
-            now = self.clock()
-            await asyncio.to_thread(live.journal.end, outcome, now)
-            live.ended = True
-            self._restate(live)
-            for approval_id in list(live.pending):  # a held step never runs after its session ended
-                self._answer(live, approval_id, False, self._admission(live.id, _ended(live), None), "session_ended")
-            record = self._signed(live, None, kind="final")
-            await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
-            live.final_record = record
-        self._session_ended(session, live.state.halt_cause if live.state.halted else None)
-        self.metrics.forget_session(session)
-        self.personas.forget(session)
-        if session == self._default_session:
-            self._default_session = self._new_default_session()
-        return record
-
-    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
-        live = self._sessions.get(session)
-        if live is None:
-            raise KeyError(session)
-        return self._signed(live, nonce)
-
-    def _signed(self, live: _Session, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
-        now = self.clock()
-        if nonce is None and self.session_book is not None:
-            nonce = self.session_book.nonce(live.id)  # the counterparty nonce the session was opened with (§8.5)
-        ending = live.journal.ending
-        if ending is not None:
-            outcome, end = ending.outcome, ending.at
-        else:
-            # a record of a running session: its outcome so far (the format has no "running")
-            outcome, end = self._outcome(live), now
-        record = sign_record(live.journal.record.build(outcome=outcome, end=end, iat=now, nonce=nonce), self.key)
-        self.metrics.record_signed(kind, nonce=nonce is not None)
-        return record
-
-    # --- views (control plane) ---------------------------------------------------------
-
-    async def ready(self) -> dict[str, Any]:
-        try:
-            await asyncio.to_thread(self.store.snapshot, self.agent_id, "readiness-probe", self.clock(), ())
-        except StoreError as exc:
-            self.metrics.store_error()
-            return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
-        return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
-                "tier": self.limits.tier.value}
-
-    async def acknowledge_store(self) -> dict[str, Any]:
-        """An operator accepts that the store lost its data (StoreIntegrityError until then):
-        it serves again from what it holds. Sessions halted meanwhile stay halted."""
-        acknowledge = getattr(self.store, "acknowledge", None)
-        if acknowledge is None:
-            return {"acknowledged": False, "lost": None, "reason": "this store keeps no fence to acknowledge"}
-        return await asyncio.to_thread(acknowledge)
-
-    def has_session(self, session: str) -> bool:
-        return session in self._sessions
-
-    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        """Views of the sessions whose ids sort after `after`, at most `limit` (None: all):
-        O(log n + page), budget reads for the page only."""
-        ids = self._index.page(after, len(self._index) if limit is None else limit, self._sessions.__contains__)
-        views = []
-        for n, session in enumerate(ids, 1):
-            if n % VIEW_SLICE == 0:  # a page of 1,000 must not hold the proxy's loop in one piece
-                await asyncio.sleep(0)
-            # no gauge refresh here (the sweeper's): a page would set ~10 labelled gauges per session
-            if (view := await self.session_view(session, gauges=False)) is not None:
-                views.append(view)
-        return views
-
-    async def session_view(self, session: str, gauges: bool = True) -> dict[str, Any] | None:
-        live = self._sessions.get(session)
-        if live is None:
-            return None
-        try:  # a store read: off the loop for Redis, as on the per-request path
-            budgets, store_error = await self._store(self._budgets, session, gauges and not live.ended), None
-        except StoreError as exc:
-            budgets, store_error = [], str(exc)
-        state = live.state
-        view = {
-            "session": session,
-            "state": "ended" if live.ended else "halted" if state.halted else "paused" if live.pending else "active",
-            "tier": live.limits.tier.value,
-            "started_at": iso_utc(state.started_at),
-            "iterations": state.iterations,
-            "tool_calls": state.tool_calls,
-            "in_flight": state.in_flight,
-            "halt_cause": state.halt_cause,
-            "budgets": budgets,
-            "limits": {"max_iterations": live.limits.max_iterations,
-                       "max_tool_calls_per_session": live.limits.max_tool_calls},
-            "events": len(live.journal.record),
-            "pending_approvals": self._approval_views(live),
-        }
-        if store_error:
-            view["store_error"] = store_error
-        return view
-
-    def _budgets(self, session: str, gauges: bool = True) -> list[dict[str, Any]]:
-        """Every counter in use or capped, against its cap; refreshes the budget gauges
-        (not for an ended session: its per-session series were dropped)."""
-        counters = self.store.snapshot(self.agent_id, session, self.clock())
-        live = self._sessions.get(session)
-        caps = self._caps if live is None or live.limits is self.limits else _caps_by_key(live.limits)
-        budgets = []
-        for key in sorted(set(counters) | set(caps), key=lambda k: (k[0], k[1] or "", k[2])):
-            scope, persona, dimension = key
-            used, cap = counters.get(key, 0.0), caps.get(key)
-            budgets.append({"dimension": dimension, "scope": scope, "persona": persona, "used": used, "limit": cap})
-            if gauges:
-                self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
-        return budgets
-
-    # --- the sweeper -------------------------------------------------------------------
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.tick_interval_sec)
-            try:
-                await self.sweep()
-            except Exception:  # the sweeper must outlive any one bad session
-                log.exception("sweep failed")
-
-    async def sweep(self) -> None:
-        """One pass: end idle persona instances, charge wall-clock, expire unanswered approvals,
-        end idle sessions, then refresh the budget gauges of the next batch of sessions. The
-        pass yields to the proxy every SWEEP_SLICE sessions: with thousands of sessions it must
-        not hold the loop."""
-        await self.personas.sweep()
-        now = self.clock()
-        idle_budget = IDLE_SWEEPS_PER_PASS
-        for n, live in enumerate(list(self._sessions.values()), 1):
-            if n % SWEEP_SLICE == 0:
-                await asyncio.sleep(0)
-            if live.ended:
-                continue
-            if live.state.personas_live:
-                self.personas.reconcile(live.id, live.state.personas_live)
-            for approval_id, pending in list(live.pending.items()):
-                if now >= pending.expires_at and not pending.answer.done():
-                    await self._expire(live, approval_id)
-            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
-            if idle and not (self.session_book is not None and self.session_book.holds_lock(live.id)):
-                # (a session holding the agent's lock stays open, so its lift is recorded in its record)
-                await self.end_session(live.id)
-                continue
-            if live.unsaved:
-                await self._store(self._save, live)
-            if not live.limits.clock_checked or live.state.halted:
-                continue
-            # a live persona instance draws on its wall-clock share while idle: tick it each pass
-            active = (live.last_activity >= live.swept_at or live.pending or live.state.in_flight
-                      or live.state.personas_live)
-            if not active:
-                if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
-                    continue
-                idle_budget -= 1
-            live.swept_at = now
-            async with live.lock:
-                await self._apply(live, Tick(), None)
-        await self._refresh_gauges()
-
-    async def _refresh_gauges(self) -> None:
-        """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round
-        robin: a bounded number of store reads per tick (off the loop for Redis)."""
-        def running(session: str) -> bool:
-            live = self._sessions.get(session)
-            return live is not None and not live.ended
-
-        batch = self._index.page(self._gauge_cursor, GAUGE_BATCH, running)
-        self._gauge_cursor = batch[-1] if len(batch) == GAUGE_BATCH else None
-        if batch:
-            await self._store(self._refresh_batch, batch)
-
-    def _refresh_batch(self, sessions: list[str]) -> None:
-        for session in sessions:
-            try:
-                self._budgets(session)
-            except StoreError:  # the next step's snapshot fails closed; a gauge can wait
-                self.metrics.store_error()
-                log.warning("could not read the budgets of session %s for its gauges", session)
+    # session ends and records: governor.runtime_records; views (control plane) and the
+    # sweeper: governor.runtime_views
 
 
-# --- helpers ---------------------------------------------------------------------------
-
-SWEEP_SLICE = 200  # sessions the sweeper handles before letting the proxy run
-GAUGE_BATCH = 50  # sessions whose budget gauges one tick refreshes
-VIEW_SLICE = 50  # session views a listing builds before letting the proxy run
-
-
-def _caps_by_key(limits: Limits) -> dict[tuple, float]:
-    caps: dict[tuple, float] = {}
-    for table in (limits.meters, limits.clock_meters):
-        for meters in table.values():
-            for meter in meters:
-                if meter.cap is not None:
-                    caps[meter.key] = meter.cap
-    return caps
-
-
-def _ended(live: _Session) -> Decision:
-    return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
-                    details={"reason": "the session has ended; " + HOW_TO_OPEN,
-                             "halt_cause": live.state.halt_cause})
-
-
-def _unrecorded_failure(step: Step, exc: BaseException) -> Decision:
-    """Fail closed when not even the journal can be trusted: refuse, say why."""
-    return Decision(action=Action.HALT, cause=ON_GOVERNOR_ERROR, fail_closed=True,
-                    details={"reason": f"governor could not decide or record this step: {type(exc).__name__}: {exc}"[:500],
-                             "step": type(step).__name__})
-
-
-__all__ = ["Runtime", "Ticket"]
+__all__ = ["Runtime", "Ticket", "GAUGE_BATCH", "SWEEP_SLICE"]

@@ -41,817 +41,67 @@ Budget projection (§2), the contract with the store:
     settled like usage) and projected on every admission.
   * Charges are never negative: the only decrease is the store releasing a
     reservation (UsageReport.reserved, or a step that did not go ahead).
+
+Where the pieces live (this module keeps the door and the dispatcher; split to stay short):
+  governor.policy.digests          step digests, loop signatures, approval ids, events
+  governor.policy.run              one step's evaluation: a fired cause resolved through §6
+  governor.policy.checks           counted limits, the wall clock, budget projection, charges
+  governor.policy.quiet            the per-request fast paths (quiet_model_call, settlement)
+  governor.policy.model_steps      model calls and usage reports
+  governor.policy.tool_steps       tool calls and tool errors
+  governor.policy.sub_agent_steps  persona spawns and exits, delegations
+  governor.policy.approval_steps   a reviewer's answer, an approval's timeout
+  governor.policy.transition       advance(): the state after a decision
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from governor import degradation as _degradation
-from governor.canonical import b64url
-from governor.policy import anomaly, fitting, peers
-from governor.policy.limits import (
-    COST,
-    SENSITIVITY,
-    SESSION_COST,
-    TOKENS,
-    WALL_CLOCK,
-    Limits,
-    Meter,
-)
-from governor.policy.signature import canonical_bytes, digest
-from governor.policy.tools import step_tools
-from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
+from governor.policy import anomaly
+from governor.policy.limits import SESSION_COST, Limits
+from governor.policy.state import SessionState
 from governor.policy.steps import (
-    ON_ANOMALY,
-    ON_BUDGET_EXHAUSTED,
-    ON_DELEGATION_ADMITTED,
-    ON_DELEGATION_DENIED,
-    ON_GOVERNOR_ERROR,
-    ON_ITERATION_LIMIT,
-    ON_OVERSIGHT_TIMEOUT,
-    ON_OVERSIGHT_TRIGGER,
-    ON_SESSION_INTEGRITY,
-    ON_SUB_AGENT_DENIED,
-    ON_SUB_AGENT_ENDED,
-    ON_SUB_AGENT_SPAWNED,
-    ON_TOOL_DENIED,
-    ON_TOOL_ERROR,
-    PERMIT,
-    Action,
-    ApprovalExpired,
-    ApprovalGranted,
-    ApprovalRejected,
-    ApprovalRequest,
-    CounterCharge,
-    Decision,
-    Delegation,
-    ModelCall,
-    PassportPresented,
-    PersonaExit,
-    PersonaSpawn,
-    SessionEnd,
-    Step,
-    StepDone,
-    Tick,
-    ToolCall,
-    ToolError,
-    UsageReport,
-    permitted,
+    ON_ANOMALY, ON_GOVERNOR_ERROR, ON_SESSION_INTEGRITY, PERMIT, Action, ApprovalExpired,
+    ApprovalGranted, ApprovalRejected, CounterCharge, Decision, Delegation, ModelCall,
+    PassportPresented, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall, ToolError,
+    UsageReport
 )
-
-STEP_KINDS: dict[type, str] = {
-    ModelCall: "model_call",
-    UsageReport: "usage_report",
-    ToolCall: "tool_call",
-    PersonaSpawn: "persona_spawn",
-    PersonaExit: "persona_exit",
-    Delegation: "delegation",
-    ToolError: "tool_error",
-    Tick: "tick",
-    PassportPresented: "passport_presented",
-    SessionEnd: "session_end",
-    StepDone: "step_done",
-    ApprovalGranted: "approval_granted",
-    ApprovalRejected: "approval_rejected",
-    ApprovalExpired: "approval_expired",
-}
-
-
-# --- digests and ids -------------------------------------------------------------------
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list, frozenset)):
-        return [_json(v) for v in value]
-    return value
-
-
-_BOOKKEEPING_FIELDS = frozenset({"approval_id", "reserved", "ends_call"})
-
-
-def step_digest(step: Step) -> str:
-    """The digest an approval names. ToolCall: digest_of({"tool", "arguments"}); other
-    steps: digest_of({"step": kind, <fields but the runtime's bookkeeping>}): not
-    approval_id, reserved or ends_call, which say how the runtime presents a step, not what
-    the step is (a final report that ends its call is the same step as the report and its
-    StepDone, so it must name the same approval)."""
-    if type(step) is ToolCall:
-        return digest({"tool": step.tool, "arguments": step.arguments})
-    payload: dict[str, Any] = {"step": STEP_KINDS[type(step)]}
-    for f in fields(step):  # type: ignore[arg-type]
-        if f.name not in _BOOKKEEPING_FIELDS:
-            payload[f.name] = _json(getattr(step, f.name))
-    return digest(payload)
-
-
-def loop_signature(tool: str, arguments: Mapping[str, Any]) -> str:
-    """§3 signature: tool name + hex SHA-256 of JCS(arguments)."""
-    return tool + "#" + hashlib.sha256(canonical_bytes(arguments)).hexdigest()
-
-
-def approval_id(session: str, seq: int, digest_value: str) -> str:
-    raw = f"{session}\x00{seq}\x00{digest_value}".encode()
-    return "apr_" + b64url(hashlib.sha256(raw).digest())[:22]
-
-
-def _event(cause: str, action: str, detail: dict[str, Any]) -> dict[str, Any]:
-    return {"cause": cause, "action": action, "detail": detail}
-
-
-# --- one evaluation --------------------------------------------------------------------
-
-
-class _Run:
-    """The causes fired while one step is checked, and the decision they add up to."""
-
-    __slots__ = (
-        "limits", "state", "step", "now", "kind", "bypass", "released_by", "events",
-        "observed", "continued", "monitor", "budget_open", "charges", "settles",
-    )
-
-    def __init__(self, limits: Limits, state: SessionState, step: Step, now: float):
-        self.limits = limits
-        self.state = state
-        self.step = step
-        self.now = now
-        self.kind = STEP_KINDS[type(step)]
-        self.bypass: frozenset[str] = frozenset()  # causes reviewers released this exact step from
-        self.released_by: str | None = None
-        self.events: list[dict[str, Any]] = []
-        self.observed: tuple[Action, str, dict[str, Any]] | None = None
-        self.continued: tuple[str, dict[str, Any]] | None = None
-        self.monitor: ApprovalRequest | None = None
-        self.budget_open = False  # a budget cause was overridden: charges carry no caps
-        self.charges: tuple[CounterCharge, ...] = ()
-        self.settles = False
-
-    def release(self, approval_ref: str | None) -> None:
-        """A step carrying a granted approval for exactly this step skips the cause that paused it."""
-        if approval_ref is None:
-            return
-        approval = self.state.approvals.get(approval_ref)
-        digest_value = step_digest(self.step)
-        if approval is not None and approval.status == GRANTED and approval.step_digest == digest_value:
-            # every review already granted for this exact step counts: a step held by one
-            # cause, approved, then held by another is not asked about the first again
-            self.bypass = frozenset(a.cause for a in self.state.approvals.values()
-                                    if a.status == GRANTED and a.step_digest == digest_value)
-            self.released_by = approval_ref
-            if ON_BUDGET_EXHAUSTED in self.bypass:
-                self.budget_open = True
-
-    def fire(self, cause: str, detail: dict[str, Any], enforce: bool, first: _degradation.Resolution | None = None) -> Decision | None:
-        """§6 for a fired cause: a Decision that stops the step, or None to go on checking."""
-        if cause in self.bypass:
-            return None
-        resolution = first if first is not None else self.limits.degradation.get(cause, _degradation.FAIL_CLOSED)
-        detail["step"] = self.kind
-        persona = getattr(self.step, "persona", None)
-        if persona is not None:  # §8.3: attribute the conduct to the persona that produced it
-            detail.setdefault("persona", persona)
-        detail["fail_closed"] = resolution.fail_closed
-        if resolution.declared_by is not None:
-            detail["declared_by"] = resolution.declared_by
-        if resolution.notify:
-            detail["notify"] = True
-        if cause == ON_BUDGET_EXHAUSTED and (not enforce or resolution.action is Action.CONTINUE):
-            self.budget_open = True
-        if not enforce:
-            # R1 (and §7 below R3): record what would apply; the step goes ahead
-            detail["observed_only"] = True
-            detail["would"] = resolution.action.value
-            detail["overridden_cause"] = cause
-            self.events.append(_event(cause, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (resolution.action, cause, detail)
-            return None
-        action = resolution.action
-        if action is Action.CONTINUE:
-            detail["overridden_cause"] = cause  # §6: every continue recorded with what it overrode
-            self.events.append(_event(cause, Action.CONTINUE.value, detail))
-            self.continued = (cause, detail)
-            return None
-        if action is Action.PAUSE:
-            return self.pause(cause, resolution.message or cause, detail, cause)
-        if action is Action.FALLBACK:
-            if resolution.message is not None:
-                detail["message"] = resolution.message
-            return self.stop(Action.FALLBACK, cause, detail, fallback_value=resolution.value, fallback_message=resolution.message)
-        if resolution.message is not None:  # the passport's words for this halt reach the client
-            detail["message"] = resolution.message
-        return self.stop(Action.HALT, cause, detail, fail_closed=resolution.fail_closed,
-                         fallback_message=resolution.message)
-
-    def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
-        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
-        if ON_OVERSIGHT_TRIGGER in self.bypass:
-            return None
-        limits = self.limits
-        detail["step"] = self.kind
-        detail["trigger"] = name
-        detail["fail_closed"] = False
-        if not limits.enforce_oversight:
-            detail["observed_only"] = True
-            detail["would"] = Action.PAUSE.value
-            detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            self.events.append(_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
-            return None
-        if limits.monitor_only and not detail.get("requires_confirmation"):
-            # monitor_only does not gate (§5.4); the firing is recorded and reviewers told
-            detail["monitor_only"] = True
-            detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            digest_value = step_digest(self.step)
-            self.monitor = ApprovalRequest(
-                approval_id(self.state.session, self.state.seq, digest_value), reason, digest_value,
-                self.now + limits.response_time_sec, name, monitor_only=True,
-            )
-            self.events.append(_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
-            self.continued = (ON_OVERSIGHT_TRIGGER, detail)
-            return None
-        return self.pause(ON_OVERSIGHT_TRIGGER, reason, detail, name)
-
-    def pause(self, cause: str, reason: str, detail: dict[str, Any], trigger: str) -> Decision:
-        digest_value = step_digest(self.step)
-        request = ApprovalRequest(
-            approval_id(self.state.session, self.state.seq, digest_value),
-            reason,
-            digest_value,
-            self.now + self.limits.response_time_sec,
-            trigger,
-        )
-        detail.update(approval_id=request.id, step_digest=digest_value, expires_at=request.expires_at, reason=reason)
-        detail.setdefault("trigger", trigger)
-        return self.stop(Action.PAUSE, cause, detail, approval=request)
-
-    def stop(self, action: Action, cause: str, detail: dict[str, Any], **extra: Any) -> Decision:
-        return Decision(
-            action=action,
-            cause=cause,
-            details=detail,
-            event=_event(cause, action.value, detail),
-            prior_events=tuple(self.events),
-            charges=self.charges if self.settles else (),
-            settles=self.settles,
-            **extra,
-        )
-
-    def finish(
-        self,
-        charges: tuple[CounterCharge, ...] = (),
-        allowed_tools: frozenset[str] | None = None,
-        warnings: tuple[tuple[str, str, float], ...] = (),
-        details: Mapping[str, Any] | None = None,
-    ) -> Decision:
-        """Nothing stopped the step: PERMIT, or CONTINUE / observed-only with the events."""
-        if self.settles:
-            charges = self.charges
-        if self.released_by is not None:
-            details = {**(details or {}), "released_by": self.released_by}
-        if not self.events:
-            if not charges and allowed_tools is None and not warnings and not details and not self.settles:
-                return PERMIT
-            return permitted(charges, allowed_tools, warnings, details or {}, self.settles)
-        if self.continued is not None:
-            cause, detail = self.continued
-            action, enforced = Action.CONTINUE, True
-        else:
-            action, cause, detail = self.observed  # type: ignore[misc]
-            enforced = False
-        if details:
-            detail = {**details, **detail}
-        return Decision(
-            action=action,
-            enforced=enforced,
-            cause=cause,
-            fail_closed=bool(detail.get("fail_closed")) and not enforced,
-            details=detail,
-            event=self.events[-1],
-            prior_events=tuple(self.events[:-1]),
-            charges=charges,
-            allowed_tools=allowed_tools,
-            warnings=warnings,
-            approval=self.monitor,
-            settles=self.settles,
-        )
-
-
-# --- shared checks ---------------------------------------------------------------------
-
-
-def _persona_denied(run: _Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
-    detail = {"persona": persona_name, "reason": reason, **detail}
-    return run.fire(ON_SUB_AGENT_DENIED, detail, run.limits.enforce_hard)
-
-
-def _count(run: _Run, limit_name: str, observed: int, limit: int | None) -> Decision | None:
-    if limit is not None and observed + 1 > limit:
-        detail = {"limit_name": limit_name, "observed": observed, "projected": observed + 1, "limit": limit}
-        return run.fire(ON_ITERATION_LIMIT, detail, run.limits.enforce_hard)
-    return None
-
-
-def _clock(run: _Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
-    """Wall-clock: max_duration_sec and the wall_clock_sec caps, projected to `now`."""
-    limits, state, now = run.limits, run.state, run.now
-    if not settle and not limits.clock_checked:
-        return None, (), []
-    elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-    meters: tuple[Meter, ...] = limits.clock_meters[None]
-    for name, live in state.personas_live.items():
-        if live > 0:
-            meters = meters + limits.clock_meters.get(name, ())
-    charges: tuple[CounterCharge, ...] = ()
-    if settle:  # elapsed time is consumption that happened: committed whatever is decided
-        charges = tuple(CounterCharge(m.scope, WALL_CLOCK, elapsed_since, None, m.persona) for m in meters)
-        run.settles, run.charges = True, charges
-    warnings: list[tuple[str, str, float]] = []
-    if not check or not limits.clock_checked:
-        return None, charges, warnings
-    enforce = limits.enforce_hard
-    if limits.max_duration_sec is not None:
-        duration = now - state.started_at
-        if duration > limits.max_duration_sec:
-            detail = {
-                "dimension": WALL_CLOCK, "scope": "per_session", "limit_name": "max_duration_sec",
-                "observed": duration, "limit": limits.max_duration_sec,
-            }
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
-    counters = state.counters
-    for m in meters:
-        if m.cap is None:
-            continue
-        current = counters.get(m.key, 0.0)
-        projected = current + elapsed_since
-        if projected > m.cap:
-            detail = {"dimension": WALL_CLOCK, "scope": m.scope, "observed": current, "projected": projected, "limit": m.cap}
-            if m.persona is not None:
-                detail["budget_share"] = m.persona
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), charges, warnings
-        if m.warn_at is not None and projected >= m.warn_at:
-            _warn(run, m, projected, warnings)
-    return None, charges, warnings
-
-
-def _warn(run: _Run, meter: Meter, projected: float, warnings: list[tuple[str, str, float]]) -> None:
-    """Once per (dimension, scope) of the parent's caps: advance() remembers it in the state."""
-    if (meter.dimension, meter.scope) not in run.state.warned:
-        warnings.append((meter.dimension, meter.scope, round(projected / meter.cap, 4)))  # type: ignore[operator]
-
-
-def _budget(
-    run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, reserved: Mapping[Any, float] | None, model: str,
-    extra: Mapping[str, Any] | None = None,
-) -> tuple[Decision | None, list[tuple[str, str, float]]]:
-    """§2 projection of tokens and cost against every declared cap (`extra`: more detail for
-    an exhaustion, e.g. the output fitting that could not fit the call)."""
-    counters = run.state.counters
-    enforce = run.limits.enforce_hard
-    warnings: list[tuple[str, str, float]] = []
-    for m in meters:
-        cap = m.cap
-        if cap is None:
-            continue
-        held = reserved.get(m.key, 0.0) if reserved else 0.0
-        current = counters.get(m.key, 0.0) - held
-        amount = tokens if m.dimension == TOKENS else cost
-        if amount is None:  # unpriced model: unknown cost counts as unbounded
-            detail = {
-                "dimension": COST, "scope": m.scope, "reason": "unpriced_model", "model": model,
-                "observed": current, "limit": cap,
-            }
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-        projected = current + amount
-        # usage within its reservation was admitted already; only an overshoot is news
-        if projected > cap and amount > held:
-            detail = {"dimension": m.dimension, "scope": m.scope, "observed": current, "projected": projected, "limit": cap}
-            if m.persona is not None:  # the persona's own budget_share, not the parent's aggregate
-                detail["budget_share"] = m.persona
-            if type(run.step) is UsageReport:
-                detail["actual"] = True
-                detail["final"] = run.step.final  # type: ignore[attr-defined]
-                # the call's own figures: what it used (so far, mid-stream) and what it had reserved;
-                # `observed` is then the rest of the session, `projected` the session's use with it
-                detail["call_used"] = amount
-                detail["call_reserved"] = held
-            if extra:
-                detail.update(extra)
-            return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-        if m.warn_at is not None and projected >= m.warn_at:
-            _warn(run, m, projected, warnings)
-    if cost is None and run.limits.cost_governed:
-        # cost is governed elsewhere (an oversight trigger, the anomaly cost range)
-        detail = {"dimension": COST, "scope": "per_session", "reason": "unpriced_model", "model": model}
-        return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
-    return None, warnings
-
-
-def _session_cost(run: _Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:
-    held = reserved.get(SESSION_COST, 0.0) if reserved else 0.0
-    return run.state.counters.get(SESSION_COST, 0.0) - held + (cost or 0.0)
-
-
-def _cost_checks(run: _Run, session_cost: float) -> Decision | None:
-    """Session-level oversight triggers (cost only) and the §7 cost ceiling."""
-    limits = run.limits
-    for trigger in limits.triggers:
-        if (
-            trigger.session_level
-            and trigger.cost_usd_over is not None
-            and session_cost > trigger.cost_usd_over
-            and trigger.name not in run.state.released_triggers
-        ):
-            detail = {"cost_usd": session_cost, "cost_usd_over": trigger.cost_usd_over}
-            decision = run.trigger(trigger.name, trigger.description, detail)
-            if decision is not None:
-                return decision
-    baseline = limits.baseline
-    if baseline is not None and baseline.cost_max is not None:
-        deviation = anomaly.cost_deviation(baseline, run.state, session_cost, at_end=False)
-        if deviation is not None:
-            return run.fire(ON_ANOMALY, {"deviations": [deviation]}, limits.enforce_anomaly)
-    return None
-
-
-_new_tuple = tuple.__new__  # CounterCharge(...) without the NamedTuple's Python-level __new__
-
-
-def _charges(run: _Run, meters: tuple[Meter, ...], tokens: int, cost: float | None, capped: bool) -> tuple[CounterCharge, ...]:
-    capped = capped and run.limits.enforce_hard and not run.budget_open
-    out = []
-    for m in meters:
-        amount = tokens if m.dimension == TOKENS else cost
-        if amount is not None:  # fields in CounterCharge's order: scope, dimension, amount, cap, persona
-            out.append(_new_tuple(CounterCharge, (m.scope, m.dimension, amount, m.cap if capped else None, m.persona)))
-    return tuple(out)
-
-
-# --- per step --------------------------------------------------------------------------
-
-
-def _model_call(run: _Run, step: ModelCall) -> Decision:
-    limits, state = run.limits, run.state
-    run.release(step.approval_id)
-    allowed = step_tools(limits, step.persona)  # what the call may be offered (policy.tools)
-    if step.persona is not None and step.persona not in limits.personas:
-        if (d := _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None)) is not None:
-            return d
-    if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
-        return d
-    if (d := _count(run, "max_iterations", state.iterations, limits.max_iterations)) is not None:
-        return d
-    d, _, clock_warnings = _clock(run, settle=False)
-    if d is not None:
-        return d
-    tokens = step.expected_input_tokens + step.expected_output_tokens
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
-    meters = limits.meters.get(step.persona, limits.meters[None])
-    # an output limit that does not fit is lowered to what does (or projected at the floor)
-    fit = fitting.fit_output(limits, state.counters, meters, step, run.budget_open) \
-        if step.output_floor is not None else None
-    if fit is not None:
-        tokens, cost = fit.tokens, fit.cost
-    d, warnings = _budget(run, meters, tokens, cost, None, step.model,
-                          fit.refusal_detail() if fit is not None and fit.below_floor else None)
-    if d is not None:
-        return d
-    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, None))) is not None:
-        return d
-    warnings.extend(clock_warnings)
-    decision = run.finish(_charges(run, meters, tokens, cost, True), allowed, tuple(warnings))
-    return decision if fit is None else fitting.recorded(decision, fit, run.kind, step.persona)
-
-
-def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, counters: Mapping[Any, float],
-                     now: float) -> tuple[Decision, SessionState] | None:
-    """decide() and advance() for the usual model call, without the general run: one that
-    fires no cause and gives no warning, so that its decision is a plain permit with its
-    charges. `counters` is the store's snapshot of `limits.counter_keys(step)`.
-
-    Returns (decide(limits, s, step, now), advance(limits, s, step, decision, now)) for
-    s = state.with_counters(counters), exactly; None when that call would fire or warn, or
-    is not the usual one (a persona's, a released one, in a halted session, reserving
-    nothing): decide() answers those. The checks are _model_call's, in its order; each one
-    that would record something gives None instead (the property tests hold the two equal)."""
-    if state.halted or step.persona is not None or step.approval_id is not None:
-        return None
-    if limits.max_concurrent is not None and state.in_flight + 1 > limits.max_concurrent:
-        return None
-    if limits.max_iterations is not None and state.iterations + 1 > limits.max_iterations:
-        return None
-    warned = state.warned
-    if limits.clock_checked:  # _clock(settle=False)
-        elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-        meters: tuple[Meter, ...] = limits.clock_meters[None]
-        for name, live in state.personas_live.items():
-            if live > 0:
-                meters = meters + limits.clock_meters.get(name, ())
-        if limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
-            return None
-        for m in meters:
-            if m.cap is None:
-                continue
-            projected = counters.get(m.key, 0.0) + elapsed_since
-            if projected > m.cap or (m.warn_at is not None and projected >= m.warn_at
-                                     and (m.dimension, m.scope) not in warned):
-                return None
-    tokens = step.expected_input_tokens + step.expected_output_tokens
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
-    meters = limits.meters[None]
-    for m in meters:  # _budget, with nothing reserved
-        cap = m.cap
-        if cap is None:
-            continue
-        amount = tokens if m.dimension == TOKENS else cost
-        if amount is None:
-            return None
-        projected = counters.get(m.key, 0.0) + amount
-        if (projected > cap and amount > 0.0) or (m.warn_at is not None and projected >= m.warn_at
-                                                  and (m.dimension, m.scope) not in warned):
-            return None
-    if cost is None and limits.cost_governed:
-        return None
-    if limits.triggers or limits.baseline is not None:  # _cost_checks
-        session_cost = counters.get(SESSION_COST, 0.0) + (cost or 0.0)
-        for trigger in limits.triggers:
-            if (trigger.session_level and trigger.cost_usd_over is not None and session_cost > trigger.cost_usd_over
-                    and trigger.name not in state.released_triggers):
-                return None
-        baseline = limits.baseline
-        if (baseline is not None and baseline.cost_max is not None and session_cost > baseline.cost_max
-                and "cost_above_max" not in state.deviations):
-            return None
-    capped = limits.enforce_hard
-    # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
-    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
-                                                m.cap if capped else None, m.persona))
-                     for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
-    if not charges:
-        return None
-    decision = permitted(charges, step_tools(limits, None), (), {}, False)
-    return decision, state.evolve(counters=counters, seq=state.seq + 1, iterations=state.iterations + 1,
-                                  in_flight=state.in_flight + 1)
-
-
-def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decision | None:
-    """The decision for a final usage report within what its admission reserved (every
-    metered amount, priced: Limits.within_reservation) in a session not halted: settle the
-    actual usage and fire nothing. The admission's projection already checked every cap,
-    warning level and cost trigger such usage can reach (its reservation has been in the
-    counters since), so no counter is read. None for any other report.
-
-    decide() answers such a report with this; the runtime also calls it alone, to settle a
-    model call without a full decision round (Runtime._settle_at_once)."""
-    if state.halted or not step.final:
-        return None
-    return _settlement(limits, step, _report_cost(limits, step))
-
-
-def quiet_settlement(limits: Limits, state: SessionState, step: UsageReport) -> tuple[Decision, SessionState] | None:
-    """settlement() with advance()'s next state for it, in one short pass: for such a report
-    advance() only counts the step and, when the report ends its call, frees its slot."""
-    decision = settlement(limits, state, step)
-    if decision is None:
-        return None
-    if step.ends_call:
-        return decision, state.evolve(seq=state.seq + 1, in_flight=max(0, state.in_flight - 1))
-    return decision, state.evolve(seq=state.seq + 1)
-
-
-def _report_cost(limits: Limits, step: UsageReport) -> float | None:
-    return limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
-
-
-def _settlement(limits: Limits, step: UsageReport, cost: float | None) -> Decision | None:
-    """settlement() for a final report in a session not halted, priced at `cost`."""
-    if not limits.within_reservation(step, cost):
-        return None
-    meters = limits.meters.get(step.persona, limits.meters[None])
-    tokens = step.input_tokens + step.output_tokens
-    charges = tuple([_new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost, None,
-                                                m.persona)) for m in meters])  # settled: no caps
-    return permitted(charges, None, (), {}, True)
-
-
-def _usage(run: _Run, step: UsageReport) -> Decision:
-    limits = run.limits
-    cost = _report_cost(limits, step)
-    # (a halted session is answered by decide() before any handler)
-    if step.final and (settled := _settlement(limits, step, cost)) is not None:
-        return settled  # nothing the admission did not check: settle only
-    meters = limits.meters.get(step.persona, limits.meters[None])
-    tokens = step.input_tokens + step.output_tokens
-    if step.final:
-        run.settles = True
-        run.charges = _charges(run, meters, tokens, cost, False)
-    reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
-    d, warnings = _budget(run, meters, tokens, cost, reserved, step.model)
-    if d is not None:
-        return d
-    if (limits.triggers or limits.baseline is not None) and (d := _cost_checks(run, _session_cost(run, cost, reserved))) is not None:
-        return d
-    return run.finish(warnings=tuple(warnings))
-
-
-def _step_level(limits: Limits, step: ToolCall) -> int | None:
-    """The step's sensitivity: the highest of what the step says and what its tool declares;
-    unknown, the agent's own declared sensitivity (fail closed)."""
-    level = SENSITIVITY.get(step.sensitivity) if step.sensitivity else None
-    for data_class in step.data_classes:
-        found = SENSITIVITY.get(data_class)
-        if found is not None and (level is None or found > level):
-            level = found
-    declared = limits.tool_sensitivity.get(step.tool)
-    if declared is not None and (level is None or declared > level):
-        level = declared
-    return limits.agent_sensitivity if level is None else level
-
-
-def _classes(limits: Limits, step: ToolCall) -> frozenset[str]:
-    declared = limits.tool_categories.get(step.tool)
-    classes = frozenset(c for c in step.data_classes if c not in SENSITIVITY)
-    return classes | declared if declared else classes
-
-
-def _tool_call(run: _Run, step: ToolCall) -> Decision:
-    limits, state = run.limits, run.state
-    enforce = limits.enforce_hard
-    run.release(step.approval_id)
-    tool = step.tool
-    if step.origin == "agent" and state.announced and state.announced.get(loop_signature(tool, step.arguments)):
-        # the execution of a call a model response announced and the governor admitted then
-        return run.finish(details={"tool": tool, "announced": True})
-    if step.persona is not None:
-        persona = limits.personas.get(step.persona)
-        if persona is None:
-            if (d := _persona_denied(run, step.persona, "undeclared_persona", tool=tool, matched_rule=None)) is not None:
-                return d
-        elif tool not in persona.tools:
-            d = _persona_denied(
-                run, step.persona, "tool_not_granted", tool=tool, matched_rule=persona.rule, allowed_tools=sorted(persona.tools)
-            )
-            if d is not None:
-                return d
-    elif limits.parent_tools and tool not in limits.parent_tools:
-        # the agent's own declared tool surface (Core §8.1); a passport without tools[] names none
-        detail = {"tool": tool, "reason": "tool_not_declared", "declared_tools": sorted(limits.parent_tools)}
-        if (d := run.fire(ON_TOOL_DENIED, detail, enforce)) is not None:
-            return d
-    if (d := _count(run, "max_concurrent", state.in_flight, limits.max_concurrent)) is not None:
-        return d
-    if (d := _count(run, "tool_invocation.max_concurrent", state.tools_in_flight, limits.tool_max_concurrent)) is not None:
-        return d
-    if (d := _count(run, "max_tool_calls_per_session", state.tool_calls, limits.max_tool_calls)) is not None:
-        return d
-    if limits.loop_window is not None:
-        signature = loop_signature(tool, step.arguments)
-        repeats = state.recent_tools.count(signature)
-        needed = min(limits.config.loop_threshold - 1, limits.loop_window)
-        if repeats >= needed:
-            detail = {
-                "tool": tool, "signature": signature, "repeats_in_window": repeats,
-                "window": limits.loop_window, "threshold": needed + 1, "loop": True,
-            }
-            first = limits.loop_on_detected  # §3.4: on_detected, else on_iteration_limit, else halt
-            if (d := run.fire(ON_ITERATION_LIMIT, detail, enforce, first)) is not None:
-                return d
-    d, _, warnings = _clock(run, settle=False)
-    if d is not None:
-        return d
-    if tool in limits.confirm_tools:
-        detail = {"tool": tool, "requires_confirmation": True}
-        if (d := run.trigger(f"tools.{tool}.requires_confirmation", f"{tool} requires confirmation", detail)) is not None:
-            return d
-    if limits.triggers:
-        level = None
-        cost = state.counters.get(SESSION_COST, 0.0)
-        for trigger in limits.triggers:
-            if trigger.session_level and trigger.name in state.released_triggers:
-                continue
-            if trigger.tool is not None and trigger.tool != tool:
-                continue
-            if trigger.cost_usd_over is not None and not cost > trigger.cost_usd_over:
-                continue
-            if trigger.path is not None and (step.target_path is None or not trigger.path.matches(step.target_path)):
-                continue
-            if trigger.classification_at_least is not None:
-                level = _step_level(limits, step) if level is None else level
-                if level is None or level < trigger.classification_at_least:
-                    continue
-            detail = {"tool": tool}
-            if step.target_path is not None:
-                detail["target_path"] = step.target_path
-            if (d := run.trigger(trigger.name, trigger.description, detail)) is not None:
-                return d
-    if limits.baseline is not None:
-        deviations = anomaly.tool_deviations(limits.baseline, limits.config, state, tool, _classes(limits, step))
-        if deviations:
-            if (d := run.fire(ON_ANOMALY, {"tool": tool, "deviations": deviations}, limits.enforce_anomaly)) is not None:
-                return d
-    return run.finish(warnings=tuple(warnings))
-
-
-def _persona_spawn(run: _Run, step: PersonaSpawn) -> Decision:
-    limits, state = run.limits, run.state
-    run.release(step.approval_id)
-    persona = limits.personas.get(step.persona)
-    live = state.personas_live.get(step.persona, 0)
-    if persona is None:
-        decision = _persona_denied(run, step.persona, "undeclared_persona", matched_rule=None) or run.finish()
-        return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {"persona": step.persona, "matched_rule": None,
-                                                                 **_instance(step, live + 1, None)})
-    if persona.max_parallel is not None and live + 1 > persona.max_parallel:
-        d = _persona_denied(
-            run, step.persona, "max_parallel", matched_rule=persona.rule, observed=live, limit=persona.max_parallel
-        )
-        if d is not None:
-            return d
-    total = sum(state.personas_live.values())
-    if limits.max_concurrent is not None and total + 1 > limits.max_concurrent:
-        d = _persona_denied(
-            run, step.persona, "max_concurrent", matched_rule=persona.rule, observed=total, limit=limits.max_concurrent
-        )
-        if d is not None:
-            return d
-    counters = state.counters
-    details = {
-        "persona": step.persona,
-        "matched_rule": persona.rule,
-        "draw_down": {  # the parent's aggregate use the persona starts from (§4.1.5)
-            TOKENS: counters.get(("per_session", None, TOKENS), 0.0),
-            COST: counters.get(SESSION_COST, 0.0),
-        },
-    }
-    decision = run.finish(allowed_tools=persona.tools, details=details)
-    return _went_ahead(decision, ON_SUB_AGENT_SPAWNED, run, {**details, **_instance(step, live + 1, persona.max_parallel)})
-
-
-def _delegation(run: _Run, step: Delegation) -> Decision:
-    limits = run.limits
-    run.release(step.approval_id)
-    reason, detail = peers.admit_peer(limits.delegation, limits.own_scopes, limits.own_budget, step)
-    if reason is not None:
-        detail["reason"] = reason
-        if (d := run.fire(ON_DELEGATION_DENIED, detail, limits.enforce_hard)) is not None:
-            return d
-        return run.finish()
-    d, _, _ = _clock(run, settle=False)
-    if step.persona is not None:
-        detail["persona"] = step.persona
-    return d or _went_ahead(run.finish(details=detail), ON_DELEGATION_ADMITTED, run, dict(detail))
-
-
-def _instance(step: PersonaSpawn | PersonaExit, live: int, max_parallel: int | None) -> dict[str, Any]:
-    detail: dict[str, Any] = {"live": live}
-    if step.instance is not None:
-        detail["instance"] = step.instance
-    if max_parallel is not None:
-        detail["max_parallel"] = max_parallel
-    return detail
-
-
-def _went_ahead(decision: Decision, cause: str, run: _Run, detail: dict[str, Any]) -> Decision:
-    """§4.1.5 / §4.2.5: a spawn or delegation that goes ahead is recorded too, after any event
-    its checks recorded (an observed or continued denial), as `continue` overriding nothing."""
-    if decision.blocks:
-        return decision
-    detail.update(decision="permit", step=run.kind)
-    return replace(decision, event=_event(cause, Action.CONTINUE.value, detail), prior_events=decision.events)
-
-
-def _persona_exit(run: _Run, step: PersonaExit) -> Decision:
-    """The instance's slot is freed by advance(); the end is recorded beside its spawn."""
-    remaining = max(0, run.state.personas_live.get(step.persona, 0) - 1)
-    detail = {"persona": step.persona, **_instance(step, remaining, None), "step": run.kind}
-    if step.reason is not None:
-        detail["reason"] = step.reason
-    if step.lived_sec is not None:
-        detail["lived_sec"] = round(step.lived_sec, 3)
-    return Decision(event=_event(ON_SUB_AGENT_ENDED, Action.CONTINUE.value, detail))
-
-
-def _tool_error(run: _Run, step: ToolError) -> Decision:
-    detail: dict[str, Any] = {"tool": step.tool}
-    if step.message:
-        detail["message"] = step.message[:500]
-    if step.persona is not None:
-        detail["persona"] = step.persona
-    return run.fire(ON_TOOL_ERROR, detail, run.limits.enforce_hard) or run.finish()
-
-
-def _tick(run: _Run, step: Tick) -> Decision:
-    d, _, warnings = _clock(run, settle=True)
+from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
+from governor.policy.run import Run
+from governor.policy.checks import charges_for, clock_check
+from governor.policy.quiet import quiet_model_call, quiet_settlement, settlement
+from governor.policy.model_steps import decide_model_call, decide_usage
+from governor.policy.tool_steps import decide_tool_call, decide_tool_error
+from governor.policy.sub_agent_steps import decide_delegation, decide_persona_exit, decide_persona_spawn
+from governor.policy.approval_steps import (
+    decide_approval_expired, decide_approval_granted, decide_approval_rejected
+)
+from governor.policy.transition import advance
+
+# the door: what outside code imports from here, wherever each piece now lives
+__all__ = [
+    "advance",
+    "decide",
+    "governor_error",
+    "quiet_model_call",
+    "quiet_settlement",
+    "settlement",
+    "step_digest",
+    "loop_signature",
+    "approval_id",
+    "STEP_KINDS",
+]
+
+
+def _tick(run: Run, step: Tick) -> Decision:
+    d, _, warnings = clock_check(run, settle=True)
     return d or run.finish(warnings=tuple(warnings))
 
 
-def _session_end(run: _Run, step: SessionEnd) -> Decision:
-    _clock(run, settle=True, check=False)  # the last interval settles; nothing left to stop
+def _session_end(run: Run, step: SessionEnd) -> Decision:
+    clock_check(run, settle=True, check=False)  # the last interval settles; nothing left to stop
     baseline = run.limits.baseline
     if baseline is not None and baseline.cost_min is not None:
         deviation = anomaly.cost_deviation(baseline, run.state, run.state.counters.get(SESSION_COST, 0.0), at_end=True)
@@ -862,7 +112,7 @@ def _session_end(run: _Run, step: SessionEnd) -> Decision:
     return run.finish()
 
 
-def _passport_presented(run: _Run, step: PassportPresented) -> Decision:
+def _passport_presented(run: Run, step: PassportPresented) -> Decision:
     if step.digest == run.limits.passport_digest:
         return PERMIT
     # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6
@@ -870,141 +120,26 @@ def _passport_presented(run: _Run, step: PassportPresented) -> Decision:
     return run.fire(ON_SESSION_INTEGRITY, detail, run.limits.enforce_hard) or run.finish()
 
 
-def _unknown_approval(approval_ref: str, approval: Approval | None) -> Decision:
-    # The runtime checks before asking; an unknown or answered approval releases nothing.
-    return Decision(
-        action=Action.DENY,
-        details={"approval_id": approval_ref, "reason": "unknown approval" if approval is None else f"approval already {approval.status}"},
-    )
-
-
-def _approval_detail(run: _Run, approval: Approval, review: str) -> dict[str, Any]:
-    return {
-        "step": run.kind, "review": review, "approval_id": approval.id, "step_digest": approval.step_digest,
-        "trigger": approval.trigger, "fail_closed": False,
-    }
-
-
-def _timeout(run: _Run, approval: Approval, late_reviewer: str | None = None) -> Decision:
-    """§5.3: nobody answered in time. The held step never runs unreviewed."""
-    detail = _approval_detail(run, approval, "expired")
-    detail["paused_cause"] = approval.cause
-    if late_reviewer is not None:
-        detail["late_reviewer"] = late_reviewer
-    resolution = run.limits.degradation.get(ON_OVERSIGHT_TIMEOUT, _degradation.FAIL_CLOSED)
-    detail["fail_closed"] = resolution.fail_closed
-    if resolution.declared_by is not None:
-        detail["declared_by"] = resolution.declared_by
-    action = resolution.action
-    if action is Action.PAUSE:  # escalate again: a fresh review of the same step
-        request = ApprovalRequest(
-            approval_id(run.state.session, run.state.seq, approval.step_digest),
-            resolution.message or "oversight timed out; review again",
-            approval.step_digest,
-            run.now + run.limits.response_time_sec,
-            approval.trigger,
-        )
-        detail.update(approval_id=request.id, previous_approval_id=approval.id, expires_at=request.expires_at)
-        return run.stop(Action.PAUSE, ON_OVERSIGHT_TIMEOUT, detail, approval=request)
-    if action is Action.CONTINUE:  # the session goes on; the held step does not
-        detail["overridden_cause"] = ON_OVERSIGHT_TIMEOUT
-        detail["held_step"] = "not_executed"
-        return Decision(
-            action=Action.DENY, cause=ON_OVERSIGHT_TIMEOUT, details=detail,
-            event=_event(ON_OVERSIGHT_TIMEOUT, Action.CONTINUE.value, detail),
-        )
-    if action is Action.FALLBACK:
-        return run.stop(Action.FALLBACK, ON_OVERSIGHT_TIMEOUT, detail, fallback_value=resolution.value, fallback_message=resolution.message)
-    return run.stop(Action.HALT, ON_OVERSIGHT_TIMEOUT, detail, fail_closed=resolution.fail_closed)
-
-
-def _approval_granted(run: _Run, step: ApprovalGranted) -> Decision:
-    approval = run.state.approvals.get(step.approval_id)
-    if approval is None or approval.status != PENDING:
-        return _unknown_approval(step.approval_id, approval)
-    if run.now > approval.expires_at:
-        return _timeout(run, approval, late_reviewer=step.reviewer)
-    if step.edited_digest is not None and not run.limits.plan_editing:
-        # §5.4: edits are part of the plan_editing intervention model only
-        return Decision(action=Action.DENY, details={
-            "approval_id": step.approval_id, "reason": "the passport's intervention_model is not plan_editing"})
-    detail = _approval_detail(run, approval, "approved")
-    detail["reviewer"] = step.reviewer
-    if step.reason:
-        detail["reason"] = step.reason[:500]
-    detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
-    if step.edited_digest is not None:  # both digests recorded: what the agent asked, what was approved
-        detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)
-    return Decision(
-        action=Action.CONTINUE, cause=approval.cause, details=detail,
-        event=_event(approval.cause, Action.CONTINUE.value, detail),
-    )
-
-
-def _approval_rejected(run: _Run, step: ApprovalRejected) -> Decision:
-    approval = run.state.approvals.get(step.approval_id)
-    if approval is None or approval.status != PENDING:
-        return _unknown_approval(step.approval_id, approval)
-    detail = _approval_detail(run, approval, "rejected")
-    detail["reviewer"] = step.reviewer
-    if step.reason:
-        detail["reason"] = step.reason[:500]
-    # The record's action vocabulary has no "deny": the held step is replaced by the
-    # rejection and the session goes on, which is §6's fallback.
-    return Decision(
-        action=Action.DENY, cause=approval.cause, details=detail,
-        event=_event(approval.cause, Action.FALLBACK.value, detail),
-    )
-
-
-def _approval_expired(run: _Run, step: ApprovalExpired) -> Decision:
-    approval = run.state.approvals.get(step.approval_id)
-    if approval is None or approval.status != PENDING:
-        return _unknown_approval(step.approval_id, approval)
-    return _timeout(run, approval)
-
-
-def _nothing(run: _Run, step: Step) -> Decision:
+def _nothing(run: Run, step: Step) -> Decision:
     return PERMIT
 
 
-_HANDLERS: dict[type, Callable[[_Run, Any], Decision]] = {
-    ModelCall: _model_call,
-    UsageReport: _usage,
-    ToolCall: _tool_call,
-    PersonaSpawn: _persona_spawn,
-    PersonaExit: _persona_exit,
+_HANDLERS: dict[type, Callable[[Run, Any], Decision]] = {
+    ModelCall: decide_model_call,
+    UsageReport: decide_usage,
+    ToolCall: decide_tool_call,
+    PersonaSpawn: decide_persona_spawn,
+    PersonaExit: decide_persona_exit,
     StepDone: _nothing,
-    Delegation: _delegation,
-    ToolError: _tool_error,
+    Delegation: decide_delegation,
+    ToolError: decide_tool_error,
     Tick: _tick,
     SessionEnd: _session_end,
     PassportPresented: _passport_presented,
-    ApprovalGranted: _approval_granted,
-    ApprovalRejected: _approval_rejected,
-    ApprovalExpired: _approval_expired,
+    ApprovalGranted: decide_approval_granted,
+    ApprovalRejected: decide_approval_rejected,
+    ApprovalExpired: decide_approval_expired,
 }
-
-
-def _frees(step: Any) -> bool:
-    kind = type(step)
-    return kind is StepDone or kind is PersonaExit or (kind is UsageReport and step.ends_call)
-
-
-def _freed(state: SessionState, step: Any) -> dict[str, Any]:
-    """The in-flight bookkeeping of a StepDone, a PersonaExit or a report that ends its call."""
-    if type(step) is PersonaExit:
-        live = dict(state.personas_live)
-        remaining = live.get(step.persona, 0) - 1
-        if remaining > 0:
-            live[step.persona] = remaining
-        else:
-            live.pop(step.persona, None)
-        return {"personas_live": live}
-    changes: dict[str, Any] = {"in_flight": max(0, state.in_flight - 1)}
-    if type(step) is StepDone and step.kind == "tool":
-        changes["tools_in_flight"] = max(0, state.tools_in_flight - 1)
-    return changes
 
 
 def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:
@@ -1022,10 +157,10 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
         delivered = limits.within_reservation(step, cost)  # type: ignore[arg-type]
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]
-            run = _Run(limits, state, step, now)
-            charges = _charges(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
+            run = Run(limits, state, step, now)
+            charges = charges_for(run, meters, step.input_tokens + step.output_tokens, cost, False)  # type: ignore[union-attr]
     elif kind is Tick or kind is SessionEnd:
-        _, charges, _ = _clock(_Run(limits, state, step, now), settle=True)
+        _, charges, _ = clock_check(Run(limits, state, step, now), settle=True)
     if delivered:
         return Decision(details={"halted": True, "halt_cause": state.halt_cause, "admitted_before_halt": True},
                         charges=charges, settles=bool(charges))
@@ -1051,7 +186,7 @@ def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExce
     if not enforced:
         detail.update(observed_only=True, would=action.value, overridden_cause=ON_GOVERNOR_ERROR)
         return Decision(action=action, enforced=False, cause=ON_GOVERNOR_ERROR, details=detail,
-                        event=_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail))
+                        event=enforcement_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail))
     if action is Action.CONTINUE:
         detail["overridden_cause"] = ON_GOVERNOR_ERROR
     return Decision(
@@ -1059,7 +194,7 @@ def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExce
         cause=ON_GOVERNOR_ERROR,
         fail_closed=detail["fail_closed"],
         details=detail,
-        event=_event(ON_GOVERNOR_ERROR, action.value, detail),
+        event=enforcement_event(ON_GOVERNOR_ERROR, action.value, detail),
         fallback_value=resolution.value if action is Action.FALLBACK else None,
         fallback_message=resolution.message,
     )
@@ -1074,118 +209,6 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
         if state.halted:
             return _after_halt(limits, state, step, now)
         handler = _HANDLERS[type(step)]
-        return handler(_Run(limits, state, step, now), step)
+        return handler(Run(limits, state, step, now), step)
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
         return governor_error(limits, state, step, exc)
-
-
-# --- the state transition --------------------------------------------------------------
-
-
-def _deviation_keys(decision: Decision) -> frozenset[str]:
-    keys = set()
-    for event in decision.events:
-        if event["cause"] == ON_ANOMALY:
-            for deviation in event["detail"].get("deviations", ()):
-                keys.add(deviation["key"])
-    return frozenset(keys)
-
-
-def advance(limits: Limits, state: SessionState, step: Step, decision: Decision, now: float) -> SessionState:
-    """The session's state after the runtime applied `decision` to `step`."""
-    changes: dict[str, Any] = {"seq": state.seq + 1}
-    kind = type(step)
-    if decision.settles and (kind is Tick or kind is SessionEnd):
-        changes["wall_clock_at"] = now
-    if kind is SessionEnd:
-        changes["ended"] = True
-    if state.halted:
-        # nothing goes ahead any more, but steps admitted before the halt still finish:
-        # their in-flight slots are freed so the session can be seen idle and end
-        if _frees(step):
-            changes.update(_freed(state, step))
-        return state.evolve(**changes)
-    if decision.halts:
-        changes["halted"] = True
-        changes["halt_cause"] = decision.cause
-    if decision.warnings:
-        changes["warned"] = state.warned | {(d, s) for d, s, _ in decision.warnings}
-    if decision.event is not None:
-        keys = _deviation_keys(decision)
-        if keys:
-            changes["deviations"] = state.deviations | keys
-    approvals = None
-    request = decision.approval
-    if decision.enforced and decision.action is Action.PAUSE and request is not None and not request.monitor_only:
-        approvals = dict(state.approvals)
-        approvals[request.id] = Approval(request.id, request.step_digest, decision.cause or ON_OVERSIGHT_TRIGGER,
-                                         request.trigger, request.expires_at)
-    if kind is ApprovalGranted or kind is ApprovalRejected or kind is ApprovalExpired:
-        approval = state.approvals.get(step.approval_id)  # type: ignore[union-attr]
-        review = decision.details.get("review")
-        if approval is not None and approval.status == PENDING and review is not None:
-            status = {"approved": GRANTED, "rejected": REJECTED, "expired": EXPIRED}[review]
-            approvals = dict(state.approvals) if approvals is None else approvals
-            approvals[approval.id] = replace(approval, status=status, reviewer=getattr(step, "reviewer", None))
-            if status == GRANTED and getattr(step, "edited_digest", None) is not None:
-                # plan editing: the grant releases the edited step, not the one the agent sent
-                approvals[approval.id] = replace(approvals[approval.id], step_digest=step.edited_digest)
-            if status == GRANTED:
-                trigger = next((t for t in limits.triggers if t.name == approval.trigger), None)
-                if trigger is not None and trigger.session_level:
-                    changes["released_triggers"] = state.released_triggers | {trigger.name}
-    goes_ahead = not decision.blocks
-    if goes_ahead:
-        approval_ref = getattr(step, "approval_id", None)
-        released = decision.details.get("released_by")
-        if approval_ref is not None and released == approval_ref and kind not in (ApprovalGranted, ApprovalRejected, ApprovalExpired):
-            # the step went ahead: every grant for it is used up (each releases it once)
-            approvals = dict(state.approvals) if approvals is None else approvals
-            released_digest = approvals[approval_ref].step_digest
-            for ref, granted in approvals.items():
-                if granted.status == GRANTED and granted.step_digest == released_digest:
-                    approvals[ref] = replace(granted, status=USED)
-        if kind is ModelCall:
-            changes["iterations"] = state.iterations + 1
-            changes["in_flight"] = state.in_flight + 1
-        elif kind is ToolCall and decision.details.get("announced"):
-            # executing an announced call: now in flight, already counted and gated
-            signature = loop_signature(step.tool, step.arguments)  # type: ignore[union-attr]
-            announced = dict(state.announced)
-            if announced.get(signature, 0) > 1:
-                announced[signature] -= 1
-            else:
-                announced.pop(signature, None)
-            changes["announced"] = announced
-            changes["in_flight"] = state.in_flight + 1
-            changes["tools_in_flight"] = state.tools_in_flight + 1
-        elif kind is ToolCall:
-            tool = step.tool  # type: ignore[union-attr]
-            changes["tool_calls"] = state.tool_calls + 1
-            if step.origin == "model":  # type: ignore[union-attr]
-                # runs at the agent, outside the governor's view: counted, not in flight here
-                signature = loop_signature(tool, step.arguments)  # type: ignore[union-attr]
-                announced = dict(state.announced)
-                announced[signature] = announced.get(signature, 0) + 1
-                changes["announced"] = announced
-            else:
-                changes["in_flight"] = state.in_flight + 1
-                changes["tools_in_flight"] = state.tools_in_flight + 1
-            counts = dict(state.tool_counts)
-            counts[tool] = counts.get(tool, 0) + 1
-            changes["tool_counts"] = counts
-            classes = _classes(limits, step)  # type: ignore[arg-type]
-            if not classes <= state.data_classes:
-                changes["data_classes"] = state.data_classes | classes
-            if limits.loop_window is not None:
-                window = state.recent_tools + (loop_signature(tool, step.arguments),)  # type: ignore[union-attr]
-                changes["recent_tools"] = window[-limits.loop_window:]
-        elif kind is PersonaSpawn:
-            live = dict(state.personas_live)
-            live[step.persona] = live.get(step.persona, 0) + 1  # type: ignore[union-attr]
-            changes["personas_live"] = live
-    if _frees(step):
-        changes.update(_freed(state, step))
-    if approvals is not None:
-        changes["approvals"] = approvals
-    return state.evolve(**changes)

@@ -1,0 +1,191 @@
+"""The runtime's side of oversight (§5): holding a paused step, waiting for its review,
+answering it (approve, reject, plan-editing edit), expiring it, and the views of what
+waits.
+
+Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough), as
+runtime_sessions.SessionEvidence is. The decision about a review is the policy's
+(governor.policy.approval_steps); this holds the waiting request and wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from governor.policy import (
+    Action,
+    ApprovalExpired,
+    ApprovalGranted,
+    ApprovalRejected,
+    Decision,
+    Step,
+    ToolCall,
+    step_digest,
+)
+from governor.runtime_api import Admission
+from governor.runtime_edit import EditRefused, editable, edited_step
+from governor.policy.state import PENDING
+from governor.evidence import iso_utc
+from governor.notify import events as notify
+from governor.runtime_refusals import unrecorded_failure
+
+if TYPE_CHECKING:
+    from governor.runtime import _Session
+
+
+@dataclass(slots=True)
+class HeldStep:
+    """A paused step waiting for its review, and the future its request waits on."""
+
+    step: Step
+    expires_at: float
+    answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
+    reason: str
+    trigger: str
+    held_at: float = 0.0  # when the step was paused (the approval wait histogram)
+    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
+
+
+class RuntimeApprovals:
+    """Held steps and their reviews, for `governor.runtime.Runtime`."""
+
+    def _hold(self, live: _Session, step: Step, decision: Decision) -> None:
+        request = decision.approval
+        assert request is not None
+        live.pending[request.id] = HeldStep(
+            step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
+            reason=request.reason, trigger=request.trigger, held_at=self.clock(),
+        )
+        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
+        self._pending_metrics()
+        self._restate(live)
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        edited: dict[str, Any] | None = None  # plan editing: the arguments the reviewer approved
+        while True:
+            live = self._sessions.get(session)
+            pending = live.pending.get(approval_id) if live is not None else None
+            if live is None or pending is None:
+                decision = unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
+                return self._admission(session, decision, None)
+            timeout = max(0.0, pending.expires_at - self.clock())
+            try:
+                approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
+            except TimeoutError:
+                answered = await self._expire(live, approval_id)
+                approved = False
+            if approved:
+                if pending.edited:  # (an edited step is a ToolCall)
+                    edited = dict(pending.step.arguments)  # type: ignore[attr-defined]
+                answered = await self.admit(session, dataclasses.replace(pending.step, approval_id=approval_id))
+            decision = answered.decision
+            if not (decision.enforced and decision.action is Action.PAUSE and decision.approval is not None):
+                if edited is not None and not decision.blocks:
+                    answered.edited_arguments = edited
+                return answered
+            # released from one pause into another (a second trigger, an anomaly, a declared
+            # re-review on timeout): the request stays held for that review too
+            approval_id = decision.approval.id
+
+    async def _expire(self, live: _Session, approval_id: str) -> Admission:
+        """§5.3: nobody answered in time; resolve on_oversight_timeout (halt by default)."""
+        async with live.lock:
+            pending = live.pending.get(approval_id)
+            if pending is not None and pending.answer.done():  # answered while we waited for the lock
+                approved, answered = pending.answer.result()
+                return answered if not approved else self._admission(live.id, Decision(), None)
+            decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
+            admission = self._admission(live.id, decision, None)
+            self._answer(live, approval_id, False, admission, "expired")
+        if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
+            self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
+        return admission
+
+    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None,
+                outcome: str) -> None:
+        pending = live.pending.pop(approval_id, None)
+        if pending is not None and not pending.answer.done():
+            pending.answer.set_result((approved, admission))
+        if pending is not None:
+            self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
+        self._pending_metrics()
+        self._restate(live)
+
+    def _pending_count(self) -> int:
+        return sum(len(s.pending) for s in self._sessions.values())
+
+    def _pending_metrics(self) -> None:
+        """The pending-approval gauges, on a hold or an answer (not per request)."""
+        held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
+        self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
+        (plan editing, approve only) approves the held step with those arguments instead.
+        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
+        the step does not allow)."""
+        live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
+        if live is None:
+            raise KeyError(approval_id)
+        async with live.lock:
+            pending = live.pending.get(approval_id)
+            approval = live.state.approvals.get(approval_id)
+            if pending is None or pending.answer.done() or approval is None or approval.status != PENDING:
+                raise KeyError(approval_id)
+            edited = None
+            if edited_arguments is not None:
+                if not approve:
+                    raise EditRefused("edit_needs_approve", "edited arguments go with an approval, not a rejection")
+                edited = edited_step(live.limits, pending.step, edited_arguments)
+            if approve:
+                step = ApprovalGranted(approval_id, reviewer, reason,
+                                       edited_digest=step_digest(edited) if edited is not None else None)
+            else:
+                step = ApprovalRejected(approval_id, reviewer, reason)
+            decision, _ = await self._apply(live, step, None)
+            admission = self._admission(live.id, decision, None)
+            # approved: the waiting request re-admits the held step, released by its digest
+            granted = approve and decision.action is Action.CONTINUE
+            if granted and edited is not None:  # the held request goes on as the reviewer edited it
+                pending.step, pending.edited = edited, True
+            self._answer(live, approval_id, granted, None if granted else admission,
+                         "approved" if approve else "rejected")
+        review = decision.details.get("review", "approved" if approve else "rejected")
+        answer = {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
+                  "reviewer": reviewer, "outcome": review, "governor": admission.governor_object,
+                  "edited": edited is not None}
+        if edited is not None:
+            answer.update(original_step_digest=decision.details.get("original_step_digest"),
+                          step_digest=decision.details.get("step_digest"))
+        return answer
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
+        when no live session knows it. A walk over sessions: for the control plane's error
+        answer only, never per request."""
+        for live in self._sessions.values():
+            approval = live.state.approvals.get(approval_id)
+            if approval is not None and approval_id not in live.pending:
+                return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
+        return None
+
+    def approvals(self) -> list[dict[str, Any]]:
+        return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
+
+    def _approval_views(self, live: _Session) -> list[dict[str, Any]]:
+        out = []
+        for approval_id, pending in live.pending.items():
+            approval = live.state.approvals.get(approval_id)
+            out.append({
+                "id": approval_id, "session": live.id, "reason": pending.reason, "trigger": pending.trigger,
+                "tool": getattr(pending.step, "tool", None),
+                "arguments": dict(getattr(pending.step, "arguments", {}) or {}),
+                "persona": getattr(pending.step, "persona", None),
+                "step_digest": approval.step_digest if approval else None,
+                "expires_at": iso_utc(pending.expires_at),
+                "plan_editing": editable(live.limits, pending.step),
+            })
+        return out
