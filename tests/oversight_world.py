@@ -58,6 +58,24 @@ class World:
         return [e for e in resp.json()["events"] if e["action"] == "pause"]
 
 
+# the start of a program the tests run with the openai SDK in a subprocess: record(name, fn)
+# keeps what fn returned, or the SDK error it raised (status, body, Retry-After), and its time
+SDK_RECORDER = """
+import json, threading, time, openai
+out = {}
+def record(name, fn):
+    t0 = time.monotonic()
+    try:
+        out[name] = fn()
+    except openai.APIStatusError as e:
+        out[name] = {"raised": type(e).__name__, "status": e.status_code, "body": e.body,
+                     "retry_after": e.response.headers.get("retry-after")}
+    except openai.APIError as e:
+        out[name] = {"raised": type(e).__name__, "message": e.message}
+    out[name + "_seconds"] = time.monotonic() - t0
+"""
+
+
 @dataclass
 class Reviewer:
     """Answers the first pending approval of `session` `after` seconds after it appeared."""

@@ -17,26 +17,14 @@ import pytest
 import pytest_asyncio
 
 from governor.proxy import holds
-from tests.oversight_world import TOOLS, Reviewer, oversight_world
+from tests.oversight_world import SDK_RECORDER, TOOLS, Reviewer, oversight_world
 from tests.proxy_harness import run_python
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ANSWER = {"tool": "delete_note", "args": '{"path":"/workspace/notes/old.md"}'}
 
-PRELUDE = """
-import json, threading, time, openai
-out = {}
-def record(name, fn):
-    t0 = time.monotonic()
-    try:
-        out[name] = fn()
-    except openai.APIStatusError as e:
-        out[name] = {"raised": type(e).__name__, "status": e.status_code, "body": e.body,
-                     "retry_after": e.response.headers.get("retry-after")}
-    except openai.APIError as e:
-        out[name] = {"raised": type(e).__name__, "message": e.message}
-    out[name + "_seconds"] = time.monotonic() - t0
+PRELUDE = SDK_RECORDER + """
 def chat(client, session, stream=False, content=None):
     def call():
         return client.chat.completions.create(

@@ -25,7 +25,7 @@ from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
 from governor.metrics import Metrics
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
-from tests.oversight_world import REVIEWER, TOOLS, Reviewer, ToolThenText, World
+from tests.oversight_world import REVIEWER, SDK_RECORDER, TOOLS, Reviewer, ToolThenText, World
 from tests.proxy_harness import AGENT_NAMED, run_python
 from tests.test_mcp_sdk import NotesServer, mcp_session
 from tests.test_mcp_sdk_runtime import PASSPORT
@@ -145,17 +145,7 @@ async def test_an_mcp_retry_with_a_changed_argument_is_a_different_step(mcp_worl
 
 # --- a model call held by an oversight trigger --------------------------------------------------
 
-PRELUDE = """
-import json, threading, time, openai
-out = {}
-def record(name, fn):
-    t0 = time.monotonic()
-    try:
-        out[name] = fn()
-    except openai.APIStatusError as e:
-        out[name] = {"raised": type(e).__name__, "status": e.status_code, "body": e.body,
-                     "retry_after": e.response.headers.get("retry-after")}
-    out[name + "_seconds"] = time.monotonic() - t0
+PRELUDE = SDK_RECORDER + """
 def chat(client, session, stream=False):
     def call():
         return client.chat.completions.create(
