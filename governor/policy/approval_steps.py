@@ -78,10 +78,7 @@ def decide_approval_granted(run: Run, step: ApprovalGranted) -> Decision:
         # §5.4: edits are part of the plan_editing intervention model only
         return Decision(action=Action.DENY, details={
             "approval_id": step.approval_id, "reason": "the passport's intervention_model is not plan_editing"})
-    detail = _approval_detail(run, approval, "approved")
-    detail["reviewer"] = step.reviewer
-    if step.reason:
-        detail["reason"] = step.reason[:500]
+    detail = _answered_detail(run, approval, "approved", step.reviewer, step.reason)
     detail["overridden_cause"] = approval.cause  # the paused cause, released by a human
     if step.edited_digest is not None:  # both digests recorded: what the agent asked, what was approved
         detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)
@@ -91,14 +88,20 @@ def decide_approval_granted(run: Run, step: ApprovalGranted) -> Decision:
     )
 
 
+def _answered_detail(run: Run, approval: Approval, outcome: str, reviewer: str, reason: str) -> dict[str, Any]:
+    """The event detail of a reviewer's answer: the approval's, who answered, their note."""
+    detail = _approval_detail(run, approval, outcome)
+    detail["reviewer"] = reviewer
+    if reason:
+        detail["reason"] = reason[:500]
+    return detail
+
+
 def decide_approval_rejected(run: Run, step: ApprovalRejected) -> Decision:
     approval = run.state.approvals.get(step.approval_id)
     if approval is None or approval.status != PENDING:
         return _unknown_approval(step.approval_id, approval)
-    detail = _approval_detail(run, approval, "rejected")
-    detail["reviewer"] = step.reviewer
-    if step.reason:
-        detail["reason"] = step.reason[:500]
+    detail = _answered_detail(run, approval, "rejected", step.reviewer, step.reason)
     # The record's action vocabulary has no "deny": the held step is replaced by the
     # rejection and the session goes on, which is §6's fallback.
     return Decision(

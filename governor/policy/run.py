@@ -79,12 +79,7 @@ class Run:
             self.budget_open = True
         if not enforce:
             # R1 (and §7 below R3): record what would apply; the step goes ahead
-            detail["observed_only"] = True
-            detail["would"] = resolution.action.value
-            detail["overridden_cause"] = cause
-            self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (resolution.action, cause, detail)
+            self.observe_only(resolution.action, cause, detail)
             return None
         action = resolution.action
         if action is Action.CONTINUE:
@@ -103,6 +98,15 @@ class Run:
         return self.stop(Action.HALT, cause, detail, fail_closed=resolution.fail_closed,
                          fallback_message=resolution.message)
 
+    def observe_only(self, would: Action, cause: str, detail: dict[str, Any]) -> None:
+        """Record what would apply (`would`, for `cause`) and let the step go ahead."""
+        detail["observed_only"] = True
+        detail["would"] = would.value
+        detail["overridden_cause"] = cause
+        self.events.append(enforcement_event(cause, Action.CONTINUE.value, detail))
+        if self.observed is None:
+            self.observed = (would, cause, detail)
+
     def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
         """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
         if ON_OVERSIGHT_TRIGGER in self.bypass:
@@ -112,12 +116,7 @@ class Run:
         detail["trigger"] = name
         detail["fail_closed"] = False
         if not limits.enforce_oversight:
-            detail["observed_only"] = True
-            detail["would"] = Action.PAUSE.value
-            detail["overridden_cause"] = ON_OVERSIGHT_TRIGGER
-            self.events.append(enforcement_event(ON_OVERSIGHT_TRIGGER, Action.CONTINUE.value, detail))
-            if self.observed is None:
-                self.observed = (Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
+            self.observe_only(Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
             return None
         if limits.monitor_only and not detail.get("requires_confirmation"):
             # monitor_only does not gate (§5.4); the firing is recorded and reviewers told
