@@ -1,11 +1,11 @@
 """Retry-proof holds (issue #21): a step held for a reviewer outlasts the client's timeout.
 
 The official openai SDK (subprocess, configured by its environment) at `timeout=5` with its
-default retries, against a 20 s review answered by a reviewer through the real control plane
+default retries, against a 10 s review answered by a reviewer through the real control plane
 (/v1/approvals with a reviewer token): the model is called once, one iteration and one
 approval are counted, and the agent gets the approved answer, plain (each held connection
-ends in 429 review_pending + Retry-After, which the SDK retries; the answer waits for the
-identical request) and streamed (the held stream stays alive with SSE comment lines). A
+ends in 429 review_pending + Retry-After, 2 s here, which the SDK retries; the answer waits
+for the identical request) and streamed (the held stream stays alive with SSE comment lines). A
 rejection is a clean 403; a different request is not attached; the kept answer is taken once.
 """
 
@@ -22,6 +22,7 @@ from tests.proxy_harness import run_python
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+RETRY_AFTER = 2
 ANSWER = {"tool": "delete_note", "args": '{"path":"/workspace/notes/old.md"}'}
 
 PRELUDE = SDK_RECORDER + """
@@ -48,7 +49,8 @@ def program(body: str) -> str:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def world(tmp_path_factory):
-    async with oversight_world(tmp_path_factory.mktemp("holds")) as w:
+    # Retry-After 2 s (the default is 10): the SDK's retries come back sooner, the behaviour is the same
+    async with oversight_world(tmp_path_factory.mktemp("holds"), review_retry_after=RETRY_AFTER) as w:
         yield w
 
 
@@ -74,8 +76,8 @@ async def _counted(world, session: str) -> tuple[int, int, int]:
     return world.calls(session), view["iterations"], len(await world.pauses(session))
 
 
-async def test_the_openai_sdk_at_timeout_5_through_a_20s_review_plain_and_streamed(world):
-    # both at once, each in its own session with its own reviewer answering after 20 s
+async def test_the_openai_sdk_at_timeout_5_through_a_10s_review_plain_and_streamed(world):
+    # both at once, each in its own session with its own reviewer answering after 10 s
     code = """
 client = openai.OpenAI(timeout=5)
 runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=name == "streamed")))
@@ -83,17 +85,18 @@ runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=na
 [t.start() for t in runs]
 [t.join() for t in runs]
 """
-    plain, streamed = Reviewer(world, "plain", 20), Reviewer(world, "streamed", 20)
+    plain, streamed = Reviewer(world, "plain", 10), Reviewer(world, "streamed", 10)
     out = await _with_reviewers(world, code, plain, streamed)
-    # plain: 429 review_pending at 3.5 s, retried after 10 s, twice; the third try takes the answer
+    # plain: 429 review_pending at 3.5 s, retried after 2 s (at 5.5 s: 429 at 9 s; at 11 s), the
+    # third try takes the answer kept since 10 s (or the second try, if a loaded machine delays it)
     assert out["plain"] == ANSWER, out
-    assert out["plain_seconds"] > 20  # it waited for the reviewer, through timeouts and retries
+    assert out["plain_seconds"] > 10  # it waited for the reviewer, through timeouts and retries
     assert await _counted(world, "plain") == (1, 1, 1)
     assert (await world.view("plain"))["tool_calls"] == 1  # the approved tool call, counted once
     assert len(plain.seen) == 1 and len(plain.answered) == 1
     # streamed: one connection, kept alive by comment lines every 2.5 s, resumed when approved
     assert out["streamed"] == ANSWER, out
-    assert out["streamed_seconds"] > 20
+    assert out["streamed_seconds"] > 10
     assert await _counted(world, "streamed") == (1, 1, 1)
     assert len(streamed.seen) == 1 and len(streamed.answered) == 1
     assert len(world.mock.streams) == 1
@@ -110,7 +113,7 @@ client = openai.OpenAI(timeout=3, max_retries=0)
 run = chat(client, "pending")
 record("first", run)
 open({str(cue)!r}, "w").close()
-time.sleep(3)
+time.sleep(1.5)  # the reviewer answers once it sees the cue; a later answer the hold waits for
 record("again", run)
 record("once_more", run)
 """
@@ -120,7 +123,7 @@ record("once_more", run)
     assert first["raised"] == "RateLimitError" and first["status"] == 429, first
     gov = first["body"]["governor"]
     assert gov["cause"] == "review_pending" and gov["approval_id"] == reviewer.answered[0]
-    assert first["retry_after"] == "10" and gov["retry_after"] == 10
+    assert first["retry_after"] == str(RETRY_AFTER) and gov["retry_after"] == RETRY_AFTER
     # held until shortly before the client's 3 s timeout: a 429, not the client's own timeout
     # (no upper bound on the time: on a loaded machine the answer can land late)
     assert out["first_seconds"] > 1.5
@@ -208,7 +211,7 @@ async def test_a_held_streams_identical_request_is_told_the_review_is_pending_no
             again = await agent.post(url, headers=headers, json=body)  # held 1.4 s (its 2 s timeout)
             assert again.status_code == 429, again.text
             gov = again.json()["error"]["governor"]
-            assert gov["cause"] == "review_pending" and again.headers["retry-after"] == "10"
+            assert gov["cause"] == "review_pending" and again.headers["retry-after"] == str(RETRY_AFTER)
             for _ in range(150):  # approved (bounded wait), to the stream nobody reads
                 if reviewer.answered:
                     break
