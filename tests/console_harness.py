@@ -118,16 +118,33 @@ async def console_world(tmp: Path, intervention_model: str = "plan_editing") -> 
 
 
 @contextlib.asynccontextmanager
-async def chromium(**context: Any):
-    """A headless Chromium (Debian's), one fresh context (no shared storage)."""
+async def chromium_browser():
+    """A headless Chromium (Debian's), launched once: give each test its own context."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as driver:
         browser = await driver.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
-            yield await browser.new_context(**context)
+            yield browser
         finally:
             await browser.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_context(browser: Any, **context: Any):
+    """One fresh context of a launched Chromium: its own cookies, storage and pages."""
+    made = await browser.new_context(**context)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+@contextlib.asynccontextmanager
+async def chromium(**context: Any):
+    """A headless Chromium (Debian's), one fresh context (no shared storage)."""
+    async with chromium_browser() as browser, fresh_context(browser, **context) as made:
+        yield made
 
 
 async def sign_in(page: Any, world: ConsoleWorld, token: str = REVIEWER_TOKEN, name: str = "Dana Reviewer") -> None:

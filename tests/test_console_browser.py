@@ -1,7 +1,9 @@
 """The reviewer console in a real headless Chromium (Debian's, driven by Playwright) against
 the real governor: an MCP agent's requires_confirmation step held by the real proxy is
 approved, rejected or edited through the page; agent-controlled strings stay inert; a
-wrong token is refused. See tests/console_harness.py for the world."""
+wrong token is refused. See tests/console_harness.py for the world. Chromium is launched once
+for the module (its start is the slow part); each test has its own context (cookies, storage,
+pages) and its own governor."""
 
 from __future__ import annotations
 
@@ -9,15 +11,29 @@ import asyncio
 
 import httpx
 import pytest
+import pytest_asyncio
 from mcp.shared.exceptions import McpError
 
 from governor.canonical import digest_of
 from governor.control.reviewer_console import CONTENT_SECURITY_POLICY
 from tests.console_harness import (
-    CONTROL_TOKEN, REVIEWER_TOKEN, chromium, chromium_missing, console_world, sign_in,
+    CONTROL_TOKEN, REVIEWER_TOKEN, chromium_browser, chromium_missing, console_world, fresh_context, sign_in,
 )
 
-pytestmark = pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")
+pytestmark = [pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or ""),
+              pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def launched():
+    async with chromium_browser() as browser:
+        yield browser
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def browser(launched):
+    async with fresh_context(launched) as context:
+        yield context
 
 CARD = "article.approval"
 
@@ -30,8 +46,8 @@ async def _events(world, session: str) -> list[dict]:
     return (await world.get(f"/v1/sessions/{session}/record"))["events"]
 
 
-async def test_a_held_step_is_approved_through_the_page_and_the_agent_continues(tmp_path):
-    async with console_world(tmp_path) as world, chromium() as browser:
+async def test_a_held_step_is_approved_through_the_page_and_the_agent_continues(tmp_path, browser):
+    async with console_world(tmp_path) as world:
         token = await world.open_session("approve me")
         page = await browser.new_page()
         await sign_in(page, world)
@@ -56,8 +72,8 @@ async def test_a_held_step_is_approved_through_the_page_and_the_agent_continues(
         assert [e["detail"]["reviewer"] for e in approved] == ["Dana Reviewer"]
 
 
-async def test_a_rejection_through_the_page_refuses_the_step_and_the_tool_never_runs(tmp_path):
-    async with console_world(tmp_path) as world, chromium() as browser:
+async def test_a_rejection_through_the_page_refuses_the_step_and_the_tool_never_runs(tmp_path, browser):
+    async with console_world(tmp_path) as world:
         token = await world.open_session("reject me")
         page = await browser.new_page()
         await sign_in(page, world, name="Rui Reviewer")
@@ -78,9 +94,9 @@ async def test_a_rejection_through_the_page_refuses_the_step_and_the_tool_never_
         assert rejected[0]["detail"]["reason"] == "no mass mail <b>today</b>"
 
 
-async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_digests(tmp_path):
+async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_digests(tmp_path, browser):
     original, edited = {"path": "/notes/important.md"}, {"path": "/notes/scratch.md"}
-    async with console_world(tmp_path) as world, chromium() as browser:
+    async with console_world(tmp_path) as world:
         token = await world.open_session("edit me")
         page = await browser.new_page()
         await sign_in(page, world)
@@ -114,8 +130,8 @@ XSS_ARGUMENTS = {
 XSS_LABEL = "<img src=x onerror=\"window.__pwned='label'\"><script>window.__pwned='label-script'</script>"
 
 
-async def test_agent_controlled_strings_are_rendered_inert(tmp_path):
-    async with console_world(tmp_path) as world, chromium() as browser:
+async def test_agent_controlled_strings_are_rendered_inert(tmp_path, browser):
+    async with console_world(tmp_path) as world:
         token = await world.open_session(XSS_LABEL)
         page = await browser.new_page()
         dialogs: list[str] = []
@@ -147,8 +163,8 @@ async def test_agent_controlled_strings_are_rendered_inert(tmp_path):
         assert await page.evaluate("window.__pwned") is None and dialogs == []
 
 
-async def test_a_wrong_token_is_refused_and_the_token_never_reaches_a_url_or_cookie(tmp_path):
-    async with console_world(tmp_path) as world, chromium() as browser:
+async def test_a_wrong_token_is_refused_and_the_token_never_reaches_a_url_or_cookie(tmp_path, browser):
+    async with console_world(tmp_path) as world:
         page = await browser.new_page()
         requests: list[str] = []
         page.on("request", lambda request: requests.append(request.url))
@@ -167,8 +183,8 @@ async def test_a_wrong_token_is_refused_and_the_token_never_reaches_a_url_or_coo
         assert (await browser.cookies()) == []
 
 
-async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path):
-    async with console_world(tmp_path) as world, chromium() as browser:
+async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path, browser):
+    async with console_world(tmp_path) as world:
         token = await world.open_session("swaps its passport")
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": "read_note", "arguments": {"path": "/notes/l.md"}}}
