@@ -1,7 +1,8 @@
 """`governor approvals list|show|approve|reject`: the real command as a subprocess, against a
 real `governor run` (tests/governor_process.py) holding a real step that an agent sent
 through the real proxy to a real MCP tool server (the bundled passport: delete_note
-requires confirmation)."""
+requires confirmation). One governor for the module (its start is the slow part): each test
+holds its own step in its own session, on its own note."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import sys
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from governor.demo.mock_tools import MockTools
 from tests.governor_process import REPO, GovernorProcess
 
 WRONG = "not-the-reviewer-token-0123456789"
 HANG_GUARD = 60.0  # not a timing assertion: stops a hung call from hanging the suite
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -30,17 +34,23 @@ async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, 
     return proc.returncode, out.decode(), err.decode()
 
 
-@pytest.fixture
-async def world(tmp_path):
-    tools = MockTools({"/workspace/notes/old.md": "x", "/workspace/notes/keep.md": "y"})
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(tmp_path_factory):
+    tools = MockTools({"/workspace/notes/old.md": "x", "/workspace/notes/keep.md": "y",
+                       "/workspace/notes/spare.md": "z"})
     await tools.start()
-    governor = GovernorProcess(tmp_path / "data", [])
+    governor = GovernorProcess(tmp_path_factory.mktemp("approvals") / "data", [])
     await governor.start()
     agent = httpx.AsyncClient(proxy="http://%s:%d" % governor.proxy, trust_env=False, timeout=HANG_GUARD)
     yield governor, tools, agent
     await agent.aclose()
     await governor.stop()
     await tools.stop()
+
+
+def ran(tools, arguments: dict) -> list[str]:
+    """The tools that ran with these arguments (each test holds a step on its own note)."""
+    return [name for name, args in tools.calls if args == arguments]
 
 
 def held_call(world, session: str, arguments: dict) -> asyncio.Task:
@@ -71,7 +81,7 @@ async def test_a_reviewer_lists_shows_and_approves_a_held_step_and_the_agent_con
 
     call = held_call(world, "review-1", {"path": "/workspace/notes/old.md"})
     held = await pending(data, "review-1")
-    assert tools.calls == []  # held, not forwarded
+    assert ran(tools, {"path": "/workspace/notes/old.md"}) == []  # held, not forwarded
 
     code, out, err = await cli("list", "--data-dir", str(data))
     assert code == 0, err
@@ -92,7 +102,7 @@ async def test_a_reviewer_lists_shows_and_approves_a_held_step_and_the_agent_con
     assert f"approval {held['id']} approved by lab lead" in out
     done = await asyncio.wait_for(call, HANG_GUARD)
     assert done.json()["result"]["content"][0]["text"] == "deleted /workspace/notes/old.md"
-    assert [name for name, _ in tools.calls] == ["delete_note"]
+    assert ran(tools, {"path": "/workspace/notes/old.md"}) == ["delete_note"]
 
     # answered once: a second answer is refused and says why
     code, _, err = await cli("approve", held["id"], "--as", "lab lead", "--data-dir", str(data))
@@ -124,13 +134,13 @@ async def test_a_rejection_needs_a_reason_and_the_agent_is_refused(world):
     assert json.loads(out)["decision"] == "reject" and json.loads(out)["session"] == "review-2"
     done = (await asyncio.wait_for(call, HANG_GUARD)).json()
     assert done["error"]["data"]["governor"]["cause"] == "on_oversight_trigger"
-    assert tools.calls == []  # it never ran
+    assert ran(tools, {"path": "/workspace/notes/keep.md"}) == []  # it never ran
 
 
 async def test_clear_errors_for_unknown_ids_bad_tokens_and_no_control_plane(world, tmp_path):
     governor, _, _ = world
     data = governor.data_dir
-    call = held_call(world, "review-3", {"path": "/workspace/notes/keep.md"})
+    call = held_call(world, "review-3", {"path": "/workspace/notes/spare.md"})
     held = await pending(data, "review-3")
 
     code, _, err = await cli("approve", "apr-does-not-exist", "--as", "x", "--data-dir", str(data))
