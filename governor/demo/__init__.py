@@ -9,6 +9,16 @@ Everything runs in one process on loopback, in a temporary data directory:
   render       the terminal output (bars redrawn in place on a TTY)
 """
 
-from governor.demo.run import DemoOptions, DemoFailed, run_demo
+from typing import Any
 
 __all__ = ["DemoFailed", "DemoOptions", "run_demo"]
+
+
+def __getattr__(name: str) -> Any:
+    # the demo's flow (the whole proxy, mitmproxy) is imported when first asked for: every
+    # `governor` command registers `demo` (governor.demo.cli), and most never run it
+    if name in __all__:
+        from governor.demo import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
