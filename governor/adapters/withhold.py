@@ -13,8 +13,8 @@ can smuggle an undeclared tool past a declared one (a Responses entry with `name
 chat-style `function.name`, say). OpenAI (chat and Responses): `function.name`,
 `custom.name`, `name`, and the `type` of any tool that is not `function`/`custom` (a
 built-in such as `web_search_preview` or `mcp` is named by its type: the passport must
-declare a tool of that name to offer it). Anthropic: `name`. Legacy chat `functions`:
-`name`. Names compare exactly (no case folding, no Unicode normalization).
+declare a tool of that name to offer it). Anthropic: `name`; its `mcp_servers` (remote MCP
+servers the provider calls) each name `mcp`. Legacy chat `functions`: `name`. Names compare exactly (no case folding, no Unicode normalization).
 
 tool_choice / function_call naming a withheld tool is dropped (the model then chooses
 among what is left); one that only makes sense with tools (`required`, Anthropic `any`)
@@ -70,6 +70,12 @@ def named_only(tool: Any) -> Names | None:
     """Anthropic tools and legacy chat functions: the entry's `name`."""
     name = tool.get("name") if type(tool) is dict else None
     return (name,) if type(name) is str and name else None
+
+
+def mcp_server(entry: Any) -> Names | None:
+    """Anthropic `mcp_servers` entries: a remote MCP server whose tools the provider runs
+    (the governor never sees those calls), named `mcp` as OpenAI's built-in `mcp` tool is."""
+    return ("mcp",) if type(entry) is dict else None
 
 
 def read_tools(value: Any, field: str, reader: Reader) -> tuple[Names, ...]:
@@ -168,12 +174,14 @@ def withhold_openai(body: dict[str, Any], allowed: frozenset[str], tools: tuple[
     return list(cut.withheld) if cut.changed else None
 
 
-def withhold_anthropic(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None
-                       ) -> list[str] | None:
-    """Withhold from an Anthropic Messages body, in place (tools, tool_choice)."""
+def withhold_anthropic(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None,
+                       mcp_servers: tuple[Names, ...] | None = None) -> list[str] | None:
+    """Withhold from an Anthropic Messages body, in place (tools, tool_choice, mcp_servers)."""
     cut = _Cut(body, allowed, {})
     if tools and cut.entries("tools", tools) is False:
         cut.drop("tool_choice")
+    if mcp_servers:
+        cut.entries("mcp_servers", mcp_servers)
     choice = body.get("tool_choice")
     if type(choice) is dict and choice.get("type") == "tool" and not cut.permits(named_only(choice)):
         cut.drop("tool_choice")
@@ -220,5 +228,5 @@ def withheld_of(state: Mapping[str, Any]) -> list[str] | None:
     return state.get("withheld")
 
 
-__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "read_tools", "flat", "withhold_openai",
+__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "mcp_server", "read_tools", "flat", "withhold_openai",
            "withhold_anthropic", "filter_listed", "rendered", "withheld_of"]

@@ -1,0 +1,74 @@
+"""Hostile input against the oversight surfaces added after issue #20 (holds, the reviewer
+console and approvals, webhooks, output fitting, withheld tools): each test replays an
+attack that got through, through the real proxy and control plane, and fails on the code
+before its fix. The attacks that held are listed in the red-team report, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from governor.adapters import withhold
+from governor.proxy.server import Settings, serve
+from tests.proxy_harness import AGENT_NAMED
+from tests.upstreams import MockLLM, make_tls
+
+module_loop = pytest.mark.asyncio(loop_scope="module")
+
+DECLARED = "search_papers"  # the bundled example passport declares it (and no `mcp` tool)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def env(tmp_path_factory):
+    """The real proxy on the real runtime with the bundled example passport (R2), in front of
+    a loopback TLS mock model that records what it received."""
+    tmp = tmp_path_factory.mktemp("hostile-oversight")
+    tls = make_tls(tmp / "tls")
+    mock = MockLLM(tls)
+    await mock.start()
+    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
+                                   upstream_ca=tls.ca_file, tick_interval=0))
+    yield running, mock
+    await running.stop()
+    await mock.stop()
+
+
+async def _post(running, mock, path, body, session, headers=None) -> httpx.Response:
+    context = ssl.create_default_context(cafile=str(running.ca_file))
+    async with httpx.AsyncClient(proxy=running.proxy_url, verify=context, trust_env=False, timeout=30) as http:
+        return await http.post(f"{mock.base_url}{path}", content=json.dumps(body).encode(),
+                               headers={"content-type": "application/json", "ADL-Session": session, **(headers or {})})
+
+
+# --- withheld tools ------------------------------------------------------------------------
+
+
+@module_loop
+async def test_anthropic_mcp_servers_are_offered_tools_and_withheld_when_undeclared(env):
+    """Anthropic's MCP connector (`mcp_servers`, beta mcp-client-2025-04-04) gives the model a
+    remote server's tools, run by the provider: the governor never sees those calls. Was:
+    forwarded as sent, next to a `tools` array the governor had carefully withheld from."""
+    running, mock = env
+    mock.reset()
+    server = {"type": "url", "url": "https://mcp.example.com/sse", "name": "shell-box",
+              "tool_configuration": {"enabled": True, "allowed_tools": ["run_shell"]}}
+    body = {"model": "claude-sonnet-4", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": DECLARED, "input_schema": {"type": "object"}}], "mcp_servers": [server]}
+    answer = await _post(running, mock, "/v1/messages", body, "mcp-connector",
+                         {"anthropic-beta": "mcp-client-2025-04-04"})
+    assert answer.status_code == 200, answer.text
+    [received] = mock.requests
+    assert "mcp_servers" not in received.body  # the passport declares no `mcp` tool
+    assert received.body["tools"] == body["tools"]
+    assert answer.headers[withhold.HEADER] == "mcp"
+    # an entry the governor cannot read is refused before anything goes upstream
+    mock.reset()
+    answer = await _post(running, mock, "/v1/messages", {**body, "mcp_servers": ["https://mcp.example.com"]},
+                         "mcp-connector-bad")
+    assert answer.status_code == 400 and "mcp_servers[0]" in answer.text
+    assert mock.requests == []
