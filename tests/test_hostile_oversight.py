@@ -72,3 +72,34 @@ async def test_anthropic_mcp_servers_are_offered_tools_and_withheld_when_undecla
                          "mcp-connector-bad")
     assert answer.status_code == 400 and "mcp_servers[0]" in answer.text
     assert mock.requests == []
+
+
+# --- output fitting ------------------------------------------------------------------------
+
+
+async def test_fitting_reserves_the_larger_of_two_output_limits_and_reads_counts_strictly(tmp_path):
+    """Was: a chat call naming max_completion_tokens 1 and max_tokens 50,000 reserved 1 token
+    and went upstream with both, unfitted: a provider reading max_tokens (many compatible
+    servers read only that one) generated up to 50,000 against a 10,000-token cap. And `n`
+    given as "5" or 5.0 was read as 1 answer while a lenient provider generates five."""
+    from governor.adapters.fitting import FITTED_HEADER
+    from tests.test_fitting_proxy import Governed
+
+    async with Governed(tmp_path, {"tokens": {"per_session": 10_000}}) as gov:
+        url = f"{gov.mock.base_url}/v1/chat/completions"
+        base = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "write on"}]}
+        async with gov.client() as client:
+            answer = await client.post(url, json={**base, "max_completion_tokens": 1, "max_tokens": 50_000},
+                                       headers={"ADL-Session": "two-limits"})
+            assert answer.status_code == 200, answer.text
+            [sent] = gov.mock.requests
+            assert sent.body["max_tokens"] <= 10_000 and sent.body["max_completion_tokens"] == 1
+            assert int(answer.headers[FITTED_HEADER]) == sent.body["max_tokens"]
+            gov.mock.reset()
+            for count in ("5", 5.0, 0, -2, True):
+                for field in ("n", "best_of"):
+                    refused = await client.post(url, json={**base, "max_tokens": 16, field: count},
+                                                headers={"ADL-Session": "counts"})
+                    assert refused.status_code == 400 and f"'{field}' must be a positive integer" in refused.text, \
+                        (field, count, refused.status_code, refused.text)
+            assert gov.mock.requests == []

@@ -80,8 +80,10 @@ _LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
 
 def _choices(body: dict[str, Any]) -> int:
     """How many answers one request generates (`n`, or the legacy `best_of`, which bills
-    every candidate): the expected output is per answer."""
-    return max(positive_int(body.get("n")), positive_int(body.get("best_of")), 1)
+    every candidate): the expected output is per answer. Read as strictly as the output
+    limit (a 400 for "5", 5.0, 0, -1): a lenient provider takes "5" as 5, and a count read as 1
+    here would reserve one answer for five."""
+    return max(requested_limit(body, "n"), requested_limit(body, "best_of"), 1)
 
 
 def _token_ids(value: Any) -> int:
@@ -159,7 +161,8 @@ class OpenAIAdapter(Adapter):
             if not isinstance(body.get("messages"), list):
                 raise BadRequest("'messages' must be an array")
             choices = _choices(body)
-            limit = requested_limit(body, "max_completion_tokens") or requested_limit(body, "max_tokens")
+            # both named: the larger is reserved (and fitted), whichever one the provider reads
+            limit = max(requested_limit(body, "max_completion_tokens"), requested_limit(body, "max_tokens"))
             expected_output = (limit or self.config.default_output_tokens) * choices
         elif kind == RESPONSES:
             if body.get("input") is None and body.get("previous_response_id") is None:
