@@ -6,6 +6,7 @@ before its fix. The attacks that held are listed in the red-team report, not her
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 
@@ -103,3 +104,52 @@ async def test_fitting_reserves_the_larger_of_two_output_limits_and_reads_counts
                     assert refused.status_code == 400 and f"'{field}' must be a positive integer" in refused.text, \
                         (field, count, refused.status_code, refused.text)
             assert gov.mock.requests == []
+
+
+# --- holds ---------------------------------------------------------------------------------
+
+
+async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_path):
+    """Was: every distinct tools/call of a tool that requires confirmation became one more
+    pending approval and hold, without bound (2,000 from one session were all held, about
+    12 KB each, and listed to the reviewer, burying the reviews that matter). Past
+    MAX_PENDING_REVIEWS a further one is denied at once, recorded; the session goes on."""
+    from governor.metrics import Metrics
+    from governor.policy.run import MAX_PENDING_REVIEWS
+    from tests.oversight_world import REVIEWER
+    from tests.test_mcp_sdk import NotesServer
+    from tests.test_mcp_sdk_runtime import PASSPORT
+    from tests.test_oversight_request_holds import _world
+
+    server = NotesServer().start()
+    gov = await _world(tmp_path, PASSPORT, Metrics(), review_hold=0.2, review_retry_after=1)
+    try:
+        async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30,
+                                     limits=httpx.Limits(max_connections=16)) as http:
+            async def call(index: int) -> dict:
+                body = {"jsonrpc": "2.0", "id": index, "method": "tools/call",
+                        "params": {"name": "delete_note", "arguments": {"path": f"/notes/{index}.md"}}}
+                answer = await http.post(server.url, json=body, headers={
+                    "ADL-Session": "flood", "accept": "application/json, text/event-stream"})
+                return answer.json()["error"]["data"]["governor"]
+
+            held = await asyncio.wait_for(asyncio.gather(*[call(i) for i in range(MAX_PENDING_REVIEWS)]), 120)
+            assert {g["cause"] for g in held} == {"review_pending"}, held
+            for index in range(MAX_PENDING_REVIEWS, MAX_PENDING_REVIEWS + 3):
+                refused = await call(index)
+                assert refused["action"] == "deny" and refused["cause"] == "on_oversight_trigger", refused
+            again = await call(0)  # a retry of a held step still attaches to its hold
+            assert again["cause"] == "review_pending"
+        async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:
+            listed = (await control.get("/v1/approvals", headers={"Authorization": f"Bearer {REVIEWER}"})).json()
+            record = (await control.get("/v1/sessions/flood/record")).json()
+        assert len(listed["approvals"]) == MAX_PENDING_REVIEWS
+        denied = [e for e in record["events"] if e["detail"].get("max_pending_reviews")]
+        assert len(denied) == 3 and {e["action"] for e in denied} == {"fallback"}  # the record's word for it
+        assert denied[0]["detail"]["max_pending_reviews"] == MAX_PENDING_REVIEWS
+        assert len(gov.addon.holds.by_key) == MAX_PENDING_REVIEWS
+        assert not server.calls  # nothing held or denied reached the tool
+    finally:
+        await gov.stop()
+        server.stop()
+
