@@ -19,6 +19,28 @@ def canonicalize(value: Any) -> bytes:
     return jcs.canonicalize(value)
 
 
+# RFC 8785 numbers are IEEE doubles: an integer past this is rounded by canonicalize(), so
+# two different values would share a digest (and a reviewer shown the canonical form sees
+# another number than the one that is sent on).
+MAX_EXACT_INTEGER = 2**53 - 1
+
+
+def inexact_integer(value: Any) -> str | None:
+    """The JSON path (`.a[2]`) of the first integer in `value` that JCS would round, or None.
+    Iterative: `value` may be as deep as the JSON parser allowed."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        kind = type(item)
+        if kind is int and not -MAX_EXACT_INTEGER <= item <= MAX_EXACT_INTEGER:
+            return path
+        if kind is dict:
+            stack.extend((v, f"{path}.{k}") for k, v in reversed(list(item.items())))
+        elif kind is list:
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
+
+
 def b64url(data: bytes) -> str:
     """base64url without padding (the encoding of signatures and hashes in ADL)."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")

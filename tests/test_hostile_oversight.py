@@ -153,3 +153,34 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
         await gov.stop()
         server.stop()
 
+
+async def test_a_tool_argument_the_step_digest_would_round_is_refused_before_review(tmp_path):
+    """Was: a tools/call with {"account": 9007199254740993} was held for review under the
+    step digest of 9007199254740992 (RFC 8785 numbers are doubles), and `governor approvals
+    show` (canonical JSON) and the console (JavaScript numbers) showed the reviewer
+    ...992, while the approved call sent the tool ...993: a reviewer approved one account
+    and the tool got another, and two calls shared one digest. Now a 400 before anything."""
+    from governor.metrics import Metrics
+    from tests.oversight_world import REVIEWER
+    from tests.test_mcp_sdk import NotesServer
+    from tests.test_mcp_sdk_runtime import PASSPORT
+    from tests.test_oversight_request_holds import _world
+
+    server = NotesServer().start()
+    gov = await _world(tmp_path, PASSPORT, Metrics(), review_hold=0.2, review_retry_after=1)
+    try:
+        async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30) as http:
+            body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                    "params": {"name": "send_email", "arguments": {"to": "a@example.org", "subject": "s",
+                                                                   "body": "b", "account": 2**53 + 1}}}
+            answer = await http.post(server.url, content=json.dumps(body).encode(), headers={
+                "ADL-Session": "rounded", "content-type": "application/json",
+                "accept": "application/json, text/event-stream"})
+        assert "params.arguments.account is an integer beyond 2**53" in answer.text, answer.text
+        assert "review_pending" not in answer.text
+        async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:
+            listed = (await control.get("/v1/approvals", headers={"Authorization": f"Bearer {REVIEWER}"})).json()
+        assert listed["approvals"] == [] and not server.calls
+    finally:
+        await gov.stop()
+        server.stop()
