@@ -154,12 +154,21 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
         server.stop()
 
 
-async def test_a_tool_argument_the_step_digest_would_round_is_refused_before_review(tmp_path):
-    """Was: a tools/call with {"account": 9007199254740993} was held for review under the
-    step digest of 9007199254740992 (RFC 8785 numbers are doubles), and `governor approvals
-    show` (canonical JSON) and the console (JavaScript numbers) showed the reviewer
-    ...992, while the approved call sent the tool ...993: a reviewer approved one account
-    and the tool got another, and two calls shared one digest. Now a 400 before anything."""
+DEEP = json.loads("[" * 300 + "]" * 300)
+
+
+@pytest.mark.parametrize("extra, said", [
+    ({"account": 2**53 + 1}, "params.arguments.account is an integer beyond 2**53"),
+    ({"x": DEEP}, "params.arguments.x" + "[0]" * 63 + " nests deeper than 64 levels"),
+], ids=["rounded-integer", "300-deep"])
+async def test_tool_arguments_that_cannot_be_digested_exactly_are_refused_before_review(tmp_path, extra, said):
+    """Was: a tools/call with {"account": 9007199254740993} was held under the step digest of
+    9007199254740992 (RFC 8785 numbers are doubles), and `governor approvals show` (canonical
+    JSON) and the console (JavaScript numbers) showed the reviewer ...992, while the approved
+    call sent the tool ...993: a reviewer approved one account and the tool got another. And
+    arguments nested 300 deep were paused (a pending approval for the reviewer), then the
+    hold's request identity (orjson writes at most 254 levels) raised: 503 internal error,
+    the approval left pending with no request to take it. Now a 400 before anything."""
     from governor.metrics import Metrics
     from tests.oversight_world import REVIEWER
     from tests.test_mcp_sdk import NotesServer
@@ -172,12 +181,11 @@ async def test_a_tool_argument_the_step_digest_would_round_is_refused_before_rev
         async with httpx.AsyncClient(proxy=gov.proxy_url, trust_env=False, timeout=30) as http:
             body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                     "params": {"name": "send_email", "arguments": {"to": "a@example.org", "subject": "s",
-                                                                   "body": "b", "account": 2**53 + 1}}}
+                                                                   "body": "b", **extra}}}
             answer = await http.post(server.url, content=json.dumps(body).encode(), headers={
-                "ADL-Session": "rounded", "content-type": "application/json",
+                "ADL-Session": "inexact", "content-type": "application/json",
                 "accept": "application/json, text/event-stream"})
-        assert "params.arguments.account is an integer beyond 2**53" in answer.text, answer.text
-        assert "review_pending" not in answer.text
+        assert answer.status_code == 400 and said in answer.text, answer.text
         async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:
             listed = (await control.get("/v1/approvals", headers={"Authorization": f"Bearer {REVIEWER}"})).json()
         assert listed["approvals"] == [] and not server.calls

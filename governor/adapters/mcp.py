@@ -36,7 +36,7 @@ from governor.adapters import jsonrpc, withhold
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
-from governor.canonical import inexact_integer
+from governor.canonical import inexact_json
 from governor.policy.steps import Decision, Step, ToolCall, ToolError
 
 MCP_METHODS = frozenset({
@@ -134,10 +134,9 @@ class MCPAdapter(Adapter):
                 arguments = {}
             if not isinstance(arguments, dict):
                 raise BadRequest(f"tools/call {name}: params.arguments must be an object")
-            if (inexact := inexact_integer(arguments)) is not None:
-                raise BadRequest(f"tools/call {name}: params.arguments{inexact} is an integer beyond 2**53, which "
-                                 "the step's digest (RFC 8785) rounds: the step reviewed and recorded would not be "
-                                 "the call that runs; send it as a string")
+            if (inexact := inexact_json(arguments)) is not None:  # digested, shown to reviewers, recorded
+                raise BadRequest(f"tools/call {name}: params.arguments{inexact}: the step reviewed and recorded "
+                                 "would not be the call that runs (send a large number as a string)")
             exchange.state["tool"] = name
             exchange.state["arguments"] = arguments
         return exchange
