@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.canonical import b64url, canonicalize, digest_of
@@ -163,6 +165,40 @@ class ScriptedRuntime:
         body["signature"] = {"algorithm": "Ed25519", "value": b64url(self.key.sign(canonicalize(body))),
                              "signed_content": "canonical"}
         return body
+
+
+async def start_control_plane(runtime: Any = None, **options: Any) -> Any:
+    """The control plane (create_app) on a loopback port in front of `runtime` (a fresh
+    ScriptedRuntime when None), with an aiohttp client: a namespace of url, runtime, metrics,
+    origin, runner, http, port; `options` go to create_app."""
+    import aiohttp
+
+    from governor.control import ProxyOrigin, control_url, create_app, start_control
+    from governor.metrics import Metrics
+
+    runtime = runtime if runtime is not None else ScriptedRuntime()
+    metrics, origin = options.pop("metrics", None), options.pop("origin", None)
+    metrics = metrics if metrics is not None else Metrics()
+    origin = origin if origin is not None else ProxyOrigin()
+    runner = await start_control(create_app(runtime, metrics=metrics, origin=origin, **options), "127.0.0.1", 0)
+    return SimpleNamespace(url=control_url(runner), runtime=runtime, metrics=metrics, origin=origin, runner=runner,
+                           http=aiohttp.ClientSession(), port=runner.addresses[0][1])
+
+
+@pytest.fixture(name="serve")
+async def control_planes() -> Any:
+    """A test's `serve`: `await serve(runtime=None, **create_app options)` starts a control
+    plane (start_control_plane); every one it started is stopped after the test."""
+    started = []
+
+    async def start(runtime: Any = None, **options: Any) -> Any:
+        started.append(await start_control_plane(runtime, **options))
+        return started[-1]
+
+    yield start
+    for ctl in started:
+        await ctl.http.close()
+        await ctl.runner.cleanup()
 
 
 def verify_record(runtime: ScriptedRuntime, record: dict[str, Any]) -> bool:
