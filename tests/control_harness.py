@@ -336,8 +336,8 @@ class A2APeer:
 def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
                  tick_interval_sec: float = 1.0):
     """A started `governor.runtime.Runtime` for `document` (signed here with a fresh key
-    and admitted as the governor would), SQLite state in `data_dir`, tier R2.
-    Returns (runtime, the signed passport)."""
+    and admitted and pinned as `governor run` does: see proxy/server.build_runtime), SQLite
+    state in `data_dir`, tier R2. Returns (runtime, the signed passport)."""
     from governor.evidence.keys import generate_key
     from governor.passport import AdmissionConfig, admit, sign_passport
     from governor.policy import compile_limits, load_pricing
@@ -352,7 +352,7 @@ def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time
     limits = compile_limits(report.pinned.document, tier=Tier.R2,
                             pricing=load_pricing(REPO / "policies" / "pricing.yaml"), passport_digest=report.digest)
     runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
-                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id, metrics=metrics,
-                      clock=clock, tick_interval_sec=tick_interval_sec)
+                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id or report.pinned.name,
+                      metrics=metrics, clock=clock, tick_interval_sec=tick_interval_sec, pinned=report.pinned)
     runtime.start()
     return runtime, passport
