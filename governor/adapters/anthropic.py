@@ -18,6 +18,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    answered_object,
     as_dict,
     as_key,
     as_list,
@@ -130,13 +131,8 @@ class AnthropicAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        if status != 200:
-            return Observation()
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Observation()
-        if not isinstance(data, dict):
+        data = answered_object(status, body)
+        if data is None:
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))
