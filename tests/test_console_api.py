@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import pytest
 
 from governor.control.reviewer_console import CONTENT_SECURITY_POLICY
 from tests.console_harness import CONTROL_TOKEN, REVIEWER_TOKEN, console_world

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from governor.control import ProxyOrigin, control_url, create_app, start_control
+from governor.control import ProxyOrigin, create_app, start_control
 from governor.control.guard import ControlGuard, Refusal, host_name, json_object
 from governor.metrics import Metrics
 from governor.policy.steps import ToolCall
