@@ -385,6 +385,18 @@ def scripted_env(name: str, **settings: Any) -> Any:
     return env
 
 
+def scripted_sdk_env(name: str, **settings: Any) -> Any:
+    """scripted_env, with the SDKs' environment: (running, mock, runtime, sdk_env)."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, ScriptedRuntime, dict[str, str]]]:
+        async with scripted_governor(tmp_path_factory.mktemp(name), **settings) as (running, mock, runtime):
+            yield running, mock, runtime, sdk_environment(running, mock)
+
+    return env
+
+
 @contextmanager
 def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterator[None]:
     """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted

@@ -4,10 +4,9 @@ only through its environment (HTTPS_PROXY, SSL_CERT_FILE, ANTHROPIC_BASE_URL).""
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from governor.policy.steps import ModelCall, ToolCall
-from tests.proxy_harness import fresh_scripted, run_python, scripted_governor, sdk_environment
+from tests.proxy_harness import fresh_scripted, run_python, scripted_sdk_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -29,10 +28,7 @@ def record(name, fn):
 """
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("sdk-anthropic")) as (running, mock, runtime):
-        yield running, mock, runtime, sdk_environment(running, mock)
+env = scripted_sdk_env("sdk-anthropic")
 
 
 @pytest.fixture(autouse=True)

@@ -9,10 +9,9 @@ governor trusts (ssl_verify_upstream_trusted_ca).
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from governor.policy.steps import ModelCall, ToolCall
-from tests.proxy_harness import fresh_scripted, run_python, scripted_governor, sdk_environment
+from tests.proxy_harness import fresh_scripted, run_python, scripted_sdk_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -38,10 +37,7 @@ def record(name, fn):
 """
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("sdk-openai")) as (running, mock, runtime):
-        yield running, mock, runtime, sdk_environment(running, mock)
+env = scripted_sdk_env("sdk-openai")
 
 
 @pytest.fixture(autouse=True)
