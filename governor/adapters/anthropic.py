@@ -182,7 +182,7 @@ class AnthropicAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class MessagesStreamWatcher(StreamWatcher):
+class MessagesStreamWatcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -208,18 +208,8 @@ class MessagesStreamWatcher(StreamWatcher):
             fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
         return _report(fields, self.model, self.exchange.persona, final)
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         out.append(self._current(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         data = event.json()

@@ -327,7 +327,7 @@ class OpenAIAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class _Watcher(StreamWatcher):
+class _Watcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -384,19 +384,9 @@ class _Watcher(StreamWatcher):
     def usage(self) -> UsageReport | None:
         return self._last
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         self._finish(out)
         out.append(self._estimate(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         raise NotImplementedError
