@@ -192,3 +192,29 @@ async def test_tool_arguments_that_cannot_be_digested_exactly_are_refused_before
     finally:
         await gov.stop()
         server.stop()
+
+
+# --- webhooks ------------------------------------------------------------------------------
+
+
+async def test_a_review_whose_arguments_orjson_cannot_write_is_still_notified():
+    """Was: a held step's arguments nested past 254 levels (a model's proposed call: the
+    upstream's bytes) made the approval.pending payload unwritable; emit logged an error and
+    the reviewer was never told a review waits. Now it goes out without the arguments."""
+    from governor.notify.events import approval_pending
+    from governor.notify.webhooks import WebhookConfig, WebhookNotifier
+    from tests.test_webhooks import SECRET, Receiver
+
+    receiver = await Receiver().start()
+    notifier = WebhookNotifier(WebhookConfig((receiver.url,), SECRET, timeout=5, attempts=1), governor="did:web:test")
+    try:
+        deep = json.loads("[" * 300 + "]" * 300)
+        notifier.emit(approval_pending("agent", "s", "apr-1", tool="delete_note", arguments={"x": deep},
+                                       persona=None, reason="r", trigger="t", expires_at="2026-01-01T00:00:00Z"))
+        await receiver.wait_for(lambda: receiver.seen, "the approval.pending delivery")
+        [payload] = receiver.verified()
+        assert payload["event"] == "approval.pending" and payload["data"]["approval_id"] == "apr-1"
+        assert payload["data"]["arguments"] is None and payload["data"]["arguments_omitted"] == "nested too deep"
+    finally:
+        await notifier.close(drain=2)
+        await receiver.stop()
