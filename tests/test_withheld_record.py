@@ -254,6 +254,25 @@ async def test_a_server_listing_thousands_of_tools_with_megabyte_names_records_a
     assert event["detail"]["names_cut"] == withhold.RECORDED_NAMES  # every listed name was longer than 128
 
 
+@module_loop
+async def test_a_tools_list_answer_the_governor_cannot_read_is_not_delivered(env):
+    """A lone surrogate (valid to Python's json, refused by orjson): before, the answer went
+    through unfiltered, an undeclared tool included."""
+    running, _, _ = env
+    server = ToolServer([{"name": "read_note"}, {"name": "shell\ud800"}])
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=60) as http:
+            answer = await http.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}},
+                                     headers={"ADL-Session": "unreadable-list"})
+    finally:
+        await server.runner.cleanup()
+    assert answer.status_code == 200
+    assert b"shell" not in answer.content
+    message = answer.json()
+    assert message["id"] == 3 and "could not be read" in message["error"]["message"]
+
+
 def test_the_recorded_detail_is_bounded_and_exact_below_the_bounds():
     assert withhold.recorded_detail(["a", "b"]) == {"count": 2, "tools": ["a", "b"]}
     many = [f"t{i}" for i in range(100)]
