@@ -11,6 +11,9 @@ cut must still find it (and the held call's own events) in the session's final r
     journal append waits for one) when the stop begins: before, the done hook cancelled the
     task recording the refusal and the one admitting the held call, and their appends,
     still queued, never ran; now the stop waits for them.
+
+The runtime's sweeper likewise: a pass in progress at close() (here: expiring a review
+nobody answered, on_oversight_timeout) ends before the final records are signed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from governor.evidence import KeyFiles, record_path
 from governor.proxy.server import Settings, serve
 from tests.governor_process import GovernorProcess
 from tests.proxy_harness import AGENT_NAMED
+from governor.policy import ToolCall
+from governor.policy.steps import ON_OVERSIGHT_TIMEOUT
+from tests.test_runtime import Clock, make_runtime
+from tests.test_runtime import pinned  # noqa: F401  (the fixture)
 from tests.test_proxy_held_output import FLOOD_EVENTS, flood_event, stream
 from tests.upstreams import Behaviour, MockLLM
 
@@ -125,3 +132,31 @@ async def test_a_stop_waits_for_the_cut_and_the_held_call_to_be_recorded_when_ap
     record = verified_final_record(data_dir, "slow-disk", capsys)
     assert refusals(record) == [("fallback", "held_output_exceeded")]
     assert [e["cause"] for e in record["events"]][:1] == ["on_oversight_trigger"]  # the held call, recorded too
+
+
+async def test_close_lets_a_sweep_pass_record_an_expiry_when_appends_are_slow(pinned, tmp_path):  # noqa: F811
+    clock = Clock()
+    runtime = make_runtime(pinned, tmp_path, clock)
+    runtime.tick_interval_sec = 0.05
+    gate = threading.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        paused = await runtime.admit("s", ToolCall(tool="delete_note", arguments={"path": "/workspace/notes/x"}))
+        assert paused.decision.action.value == "pause"
+        clock.t += 15 * 60 + 1  # the reviewer's time is up: the next pass expires the approval
+        busy = [loop.run_in_executor(None, gate.wait, 60) for _ in range(40)]
+        runtime.start()
+        for _ in range(200):  # the pass has begun (its expiry's append waits for a worker thread)
+            if runtime._sweeping:
+                break
+            await asyncio.sleep(0.01)
+        assert runtime._sweeping
+        loop.call_later(0.5, gate.set)
+        await asyncio.wait_for(runtime.close(), 30)
+        await asyncio.gather(*busy)
+    finally:
+        gate.set()
+    record = json.loads(record_path(tmp_path, "s").read_text())
+    causes = [e["cause"] for e in record["events"]]
+    assert causes[:2] == ["on_oversight_trigger", ON_OVERSIGHT_TIMEOUT], causes
+    assert record["outcome"] == "halted"  # the undeclared timeout fails closed
