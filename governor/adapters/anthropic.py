@@ -18,6 +18,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    answered_object,
     as_dict,
     as_key,
     as_list,
@@ -95,6 +96,8 @@ class AnthropicAdapter(Adapter):
         }
         if body.get("tools") is not None:  # each offered tool's name (withhold.py); a 400 for one without
             state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.named_only)
+        if body.get("mcp_servers") is not None:  # the MCP connector: tools the provider runs, named `mcp`
+            state["mcp_servers"] = withhold.read_tools(body["mcp_servers"], "mcp_servers", withhold.mcp_server)
         return Exchange(
             adapter=self,
             method=request.method,
@@ -112,16 +115,16 @@ class AnthropicAdapter(Adapter):
         return ("max_tokens",)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        tools = exchange.state.get("tools")
-        return [model_call(self, exchange, withhold.flat(tools) if tools else ())]
+        offered = (exchange.state.get("tools") or ()) + (exchange.state.get("mcp_servers") or ())
+        return [model_call(self, exchange, withhold.flat(offered) if offered else ())]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
         state = exchange.state
         allowed = decision.allowed_tools
-        if allowed is None or ("tools" not in state and "tool_choice" not in body):
+        if allowed is None or ("tools" not in state and "tool_choice" not in body and "mcp_servers" not in state):
             return None
-        withheld = withhold.withhold_anthropic(body, allowed, state.get("tools"))
+        withheld = withhold.withhold_anthropic(body, allowed, state.get("tools"), state.get("mcp_servers"))
         if withheld is None:
             return None
         state["withheld"] = withheld  # offered tools the step may not use: the model never sees them
@@ -130,13 +133,8 @@ class AnthropicAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        if status != 200:
-            return Observation()
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Observation()
-        if not isinstance(data, dict):
+        data = answered_object(status, body)
+        if data is None:
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))
@@ -186,7 +184,7 @@ class AnthropicAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class MessagesStreamWatcher(StreamWatcher):
+class MessagesStreamWatcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -212,18 +210,8 @@ class MessagesStreamWatcher(StreamWatcher):
             fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
         return _report(fields, self.model, self.exchange.persona, final)
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         out.append(self._current(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         data = event.json()

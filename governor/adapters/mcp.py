@@ -36,6 +36,7 @@ from governor.adapters import jsonrpc, withhold
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
+from governor.canonical import inexact_json
 from governor.policy.steps import Decision, Step, ToolCall, ToolError
 
 MCP_METHODS = frozenset({
@@ -79,6 +80,10 @@ def tool_failure(response: Mapping[str, Any]) -> str | None:
         texts = [c.get("text", "") for c in result.get("content") or () if isinstance(c, dict)]
         return ("; ".join(t for t in texts if isinstance(t, str) and t) or "tool reported isError")[:MAX_ERROR_MESSAGE]
     return None
+
+
+UNREADABLE_TOOLS_LIST = ("governor: the tool server's tools/list answer could not be read, so the tools this "
+                         "session may not use could not be withheld from it; it was not delivered")
 
 
 def filter_tools(response: dict[str, Any], allowed: frozenset[str]) -> list[str] | None:
@@ -133,6 +138,9 @@ class MCPAdapter(Adapter):
                 arguments = {}
             if not isinstance(arguments, dict):
                 raise BadRequest(f"tools/call {name}: params.arguments must be an object")
+            if (inexact := inexact_json(arguments)) is not None:  # digested, shown to reviewers, recorded
+                raise BadRequest(f"tools/call {name}: params.arguments{inexact}: the step reviewed and recorded "
+                                 "would not be the call that runs (send a large number as a string)")
             exchange.state["tool"] = name
             exchange.state["arguments"] = arguments
         return exchange
@@ -176,6 +184,12 @@ class MCPAdapter(Adapter):
         rpc_id = exchange.state["rpc_id"]
         response = jsonrpc.response_for(jsonrpc.body_messages(headers, body), rpc_id)
         if response is None:
+            if method == "tools/list" and exchange.state.get("allowed_tools") is not None:
+                # an answer the governor cannot read (a lone surrogate orjson refuses, but the
+                # agent's parser may take) could offer any tool: not delivered (fail closed)
+                refusal = jsonrpc.error(rpc_id, jsonrpc.GOVERNOR_ERROR_CODE, UNREADABLE_TOOLS_LIST)
+                return Observation(replace_body=jsonrpc.sse_event(refusal) if jsonrpc.is_sse(headers)
+                                   else orjson.dumps(refusal))
             return Observation()
         if method == "tools/call":
             failure = tool_failure(response)

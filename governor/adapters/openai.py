@@ -22,6 +22,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    answered_object,
     as_dict,
     as_list,
     Exchange,
@@ -80,8 +81,10 @@ _LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
 
 def _choices(body: dict[str, Any]) -> int:
     """How many answers one request generates (`n`, or the legacy `best_of`, which bills
-    every candidate): the expected output is per answer."""
-    return max(positive_int(body.get("n")), positive_int(body.get("best_of")), 1)
+    every candidate): the expected output is per answer. Read as strictly as the output
+    limit (a 400 for "5", 5.0, 0, -1): a lenient provider takes "5" as 5, and a count read as 1
+    here would reserve one answer for five."""
+    return max(requested_limit(body, "n"), requested_limit(body, "best_of"), 1)
 
 
 def _token_ids(value: Any) -> int:
@@ -97,21 +100,13 @@ def _token_ids(value: Any) -> int:
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
         return None
-    if kind != RESPONSES:
-        details = usage.get("prompt_tokens_details")
-        return UsageReport(
-            model=model,
-            input_tokens=positive_int(usage.get("prompt_tokens")),
-            output_tokens=positive_int(usage.get("completion_tokens")),
-            cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-            persona=persona,
-            final=final,
-        )
-    details = usage.get("input_tokens_details")
+    # the same usage under the Responses API's names and under Chat/Completions' names
+    inputs, outputs = ("input_tokens", "output_tokens") if kind == RESPONSES else ("prompt_tokens", "completion_tokens")
+    details = usage.get(inputs + "_details")
     return UsageReport(
         model=model,
-        input_tokens=positive_int(usage.get("input_tokens")),
-        output_tokens=positive_int(usage.get("output_tokens")),
+        input_tokens=positive_int(usage.get(inputs)),
+        output_tokens=positive_int(usage.get(outputs)),
         cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         persona=persona,
         final=final,
@@ -159,7 +154,8 @@ class OpenAIAdapter(Adapter):
             if not isinstance(body.get("messages"), list):
                 raise BadRequest("'messages' must be an array")
             choices = _choices(body)
-            limit = requested_limit(body, "max_completion_tokens") or requested_limit(body, "max_tokens")
+            # both named: the larger is reserved (and fitted), whichever one the provider reads
+            limit = max(requested_limit(body, "max_completion_tokens"), requested_limit(body, "max_tokens"))
             expected_output = (limit or self.config.default_output_tokens) * choices
         elif kind == RESPONSES:
             if body.get("input") is None and body.get("previous_response_id") is None:
@@ -228,13 +224,8 @@ class OpenAIAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        if status != 200:
-            return Observation()
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Observation()
-        if not isinstance(data, dict):
+        data = answered_object(status, body)
+        if data is None:
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
@@ -339,7 +330,7 @@ class OpenAIAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class _Watcher(StreamWatcher):
+class _Watcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -396,19 +387,9 @@ class _Watcher(StreamWatcher):
     def usage(self) -> UsageReport | None:
         return self._last
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         self._finish(out)
         out.append(self._estimate(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         raise NotImplementedError

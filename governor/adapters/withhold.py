@@ -13,8 +13,8 @@ can smuggle an undeclared tool past a declared one (a Responses entry with `name
 chat-style `function.name`, say). OpenAI (chat and Responses): `function.name`,
 `custom.name`, `name`, and the `type` of any tool that is not `function`/`custom` (a
 built-in such as `web_search_preview` or `mcp` is named by its type: the passport must
-declare a tool of that name to offer it). Anthropic: `name`. Legacy chat `functions`:
-`name`. Names compare exactly (no case folding, no Unicode normalization).
+declare a tool of that name to offer it). Anthropic: `name`; its `mcp_servers` (remote MCP
+servers the provider calls) each name `mcp`. Legacy chat `functions`: `name`. Names compare exactly (no case folding, no Unicode normalization).
 
 tool_choice / function_call naming a withheld tool is dropped (the model then chooses
 among what is left); one that only makes sense with tools (`required`, Anthropic `any`)
@@ -24,7 +24,7 @@ is dropped with the last tool, as is `parallel_tool_calls`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from governor.adapters.base import BadRequest
@@ -33,6 +33,11 @@ from governor.adapters.base import BadRequest
 MAX_TOOLS = 10_000
 HEADER = "ADL-Withheld-Tools"
 MAX_HEADER_CHARS = 1024  # the header value (and the log line's list) is cut past this
+# What the record keeps of one withholding (the names are the agent's or an MCP server's
+# text): the count, and the first RECORDED_NAMES names cut to RECORDED_NAME_CHARS each, so
+# an offer of thousands of tools or of megabyte names leaves an event of a few KiB.
+RECORDED_NAMES = 32
+RECORDED_NAME_CHARS = 128
 # OpenAI tool types whose entry carries its name elsewhere; any other type names the tool
 _STRUCTURAL = frozenset({"function", "custom"})
 
@@ -70,6 +75,12 @@ def named_only(tool: Any) -> Names | None:
     """Anthropic tools and legacy chat functions: the entry's `name`."""
     name = tool.get("name") if type(tool) is dict else None
     return (name,) if type(name) is str and name else None
+
+
+def mcp_server(entry: Any) -> Names | None:
+    """Anthropic `mcp_servers` entries: a remote MCP server whose tools the provider runs
+    (the governor never sees those calls), named `mcp` as OpenAI's built-in `mcp` tool is."""
+    return ("mcp",) if type(entry) is dict else None
 
 
 def read_tools(value: Any, field: str, reader: Reader) -> tuple[Names, ...]:
@@ -168,12 +179,14 @@ def withhold_openai(body: dict[str, Any], allowed: frozenset[str], tools: tuple[
     return list(cut.withheld) if cut.changed else None
 
 
-def withhold_anthropic(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None
-                       ) -> list[str] | None:
-    """Withhold from an Anthropic Messages body, in place (tools, tool_choice)."""
+def withhold_anthropic(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None,
+                       mcp_servers: tuple[Names, ...] | None = None) -> list[str] | None:
+    """Withhold from an Anthropic Messages body, in place (tools, tool_choice, mcp_servers)."""
     cut = _Cut(body, allowed, {})
     if tools and cut.entries("tools", tools) is False:
         cut.drop("tool_choice")
+    if mcp_servers:
+        cut.entries("mcp_servers", mcp_servers)
     choice = body.get("tool_choice")
     if type(choice) is dict and choice.get("type") == "tool" and not cut.permits(named_only(choice)):
         cut.drop("tool_choice")
@@ -215,10 +228,27 @@ def rendered(names: Iterable[str], limit: int = MAX_HEADER_CHARS) -> str:
     return ", ".join(parts)
 
 
+def recorded_detail(names: Sequence[str]) -> dict[str, Any]:
+    """The withheld names as the record keeps them (the on_tools_withheld detail's part):
+    `count` (distinct names withheld), `tools` (the first RECORDED_NAMES, in offered order,
+    each cut to RECORDED_NAME_CHARS characters), and, only when they apply, `tools_omitted`
+    (names past the first RECORDED_NAMES) and `names_cut` (listed names that were cut).
+    O(RECORDED_NAMES), whatever the number of names."""
+    first = names[:RECORDED_NAMES]
+    listed = [name[:RECORDED_NAME_CHARS] for name in first]
+    detail: dict[str, Any] = {"count": len(names), "tools": listed}
+    if len(names) > len(listed):
+        detail["tools_omitted"] = len(names) - len(listed)
+    cut = sum(1 for name in first if len(name) > RECORDED_NAME_CHARS)
+    if cut:
+        detail["names_cut"] = cut
+    return detail
+
+
 def withheld_of(state: Mapping[str, Any]) -> list[str] | None:
     """What the exchange withheld (set by the adapters under this key), if anything."""
     return state.get("withheld")
 
 
-__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "read_tools", "flat", "withhold_openai",
-           "withhold_anthropic", "filter_listed", "rendered", "withheld_of"]
+__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "mcp_server", "read_tools", "flat", "withhold_openai",
+           "withhold_anthropic", "filter_listed", "rendered", "recorded_detail", "withheld_of"]

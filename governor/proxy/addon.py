@@ -59,7 +59,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 from governor.personas import PersonaHeaderError, parse_persona
-from governor.proxy import bodies, held_steps, holds, refusals, transit
+from governor.proxy import bodies, held_steps, holds, recording, refusals, transit, withheld
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
@@ -194,9 +194,9 @@ class StreamRelay:
         gov = {"cause": None, "action": "deny", "reason": reason, "session": session}
         self.held.clear()
         self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
-        # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile)
-        self.governor._spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
-                                             refusals.detail(code, 502, self.flow.request, reason)))
+        # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile) that a stop awaits
+        self.governor.recording.spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
+                                                      refusals.detail(code, 502, self.flow.request, reason)))
         return []
 
     async def ping(self, data: bytes) -> None:
@@ -280,6 +280,7 @@ class Governor:
         self.origin = origin  # governor.control.origin.ProxyOrigin, optional
         self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
         self.tasks: set[asyncio.Task] = set()
+        self.recording = recording.Recording()  # events recorded from tasks: a stop awaits them
         self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
         self._own_session = f"session-{uuid.uuid4().hex[:12]}"
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
@@ -400,9 +401,10 @@ class Governor:
         if self.origin is not None and address and self.origin.refuses_connect(address[0], address[1]):
             data.server.error = "the governor does not connect to its own control plane"
 
-    def done(self) -> None:
+    async def done(self) -> None:
         for task in list(self.tasks):
-            task.cancel()
+            self.recording.cancel(task)  # a task inside a runtime call: once the call has returned
+        await self.recording.settle()
         self.presented.close()
 
     # --- request -----------------------------------------------------------------------
@@ -522,7 +524,7 @@ class Governor:
         if fitted and body is None:
             body = orjson.dumps(exchange.body)
         if "withheld" in exchange.state:
-            _log_withheld(flow, exchange, "request")
+            await withheld.record(self.runtime, flow, exchange, "request")
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None
@@ -773,7 +775,7 @@ class Governor:
             flow.response.content = observation.replace_body
             if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
                 flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
-                _log_withheld(flow, exchange, "answer")
+                await withheld.record(self.runtime, flow, exchange, "answer")
 
     async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
                            admission: Admission) -> None:
@@ -890,7 +892,8 @@ class Governor:
                    and relay.terminal is None):
                 report = relay.checked_usage = relay.latest_usage
                 assert report is not None
-                decision = await self.runtime.usage(session, flight.usage_ticket, report)
+                with self.recording:
+                    decision = await self.runtime.usage(session, flight.usage_ticket, report)
                 if decision.blocks:
                     self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
                     return
@@ -916,7 +919,8 @@ class Governor:
         try:
             while relay.pending_steps:
                 step = relay.pending_steps.pop(0)
-                admission = await self.runtime.admit(session, step)
+                with self.recording:
+                    admission = await self.runtime.admit(session, step)
                 if _paused(admission):
                     admission = await self._held_stream(flow, flight, relay, step, admission)
                 await self._release(session, admission.ticket)
@@ -984,7 +988,8 @@ class Governor:
                 if not self.in_flight.get(session):
                     return
                 try:
-                    admission = await self.runtime.admit(session, Tick())
+                    with self.recording:
+                        admission = await self.runtime.admit(session, Tick())
                     await self._release(session, admission.ticket)
                     decision = admission.decision
                     gov = admission.governor_object or governor_object(decision, session)
@@ -1088,14 +1093,6 @@ class Governor:
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def _log_withheld(flow: http.HTTPFlow, exchange: Exchange, where: str) -> None:
-    withheld = exchange.state["withheld"]
-    if withheld:
-        log.info("governor: withheld %d tool(s) the step may not use from the %s of %s %s in session %s: %s",
-                 len(withheld), where, flow.request.method, flow.request.pretty_url, exchange.session,
-                 withhold.rendered(withheld))
 
 
 def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,
