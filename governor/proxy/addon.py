@@ -60,18 +60,17 @@ from governor.policy.steps import (
 )
 from governor.personas import PersonaHeaderError, parse_persona
 from governor.proxy import bodies, held_steps, holds, refusals, transit
+from governor.proxy.fields import (  # noqa: F401 (the header names, imported from here too)
+    GOVERNOR_HEADER_PREFIX, GOVERNOR_PREFIX, PASSPORT_FIELD, PASSPORT_HEADER, PERSONA_FIELD, PERSONA_HEADER,
+    SESSION_FIELD, SESSION_HEADER, decoded_body, has_content_encoding, log_withheld, rewrite_for_upstream,
+    scan_headers,
+)
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
 
 log = logging.getLogger("governor.proxy")
 
-SESSION_HEADER = "ADL-Session"
-PERSONA_HEADER = "ADL-Persona"
-PASSPORT_HEADER = "ADL-Passport"
-GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
-_GOVERNOR_PREFIX = GOVERNOR_HEADER_PREFIX.encode()  # as header field names are stored
-_SESSION_FIELD, _PERSONA_FIELD, _PASSPORT_FIELD = (h.lower() for h in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER))
 ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
 REPLACED_KEY = "governor.replaced"  # flow.metadata: set when the governor replaced the answer
 METADATA_KEY = "governor"
@@ -341,7 +340,7 @@ class Governor:
         except Exception:
             log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
             watcher = None
-        if watcher is not None and _has_content_encoding(response.headers.fields):
+        if watcher is not None and has_content_encoding(response.headers.fields):
             watcher = None  # compressed although we asked for identity: buffered, read whole once decoded
         if watcher is not None:
             flight.relay = StreamRelay(self, flow, flight, watcher)
@@ -411,21 +410,21 @@ class Governor:
         request = flow.request
         headers = request.headers
         fields = headers.fields
-        governing, encoded = _scan_headers(fields)
+        governing, encoded = scan_headers(fields)
         book = self.sessions
         if book is not None:
             # the request acts only in a session its token names (a dict hit): a refusal
             # opens nothing and touches no session
-            resolved = book.resolve(governing.get(_SESSION_FIELD))
+            resolved = book.resolve(governing.get(SESSION_FIELD))
             if type(resolved) is not str:
                 await self._refuse_session(flow, resolved)
                 return
             session = resolved
         else:
-            session = self._session(governing.get(_SESSION_FIELD))
+            session = self._session(governing.get(SESSION_FIELD))
         flow.metadata[SESSION_KEY] = session
-        persona = governing.get(_PERSONA_FIELD) or None
-        presented = governing.get(_PASSPORT_FIELD)
+        persona = governing.get(PERSONA_FIELD) or None
+        presented = governing.get(PASSPORT_FIELD)
         # the adapters see the headers as the agent sent them (A2A reads its delegation depth
         # from one): a view over the field tuple as it is now (rewriting headers replaces it)
         view = RequestView(
@@ -433,7 +432,7 @@ class Governor:
             port=request.port, scheme=request.scheme,
         )
         # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded
-        forwarded = tuple([f for f in fields if f[0][:4].lower() != _GOVERNOR_PREFIX]) if governing else fields
+        forwarded = tuple([f for f in fields if f[0][:4].lower() != GOVERNOR_PREFIX]) if governing else fields
         if self.origin is not None:
             forwarded += ((self.origin.header.encode(), self.origin.marker.encode()),)
         if forwarded is not fields:
@@ -522,12 +521,12 @@ class Governor:
         if fitted and body is None:
             body = orjson.dumps(exchange.body)
         if "withheld" in exchange.state:
-            _log_withheld(flow, exchange, "request")
+            log_withheld(flow, exchange, "request")
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None
         if body is not None or exchange.stream or exchange.upstream_headers:
-            _rewrite_for_upstream(request, body, exchange.stream, exchange.upstream_headers)
+            rewrite_for_upstream(request, body, exchange.stream, exchange.upstream_headers)
         flight = Flight(exchange, admissions, usage_ticket, body=view.content)
         flow.metadata[METADATA_KEY] = flight
         self._track(flow, flight)
@@ -582,7 +581,7 @@ class Governor:
             # web page: nothing a session meters, and no library adds ADL-Session to it) passes
             # as it would without sessions; a lock or a bad token still refuses it
             flow.request.headers.fields = tuple(
-                f for f in request.headers.fields if f[0][:4].lower() != _GOVERNOR_PREFIX)
+                f for f in request.headers.fields if f[0][:4].lower() != GOVERNOR_PREFIX)
             if ungoverned:
                 self._unknown(flow, "")
             return
@@ -733,7 +732,7 @@ class Governor:
                 self._replace(flow, adapter, decision, session, gov, exchange)
             return
         try:
-            body = _decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
+            body = decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
             observation = None
             if body is not (response.raw_content or b""):  # decoded: a stream that came so is read whole
                 observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
@@ -773,7 +772,7 @@ class Governor:
             flow.response.content = observation.replace_body
             if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
                 flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
-                _log_withheld(flow, exchange, "answer")
+                log_withheld(flow, exchange, "answer")
 
     async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
                            admission: Admission) -> None:
@@ -1090,84 +1089,9 @@ class Governor:
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _log_withheld(flow: http.HTTPFlow, exchange: Exchange, where: str) -> None:
-    withheld = exchange.state["withheld"]
-    if withheld:
-        log.info("governor: withheld %d tool(s) the step may not use from the %s of %s %s in session %s: %s",
-                 len(withheld), where, flow.request.method, flow.request.pretty_url, exchange.session,
-                 withhold.rendered(withheld))
-
-
-def _rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,
-                          extra: Mapping[str, str]) -> None:
-    """The admitted request as it goes upstream, its header fields rebuilt once: a rewritten
-    (unencoded) body with its Content-Length, `Accept-Encoding: identity` for a stream (it is
-    parsed as it flows), the adapter's own headers (replacing any of the same name)."""
-    fields = request.headers.fields
-    drop: set[bytes] = set()
-    add: list[tuple[bytes, bytes]] = []
-    if body is not None:
-        request.raw_content = body
-        # as mitmproxy's own content setter: no Content-Length beside a Transfer-Encoding
-        if b"transfer-encoding" not in [name.lower() for name, _ in fields]:
-            drop.add(b"content-length")
-            add.append((b"content-length", str(len(body)).encode()))
-    if stream:
-        drop.add(b"accept-encoding")
-        add.append((b"accept-encoding", b"identity"))
-    for name, value in extra.items():
-        raw = name.encode()
-        drop.add(raw.lower())
-        add.append((raw, value.encode()))
-    request.headers.fields = tuple([f for f in fields if f[0].lower() not in drop] + add)
-
-
-def _scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
-    """The request's ADL-* headers by lower-case name (repeats folded as `Headers.get` folds
-    them) and whether it has a Content-Encoding: one pass over the raw fields instead of a
-    case-insensitive lookup per header. Repeats are joined once at the end: folding them
-    one by one copied the growing value per repeat (tens of thousands of repeats in a 1 MiB
-    head: ~0.7 s of the event loop for one request)."""
-    found: dict[str, str] = {}
-    repeated: dict[str, list[str]] | None = None
-    encoded = False
-    for name, value in fields:
-        prefix = name[:4].lower()
-        if prefix == _GOVERNOR_PREFIX:
-            key = name.decode("utf-8", "surrogateescape").lower()
-            text = value.decode("utf-8", "surrogateescape")
-            if key in found:
-                if repeated is None:
-                    repeated = {}
-                repeated.setdefault(key, [found[key]]).append(text)
-            else:
-                found[key] = text
-        elif prefix == b"cont" and name.lower() == b"content-encoding":
-            encoded = True
-    if repeated is not None:
-        for key, values in repeated.items():
-            found[key] = ", ".join(values)
-    return found, encoded
-
-
 def _paused(admission: Admission) -> bool:
     decision = admission.decision
     return decision.action is Action.PAUSE and decision.enforced and decision.approval is not None
-
-
-def _has_content_encoding(fields: Any) -> bool:
-    for name, _ in fields:  # a loop, not any(generator): no frame per response
-        if name.lower() == b"content-encoding":
-            return True
-    return False
-
-
-def _decoded_body(message: http.Message, bounds: bodies.Bounds) -> bytes:
-    """The body with its Content-Encoding undone within `bounds` (bodies.decode: BodyError
-    when it cannot be); without one, the raw bytes, found by a pass over the raw fields."""
-    raw = message.raw_content or b""
-    codings = bodies.encodings(message.headers.fields)
-    return bodies.decode(raw, codings, bounds) if codings else raw
 
 
 def _governor_error() -> Decision:
