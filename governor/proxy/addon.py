@@ -65,20 +65,18 @@ from governor.proxy.fields import (  # noqa: F401 (the header names, imported fr
     SESSION_FIELD, SESSION_HEADER, decoded_body, has_content_encoding, log_withheld, rewrite_for_upstream,
     scan_headers,
 )
+from governor.proxy.held_steps import paused
+from governor.proxy.refusing import (  # noqa: F401 (ACTION_HEADER, REPLACED_KEY: imported from here too)
+    ACTION_HEADER, REPLACED_KEY, Refusing, as_raw, as_response, governor_error, governor_error_object, plain_error,
+)
 from governor.proxy.presented import PresentedPassportError, PresentedPassports, presented_digest  # noqa: F401
 from governor.runtime_api import Admission, RuntimeAPI
 from governor.sessions import halted_reason
 
 log = logging.getLogger("governor.proxy")
 
-ACTION_HEADER = "ADL-Governor-Action"  # on responses the governor made or changed
-REPLACED_KEY = "governor.replaced"  # flow.metadata: set when the governor replaced the answer
 METADATA_KEY = "governor"
 SESSION_KEY = "governor.session"
-
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 429: "Too Many Requests",
-                502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-
 
 @dataclass(frozen=True, slots=True)
 class ProxyPolicy:
@@ -250,7 +248,7 @@ class StreamRelay:
             # withheld: fail closed, do not deliver it
             what = "usage past its reservation was charged" if self.over else "its tool calls were admitted"
             self.cut(f"governor: the stream ended before {what}",
-                     _governor_error_object(self.flight.exchange.session))
+                     governor_error_object(self.flight.exchange.session))
         if self.terminal is not None:
             return [self.terminal] if self.terminal else []
         tail = b"".join(self.kept) + self.held.take()
@@ -258,7 +256,7 @@ class StreamRelay:
         return [tail] if tail else []
 
 
-class Governor:
+class Governor(Refusing):
     """The mitmproxy addon. One instance per proxy; all per-flow state lives in flow.metadata."""
 
     def __init__(
@@ -361,8 +359,8 @@ class Governor:
             log.exception("governor: internal error on the response of %s", flow.request.url)
             if flight.relay is None:
                 session = flight.exchange.session
-                self._replace(flow, flight.exchange.adapter, _governor_error(), session,
-                              _governor_error_object(session), flight.exchange)
+                self._replace(flow, flight.exchange.adapter, governor_error(), session,
+                              governor_error_object(session), flight.exchange)
         finally:
             await self._finish(flight, self._upstream_error(flow))
             self._forget(flow, flight, stream_over=True)
@@ -438,7 +436,7 @@ class Governor:
         if forwarded is not fields:
             headers.fields = forwarded
         if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
-            flow.response = _plain_error(403, "the governor does not forward requests to its own control plane")
+            flow.response = plain_error(403, "the governor does not forward requests to its own control plane")
             return
 
         # a body that cannot be decoded within the bounds is refused like a shape selection
@@ -535,7 +533,7 @@ class Governor:
         """Admit one step; a PAUSE is held right here until the reviewer's answer (or the
         timeout's resolution) comes back."""
         admission = await self.runtime.admit(session, step)
-        if _paused(admission):
+        if paused(admission):
             admission = await self._reviewed(session, step, admission)
         return admission
 
@@ -565,106 +563,6 @@ class Governor:
         except Exception:
             log.exception("governor: runtime.finish failed in session %s", session)
 
-    # --- answering instead of the upstream ---------------------------------------------
-
-    async def _refuse_session(self, flow: http.HTTPFlow, refusal: Any) -> None:
-        """A request that names no session it may act in: answered 403 in its protocol's
-        error shape (an IGNORE route passes, as it always does), counted and logged."""
-        request = flow.request
-        view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields),
-                           request.raw_content, port=request.port, scheme=request.scheme)
-        selected = self.registry.select(view)
-        ungoverned = selected is None and refusal.code == "session_token_required" \
-            and self.policy.unknown_traffic == "forward"
-        if selected == IGNORE or ungoverned:
-            # an IGNORE route, or token-less traffic no adapter governs (a package download, a
-            # web page: nothing a session meters, and no library adds ADL-Session to it) passes
-            # as it would without sessions; a lock or a bad token still refuses it
-            flow.request.headers.fields = tuple(
-                f for f in request.headers.fields if f[0][:4].lower() != GOVERNOR_PREFIX)
-            if ungoverned:
-                self._unknown(flow, "")
-            return
-        if isinstance(selected, Refusal):  # refused at selection too; it belongs to no session
-            await refusals.record(self.runtime, self.metrics, None, refusals.reason_for(selected.status), {})
-            log.info("governor: %s %s would also be refused at selection (%s): counted, not recorded (no session)",
-                     request.method, request.pretty_url, selected.status)
-        if refusal.audit is not None:
-            try:
-                await self.sessions.record_refusal(refusal)
-            except Exception:  # refused all the same: the safe side
-                log.exception("governor: the refusal %s could not be recorded in the audit journal", refusal.code)
-        gov = refusal.governor_object()
-        message = f"governor: {refusal.message}"
-        if isinstance(selected, Adapter):
-            try:
-                reply = selected.error_response(403, message, gov)
-            except Exception:
-                log.exception("governor: adapter %s could not build a refusal", selected.name)
-                reply = _generic_error(403, message, gov)
-        else:
-            reply = _generic_error(403, message, gov)
-        flow.response = _response(reply, gov["action"])
-        log.info("governor: refused %s %s: %s (%s)", request.method, request.pretty_url, refusal.code,
-                 refusal.session or "no session")
-
-    def _refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
-                       exchange: Exchange | None) -> Reply:
-        if decision.action is Action.FALLBACK and adapter is not None and exchange is not None:
-            return adapter.fallback_response(exchange, decision, gov)
-        status = status_for(decision)
-        if adapter is None:
-            return _generic_error(status, describe(gov), gov)
-        return adapter.error_response(status, describe(gov), gov, exchange)
-
-    def _refuse(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
-                exchange: Exchange | None = None) -> None:
-        decision = admission.decision
-        gov = admission.governor_object or governor_object(decision, session)
-        reply = self._refusal_reply(adapter, decision, gov, exchange)
-        flow.response = _response(reply, decision.action.value)
-        log.info("governor: %s %s %s in session %s (%s)", decision.action.value, flow.request.method,
-                 flow.request.pretty_url, session, decision.cause,
-                 extra={"session": session, "cause": decision.cause, "action": decision.action.value})
-
-    def _refuse_presented(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
-                          reason: str) -> None:
-        """400 for an ADL-Passport header that is not a readable passport, saying why; the
-        governor object is the PassportPresented admission's (the recorded mismatch)."""
-        decision = admission.decision
-        gov = {**(admission.governor_object or governor_object(decision, session)),
-               "passport_error": f"{PASSPORT_HEADER} header refused: {reason}"}
-        message = f"governor: {gov['passport_error']}"
-        reply = adapter.error_response(400, message, gov) if adapter is not None else _generic_error(400, message, gov)
-        flow.response = _response(reply, decision.action.value if decision.blocks else "deny")
-        log.info("governor: refused %s %s in session %s: %s", flow.request.method, flow.request.pretty_url,
-                 session, message)
-
-    def _replace_blocked(self, flow: http.HTTPFlow, exchange: Exchange, admission: Admission) -> None:
-        """The answer of an exchange whose step the admission blocks: its refusal."""
-        decision, session = admission.decision, exchange.session
-        self._replace(flow, exchange.adapter, decision, session,
-                      admission.governor_object or governor_object(decision, session), exchange)
-
-    def _replace(self, flow: http.HTTPFlow, adapter: Adapter, decision: Decision, session: str,
-                 gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
-        gov = gov or governor_object(decision, session)
-        # who answered, for the log: the upstream's status (None: it was never asked) and our cause
-        flow.metadata[REPLACED_KEY] = (flow.response.status_code if flow.response is not None else None,
-                                       gov.get("cause") or gov.get("reason"))
-        flow.response = _response(self._refusal_reply(adapter, decision, gov, exchange), decision.action.value)
-
-    async def _bad_request(self, flow: http.HTTPFlow, adapter: Adapter, session: str, message: str,
-                           status: int = 400) -> None:
-        """A request its adapter cannot open (malformed, too large, a bad ADL-Persona): recorded
-        in its session (governor.proxy.refusals), then answered in its protocol's format."""
-        reason = refusals.BODY_TOO_LARGE if status == 413 else refusals.BAD_REQUEST
-        await refusals.record(self.runtime, self.metrics, session, reason,
-                              refusals.detail(reason, status, flow.request, message))
-        gov = {"cause": None, "action": "deny", "reason": message, "session": session}
-        flow.response = _response(adapter.error_response(status, f"governor: {message}", gov), "deny")
-        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message)
-
     def _decode_request(self, view: RequestView, fields: Any) -> Refusal | None:
         """Undo the body's Content-Encoding (bounded: governor.proxy.bodies) before anything
         reads it, selection included; a Refusal when it cannot be. Traffic a route ignores is
@@ -678,45 +576,6 @@ class Governor:
         except bodies.BodyError as exc:
             return Refusal(exc.status, f"request {exc.message}", self.registry.claimant(view))
         return None
-
-    async def _refuse_unselected(self, flow: http.HTTPFlow, refusal: Refusal, session: str) -> None:
-        """A request refused before any adapter opened it (selection, body decoding): recorded
-        in its session (governor.proxy.refusals), then answered in the format of the adapter
-        whose endpoint the path is, else the generic one."""
-        reason = refusals.reason_for(refusal.status)
-        await refusals.record(self.runtime, self.metrics, session, reason,
-                              refusals.detail(reason, refusal.status, flow.request, refusal.message))
-        message = f"governor: {refusal.message}"
-        gov = {"cause": None, "action": "deny", "reason": refusal.message, "session": session}
-        adapter = refusal.adapter
-        reply = (adapter.error_response(refusal.status, message, gov) if adapter is not None
-                 else _generic_error(refusal.status, message, gov))
-        flow.response = _response(reply, "deny")
-        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, refusal.message)
-
-    def _unknown(self, flow: http.HTTPFlow, session: str) -> None:
-        host = flow.request.host
-        halted = getattr(self.runtime, "halted", None)
-        cause = halted(session) if halted is not None else None
-        if cause is not None:  # after a halt the session refuses everything, ungoverned traffic too
-            gov = {"cause": cause, "action": "halt", "reason": halted_reason(cause), "session": session}
-            flow.response = _response(_generic_error(403, f"governor: session halted ({cause})", gov), "halt")
-            return
-        if self.policy.unknown_traffic == "deny":
-            message = f"no adapter governs {flow.request.method} {host}{flow.request.path.split('?', 1)[0]}"
-            gov = {"cause": None, "action": "deny", "reason": f"unknown traffic: {message}", "session": session}
-            flow.response = _response(_generic_error(403, f"governor: {gov['reason']}", gov), "deny")
-            return
-        count = self.unknown_seen.get(host, 0)
-        self.unknown_seen[host] = count + 1
-        if count == 0:
-            log.info("governor: forwarding ungoverned traffic to %s (no adapter matched %s %s)",
-                     host, flow.request.method, flow.request.path.split("?", 1)[0])
-
-    def _fail_closed(self, flow: http.HTTPFlow, session: str, message: str) -> None:
-        gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
-               "session": session}
-        flow.response = _response(_generic_error(503, f"governor: {message}", gov), "deny")
 
     # --- responses ---------------------------------------------------------------------
 
@@ -759,7 +618,7 @@ class Governor:
         for index in range(start, len(steps)):
             step = steps[index]
             admission = await self.runtime.admit(session, step)
-            if _paused(admission):
+            if paused(admission):
                 if detach:
                     await self._hold_answer(flow, flight, observation, index, admission)
                     return
@@ -822,8 +681,8 @@ class Governor:
         session = exchange.session
         served = await self.holds.serve(
             flow, held, lambda hold, retry_after: holds.pending_response(adapter, exchange, session, hold, retry_after),
-            lambda: _response(adapter.error_response(503, "governor: the review could not be completed",
-                                                     _governor_error_object(session), exchange), "deny"))
+            lambda: as_response(adapter.error_response(503, "governor: the review could not be completed",
+                                                     governor_error_object(session), exchange), "deny"))
         if served == "gone":
             return False
         log.info("governor: %s %s in session %s: %s for approval %s", flow.request.method, flow.request.pretty_url,
@@ -842,7 +701,7 @@ class Governor:
             await self.runtime.usage(exchange.session, flight.usage_ticket, report)
         reason = f"the upstream's answer was refused: {why}"
         gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
-        flow.response = _response(exchange.adapter.error_response(502, f"governor: {reason}", gov, exchange), "deny")
+        flow.response = as_response(exchange.adapter.error_response(502, f"governor: {reason}", gov, exchange), "deny")
         log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
 
     async def _stream_finished(self, flow: http.HTTPFlow, flight: Flight) -> None:
@@ -895,7 +754,7 @@ class Governor:
                     return
         except Exception:
             log.exception("governor: usage check failed in session %s; cutting the stream", session)
-            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
         finally:
             relay.checking = False
             if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
@@ -916,7 +775,7 @@ class Governor:
             while relay.pending_steps:
                 step = relay.pending_steps.pop(0)
                 admission = await self.runtime.admit(session, step)
-                if _paused(admission):
+                if paused(admission):
                     admission = await self._held_stream(flow, flight, relay, step, admission)
                 await self._release(session, admission.ticket)
                 held = id(step) in relay.held_steps
@@ -929,7 +788,7 @@ class Governor:
                     relay.unhold()
         except Exception:
             log.exception("governor: admitting a streamed tool call failed in session %s", session)
-            self._enforce_in_flight(flow, flight, _governor_error(), _governor_error_object(session))
+            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
         finally:
             relay.admitting = False
 
@@ -989,7 +848,7 @@ class Governor:
                     gov = admission.governor_object or governor_object(decision, session)
                 except Exception:
                     log.exception("governor: wall-clock check failed in session %s", session)
-                    decision, gov = _governor_error(), _governor_error_object(session)
+                    decision, gov = governor_error(), governor_error_object(session)
                 if decision.blocks:
                     for flight, flow in list(self.in_flight.get(session, {}).items()):
                         self._enforce_in_flight(flow, flight, decision, gov)
@@ -1011,7 +870,7 @@ class Governor:
             self._cut(flow, flight, decision, gov)
         elif flow.response is None:
             reply = self._refusal_reply(flight.exchange.adapter, decision, gov, flight.exchange)
-            transit.answer(self.proxyserver, flow, _raw(reply, decision.action.value))
+            transit.answer(self.proxyserver, flow, as_raw(reply, decision.action.value))
         # else: a plain response is being read; the response hook replaces it.
 
     def _cut(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:
@@ -1036,7 +895,7 @@ class Governor:
             self._cut(flow, flight, decision, gov)
         elif flow.response is None:
             reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
-            transit.answer(self.proxyserver, flow, _raw(reply, "deny"))
+            transit.answer(self.proxyserver, flow, as_raw(reply, "deny"))
 
     async def _finish(self, flight: Flight, error: str | None) -> None:
         if flight.finished:
@@ -1088,43 +947,3 @@ class Governor:
 
 # --- helpers ---------------------------------------------------------------------------
 
-
-def _paused(admission: Admission) -> bool:
-    decision = admission.decision
-    return decision.action is Action.PAUSE and decision.enforced and decision.approval is not None
-
-
-def _governor_error() -> Decision:
-    return Decision(action=Action.HALT, cause="on_governor_error", fail_closed=True)
-
-
-def _governor_error_object(session: str) -> dict[str, Any]:
-    return {"cause": "on_governor_error", "action": "halt", "fail_closed": True, "session": session,
-            "reason": "the governor could not decide"}
-
-
-def _generic_error(status: int, message: str, gov: Mapping[str, Any]) -> Reply:
-    """A refusal for traffic no adapter speaks: OpenAI's error shape, the most widely understood."""
-    return Reply.json(status, {"error": {"message": message, "type": "governor_error",
-                                         "code": gov.get("cause"), "governor": dict(gov)}})
-
-
-def _plain_error(status: int, message: str) -> http.Response:
-    return _response(_generic_error(status, message, {"cause": None, "action": "deny", "reason": message}), "deny")
-
-
-def _response(reply: Reply, action: str) -> http.Response:
-    headers = {**reply.headers, ACTION_HEADER: action}
-    if reply.status >= 400:
-        headers["x-should-retry"] = "false"  # SDKs would otherwise retry a refusal (429, 503)
-    return http.Response.make(reply.status, reply.body, headers)
-
-
-def _raw(reply: Reply, action: str) -> bytes:
-    """A complete HTTP/1.1 response, as an upstream would have sent it."""
-    head = [f"HTTP/1.1 {reply.status} {_STATUS_TEXT.get(reply.status, 'Error')}"]
-    headers = {**reply.headers, ACTION_HEADER: action, "content-length": str(len(reply.body))}
-    if reply.status >= 400:
-        headers["x-should-retry"] = "false"
-    head += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + reply.body
