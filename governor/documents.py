@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import os
 from pathlib import Path
@@ -215,6 +215,18 @@ def read_document_bytes(path: str | os.PathLike[str], *, max_bytes: int = MAX_DO
     if len(data) > max_bytes:
         raise DocumentBoundError(f"{path}: larger than {max_bytes} bytes")
     return data
+
+
+def read_document_file(path: str | os.PathLike[str], error: Callable[[str], Exception], *,
+                       max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """read_document_bytes, a file that cannot be read or is too large raised as `error(reason)`
+    (the reason names the file), for the readers of passports, records and DID documents."""
+    try:
+        return read_document_bytes(path, max_bytes=max_bytes)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except DocumentError as exc:
+        raise error(str(exc)) from None
 
 
 def parse_document(data: bytes | str, *, format: str | None = None, source: str = "document",

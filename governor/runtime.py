@@ -167,11 +167,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
 
     async def close(self, *, end_sessions: bool = True) -> None:
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            try:
-                await self._sweeper
-            except asyncio.CancelledError:
-                pass
+            await self._stop_sweeper(self._sweeper)  # a pass in progress records its events first
             self._sweeper = None
         if end_sessions:
             for session in list(self._sessions.values()):

@@ -10,7 +10,9 @@ Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough). T
     the audit journal, since it belongs to no session;
   * a refusal the proxy made on its own, before any step was decided (a model call on a
     path no adapter claims, a stream whose held-back output outgrew its bound: cause
-    on_request_refused, action fallback), in the record of the session it belongs to.
+    on_request_refused, action fallback), in the record of the session it belongs to;
+  * the tools the proxy withheld from a request or a tools/list answer (cause
+    on_tools_withheld, action fallback), likewise.
 
 The audit journal is a session journal like any other (`governor.evidence.Journal`),
 `<data-dir>/audit/audit-<digest>.jsonl`, one per admitted passport digest; after each
@@ -29,6 +31,7 @@ from typing import Any
 from governor.evidence import Journal, SessionHeader, journal_path, recover_journal, sign_record, write_record
 from governor.notify import events as notify
 from governor.policy.steps import ON_REQUEST_REFUSED
+from governor.policy.tools import ON_TOOLS_WITHHELD
 from governor.sessions import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook, halted_reason
 
 log = logging.getLogger("governor.runtime")
@@ -95,10 +98,18 @@ class SessionEvidence:
         `session`'s record (opened when new, as its first request would). False when the
         session has ended (nothing can be added to its record); raises when the journal
         cannot be written. The journal serializes appends itself: no session lock."""
+        return await self._record_proxy_event(session, ON_REQUEST_REFUSED, detail)
+
+    async def record_withheld(self, session: str, detail: dict[str, Any]) -> bool:
+        """Journal the tools the proxy withheld from a request or an MCP tools/list answer
+        (governor/proxy/withheld.py), in `session`'s record; as `record_refusal`."""
+        return await self._record_proxy_event(session, ON_TOOLS_WITHHELD, detail)
+
+    async def _record_proxy_event(self, session: str, cause: str, detail: dict[str, Any]) -> bool:
         live = self._sessions.get(session) or await self._session(session)  # type: ignore[attr-defined]
         if live.ended or live.journal.ending is not None:
             return False
-        await asyncio.to_thread(live.journal.append, ON_REQUEST_REFUSED, "fallback", self.clock(), detail)  # type: ignore[attr-defined]
+        await asyncio.to_thread(live.journal.append, cause, "fallback", self.clock(), detail)  # type: ignore[attr-defined]
         return True
 
     # --- the audit journal -------------------------------------------------------------

@@ -28,6 +28,7 @@ IDLE_SWEEP_SEC = 30.0
 IDLE_SWEEPS_PER_PASS = 200
 SWEEP_SLICE = 200  # sessions the sweeper handles before letting the proxy run
 GAUGE_BATCH = 50  # sessions whose budget gauges one tick refreshes
+SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
 VIEW_SLICE = 50  # session views a listing builds before letting the proxy run
 
 
@@ -121,13 +122,38 @@ class RuntimeViews:
                 self.metrics.budget(dimension, scope, used, cap, session=session, persona=persona)
         return budgets
 
+    _sweeping = False  # a pass is in progress
+    _sweep_stopping = False  # close() asked the sweeper to stop after its pass
+
     async def _sweep_forever(self) -> None:
-        while True:
+        while not self._sweep_stopping:
             await asyncio.sleep(self.tick_interval_sec)
+            self._sweeping = True
             try:
                 await self.sweep()
             except Exception:  # the sweeper must outlive any one bad session
                 log.exception("sweep failed")
+            finally:
+                self._sweeping = False
+
+    async def _stop_sweeper(self, sweeper: asyncio.Task, timeout: float = SWEEP_STOP_SEC) -> None:
+        """Stop the sweeper between passes: one asleep is cancelled; a pass in progress ends
+        first (at most `timeout` s), since a cancel inside it could drop the event it was
+        recording (a tick's, an approval's expiry: a decision made in a worker thread, a
+        journal append still queued for one) before close() signs the final records."""
+        self._sweep_stopping = True
+        if not self._sweeping:
+            sweeper.cancel()
+        done, _ = await asyncio.wait({sweeper}, timeout=timeout)
+        if not done:
+            log.error("the sweeper's pass did not end within %.1fs of the stop; cancelled: its last "
+                      "events may be missing from the final records", timeout)
+            sweeper.cancel()
+        try:
+            await sweeper
+        except asyncio.CancelledError:
+            pass
+        self._sweep_stopping = False  # a later start() sweeps again
 
     async def sweep(self) -> None:
         """One pass: end idle persona instances, charge wall-clock, expire unanswered approvals,

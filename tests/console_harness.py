@@ -94,6 +94,26 @@ class ConsoleWorld:
             await asyncio.sleep(0.05)
         raise AssertionError("no approval became pending")
 
+    @contextlib.asynccontextmanager
+    async def held(self, label: str, tool: str, arguments: dict[str, Any]):
+        """A session `label` whose agent's call of `tool` is held for review: yields (the
+        pending approval, the agent's call as a task); the agent stays connected inside."""
+        token = await self.open_session(label)
+        async with self.agent(token) as agent:
+            call = asyncio.create_task(agent.call_tool(tool, arguments))
+            [approval] = await self.pending()
+            yield approval, call
+
+    async def request(self, method: str, path: str, token: str | None = REVIEWER_TOKEN,
+                      headers: dict[str, str] | None = None, **options: Any) -> tuple[int, Any]:
+        """One request to the control plane at `path` with the bearer `token` (None: no
+        Authorization): (status, the JSON answer or else the text)."""
+        auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        async with aiohttp.ClientSession() as http:
+            async with http.request(method, f"{self.url}{path}", headers={**auth, **(headers or {})}, **options) as resp:
+                body = await resp.json() if resp.content_type == "application/json" else await resp.text()
+                return resp.status, body
+
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}) as resp:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.canonical import b64url, canonicalize, digest_of
@@ -165,6 +167,40 @@ class ScriptedRuntime:
         return body
 
 
+async def start_control_plane(runtime: Any = None, **options: Any) -> Any:
+    """The control plane (create_app) on a loopback port in front of `runtime` (a fresh
+    ScriptedRuntime when None), with an aiohttp client: a namespace of url, runtime, metrics,
+    origin, runner, http, port; `options` go to create_app."""
+    import aiohttp
+
+    from governor.control import ProxyOrigin, control_url, create_app, start_control
+    from governor.metrics import Metrics
+
+    runtime = runtime if runtime is not None else ScriptedRuntime()
+    metrics, origin = options.pop("metrics", None), options.pop("origin", None)
+    metrics = metrics if metrics is not None else Metrics()
+    origin = origin if origin is not None else ProxyOrigin()
+    runner = await start_control(create_app(runtime, metrics=metrics, origin=origin, **options), "127.0.0.1", 0)
+    return SimpleNamespace(url=control_url(runner), runtime=runtime, metrics=metrics, origin=origin, runner=runner,
+                           http=aiohttp.ClientSession(), port=runner.addresses[0][1])
+
+
+@pytest.fixture(name="serve")
+async def control_planes() -> Any:
+    """A test's `serve`: `await serve(runtime=None, **create_app options)` starts a control
+    plane (start_control_plane); every one it started is stopped after the test."""
+    started = []
+
+    async def start(runtime: Any = None, **options: Any) -> Any:
+        started.append(await start_control_plane(runtime, **options))
+        return started[-1]
+
+    yield start
+    for ctl in started:
+        await ctl.http.close()
+        await ctl.runner.cleanup()
+
+
 def verify_record(runtime: ScriptedRuntime, record: dict[str, Any]) -> bool:
     """True when the record's signature is the harness key's over the record minus signature."""
     from cryptography.exceptions import InvalidSignature
@@ -300,8 +336,8 @@ class A2APeer:
 def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
                  tick_interval_sec: float = 1.0):
     """A started `governor.runtime.Runtime` for `document` (signed here with a fresh key
-    and admitted as the governor would), SQLite state in `data_dir`, tier R2.
-    Returns (runtime, the signed passport)."""
+    and admitted and pinned as `governor run` does: see proxy/server.build_runtime), SQLite
+    state in `data_dir`, tier R2. Returns (runtime, the signed passport)."""
     from governor.evidence.keys import generate_key
     from governor.passport import AdmissionConfig, admit, sign_passport
     from governor.policy import compile_limits, load_pricing
@@ -316,7 +352,7 @@ def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time
     limits = compile_limits(report.pinned.document, tier=Tier.R2,
                             pricing=load_pricing(REPO / "policies" / "pricing.yaml"), passport_digest=report.digest)
     runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
-                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id, metrics=metrics,
-                      clock=clock, tick_interval_sec=tick_interval_sec)
+                      governor_id="did:web:localhost:governor", agent_id=report.pinned.id or report.pinned.name,
+                      metrics=metrics, clock=clock, tick_interval_sec=tick_interval_sec, pinned=report.pinned)
     runtime.start()
     return runtime, passport

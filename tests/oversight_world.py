@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import orjson
 
-from tests.proxy_harness import AGENT_NAMED
+from tests.proxy_harness import AGENT_NAMED, sdk_environment
 from tests.upstreams import Behaviour, MockLLM, make_tls
 
 REVIEWER = "reviewer-token-for-oversight-holds-0123456789"
@@ -74,6 +74,46 @@ def record(name, fn):
         out[name] = {"raised": type(e).__name__, "message": e.message}
     out[name + "_seconds"] = time.monotonic() - t0
 """
+
+# SDK_RECORDER, TOOLS, and chat(client, session): a chat completion offering TOOLS, whose
+# tool call it returns (read from the stream when streamed)
+SDK_CHAT = SDK_RECORDER + f"TOOLS = {TOOLS!r}\n" + """
+def chat(client, session, stream=False, content=None):
+    def call():
+        return client.chat.completions.create(
+            model="gpt-4o-mini", max_tokens=64, tools=TOOLS, stream=stream, extra_headers={"ADL-Session": session},
+            messages=[{"role": "user", "content": content or f"tidy the notes of {session}"}])
+    def run():
+        if not stream:
+            f = call().choices[0].message.tool_calls[0].function
+            return {"tool": f.name, "args": f.arguments}
+        calls = [tc.function for c in call() if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        return {"tool": next(f.name for f in calls if f.name), "args": "".join(f.arguments or "" for f in calls)}
+    return run
+"""
+
+# sessions "plain" and "streamed" at once, through an SDK whose timeout (5 s) is shorter than the review
+PLAIN_AND_STREAMED = """
+client = openai.OpenAI(timeout=5)
+runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=name == "streamed")))
+        for name in ("plain", "streamed")]
+[t.start() for t in runs]
+[t.join() for t in runs]
+"""
+
+
+async def run_sdk(world: World, code: str, *reviewers: Reviewer) -> dict[str, Any]:
+    """`code` after SDK_CHAT in an SDK subprocess through the world's proxy, with `reviewers`
+    answering meanwhile: the program's `out`."""
+    from tests.proxy_harness import run_python
+
+    for reviewer in reviewers:
+        reviewer.start()
+    try:
+        return await run_python(SDK_CHAT + code + "\nprint(json.dumps(out))\n", world.sdk_env, timeout=120)
+    finally:
+        for reviewer in reviewers:
+            await reviewer.stop()
 
 
 @dataclass
@@ -135,11 +175,8 @@ async def oversight_world(tmp: Path, **settings: Any) -> AsyncIterator[World]:
                    upstream_ca=tls.ca_file, reviewer_tokens=(REVIEWER,), tick_interval=0.5, **AGENT_NAMED)
     running = await serve(Settings(**{**options, **settings}))
     control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)
-    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1",
-               "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": mock.base_url}
     try:
-        yield World(running, mock, control, sdk_env)
+        yield World(running, mock, control, sdk_environment(running, mock))
     finally:
         await control.aclose()
         await running.stop()

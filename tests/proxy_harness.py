@@ -326,6 +326,52 @@ async def scripted_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[A
         await mock.stop()
 
 
+def sdk_environment(running: Any, mock: Any) -> dict[str, str]:
+    """What the official openai and anthropic SDKs in a subprocess need to reach `mock`
+    through the proxy `running` (only through their environment)."""
+    return {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
+            "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1",
+            "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": mock.base_url}
+
+
+@asynccontextmanager
+async def real_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """The real proxy on the real runtime (the bundled example passport unless `settings`
+    name one), agent-named, in front of a loopback TLS mock LLM: (running, mock), both
+    stopped on exit; `settings` override the Settings used (e.g. control, tick_interval)."""
+    from governor.proxy.server import Settings, serve
+    from tests.upstreams import MockLLM, make_tls
+
+    tls = make_tls(tmp / "tls")
+    mock = MockLLM(tls)
+    await mock.start()
+    options = dict(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
+                   tick_interval=0, **AGENT_NAMED)
+    try:
+        running = await serve(Settings(**{**options, **settings}))
+    except BaseException:
+        await mock.stop()
+        raise
+    try:
+        yield running, mock
+    finally:
+        await running.stop()
+        await mock.stop()
+
+
+def real_sdk_env(name: str, **settings: Any) -> Any:
+    """A module's `env` fixture: one `real_governor` (in a temp folder `name`) shared by the
+    module's tests, as (running, mock, the SDKs' environment)."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, dict[str, str]]]:
+        async with real_governor(tmp_path_factory.mktemp(name), **settings) as (running, mock):
+            yield running, mock, sdk_environment(running, mock)
+
+    return env
+
+
 def scripted_env(name: str, **settings: Any) -> Any:
     """A module's `env` fixture: one `scripted_governor` (in a temp folder `name`) shared by
     the module's tests, as (running, mock, runtime); pair it with `fresh_scripted`."""
@@ -339,6 +385,18 @@ def scripted_env(name: str, **settings: Any) -> Any:
     return env
 
 
+def scripted_sdk_env(name: str, **settings: Any) -> Any:
+    """scripted_env, with the SDKs' environment: (running, mock, runtime, sdk_env)."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, ScriptedRuntime, dict[str, str]]]:
+        async with scripted_governor(tmp_path_factory.mktemp(name), **settings) as (running, mock, runtime):
+            yield running, mock, runtime, sdk_environment(running, mock)
+
+    return env
+
+
 @contextmanager
 def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterator[None]:
     """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted
@@ -347,6 +405,7 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     policy, routes = running.addon.policy, list(running.addon.registry.routes)
     mock.reset()
     runtime.token_cap = None
+    runtime.allowed_tools = None
     runtime.fail_usage = False
     for kept in (runtime.rules, runtime.books, runtime.steps, runtime.usage_reports):
         kept.clear()

@@ -101,9 +101,12 @@ async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_
         assert approval["detail"]["edited"] is True
         assert approval["detail"]["original_step_digest"] == _step_digest("delete_note", original)
         assert approval["detail"]["step_digest"] == _step_digest("delete_note", edited)
-        # the record verifies, shown on the page
+        # the record verifies, shown on the page, its passport binding checked against the pinned passport
         await page.locator("tr[data-session]", has_text="edit me").locator("button.open-record").click()
         assert (await page.locator("#verdict").text_content()).startswith("Valid enforcement record")
+        binding = page.locator("#verification li", has_text="passport binding")
+        assert await binding.get_attribute("class") == "pass"
+        assert (await binding.text_content()).startswith("4. passport binding: pass — subject.passport_digest matches")
 
 
 XSS_ARGUMENTS = {

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import aiohttp
 import pytest
 
-from governor.control import (
-    MemoryNonces, ProxyOrigin, TokenConfigError, control_url, create_app, load_control_token,
-    load_reviewer_tokens, start_control,
-)
-from governor.metrics import Metrics
+from governor.control import MemoryNonces, ProxyOrigin, TokenConfigError, load_control_token, load_reviewer_tokens
 from governor.policy.steps import Action, ToolCall
-from tests.control_harness import ScriptedRuntime, pause_decision, tool_is, verify_record
+from tests.control_harness import (  # control_planes: the `serve` fixture
+    ScriptedRuntime, control_planes, pause_decision, tool_is, verify_record,  # noqa: F401
+)
 
 REVIEWER = "reviewer-token-0123456789abcdef"
 OTHER_REVIEWER = "second-reviewer-token-fedcba987654"
@@ -28,31 +25,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def _serve(runtime, **kwargs):
-    metrics = kwargs.pop("metrics", Metrics())
-    origin = kwargs.pop("origin", ProxyOrigin())
-    app = create_app(runtime, metrics=metrics, origin=origin, **kwargs)
-    runner = await start_control(app, "127.0.0.1", 0)
-    http = aiohttp.ClientSession()
-    return SimpleNamespace(url=control_url(runner), runtime=runtime, metrics=metrics, origin=origin,
-                           runner=runner, http=http, port=runner.addresses[0][1])
-
-
-@pytest.fixture
-async def serve():
-    started = []
-
-    async def start(runtime=None, **kwargs):
-        ctl = await _serve(runtime if runtime is not None else ScriptedRuntime(), **kwargs)
-        started.append(ctl)
-        return ctl
-
-    yield start
-    for ctl in started:
-        await ctl.http.close()
-        await ctl.runner.cleanup()
 
 
 def _auth(token: str) -> dict[str, str]:

@@ -4,38 +4,17 @@ Real HTTP on loopback, the scripted runtime behind it."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import aiohttp
 import pytest
 
-from governor.control import ProxyOrigin, control_url, create_app, start_control
+from governor.control import ProxyOrigin, create_app, start_control
 from governor.control.guard import ControlGuard, Refusal, host_name, json_object
 from governor.metrics import Metrics
 from governor.policy.steps import ToolCall
-from tests.control_harness import ScriptedRuntime
+from tests.control_harness import ScriptedRuntime, control_planes  # noqa: F401  (the `serve` fixture)
 
 REVIEWER = "reviewer-token-0123456789abcdef"
 EVIL = "http://evil.example"
-
-
-@pytest.fixture
-async def serve():
-    started = []
-
-    async def start(runtime=None, **kwargs):
-        runtime = runtime if runtime is not None else ScriptedRuntime()
-        app = create_app(runtime, metrics=Metrics(), origin=ProxyOrigin(), **kwargs)
-        runner = await start_control(app, "127.0.0.1", 0)
-        ctl = SimpleNamespace(url=control_url(runner), runtime=runtime, runner=runner, http=aiohttp.ClientSession(),
-                              port=runner.addresses[0][1])
-        started.append(ctl)
-        return ctl
-
-    yield start
-    for ctl in started:
-        await ctl.http.close()
-        await ctl.runner.cleanup()
 
 
 async def _session(runtime: ScriptedRuntime, name: str = "alpha") -> None:

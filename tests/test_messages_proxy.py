@@ -10,10 +10,9 @@ import asyncio
 
 import orjson
 import pytest
-import pytest_asyncio
 
 from governor.policy.steps import ON_ITERATION_LIMIT, Action, Decision, ToolCall
-from tests.proxy_harness import RawClient, scripted_governor
+from tests.proxy_harness import RawClient, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -21,10 +20,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CHAT = "/v1/chat/completions"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("messages")) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("messages")
 
 
 async def post(running, mock, session: str) -> tuple[int, bytes]:

@@ -6,12 +6,10 @@ a declared message)."""
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from governor.adapters.base import describe
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import AGENT_NAMED, run_python
-from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import real_sdk_env, run_python
+from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -27,19 +25,7 @@ def record(name, fn):
 """
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("messages-sdk")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
-                                   upstream_ca=tls.ca_file, tick_interval=0))
-    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
-    yield running, mock, sdk_env
-    await running.stop()
-    await mock.stop()
+env = real_sdk_env("messages-sdk")
 
 
 async def test_a_loop_halt_names_the_loop_its_tool_count_and_window(env):

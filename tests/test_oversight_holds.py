@@ -17,34 +17,11 @@ import pytest
 import pytest_asyncio
 
 from governor.proxy import holds
-from tests.oversight_world import SDK_RECORDER, TOOLS, Reviewer, oversight_world
-from tests.proxy_harness import run_python
+from tests.oversight_world import PLAIN_AND_STREAMED, TOOLS, Reviewer, oversight_world, run_sdk
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ANSWER = {"tool": "delete_note", "args": '{"path":"/workspace/notes/old.md"}'}
-
-PRELUDE = SDK_RECORDER + """
-def chat(client, session, stream=False, content=None):
-    def call():
-        return client.chat.completions.create(
-            model="gpt-4o-mini", max_tokens=64, tools=TOOLS, stream=stream, extra_headers={"ADL-Session": session},
-            messages=[{"role": "user", "content": content or f"tidy the notes of {session}"}])
-    def run():
-        if not stream:
-            r = call()
-            f = r.choices[0].message.tool_calls[0].function
-            return {"tool": f.name, "args": f.arguments}
-        chunks = list(call())
-        calls = [tc.function for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        return {"tool": next(f.name for f in calls if f.name), "args": "".join(f.arguments or "" for f in calls)}
-    return run
-"""
-
-
-def program(body: str) -> str:
-    return PRELUDE + f"TOOLS = {TOOLS!r}\n" + body + "\nprint(json.dumps(out))\n"
-
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def world(tmp_path_factory):
@@ -57,16 +34,6 @@ def fresh(world):
     world.mock.reset()
 
 
-async def _with_reviewers(world, code: str, *reviewers: Reviewer) -> dict:
-    for reviewer in reviewers:
-        reviewer.start()
-    try:
-        return await run_python(program(code), world.sdk_env, timeout=120)
-    finally:
-        for reviewer in reviewers:
-            await reviewer.stop()
-
-
 async def _counted(world, session: str) -> tuple[int, int, int]:
     """(model calls, iterations, approvals asked for) of a session (a held tool call counts as
     a tool call once admitted)."""
@@ -76,15 +43,8 @@ async def _counted(world, session: str) -> tuple[int, int, int]:
 
 async def test_the_openai_sdk_at_timeout_5_through_a_20s_review_plain_and_streamed(world):
     # both at once, each in its own session with its own reviewer answering after 20 s
-    code = """
-client = openai.OpenAI(timeout=5)
-runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=name == "streamed")))
-        for name in ("plain", "streamed")]
-[t.start() for t in runs]
-[t.join() for t in runs]
-"""
     plain, streamed = Reviewer(world, "plain", 20), Reviewer(world, "streamed", 20)
-    out = await _with_reviewers(world, code, plain, streamed)
+    out = await run_sdk(world, PLAIN_AND_STREAMED, plain, streamed)
     # plain: 429 review_pending at 3.5 s, retried after 10 s, twice; the third try takes the answer
     assert out["plain"] == ANSWER, out
     assert out["plain_seconds"] > 20  # it waited for the reviewer, through timeouts and retries
@@ -115,7 +75,7 @@ record("again", run)
 record("once_more", run)
 """
     reviewer = Reviewer(world, "pending", 2, gate=cue.exists)
-    out = await _with_reviewers(world, code, reviewer)
+    out = await run_sdk(world, code, reviewer)
     first = out["first"]
     assert first["raised"] == "RateLimitError" and first["status"] == 429, first
     gov = first["body"]["governor"]
@@ -141,7 +101,7 @@ time.sleep(2)
 record("again", run)
 """
     reviewer = Reviewer(world, "rejected", 2.5, "reject", gate=cue.exists)
-    out = await _with_reviewers(world, code, reviewer)
+    out = await run_sdk(world, code, reviewer)
     assert out["first"]["status"] == 429, out
     again = out["again"]
     assert again["raised"] == "PermissionDeniedError" and again["status"] == 403, again
@@ -155,7 +115,7 @@ client = openai.OpenAI(timeout=2, max_retries=0)
 record("first", chat(client, "different"))
 record("other", chat(client, "different", content="tidy the other notes of different"))
 """
-    out = await _with_reviewers(world, code)
+    out = await run_sdk(world, code)
     assert out["first"]["status"] == 429 and out["other"]["status"] == 429, out
     assert out["first"]["body"]["governor"]["approval_id"] != out["other"]["body"]["governor"]["approval_id"]
     assert await _counted(world, "different") == (2, 2, 2)  # two different requests: two steps

@@ -25,8 +25,8 @@ from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
 from governor.metrics import Metrics
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
-from tests.oversight_world import REVIEWER, SDK_RECORDER, TOOLS, Reviewer, ToolThenText, World
-from tests.proxy_harness import AGENT_NAMED, run_python
+from tests.oversight_world import PLAIN_AND_STREAMED, REVIEWER, Reviewer, ToolThenText, World, run_sdk
+from tests.proxy_harness import AGENT_NAMED, sdk_environment
 from tests.test_mcp_sdk import NotesServer, mcp_session
 from tests.test_mcp_sdk_runtime import PASSPORT
 from tests.upstreams import make_tls
@@ -145,21 +145,6 @@ async def test_an_mcp_retry_with_a_changed_argument_is_a_different_step(mcp_worl
 
 # --- a model call held by an oversight trigger --------------------------------------------------
 
-PRELUDE = SDK_RECORDER + """
-def chat(client, session, stream=False):
-    def call():
-        return client.chat.completions.create(
-            model="gpt-4o-mini", max_tokens=64, tools=TOOLS, stream=stream, extra_headers={"ADL-Session": session},
-            messages=[{"role": "user", "content": f"tidy the notes of {session}"}])
-    def run():
-        if not stream:
-            f = call().choices[0].message.tool_calls[0].function
-            return {"tool": f.name, "args": f.arguments}
-        calls = [tc.function for c in call() if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        return {"tool": next(f.name for f in calls if f.name), "args": "".join(f.arguments or "" for f in calls)}
-    return run
-"""
-
 
 @pytest.fixture
 async def model_world(tmp_path):
@@ -169,38 +154,18 @@ async def model_world(tmp_path):
     metrics = Metrics()
     governor = await _world(tmp_path / "data", REVIEWED_MODEL, metrics, upstream_ca=tls.ca_file, review_retry_after=2)
     control = httpx.AsyncClient(base_url=governor.control_url, trust_env=False, timeout=30)
-    env = {"HTTPS_PROXY": governor.proxy_url, "SSL_CERT_FILE": str(governor.ca_file),
-           "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
     try:
-        yield World(governor, mock, control, env)
+        yield World(governor, mock, control, sdk_environment(governor, mock))
     finally:
         await control.aclose()
         await governor.stop()
         await mock.stop()
 
 
-async def _run(world, code: str, *reviewers) -> dict:
-    for reviewer in reviewers:
-        reviewer.start()
-    try:
-        program = PRELUDE + f"TOOLS = {TOOLS!r}\n" + code + "\nprint(json.dumps(out))\n"
-        return await run_python(program, world.sdk_env, timeout=120)
-    finally:
-        for reviewer in reviewers:
-            await reviewer.stop()
-
-
 async def test_a_reviewed_model_call_at_timeout_5_is_one_model_call_plain_and_streamed(model_world):
     world = model_world
-    code = """
-client = openai.OpenAI(timeout=5)
-runs = [threading.Thread(target=record, args=(name, chat(client, name, stream=name == "streamed")))
-        for name in ("plain", "streamed")]
-[t.start() for t in runs]
-[t.join() for t in runs]
-"""
     plain, streamed = Reviewer(world, "plain", 7), Reviewer(world, "streamed", 7)
-    out = await _run(world, code, plain, streamed)
+    out = await run_sdk(world, PLAIN_AND_STREAMED, plain, streamed)
     for name, reviewer in (("plain", plain), ("streamed", streamed)):
         assert out[name] == ANSWER, out
         assert out[name + "_seconds"] > 7  # through the SDK's 5 s timeout: 429 at 3.5 s, retried after 2 s
@@ -223,7 +188,7 @@ record("again", run)
 record("once_more", run)
 """
     reviewer = Reviewer(world, "rejected", 4, "reject")  # rejected while no try waits
-    out = await _run(world, code, reviewer)
+    out = await run_sdk(world, code, reviewer)
     first = out["first"]
     assert first["status"] == 429 and first["retry_after"] == "2", out
     assert first["body"]["governor"]["approval_id"] == reviewer.answered[0]

@@ -12,10 +12,8 @@ import pytest
 import pytest_asyncio
 
 from governor.control.origin import MARKER_HEADER
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import RawClient, run_python
-from tests.upstreams import Behaviour, MockLLM, make_tls
-from tests.proxy_harness import AGENT_NAMED
+from tests.proxy_harness import RawClient, real_governor, run_python, sdk_environment
+from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,16 +23,8 @@ MESSAGES = "/v1/messages"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
-                        upstream_ca=tls.ca_file, tick_interval=0.5)
-    running = await serve(settings)
-    yield running, mock
-    await running.stop()
-    await mock.stop()
+    async with real_governor(tmp_path_factory.mktemp("e2e"), control=("127.0.0.1", 0), tick_interval=0.5) as parts:
+        yield parts
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +32,12 @@ def fresh(env):
     env[1].reset()
 
 
-async def send(running, mock, path: str, body: dict, session: str):
+async def send(running, mock, path: str, body: dict | None, session: str, method: str = "POST"):
+    """One request of `session` on a connection of its own (body None: empty): (status, headers, body)."""
     client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
     try:
-        await asyncio.to_thread(client.send, "POST", path, orjson.dumps(body), {"ADL-Session": session})
+        payload = orjson.dumps(body) if body is not None else b""
+        await asyncio.to_thread(client.send, method, path, payload, {"ADL-Session": session})
         return await asyncio.to_thread(client.read_response)
     finally:
         client.close()
@@ -155,8 +147,7 @@ except openai.APIStatusError as e:
     refused = {"type": type(e).__name__, "status": e.status_code, "cause": e.body["governor"]["cause"]}
 print(json.dumps({"plain": r.usage.total_tokens, "streamed": s[-1].usage.total_tokens, "refused": refused}))
 """
-    out = await run_python(code, {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-                                  "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"})
+    out = await run_python(code, sdk_environment(running, mock))
     assert out == {"plain": 50, "streamed": 35,
                    "refused": {"type": "RateLimitError", "status": 429, "cause": "on_budget_exhausted"}}
     assert await tokens_used(running, "sdk") == 85
@@ -165,21 +156,11 @@ print(json.dumps({"plain": r.usage.total_tokens, "streamed": s[-1].usage.total_t
 async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
     running, mock = env
     # ungoverned (no adapter matches) while the session runs: forwarded
-    client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
-    try:
-        await asyncio.to_thread(client.send, "GET", "/health", b"", {"ADL-Session": "ungoverned"})
-        before, _, _ = await asyncio.to_thread(client.read_response)
-    finally:
-        client.close()
+    before, _, _ = await send(running, mock, "/health", None, "ungoverned", method="GET")
     assert before != 403
     status, _, _ = await send(running, mock, CHAT, chat(**UNFITTABLE), "ungoverned")
     assert status == 429 and (await running.runtime.session_view("ungoverned"))["state"] == "halted"
-    client = await asyncio.to_thread(RawClient, running.proxy_address, running.ca_file, ("127.0.0.1", mock.port))
-    try:
-        await asyncio.to_thread(client.send, "GET", "/health", b"", {"ADL-Session": "ungoverned"})
-        status, _, body = await asyncio.to_thread(client.read_response)
-    finally:
-        client.close()
+    status, _, body = await send(running, mock, "/health", None, "ungoverned", method="GET")
     assert status == 403
     assert orjson.loads(body)["error"]["governor"]["cause"] == "on_budget_exhausted"
 

@@ -13,9 +13,8 @@ import asyncio
 
 import orjson
 import pytest
-import pytest_asyncio
 
-from tests.proxy_harness import RawClient, scripted_governor
+from tests.proxy_harness import RawClient, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -23,10 +22,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CHAT = "/v1/chat/completions"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("transit"), upstream_timeout=1.5) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("transit", upstream_timeout=1.5)
 
 
 @pytest.fixture(autouse=True)

@@ -11,9 +11,8 @@ import asyncio
 
 import orjson
 import pytest
-import pytest_asyncio
 
-from tests.proxy_harness import RawClient, ScriptedRuntime, scripted_governor
+from tests.proxy_harness import RawClient, ScriptedRuntime, scripted_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -21,10 +20,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CHAT = "/v1/chat/completions"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("usage-checks")) as (running, mock, runtime):
-        yield running, mock, runtime
+env = scripted_env("usage-checks")
 
 
 async def stream(env, session: str, max_tokens: int, behaviour: Behaviour) -> bytes:

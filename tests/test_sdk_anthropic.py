@@ -4,10 +4,9 @@ only through its environment (HTTPS_PROXY, SSL_CERT_FILE, ANTHROPIC_BASE_URL).""
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from governor.policy.steps import ModelCall, ToolCall
-from tests.proxy_harness import run_python, scripted_governor
+from tests.proxy_harness import fresh_scripted, run_python, scripted_sdk_env
 from tests.upstreams import Behaviour
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -29,23 +28,13 @@ def record(name, fn):
 """
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    async with scripted_governor(tmp_path_factory.mktemp("sdk-anthropic")) as (running, mock, runtime):
-        sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-                   "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": mock.base_url}
-        yield running, mock, runtime, sdk_env
+env = scripted_sdk_env("sdk-anthropic")
 
 
 @pytest.fixture(autouse=True)
 def fresh(env):
-    _, mock, runtime, _ = env
-    mock.reset()
-    runtime.token_cap = None
-    runtime.allowed_tools = None
-    runtime.rules.clear()
-    yield
-    assert not runtime.open_tickets, "every admitted step's ticket is finished"
+    with fresh_scripted(*env[:3]):
+        yield
 
 
 async def test_messages_plain_and_streamed_with_tools(env):

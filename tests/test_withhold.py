@@ -17,7 +17,6 @@ import ssl
 
 import httpx
 import pytest
-import pytest_asyncio
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,9 +25,8 @@ from governor.adapters import withhold
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView
 from governor.adapters.openai import OpenAIAdapter
 from governor.policy.steps import Decision
-from governor.proxy.server import Settings, serve
-from tests.proxy_harness import AGENT_NAMED, run_python
-from tests.upstreams import Behaviour, MockLLM, make_tls
+from tests.proxy_harness import real_sdk_env, run_python
+from tests.upstreams import Behaviour
 
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the sync tests below need no loop
 
@@ -41,26 +39,19 @@ def chat_tool(name, **extra):
             **extra}
 
 
+def chat_body(*tools, **fields):
+    """A chat completion request offering `tools`."""
+    return {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+            "tools": list(tools), **fields}
+
+
 def names_of(tools, kind="chat"):
     if kind == "chat":
         return [t["function"]["name"] for t in tools]
     return [t.get("name", t.get("type")) for t in tools]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("withhold")
-    tls = make_tls(tmp / "tls")
-    mock = MockLLM(tls)
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
-                                   upstream_ca=tls.ca_file, tick_interval=0))
-    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-               "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1",
-               "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": mock.base_url}
-    yield running, mock, sdk_env
-    await running.stop()
-    await mock.stop()
+env = real_sdk_env("withhold")
 
 
 def _client(running) -> httpx.AsyncClient:
@@ -77,72 +68,62 @@ async def _post(running, mock, path, body, session, headers=None) -> httpx.Respo
 # --- each protocol, through its official SDK ---------------------------------------------
 
 
-@module_loop
-async def test_openai_chat_undeclared_offered_tools_never_reach_the_upstream(env):
-    running, mock, sdk_env = env
-    mock.reset()
-    tools = [chat_tool(DECLARED), chat_tool("shell_exec"), chat_tool("Search_Papers"), chat_tool(FULLWIDTH)]
-    code = f"""
-import json, openai
-client = openai.OpenAI(max_retries=0)
-raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", max_tokens=64,
-    messages=[{{"role": "user", "content": "find papers"}}], tools={tools!r}, parallel_tool_calls=True,
-    tool_choice={{"type": "function", "function": {{"name": "shell_exec"}}}},
-    extra_headers={{"ADL-Session": "chat-sdk"}})
-print(json.dumps({{"header": raw.headers.get("adl-withheld-tools"), "text": raw.parse().choices[0].message.content}}))
-"""
-    out = await run_python(code, sdk_env)
-    [received] = mock.requests
-    assert names_of(received.body["tools"]) == [DECLARED]
-    assert "tool_choice" not in received.body  # it named a withheld tool: dropped
-    assert received.body["parallel_tool_calls"] is True  # a tool is left: kept
-    assert out["header"] == "shell_exec, Search_Papers, %EF%BD%93earch_papers"
-    assert out["text"] == Behaviour().text
+DROPPED = "<not sent>"
+FUNCTION_SCHEMA = {"type": "object", "properties": {}}
+RESPONSES_TOOLS = [{"type": "function", "name": DECLARED, "parameters": FUNCTION_SCHEMA},
+                   {"type": "function", "name": "shell_exec", "parameters": FUNCTION_SCHEMA},
+                   {"type": "web_search_preview"}]
+ANTHROPIC_TOOLS = [{"name": DECLARED, "input_schema": FUNCTION_SCHEMA}, {"name": "shell", "input_schema": FUNCTION_SCHEMA}]
+
+# per protocol: the SDK call (its tools and tool_choice), and what must reach the upstream and the client:
+# the tools and tool_choice sent (DROPPED: not sent at all), other fields kept as sent, and the ADL-Withheld-Tools header
+SDK_CASES = {
+    "openai-chat": dict(
+        sdk="openai", call="chat.completions", text="choices[0].message.content",
+        arguments='model="gpt-4o-mini", max_tokens=64, parallel_tool_calls=True, '
+                  'messages=[{"role": "user", "content": "find papers"}]',
+        tools=[chat_tool(DECLARED), chat_tool("shell_exec"), chat_tool("Search_Papers"), chat_tool(FULLWIDTH)],
+        choice={"type": "function", "function": {"name": "shell_exec"}},
+        sent_tools=[chat_tool(DECLARED)],
+        sent_choice=DROPPED,  # it named a withheld tool: dropped
+        kept={"parallel_tool_calls": True},  # a tool is left: kept
+        header="shell_exec, Search_Papers, %EF%BD%93earch_papers"),
+    "openai-responses": dict(
+        sdk="openai", call="responses", text="output_text",
+        arguments='model="gpt-4o-mini", max_output_tokens=64, input="find papers"',
+        tools=RESPONSES_TOOLS,
+        choice={"type": "allowed_tools", "mode": "auto",
+                "tools": [{"type": "function", "name": DECLARED}, {"type": "function", "name": "shell_exec"}]},
+        sent_tools=RESPONSES_TOOLS[:1],
+        sent_choice={"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": DECLARED}]},
+        kept={}, header="shell_exec, web_search_preview"),
+    "anthropic-messages": dict(
+        sdk="anthropic", call="messages", text="content[0].text",
+        arguments='model="claude-sonnet-4", max_tokens=64, messages=[{"role": "user", "content": "find papers"}]',
+        tools=ANTHROPIC_TOOLS, choice={"type": "tool", "name": "shell"},
+        sent_tools=ANTHROPIC_TOOLS[:1], sent_choice=DROPPED, kept={}, header="shell"),
+}
 
 
 @module_loop
-async def test_openai_responses_withholds_functions_and_undeclared_built_ins(env):
+@pytest.mark.parametrize("case", SDK_CASES.values(), ids=SDK_CASES.keys())
+async def test_undeclared_offered_tools_never_reach_the_upstream_through_each_sdk(env, case):
     running, mock, sdk_env = env
     mock.reset()
-    tools = [{"type": "function", "name": DECLARED, "parameters": {"type": "object", "properties": {}}},
-             {"type": "function", "name": "shell_exec", "parameters": {"type": "object", "properties": {}}},
-             {"type": "web_search_preview"}]
-    choice = {"type": "allowed_tools", "mode": "auto",
-              "tools": [{"type": "function", "name": DECLARED}, {"type": "function", "name": "shell_exec"}]}
+    client = {"openai": "OpenAI", "anthropic": "Anthropic"}[case["sdk"]]
     code = f"""
-import json, openai
-client = openai.OpenAI(max_retries=0)
-raw = client.responses.with_raw_response.create(model="gpt-4o-mini", max_output_tokens=64, input="find papers",
-    tools={tools!r}, tool_choice={choice!r}, extra_headers={{"ADL-Session": "responses-sdk"}})
-print(json.dumps({{"header": raw.headers.get("adl-withheld-tools"), "text": raw.parse().output_text}}))
+import json, {case["sdk"]}
+client = {case["sdk"]}.{client}(max_retries=0)
+raw = client.{case["call"]}.with_raw_response.create({case["arguments"]}, tools={case["tools"]!r},
+    tool_choice={case["choice"]!r}, extra_headers={{"ADL-Session": "{case["sdk"]}-{case["call"]}"}})
+print(json.dumps({{"header": raw.headers.get("adl-withheld-tools"), "text": raw.parse().{case["text"]}}}))
 """
     out = await run_python(code, sdk_env)
     [received] = mock.requests
-    assert received.body["tools"] == [tools[0]]
-    assert received.body["tool_choice"] == {"type": "allowed_tools", "mode": "auto",
-                                            "tools": [{"type": "function", "name": DECLARED}]}
-    assert out["header"] == "shell_exec, web_search_preview"
-    assert out["text"] == Behaviour().text
-
-
-@module_loop
-async def test_anthropic_messages_withholds_tools_and_a_tool_choice_naming_one(env):
-    running, mock, sdk_env = env
-    mock.reset()
-    tools = [{"name": DECLARED, "input_schema": {"type": "object", "properties": {}}},
-             {"name": "shell", "input_schema": {"type": "object", "properties": {}}}]
-    code = f"""
-import json, anthropic
-client = anthropic.Anthropic(max_retries=0)
-raw = client.messages.with_raw_response.create(model="claude-sonnet-4", max_tokens=64,
-    messages=[{{"role": "user", "content": "find papers"}}], tools={tools!r},
-    tool_choice={{"type": "tool", "name": "shell"}}, extra_headers={{"ADL-Session": "anthropic-sdk"}})
-print(json.dumps({{"header": raw.headers.get("adl-withheld-tools"), "text": raw.parse().content[0].text}}))
-"""
-    out = await run_python(code, sdk_env)
-    [received] = mock.requests
-    assert received.body["tools"] == [tools[0]] and "tool_choice" not in received.body
-    assert out["header"] == "shell"
+    assert received.body["tools"] == case["sent_tools"]
+    assert received.body.get("tool_choice", DROPPED) == case["sent_choice"]
+    assert {key: received.body.get(key) for key in case["kept"]} == case["kept"]
+    assert out["header"] == case["header"]
     assert out["text"] == Behaviour().text
 
 
@@ -150,9 +131,8 @@ print(json.dumps({{"header": raw.headers.get("adl-withheld-tools"), "text": raw.
 async def test_declared_tools_go_upstream_untouched_with_no_header(env):
     running, mock, _ = env
     mock.reset()
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool("fetch_paper")],
-            "tool_choice": {"type": "function", "function": {"name": "fetch_paper"}}}
+    body = chat_body(chat_tool(DECLARED), chat_tool("fetch_paper"),
+                     tool_choice={"type": "function", "function": {"name": "fetch_paper"}})
     answer = await _post(running, mock, "/v1/chat/completions", body, "declared")
     assert answer.status_code == 200 and withhold.HEADER.lower() not in answer.headers
     [received] = mock.requests
@@ -163,8 +143,7 @@ async def test_declared_tools_go_upstream_untouched_with_no_header(env):
 async def test_a_persona_is_offered_only_its_own_tools(env, caplog):
     running, mock, _ = env
     mock.reset()
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool("read_note"), chat_tool("fetch_paper")]}
+    body = chat_body(chat_tool(DECLARED), chat_tool("read_note"), chat_tool("fetch_paper"))
     with caplog.at_level(logging.INFO, logger="governor.proxy"):
         answer = await _post(running, mock, "/v1/chat/completions", body, "persona", {"ADL-Persona": "searcher"})
     assert answer.status_code == 200 and answer.headers[withhold.HEADER] == "read_note"
@@ -185,8 +164,7 @@ async def test_an_honest_agent_offering_undeclared_tools_is_not_halted(env):
     running, mock, _ = env
     mock.reset()
     mock.script(Behaviour(tool_calls=((DECLARED, {"query": "agents"}),)), Behaviour(), Behaviour())
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool("shell_exec")]}
+    body = chat_body(chat_tool(DECLARED), chat_tool("shell_exec"))
     for _ in range(3):
         answer = await _post(running, mock, "/v1/chat/completions", body, "honest")
         assert answer.status_code == 200, answer.text
@@ -198,8 +176,7 @@ async def test_a_call_the_model_makes_anyway_to_a_withheld_tool_is_still_denied(
     running, mock, _ = env
     mock.reset()
     mock.script(Behaviour(tool_calls=(("shell_exec", {"cmd": "id"}),)))
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool("shell_exec")]}
+    body = chat_body(chat_tool(DECLARED), chat_tool("shell_exec"))
     answer = await _post(running, mock, "/v1/chat/completions", body, "model-anyway")
     assert answer.status_code == 403, answer.text
     governor = answer.json()["error"]["governor"]
@@ -244,8 +221,7 @@ async def test_many_undeclared_tools_are_withheld_and_the_header_stays_bounded(e
     # and the example passport allows 20,000 tokens a session
     tools = [{"function": {"name": f"u{i:04d}"}} for i in range(1500)]
     tools.insert(750, chat_tool(DECLARED))
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": tools}
+    body = chat_body(*tools)
     answer = await _post(running, mock, "/v1/chat/completions", body, "many")
     assert answer.status_code == 200, answer.text
     header = answer.headers[withhold.HEADER]
@@ -261,11 +237,9 @@ async def test_nothing_undeclared_slips_through_by_shape(env):
     running, mock, _ = env
     mock.reset()
     smuggled = {"type": "function", "function": {"name": DECLARED, "parameters": {}}, "name": "shell_exec"}
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool(DECLARED), chat_tool("rm -rf\r\nX-Injected: 1"), smuggled,
-                      chat_tool("shell_exec")],
-            "functions": [{"name": "fetch_paper"}, {"name": "shell_exec"}],
-            "function_call": {"name": "shell_exec"}}
+    body = chat_body(chat_tool(DECLARED), chat_tool(DECLARED), chat_tool("rm -rf\r\nX-Injected: 1"), smuggled,
+                     chat_tool("shell_exec"), functions=[{"name": "fetch_paper"}, {"name": "shell_exec"}],
+                     function_call={"name": "shell_exec"})
     answer = await _post(running, mock, "/v1/chat/completions", body, "shapes")
     assert answer.status_code == 200, answer.text
     assert "x-injected" not in answer.headers
@@ -357,13 +331,11 @@ def test_a_declared_built_in_passes_and_names_follow_the_protocol():
     assert withhold.openai_names({"type": "custom", "custom": {"name": "c"}}) == ("c",)
     assert withhold.openai_names({"type": "mcp", "server_label": "x"}) == ("mcp",)
     assert withhold.openai_names({"function": {"name": "a"}}) == ("a",)  # vLLM: the type defaults to function
-    adapter, exchange = _open("/v1/responses", {"model": "m", "input": "hi", "tools": [
-        {"type": "web_search_preview"}, {"type": "function", "name": "a"}],
-        "tool_choice": {"type": "web_search_preview"}})
+    offered = {"model": "m", "input": "hi", "tools": [{"type": "web_search_preview"}, {"type": "function", "name": "a"}],
+               "tool_choice": {"type": "web_search_preview"}}
+    adapter, exchange = _open("/v1/responses", offered)
     assert adapter.rewrite_request(exchange, Decision(allowed_tools=frozenset({"a", "web_search_preview"}))) is None
-    adapter, exchange = _open("/v1/responses", {"model": "m", "input": "hi", "tools": [
-        {"type": "web_search_preview"}, {"type": "function", "name": "a"}],
-        "tool_choice": {"type": "web_search_preview"}})
+    adapter, exchange = _open("/v1/responses", offered)
     body = json.loads(adapter.rewrite_request(exchange, Decision(allowed_tools=frozenset({"a"}))))
     assert body["tools"] == [{"type": "function", "name": "a"}] and "tool_choice" not in body
     assert exchange.state["withheld"] == ["web_search_preview"]
@@ -393,8 +365,7 @@ def test_open_refuses_an_unnamed_tool_even_without_a_restriction():
 async def test_a_streamed_answer_carries_the_header_and_the_stream_is_whole(env):
     running, mock, _ = env
     mock.reset()
-    body = {"model": "gpt-4o-mini", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [chat_tool(DECLARED), chat_tool("shell_exec")]}
+    body = chat_body(chat_tool(DECLARED), chat_tool("shell_exec"), stream=True)
     answer = await _post(running, mock, "/v1/chat/completions", body, "streamed")
     assert answer.status_code == 200 and answer.headers[withhold.HEADER] == "shell_exec"
     assert answer.text.rstrip().endswith("data: [DONE]")

@@ -18,6 +18,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    answered_object,
     as_dict,
     as_key,
     as_list,
@@ -130,13 +131,8 @@ class AnthropicAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        if status != 200:
-            return Observation()
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Observation()
-        if not isinstance(data, dict):
+        data = answered_object(status, body)
+        if data is None:
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))
@@ -186,7 +182,7 @@ class AnthropicAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class MessagesStreamWatcher(StreamWatcher):
+class MessagesStreamWatcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -212,18 +208,8 @@ class MessagesStreamWatcher(StreamWatcher):
             fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
         return _report(fields, self.model, self.exchange.persona, final)
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         out.append(self._current(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         data = event.json()

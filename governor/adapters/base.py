@@ -464,6 +464,18 @@ def fallback_text(decision: Decision) -> str:
     return decision.fallback_message or ""
 
 
+def answered_object(status: int, body: bytes) -> dict[str, Any] | None:
+    """A 200 answer's JSON object, or None (another status, not JSON, not an object): an
+    answer with nothing in it to observe."""
+    if status != 200:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def as_dict(value: Any) -> dict[str, Any]:
     """A JSON field the parser expects to be an object, or {} when it is anything else
     (an upstream's or agent's bytes: a list where a dict belongs must not raise)."""

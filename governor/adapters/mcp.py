@@ -81,6 +81,10 @@ def tool_failure(response: Mapping[str, Any]) -> str | None:
     return None
 
 
+UNREADABLE_TOOLS_LIST = ("governor: the tool server's tools/list answer could not be read, so the tools this "
+                         "session may not use could not be withheld from it; it was not delivered")
+
+
 def filter_tools(response: dict[str, Any], allowed: frozenset[str]) -> list[str] | None:
     """Keep only allowed tools in a tools/list result, in place; the names withheld, or None
     when nothing was (withhold.filter_listed: exact names; one without a string name goes)."""
@@ -176,6 +180,12 @@ class MCPAdapter(Adapter):
         rpc_id = exchange.state["rpc_id"]
         response = jsonrpc.response_for(jsonrpc.body_messages(headers, body), rpc_id)
         if response is None:
+            if method == "tools/list" and exchange.state.get("allowed_tools") is not None:
+                # an answer the governor cannot read (a lone surrogate orjson refuses, but the
+                # agent's parser may take) could offer any tool: not delivered (fail closed)
+                refusal = jsonrpc.error(rpc_id, jsonrpc.GOVERNOR_ERROR_CODE, UNREADABLE_TOOLS_LIST)
+                return Observation(replace_body=jsonrpc.sse_event(refusal) if jsonrpc.is_sse(headers)
+                                   else orjson.dumps(refusal))
             return Observation()
         if method == "tools/call":
             failure = tool_failure(response)

@@ -22,6 +22,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    answered_object,
     as_dict,
     as_list,
     Exchange,
@@ -97,21 +98,13 @@ def _token_ids(value: Any) -> int:
 def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
     if not isinstance(usage, dict):
         return None
-    if kind != RESPONSES:
-        details = usage.get("prompt_tokens_details")
-        return UsageReport(
-            model=model,
-            input_tokens=positive_int(usage.get("prompt_tokens")),
-            output_tokens=positive_int(usage.get("completion_tokens")),
-            cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-            persona=persona,
-            final=final,
-        )
-    details = usage.get("input_tokens_details")
+    # the same usage under the Responses API's names and under Chat/Completions' names
+    inputs, outputs = ("input_tokens", "output_tokens") if kind == RESPONSES else ("prompt_tokens", "completion_tokens")
+    details = usage.get(inputs + "_details")
     return UsageReport(
         model=model,
-        input_tokens=positive_int(usage.get("input_tokens")),
-        output_tokens=positive_int(usage.get("output_tokens")),
+        input_tokens=positive_int(usage.get(inputs)),
+        output_tokens=positive_int(usage.get(outputs)),
         cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         persona=persona,
         final=final,
@@ -228,13 +221,8 @@ class OpenAIAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        if status != 200:
-            return Observation()
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Observation()
-        if not isinstance(data, dict):
+        data = answered_object(status, body)
+        if data is None:
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
@@ -339,7 +327,7 @@ class OpenAIAdapter(Adapter):
         return Reply(200, {"content-type": "text/event-stream"}, b"".join(events))
 
 
-class _Watcher(StreamWatcher):
+class _Watcher(sse.SSEStreamWatcher):
     def __init__(self, exchange: Exchange, bytes_per_token: float) -> None:
         self.exchange = exchange
         self.bpt = bytes_per_token
@@ -396,19 +384,9 @@ class _Watcher(StreamWatcher):
     def usage(self) -> UsageReport | None:
         return self._last
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.feed(chunk):
-            self._event(event, out)
-        return out
-
-    def close(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        for event in self.decoder.close():
-            self._event(event, out)
+    def _closed(self, out: list[StreamEvent]) -> None:
         self._finish(out)
         out.append(self._estimate(final=True))
-        return out
 
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         raise NotImplementedError

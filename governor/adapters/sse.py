@@ -18,10 +18,13 @@ chunks made each chunk copy and scan everything held so far: minutes of the even
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from governor.adapters.base import StreamEvent, StreamWatcher
 
 # One event's bytes: the largest real ones are the Responses API's final
 # `response.completed` (the whole response again), far below this.
@@ -225,3 +228,32 @@ class SSEDecoder:
             self._held += len(raw)
         elif field == "event":
             self._event = value
+
+
+class SSEStreamWatcher(StreamWatcher):
+    """A watcher of an SSE stream (its `decoder`): each whole event
+    goes to `_event`; when the upstream ends the stream, `_closed` adds what is left (the
+    final usage)."""
+
+    decoder: SSEDecoder
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.feed(chunk):
+            self._event(event, out)
+        return out
+
+    def close(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for event in self.decoder.close():
+            self._event(event, out)
+        self._closed(out)
+        return out
+
+    @abc.abstractmethod
+    def _event(self, event: Any, out: list[StreamEvent]) -> None:
+        """Read one decoded SSE event, appending what it reports to `out`."""
+
+    @abc.abstractmethod
+    def _closed(self, out: list[StreamEvent]) -> None:
+        """The stream ended: append what is left, ending with the final usage."""

@@ -24,7 +24,7 @@ is dropped with the last tool, as is `parallel_tool_calls`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from governor.adapters.base import BadRequest
@@ -33,6 +33,11 @@ from governor.adapters.base import BadRequest
 MAX_TOOLS = 10_000
 HEADER = "ADL-Withheld-Tools"
 MAX_HEADER_CHARS = 1024  # the header value (and the log line's list) is cut past this
+# What the record keeps of one withholding (the names are the agent's or an MCP server's
+# text): the count, and the first RECORDED_NAMES names cut to RECORDED_NAME_CHARS each, so
+# an offer of thousands of tools or of megabyte names leaves an event of a few KiB.
+RECORDED_NAMES = 32
+RECORDED_NAME_CHARS = 128
 # OpenAI tool types whose entry carries its name elsewhere; any other type names the tool
 _STRUCTURAL = frozenset({"function", "custom"})
 
@@ -215,10 +220,27 @@ def rendered(names: Iterable[str], limit: int = MAX_HEADER_CHARS) -> str:
     return ", ".join(parts)
 
 
+def recorded_detail(names: Sequence[str]) -> dict[str, Any]:
+    """The withheld names as the record keeps them (the on_tools_withheld detail's part):
+    `count` (distinct names withheld), `tools` (the first RECORDED_NAMES, in offered order,
+    each cut to RECORDED_NAME_CHARS characters), and, only when they apply, `tools_omitted`
+    (names past the first RECORDED_NAMES) and `names_cut` (listed names that were cut).
+    O(RECORDED_NAMES), whatever the number of names."""
+    first = names[:RECORDED_NAMES]
+    listed = [name[:RECORDED_NAME_CHARS] for name in first]
+    detail: dict[str, Any] = {"count": len(names), "tools": listed}
+    if len(names) > len(listed):
+        detail["tools_omitted"] = len(names) - len(listed)
+    cut = sum(1 for name in first if len(name) > RECORDED_NAME_CHARS)
+    if cut:
+        detail["names_cut"] = cut
+    return detail
+
+
 def withheld_of(state: Mapping[str, Any]) -> list[str] | None:
     """What the exchange withheld (set by the adapters under this key), if anything."""
     return state.get("withheld")
 
 
 __all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "read_tools", "flat", "withhold_openai",
-           "withhold_anthropic", "filter_listed", "rendered", "withheld_of"]
+           "withhold_anthropic", "filter_listed", "rendered", "recorded_detail", "withheld_of"]

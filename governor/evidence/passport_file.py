@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from governor.documents import JSON, YAML, DocumentError, parse_document, read_document_bytes
+from governor.documents import JSON, YAML, DocumentError, parse_document, read_document_file
 from governor.evidence.errors import InputError
 
 _FORMATS = {".json": JSON, ".yaml": YAML, ".yml": YAML}
@@ -20,12 +20,7 @@ def load_passport(path: Path | str) -> dict[str, Any]:
     """The passport document in `path` (the format follows the suffix, else the first character);
     InputError says why it cannot be read."""
     path = Path(path)
-    try:
-        data = read_document_bytes(path)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except DocumentError as exc:
-        raise InputError(str(exc)) from None
+    data = read_document_file(path, InputError)
     try:
         return parse_document(data, format=_FORMATS.get(path.suffix.lower()), source=str(path), what="passport")
     except DocumentError as exc:

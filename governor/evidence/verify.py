@@ -23,7 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
-from governor.documents import JSON, DocumentError, parse_document, read_document_bytes
+from governor.documents import JSON, DocumentError, parse_document, read_document_file
 from governor.ed25519_points import ed25519_key_problem
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import DidDocumentError, InputError, RecordVerificationError, SchemaNotFoundError
@@ -403,10 +403,4 @@ def parse_record(data: bytes | str, source: str = "record") -> dict[str, Any]:
 
 
 def load_record(path: Path | str) -> Any:
-    try:
-        data = read_document_bytes(path)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except DocumentError as exc:
-        raise InputError(str(exc)) from None
-    return parse_record(data, str(path))
+    return parse_record(read_document_file(path, InputError), str(path))

@@ -27,7 +27,7 @@ from governor.passport.keys import (
     public_key_from_jwk,
     public_key_from_multibase,
 )
-from governor.documents import DocumentError, read_document_bytes
+from governor.documents import read_document_file
 from governor.passport.loader import JSON, parse_passport
 
 _DID = re.compile(r"^did:([a-z0-9]+):(.+)$")
@@ -142,12 +142,7 @@ def load_did_documents(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = read_document_bytes(path)
-    except OSError as exc:
-        raise DidResolutionError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except DocumentError as exc:
-        raise DidResolutionError(str(exc)) from None
+    data = read_document_file(path, DidResolutionError)
     try:
         return parse_passport(data, format=JSON, source=str(path))
     except PassportError as exc:

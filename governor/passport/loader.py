@@ -25,7 +25,7 @@ from governor.documents import (
     DocumentError,
     first_non_json_value,
     parse_document,
-    read_document_bytes,
+    read_document_file,
     type_name,
 )
 from governor.passport.errors import PassportError, PassportLoadError
@@ -54,12 +54,7 @@ def load_passport(source: str | os.PathLike[str] | bytes, *, format: str | None 
     if isinstance(source, bytes):
         return parse_passport(source, format=format)
     path = Path(source)
-    try:
-        data = read_document_bytes(path)
-    except OSError as exc:
-        raise PassportLoadError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except DocumentError as exc:
-        raise PassportLoadError(str(exc)) from None
+    data = read_document_file(path, PassportLoadError)
     if format is None:
         format = format_for_path(path)
     return parse_passport(data, format=format, source=str(path))

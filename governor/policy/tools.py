@@ -8,11 +8,22 @@ tool-call step (on_tool_denied, on_sub_agent_denied).
 Tool names are compared exactly, as the passport spells them: a name that differs only
 by letter case or Unicode normalization is another tool, so it is not declared and is
 withheld (fail closed; docs/tools.md).
+
+What was withheld is recorded by the proxy, which alone sees the offered entries (the
+request's, or an MCP server's tools/list answer): cause `on_tools_withheld`, below.
 """
 
 from __future__ import annotations
 
 from governor.policy.limits import Limits
+
+# Not named by the spec: offered tools the step may not use were removed before the model
+# (or the agent, for an MCP tools/list answer) saw them; Core §8.1 and Runtime §4.1 forbid
+# granting a tool outside the declared ones. Recorded with action `fallback` (the governor
+# substituted the narrowed request or answer for the offered one and the session goes on;
+# it is not `continue`: nothing undeclared went ahead), detail naming what was withheld,
+# bounded (governor/adapters/withhold.py `recorded_detail`; docs/tools.md).
+ON_TOOLS_WITHHELD = "on_tools_withheld"
 
 
 def step_tools(limits: Limits, persona: str | None) -> frozenset[str] | None:

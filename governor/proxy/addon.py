@@ -37,7 +37,7 @@ from mitmproxy import ctx, http
 
 from governor.adapters import AdapterRegistry, withhold
 from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE
-from governor.proxy import bodies, holds
+from governor.proxy import bodies, holds, recording
 from governor.proxy.fields import SESSION_HEADER, has_content_encoding
 from governor.proxy.in_flight import InFlight
 from governor.proxy.presented import PresentedPassports
@@ -92,6 +92,7 @@ class Governor(Requesting, Responding, InFlight, Refusing):
         self.origin = origin  # governor.control.origin.ProxyOrigin, optional
         self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned
         self.tasks: set[asyncio.Task] = set()
+        self.recording = recording.Recording()  # events recorded from tasks: a stop awaits them
         self.proxyserver: Any = None  # this master's Proxyserver addon (transit needs its connections)
         self._own_session = f"session-{uuid.uuid4().hex[:12]}"
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
@@ -212,9 +213,10 @@ class Governor(Requesting, Responding, InFlight, Refusing):
         if self.origin is not None and address and self.origin.refuses_connect(address[0], address[1]):
             data.server.error = "the governor does not connect to its own control plane"
 
-    def done(self) -> None:
+    async def done(self) -> None:
         for task in list(self.tasks):
-            task.cancel()
+            self.recording.cancel(task)  # a task inside a runtime call: once the call has returned
+        await self.recording.settle()
         self.presented.close()
 
     def _spawn(self, coro: Any) -> asyncio.Task:

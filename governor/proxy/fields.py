@@ -9,16 +9,11 @@ case-insensitive lookups per header.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from mitmproxy import http
 
-from governor.adapters import withhold
-from governor.adapters.base import Exchange
 from governor.proxy import bodies
-
-log = logging.getLogger("governor.proxy")
 
 SESSION_HEADER = "ADL-Session"
 PERSONA_HEADER = "ADL-Persona"
@@ -26,14 +21,6 @@ PASSPORT_HEADER = "ADL-Passport"
 GOVERNOR_HEADER_PREFIX = "adl-"  # every ADL-* request header is the governor's, never the upstream's
 GOVERNOR_PREFIX = GOVERNOR_HEADER_PREFIX.encode()  # as header field names are stored
 SESSION_FIELD, PERSONA_FIELD, PASSPORT_FIELD = (h.lower() for h in (SESSION_HEADER, PERSONA_HEADER, PASSPORT_HEADER))
-
-
-def log_withheld(flow: http.HTTPFlow, exchange: Exchange, where: str) -> None:
-    withheld = exchange.state["withheld"]
-    if withheld:
-        log.info("governor: withheld %d tool(s) the step may not use from the %s of %s %s in session %s: %s",
-                 len(withheld), where, flow.request.method, flow.request.pretty_url, exchange.session,
-                 withhold.rendered(withheld))
 
 
 def rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool,

@@ -76,7 +76,8 @@ class InFlight:
                 if not self.in_flight.get(session):
                     return
                 try:
-                    admission = await self.runtime.admit(session, Tick())
+                    with self.recording:
+                        admission = await self.runtime.admit(session, Tick())
                     await self._release(session, admission.ticket)
                     decision = admission.decision
                     gov = admission.governor_object or governor_object(decision, session)

@@ -129,9 +129,9 @@ class StreamRelay:
         gov = {"cause": None, "action": "deny", "reason": reason, "session": session}
         self.held.clear()
         self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
-        # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile)
-        self.governor._spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
-                                             refusals.detail(code, 502, self.flow.request, reason)))
+        # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile) that a stop awaits
+        self.governor.recording.spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
+                                                      refusals.detail(code, 502, self.flow.request, reason)))
         return []
 
     async def ping(self, data: bytes) -> None:

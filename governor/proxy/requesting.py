@@ -21,8 +21,8 @@ from governor.adapters.base import Adapter, BadRequest, RawHeaders, RequestView
 from governor.adapters.fitting import fit_request
 from governor.personas import PersonaHeaderError, parse_persona
 from governor.policy.steps import Decision, ModelCall, PassportPresented, Step
-from governor.proxy import bodies, held_steps, holds
-from governor.proxy.fields import (GOVERNOR_PREFIX, PASSPORT_FIELD, PERSONA_FIELD, SESSION_FIELD, log_withheld,
+from governor.proxy import bodies, held_steps, holds, withheld
+from governor.proxy.fields import (GOVERNOR_PREFIX, PASSPORT_FIELD, PERSONA_FIELD, SESSION_FIELD,
                                    rewrite_for_upstream, scan_headers)
 from governor.proxy.held_steps import paused
 from governor.proxy.presented import PresentedPassportError
@@ -151,7 +151,7 @@ class Requesting:
         if fitted and body is None:
             body = orjson.dumps(exchange.body)
         if "withheld" in exchange.state:
-            log_withheld(flow, exchange, "request")
+            await withheld.record(self.runtime, flow, exchange, "request")
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None

@@ -18,8 +18,8 @@ from mitmproxy import http
 from governor.adapters import sse, withhold
 from governor.adapters.base import Adapter, Exchange, governor_object, observe_stream_whole
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
-from governor.proxy import bodies, holds
-from governor.proxy.fields import decoded_body, log_withheld
+from governor.proxy import bodies, holds, withheld
+from governor.proxy.fields import decoded_body
 from governor.proxy.held_steps import paused
 from governor.proxy.refusing import ACTION_HEADER, as_response, governor_error, governor_error_object
 from governor.proxy.relay import Flight, StreamRelay
@@ -83,7 +83,7 @@ class Responding:
             flow.response.content = observation.replace_body
             if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
                 flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
-                log_withheld(flow, exchange, "answer")
+                await withheld.record(self.runtime, flow, exchange, "answer")
 
     async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
                            admission: Admission) -> None:
@@ -200,7 +200,8 @@ class Responding:
                    and relay.terminal is None):
                 report = relay.checked_usage = relay.latest_usage
                 assert report is not None
-                decision = await self.runtime.usage(session, flight.usage_ticket, report)
+                with self.recording:
+                    decision = await self.runtime.usage(session, flight.usage_ticket, report)
                 if decision.blocks:
                     self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
                     return
@@ -226,7 +227,8 @@ class Responding:
         try:
             while relay.pending_steps:
                 step = relay.pending_steps.pop(0)
-                admission = await self.runtime.admit(session, step)
+                with self.recording:
+                    admission = await self.runtime.admit(session, step)
                 if paused(admission):
                     admission = await self._held_stream(flow, flight, relay, step, admission)
                 await self._release(session, admission.ticket)

@@ -190,6 +190,10 @@ class Running:
             await asyncio.wait_for(self._master_task, timeout=10)
         except (asyncio.TimeoutError, asyncio.CancelledError):
             self._master_task.cancel()
+        # events recorded from the proxy's tasks (a stream cut's refusal) before the final
+        # records are signed: the done hook awaited them; a cut since (connections outlive
+        # the master) or a master that timed out is awaited here (governor/proxy/recording.py)
+        await self.addon.recording.settle()
         if self._control_runner is not None:
             await self._control_runner.cleanup()
             self._control_runner = None
