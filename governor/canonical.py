@@ -19,6 +19,35 @@ def canonicalize(value: Any) -> bytes:
     return jcs.canonicalize(value)
 
 
+# RFC 8785 numbers are IEEE doubles: an integer past this is rounded by canonicalize(), so
+# two different values would share a digest (and a reviewer shown the canonical form sees
+# another number than the one that is sent on).
+MAX_EXACT_INTEGER = 2**53 - 1
+# Nesting of a value that is digested, shown to reviewers and sent to webhooks (orjson
+# writes at most 254 levels; jcs recurses): tool arguments are shallow.
+MAX_ARGUMENT_DEPTH = 64
+
+
+def inexact_json(value: Any, max_depth: int = MAX_ARGUMENT_DEPTH) -> str | None:
+    """Why `value` cannot be digested and shown exactly (the JSON path, `.a[2]`, of an
+    integer JCS would round, or nesting past `max_depth`), or None. Iterative: `value` may
+    be as deep as the JSON parser allowed."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        kind = type(item)
+        if kind is int and not -MAX_EXACT_INTEGER <= item <= MAX_EXACT_INTEGER:
+            return f"{path or '.'} is an integer beyond 2**53, which the step's digest (RFC 8785) rounds"
+        if kind is dict or kind is list:
+            if depth >= max_depth:
+                return f"{path or '.'} nests deeper than {max_depth} levels"
+            if kind is dict:
+                stack.extend((v, f"{path}.{k}", depth + 1) for k, v in reversed(list(item.items())))
+            else:
+                stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
 def b64url(data: bytes) -> str:
     """base64url without padding (the encoding of signatures and hashes in ADL)."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")

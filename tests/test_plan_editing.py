@@ -3,6 +3,8 @@ governor.runtime_edit decides which held steps a reviewer may edit."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from governor.policy import Action, ApprovalGranted, ToolCall, step_digest
@@ -62,6 +64,8 @@ def test_an_edited_step_takes_the_edited_target_path():
     ("text", "bad_edited_arguments"),
     ({"x": "y" * (MAX_EDITED_ARGUMENTS + 1)}, "bad_edited_arguments"),
     ({"x": float("nan")}, "bad_edited_arguments"),
+    ({"account": [1, {"id": 2**53 + 1}]}, "bad_edited_arguments"),  # JCS would round it: digest != what runs
+    ({"x": json.loads("[" * 70 + "]" * 70)}, "bad_edited_arguments"),  # deeper than digests and webhooks take
 ])
 def test_hostile_edits_are_refused_with_a_reason(arguments, code):
     limits = Driver(EDITING).limits

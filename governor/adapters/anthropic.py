@@ -96,6 +96,8 @@ class AnthropicAdapter(Adapter):
         }
         if body.get("tools") is not None:  # each offered tool's name (withhold.py); a 400 for one without
             state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.named_only)
+        if body.get("mcp_servers") is not None:  # the MCP connector: tools the provider runs, named `mcp`
+            state["mcp_servers"] = withhold.read_tools(body["mcp_servers"], "mcp_servers", withhold.mcp_server)
         return Exchange(
             adapter=self,
             method=request.method,
@@ -113,16 +115,16 @@ class AnthropicAdapter(Adapter):
         return ("max_tokens",)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        tools = exchange.state.get("tools")
-        return [model_call(self, exchange, withhold.flat(tools) if tools else ())]
+        offered = (exchange.state.get("tools") or ()) + (exchange.state.get("mcp_servers") or ())
+        return [model_call(self, exchange, withhold.flat(offered) if offered else ())]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
         body = exchange.body
         state = exchange.state
         allowed = decision.allowed_tools
-        if allowed is None or ("tools" not in state and "tool_choice" not in body):
+        if allowed is None or ("tools" not in state and "tool_choice" not in body and "mcp_servers" not in state):
             return None
-        withheld = withhold.withhold_anthropic(body, allowed, state.get("tools"))
+        withheld = withhold.withhold_anthropic(body, allowed, state.get("tools"), state.get("mcp_servers"))
         if withheld is None:
             return None
         state["withheld"] = withheld  # offered tools the step may not use: the model never sees them

@@ -36,6 +36,7 @@ from governor.adapters import jsonrpc, withhold
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
+from governor.canonical import inexact_json
 from governor.policy.steps import Decision, Step, ToolCall, ToolError
 
 MCP_METHODS = frozenset({
@@ -137,6 +138,9 @@ class MCPAdapter(Adapter):
                 arguments = {}
             if not isinstance(arguments, dict):
                 raise BadRequest(f"tools/call {name}: params.arguments must be an object")
+            if (inexact := inexact_json(arguments)) is not None:  # digested, shown to reviewers, recorded
+                raise BadRequest(f"tools/call {name}: params.arguments{inexact}: the step reviewed and recorded "
+                                 "would not be the call that runs (send a large number as a string)")
             exchange.state["tool"] = name
             exchange.state["arguments"] = arguments
         return exchange

@@ -129,9 +129,15 @@ class WebhookNotifier:
         delivery_id = uuid.uuid4().hex
         payload = {"id": delivery_id, "event": kind, "time": _iso(self.clock()), "governor": self.governor,
                    "text": event["text"], "data": event["data"]}
-        body = orjson.dumps(payload, default=str)
-        if len(body) > MAX_BODY and "arguments" in payload["data"]:
-            payload["data"] = {**payload["data"], "arguments": None, "arguments_omitted_bytes": len(body)}
+        try:
+            body = orjson.dumps(payload, default=str)
+        except orjson.JSONEncodeError:  # arguments nested past what orjson writes (a model's proposal)
+            if "arguments" not in payload["data"]:
+                raise
+            body = b""
+        if (not body or len(body) > MAX_BODY) and "arguments" in payload["data"]:
+            omitted = {"arguments_omitted_bytes": len(body)} if body else {"arguments_omitted": "nested too deep"}
+            payload["data"] = {**payload["data"], "arguments": None, **omitted}
             body = orjson.dumps(payload, default=str)
         self._start()
         for target in self._targets:

@@ -14,12 +14,18 @@ from typing import Any, Mapping
 
 from governor import degradation as _degradation
 from governor.policy.limits import Limits
-from governor.policy.state import GRANTED, SessionState
+from governor.policy.state import GRANTED, PENDING, SessionState
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED, ON_OVERSIGHT_TRIGGER, PERMIT, Action, ApprovalRequest, CounterCharge, Decision,
     Step, permitted
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, step_digest
+
+# How many steps of one session may wait for a reviewer at once. Past it a step that needs
+# review is denied, not held: an agent sending thousands of distinct steps that need review
+# would otherwise grow the held steps (and the proxy's holds) without bound and bury the
+# reviews that matter in the reviewer's queue and the webhook queues.
+MAX_PENDING_REVIEWS = 64
 
 
 class Run:
@@ -133,6 +139,17 @@ class Run:
         return self.pause(ON_OVERSIGHT_TRIGGER, reason, detail, name)
 
     def pause(self, cause: str, reason: str, detail: dict[str, Any], trigger: str) -> Decision:
+        # counted only here, when a step would wait (pauses are rare; approvals are few)
+        waiting = sum(1 for approval in self.state.approvals.values() if approval.status == PENDING)
+        if waiting >= MAX_PENDING_REVIEWS:  # denied, not held: the session goes on
+            detail.update(reason=reason, pending_reviews=waiting, max_pending_reviews=MAX_PENDING_REVIEWS,
+                          message=f"{waiting} steps of this session already wait for a reviewer; "
+                                  "this one is refused rather than held")
+            # recorded as §6's fallback (the record has no "deny"), as a rejected approval is
+            return Decision(action=Action.DENY, cause=cause, details=detail,
+                            event=enforcement_event(cause, Action.FALLBACK.value, detail),
+                            prior_events=tuple(self.events), charges=self.charges if self.settles else (),
+                            settles=self.settles)
         digest_value = step_digest(self.step)
         request = ApprovalRequest(
             approval_id(self.state.session, self.state.seq, digest_value),
