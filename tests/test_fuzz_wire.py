@@ -33,7 +33,7 @@ from governor.adapters.openai import OpenAIAdapter
 from governor.adapters.shapes import model_shaped, normalize_path, shape_of
 from governor.policy.steps import Step
 from governor.proxy import bodies
-from governor.proxy.addon import _scan_headers
+from governor.proxy.fields import scan_headers
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUZZ_SLOW = settings(FUZZ, max_examples=60)  # each example runs seven watchers, or encodes four ways
@@ -304,7 +304,7 @@ NAMES = st.one_of(
 @FUZZ
 @given(st.lists(st.tuples(NAMES, st.binary(max_size=16)), max_size=10))
 def test_the_adl_header_scan_reads_any_fields(fields):
-    found, encoded = _scan_headers(tuple(fields))
+    found, encoded = scan_headers(tuple(fields))
     assert encoded is any(name.lower() == b"content-encoding" for name, _ in fields)
     assert all(key.startswith("adl-") and key == key.lower() for key in found)
     headers = http.Headers(fields)

@@ -75,6 +75,29 @@ async def test_anthropic_mcp_servers_are_offered_tools_and_withheld_when_undecla
     assert mock.requests == []
 
 
+@module_loop
+async def test_openai_chat_web_search_options_is_an_offered_tool_withheld_when_undeclared(env):
+    """OpenAI chat's `web_search_options` switches on provider-run web search with no `tools`
+    entry at all. Was: forwarded as sent, so a passport declaring no search still had the
+    provider search the web for the agent."""
+    running, mock = env
+    mock.reset()
+    body = {"model": "gpt-4o-search-preview", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+            "web_search_options": {"search_context_size": "low"}}
+    answer = await _post(running, mock, "/v1/chat/completions", body, "web-search-options")
+    assert answer.status_code == 200, answer.text
+    [received] = mock.requests
+    assert "web_search_options" not in received.body  # the passport declares no `web_search` tool
+    assert received.body["messages"] == body["messages"]
+    assert answer.headers[withhold.HEADER] == withhold.WEB_SEARCH
+    # an entry the governor cannot read is refused before anything goes upstream
+    mock.reset()
+    answer = await _post(running, mock, "/v1/chat/completions", {**body, "web_search_options": "high"},
+                         "web-search-options-bad")
+    assert answer.status_code == 400 and "web_search_options" in answer.text
+    assert mock.requests == []
+
+
 # --- output fitting ------------------------------------------------------------------------
 
 

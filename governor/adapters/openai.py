@@ -147,6 +147,8 @@ class OpenAIAdapter(Adapter):
             state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.openai_names)
         if kind == CHAT and body.get("functions") is not None:  # the legacy form of tools
             state["functions"] = withhold.read_tools(body["functions"], "functions", withhold.named_only)
+        if kind == CHAT and body.get("web_search_options") is not None:  # provider-run search, no tools entry
+            state["web_search"] = withhold.web_search_options(body["web_search_options"])
         stream = body.get("stream") is True
         expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
         choices = 1
@@ -198,8 +200,8 @@ class OpenAIAdapter(Adapter):
 
     async def steps(self, exchange: Exchange) -> list[Step]:
         state = exchange.state
-        tools, functions = state.get("tools"), state.get("functions")
-        offered = withhold.flat((tools or ()) + (functions or ())) if tools or functions else ()
+        tools, functions, search = state.get("tools"), state.get("functions"), state.get("web_search")
+        offered = withhold.flat((tools or ()) + (functions or ()) + (search or ())) if tools or functions or search else ()
         return [model_call(self, exchange, offered)]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
@@ -208,8 +210,9 @@ class OpenAIAdapter(Adapter):
         state = exchange.state
         allowed = decision.allowed_tools
         if allowed is not None and ("tools" in state or "functions" in state or "tool_choice" in body
-                                    or "function_call" in body):
-            withheld = withhold.withhold_openai(body, allowed, state.get("tools"), state.get("functions"))
+                                    or "function_call" in body or "web_search" in state):
+            withheld = withhold.withhold_openai(body, allowed, state.get("tools"), state.get("functions"),
+                                                state.get("web_search"))
             if withheld is not None:  # offered tools the step may not use: the model never sees them
                 state["withheld"] = withheld
                 changed = True

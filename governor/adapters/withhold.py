@@ -14,7 +14,8 @@ chat-style `function.name`, say). OpenAI (chat and Responses): `function.name`,
 `custom.name`, `name`, and the `type` of any tool that is not `function`/`custom` (a
 built-in such as `web_search_preview` or `mcp` is named by its type: the passport must
 declare a tool of that name to offer it). Anthropic: `name`; its `mcp_servers` (remote MCP
-servers the provider calls) each name `mcp`. Legacy chat `functions`: `name`. Names compare exactly (no case folding, no Unicode normalization).
+servers the provider calls) each name `mcp`. Legacy chat `functions`: `name`. Chat's
+`web_search_options` (provider-run search without a tools entry): `web_search`. Names compare exactly (no case folding, no Unicode normalization).
 
 tool_choice / function_call naming a withheld tool is dropped (the model then chooses
 among what is left); one that only makes sense with tools (`required`, Anthropic `any`)
@@ -32,6 +33,7 @@ from governor.adapters.base import BadRequest
 # More tools than any provider accepts (OpenAI: 128): a bound on the walk, not a policy.
 MAX_TOOLS = 10_000
 HEADER = "ADL-Withheld-Tools"
+WEB_SEARCH = "web_search"  # what chat's web_search_options offers, named as the Responses built-in
 MAX_HEADER_CHARS = 1024  # the header value (and the log line's list) is cut past this
 # What the record keeps of one withholding (the names are the agent's or an MCP server's
 # text): the count, and the first RECORDED_NAMES names cut to RECORDED_NAME_CHARS each, so
@@ -81,6 +83,14 @@ def mcp_server(entry: Any) -> Names | None:
     """Anthropic `mcp_servers` entries: a remote MCP server whose tools the provider runs
     (the governor never sees those calls), named `mcp` as OpenAI's built-in `mcp` tool is."""
     return ("mcp",) if type(entry) is dict else None
+
+
+def web_search_options(value: Any) -> tuple[Names, ...]:
+    """OpenAI chat's `web_search_options`: provider-run web search switched on without a
+    `tools` entry, named `web_search` (the Responses built-in's type); 400 unless an object."""
+    if type(value) is not dict:
+        raise BadRequest("'web_search_options' must be an object")
+    return ((WEB_SEARCH,),)  # one entry, as read_tools gives them
 
 
 def read_tools(value: Any, field: str, reader: Reader) -> tuple[Names, ...]:
@@ -163,7 +173,8 @@ def _openai_choice(cut: _Cut, choice: Any) -> bool:
 
 
 def withhold_openai(body: dict[str, Any], allowed: frozenset[str], tools: tuple[Names, ...] | None,
-                    functions: tuple[Names, ...] | None) -> list[str] | None:
+                    functions: tuple[Names, ...] | None,
+                    web_search: tuple[Names, ...] | None = None) -> list[str] | None:
     """Withhold from an OpenAI chat or Responses body, in place; the withheld names, or
     None when the body is unchanged."""
     cut = _Cut(body, allowed, {})
@@ -176,6 +187,8 @@ def withhold_openai(body: dict[str, Any], allowed: frozenset[str], tools: tuple[
     call = body.get("function_call")
     if type(call) is dict and not cut.permits(named_only(call)):
         cut.drop("function_call")
+    if web_search and not cut.permits(web_search[0]):
+        cut.drop("web_search_options")
     return list(cut.withheld) if cut.changed else None
 
 
@@ -250,5 +263,5 @@ def withheld_of(state: Mapping[str, Any]) -> list[str] | None:
     return state.get("withheld")
 
 
-__all__ = ["HEADER", "MAX_TOOLS", "openai_names", "named_only", "mcp_server", "read_tools", "flat", "withhold_openai",
+__all__ = ["HEADER", "MAX_TOOLS", "WEB_SEARCH", "web_search_options", "openai_names", "named_only", "mcp_server", "read_tools", "flat", "withhold_openai",
            "withhold_anthropic", "filter_listed", "rendered", "recorded_detail", "withheld_of"]

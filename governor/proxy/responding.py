@@ -1,0 +1,247 @@
+"""The addon's side of the answers: a plain answer read (its usage charged, the tool calls it
+asks for admitted, a pause holding it for a reviewer), a stream's events as its relay
+hands them over (running usage checked, streamed tool calls admitted in order), and a
+stream's end.
+
+`Responding` is mixed into `governor.proxy.addon.Governor` (kept apart: addon.py was long
+enough); the hooks that call it (`response`, and the relay's `stream_events`) stay there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from mitmproxy import http
+
+from governor.adapters import sse, withhold
+from governor.adapters.base import Adapter, Exchange, governor_object, observe_stream_whole
+from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
+from governor.proxy import bodies, holds, withheld
+from governor.proxy.fields import decoded_body
+from governor.proxy.held_steps import paused
+from governor.proxy.refusing import ACTION_HEADER, as_response, governor_error, governor_error_object
+from governor.proxy.relay import Flight, StreamRelay
+from governor.runtime_api import Admission
+
+log = logging.getLogger("governor.proxy")
+
+
+class Responding:
+    """Plain answers and streams, for `governor.proxy.addon.Governor`."""
+
+    async def _plain_response(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        response = flow.response
+        assert response is not None
+        exchange = flight.exchange
+        adapter = exchange.adapter
+        session = exchange.session
+        if flight.refusal is not None:
+            if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
+                decision, gov = flight.refusal
+                self._replace(flow, adapter, decision, session, gov, exchange)
+            return
+        try:
+            body = decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
+            observation = None
+            if body is not (response.raw_content or b""):  # decoded: a stream that came so is read whole
+                observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
+            if observation is None:
+                observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
+        except (bodies.BodyError, sse.EventTooLarge) as exc:
+            await self._unreadable_response(flow, flight, getattr(exc, "message", str(exc)))
+            return
+        if observation.usage is not None and flight.usage_ticket is not None:
+            decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
+            if decision.blocks:
+                self._replace(flow, adapter, decision, session, exchange=exchange)
+                return
+        await self._admit_observed(flow, flight, observation)
+
+    async def _admit_observed(self, flow: http.HTTPFlow, flight: Flight, observation: Any, start: int = 0,
+                              detach: bool = True) -> None:
+        """The tool calls a plain answer asks for, admitted in order from `start`; a refusal
+        replaces the answer. The first that pauses holds the answer for its reviewer
+        (`_hold_answer`); the rest are then admitted by that review."""
+        exchange = flight.exchange
+        session = exchange.session
+        steps = observation.steps
+        for index in range(start, len(steps)):
+            step = steps[index]
+            admission = await self.runtime.admit(session, step)
+            if paused(admission):
+                if detach:
+                    await self._hold_answer(flow, flight, observation, index, admission)
+                    return
+                admission = await self._reviewed(session, step, admission)
+            await self._release(session, admission.ticket)
+            if admission.decision.blocks:
+                self._replace_blocked(flow, exchange, admission)
+                return
+        if observation.replace_body is not None and flow.response is not None:
+            flow.response.content = observation.replace_body
+            if exchange.state.get("withheld"):  # an MCP tools/list answer, filtered
+                flow.response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
+                await withheld.record(self.runtime, flow, exchange, "answer")
+
+    async def _hold_answer(self, flow: http.HTTPFlow, flight: Flight, observation: Any, index: int,
+                           admission: Admission) -> None:
+        """The answer waits for a reviewer in a Hold (governor.proxy.holds): the identical
+        request meanwhile attaches to it, and this connection is answered when the review
+        is (or 429 review_pending when it outlasts the client's patience)."""
+        exchange = flight.exchange
+        session = exchange.session
+        request = flow.request
+        shadow = holds.shadow_of(flow)
+
+        async def review() -> http.Response:
+            step = observation.steps[index]
+            answered = await self._reviewed(session, step, admission)
+            await self._release(session, answered.ticket)
+            if answered.decision.blocks:
+                self._replace_blocked(shadow, exchange, answered)
+            else:
+                await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
+            assert shadow.response is not None
+            return shadow.response
+
+        approval = admission.decision.approval
+        assert approval is not None
+        key = holds.request_key(session, exchange.persona, request.method, request.host, request.port,
+                                request.path, flight.body)
+        held = self.holds.start(key, session, approval.id, admission.governor_object.get("expires_at"), review())
+        await self._serve_held(flow, held, exchange.adapter, exchange)
+
+    async def _held_stream(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay, step: Step,
+                           admission: Admission) -> Admission:
+        """A streamed answer held for a reviewer stays on its connection (kept alive); the
+        identical request meanwhile is answered 429 review_pending, not sent to the model
+        (a stream cannot be replayed to it: once the review is over it is a new step)."""
+        exchange = flight.exchange
+        request = flow.request
+        approval = admission.decision.approval
+        assert approval is not None
+        key = holds.request_key(exchange.session, exchange.persona, request.method, request.host, request.port,
+                                request.path, flight.body)
+        held = self.holds.start(key, exchange.session, approval.id, admission.governor_object.get("expires_at"),
+                                self._reviewed(exchange.session, step, admission, relay))
+        return await asyncio.shield(held.task)
+
+    async def _serve_held(self, flow: http.HTTPFlow, held: holds.Hold, adapter: Adapter, exchange: Exchange) -> bool:
+        """Answer `flow` from a hold; False when it has nothing to answer with (a stream's)."""
+        session = exchange.session
+        served = await self.holds.serve(
+            flow, held, lambda hold, retry_after: holds.pending_response(adapter, exchange, session, hold, retry_after),
+            lambda: as_response(adapter.error_response(503, "governor: the review could not be completed",
+                                                       governor_error_object(session), exchange), "deny"))
+        if served == "gone":
+            return False
+        log.info("governor: %s %s in session %s: %s for approval %s", flow.request.method, flow.request.pretty_url,
+                 session, "review outcome" if served == "answer" else "review pending (429)", held.approval_id)
+        return True
+
+    async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
+        """An answer the governor cannot read within its bounds (a decompression bomb, an
+        encoding it does not know, corrupt bytes): fail closed. The agent gets a 502, and a
+        model call is charged what it reserved, since what it consumed cannot be read."""
+        exchange = flight.exchange
+        state = exchange.state
+        if flight.usage_ticket is not None and "expected_input" in state:
+            report = UsageReport(model=exchange.model, input_tokens=state["expected_input"],
+                                 output_tokens=state["expected_output"], persona=exchange.persona, final=True)
+            await self.runtime.usage(exchange.session, flight.usage_ticket, report)
+        reason = f"the upstream's answer was refused: {why}"
+        gov = {"cause": None, "action": "deny", "reason": reason, "session": exchange.session}
+        flow.response = as_response(exchange.adapter.error_response(502, f"governor: {reason}", gov, exchange), "deny")
+        log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
+
+    async def _stream_finished(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        relay = flight.relay
+        assert relay is not None
+        final: UsageReport | None = None
+        for event in relay.final_events:
+            if isinstance(event, UsageReport):
+                final = event
+            else:
+                relay.pending_steps.append(event)
+        relay.final_events = []
+        self._admit_stream_steps_soon(flow, flight, relay)
+        if final is not None and flight.usage_ticket is not None:
+            await self.runtime.usage(flight.exchange.session, flight.usage_ticket, final)
+
+    # --- streams -----------------------------------------------------------------------
+
+    def stream_events(self, relay: StreamRelay, events: list[Any]) -> None:
+        """Called by the relay (synchronously) with what its watcher saw in a chunk."""
+        flight = relay.flight
+        for event in events:
+            if isinstance(event, UsageReport):  # past the admission (watchers report only those)
+                relay.latest_usage = event
+                if not relay.over and self._covers is not None and flight.usage_ticket is not None \
+                        and not self._covers(flight.usage_ticket, event):
+                    relay.over = True  # past what the call holds: kept back until the reservation grew
+                    relay.hold()
+            elif isinstance(event, (ToolCall, ToolError)):
+                relay.pending_steps.append(event)
+                if isinstance(event, ToolCall) and not relay.ended:
+                    relay.held_steps.add(id(event))
+                    relay.hold()
+        if (relay.latest_usage is not relay.checked_usage and not relay.checking
+                and flight.usage_ticket is not None):
+            relay.checking = True
+            self._spawn(self._check_usage(relay.flow, flight, relay))
+        self._admit_stream_steps_soon(relay.flow, flight, relay)
+
+    async def _check_usage(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        session = flight.exchange.session
+        try:
+            while (relay.latest_usage is not relay.checked_usage and not relay.ended
+                   and relay.terminal is None):
+                report = relay.checked_usage = relay.latest_usage
+                assert report is not None
+                with self.recording:
+                    decision = await self.runtime.usage(session, flight.usage_ticket, report)
+                if decision.blocks:
+                    self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
+                    return
+        except Exception:
+            log.exception("governor: usage check failed in session %s; cutting the stream", session)
+            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
+        finally:
+            relay.checking = False
+            if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
+                relay.over = False  # every report so far permitted (its reservation grown): release
+                relay.unhold()
+
+    def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        if relay.pending_steps and not relay.admitting:
+            relay.admitting = True
+            self._spawn(self._admit_stream_steps(flow, flight, relay))
+
+    async def _admit_stream_steps(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
+        """Tool calls the model asks for in a stream, admitted in order. From the chunk that
+        completes a tool call, output (and the upstream's end) is kept back until the call
+        is admitted (a pause holds it for the reviewer); a refusal cuts the stream."""
+        session = flight.exchange.session
+        try:
+            while relay.pending_steps:
+                step = relay.pending_steps.pop(0)
+                with self.recording:
+                    admission = await self.runtime.admit(session, step)
+                if paused(admission):
+                    admission = await self._held_stream(flow, flight, relay, step, admission)
+                await self._release(session, admission.ticket)
+                held = id(step) in relay.held_steps
+                relay.held_steps.discard(id(step))
+                if admission.decision.blocks:
+                    decision = admission.decision
+                    gov = admission.governor_object or governor_object(decision, session)
+                    self._enforce_in_flight(flow, flight, decision, gov)
+                elif held:
+                    relay.unhold()
+        except Exception:
+            log.exception("governor: admitting a streamed tool call failed in session %s", session)
+            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
+        finally:
+            relay.admitting = False
