@@ -315,6 +315,11 @@ def shadow_of(flow: http.HTTPFlow) -> http.HTTPFlow:
 
 async def keep_alive(relay: Any, interval: float) -> None:
     """Send an SSE comment line down a held stream every `interval` seconds until cancelled."""
+    told = False
     while True:
         await asyncio.sleep(interval)
-        await relay.ping(KEEPALIVE)
+        sent = await relay.ping(KEEPALIVE)
+        if not sent and not told and relay.terminal is None and not relay.ended:  # said once
+            told = True
+            log.warning("governor: a keep-alive line could not be sent on the held stream of %s; "
+                        "its client may time out before the review ends", relay.flow.request.pretty_url)

@@ -134,14 +134,15 @@ class StreamRelay:
                                                       refusals.detail(code, 502, self.flow.request, reason)))
         return []
 
-    async def ping(self, data: bytes) -> None:
+    async def ping(self, data: bytes) -> bool:
         """Send an SSE comment line to the client while the stream is held for a reviewer.
-        Whole events only were forwarded so far, so a comment line fits between them."""
+        Whole events only were forwarded so far, so a comment line fits between them.
+        False when it could not be sent (the stream over, or not in a state to take it)."""
         if self.terminal is not None or self.ended:
-            return
+            return False
         self.pings += 1
         try:
-            await transit.ping(self.governor.proxyserver, self.flow, data)
+            return await transit.ping(self.governor.proxyserver, self.flow, data)
         finally:
             self.pings = 0  # delivered synchronously, or not at all
 
