@@ -232,19 +232,24 @@ async def test_an_agent_offering_thousands_of_tools_and_huge_names_records_a_bou
     assert event["detail"]["names_cut"] == 1
 
 
+async def _listed_through(running, tools, session: str, rpc_id: int) -> httpx.Response:
+    """A `tools/list` of a ToolServer listing `tools`, through the proxy in `session`."""
+    server = ToolServer(tools)
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=60) as http:
+            return await http.post(url, json={"jsonrpc": "2.0", "id": rpc_id, "method": "tools/list", "params": {}},
+                                   headers={"ADL-Session": session})
+    finally:
+        await server.runner.cleanup()
+
+
 @module_loop
 async def test_a_server_listing_thousands_of_tools_with_megabyte_names_records_a_bounded_event(env, capsys):
     running, _, _ = env
     tools = [{"name": "n" * (1024 * 1024)}] + [{"name": f"{i:05d}-" + "x" * 1000} for i in range(5000)]
     tools += [{"name": "read_note"}, {"name": "line\nbreak\u0000and \u202e bidi"}]
-    server = ToolServer(tools)
-    url = await server.start()
-    try:
-        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=60) as http:
-            answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
-                                     headers={"ADL-Session": "huge-list"})
-    finally:
-        await server.runner.cleanup()
+    answer = await _listed_through(running, tools, "huge-list", 1)
     assert answer.status_code == 200
     assert answer.json()["result"]["tools"] == [{"name": "read_note"}]
     assert len(answer.headers[withhold.HEADER]) <= withhold.MAX_HEADER_CHARS + 16
@@ -259,14 +264,7 @@ async def test_a_tools_list_answer_the_governor_cannot_read_is_not_delivered(env
     """A lone surrogate (valid to Python's json, refused by orjson): before, the answer went
     through unfiltered, an undeclared tool included."""
     running, _, _ = env
-    server = ToolServer([{"name": "read_note"}, {"name": "shell\ud800"}])
-    url = await server.start()
-    try:
-        async with httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=60) as http:
-            answer = await http.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}},
-                                     headers={"ADL-Session": "unreadable-list"})
-    finally:
-        await server.runner.cleanup()
+    answer = await _listed_through(running, [{"name": "read_note"}, {"name": "shell\ud800"}], "unreadable-list", 3)
     assert answer.status_code == 200
     assert b"shell" not in answer.content
     message = answer.json()
