@@ -22,11 +22,9 @@ from governor.evidence.errors import (
     JournalClosedError,
     JournalError,
     KeyFileError,
-    RecordVerificationError,
     SchemaNotFoundError,
-    TornJournalError,
 )
-from governor.evidence.journal import Ending, Journal, Recovery, TornTail, recover_journal
+from governor.evidence.journal import Ending, Journal, Recovery, TornJournalError, TornTail, recover_journal
 from governor.evidence.keys import (
     DEFAULT_IDENTIFIER,
     KeyFiles,
@@ -55,6 +53,7 @@ from governor.evidence.record import (
 )
 from governor.evidence.signing import sign_record, signing_input
 from governor.evidence.verify import (
+    RecordVerificationError,
     StepResult,
     VerificationReport,
     check_chain,

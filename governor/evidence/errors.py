@@ -1,13 +1,13 @@
-"""Typed errors of the evidence room: each says what failed, never a bare traceback."""
+"""Typed errors of the evidence room: each says what failed, never a bare traceback.
+
+Two live beside the types they carry, so that this module imports none of the room:
+`RecordVerificationError` (a VerificationReport) in `verify`, `TornJournalError` (a
+TornTail) in `journal`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from governor.evidence.journal import TornTail
-    from governor.evidence.verify import StepResult, VerificationReport
 
 
 class EvidenceError(Exception):
@@ -30,15 +30,6 @@ class SchemaNotFoundError(EvidenceError):
     """The project's enforcement-record schema is not where the package looks for it."""
 
 
-class RecordVerificationError(EvidenceError):
-    """A record failed §8.6 verification; `step` is the first failing step."""
-
-    def __init__(self, report: VerificationReport) -> None:
-        self.report = report
-        self.step: StepResult = report.first_failure  # type: ignore[assignment]
-        super().__init__(report.summary())
-
-
 class JournalError(EvidenceError):
     """A session journal cannot be used as asked."""
 
@@ -55,14 +46,6 @@ class CorruptJournalError(JournalError):
     Such damage cannot come from a crash (only the line being written can be torn),
     so nothing after it is trusted and the journal is not finalized automatically.
     """
-
-
-class TornJournalError(JournalError):
-    """The journal's last line is incomplete or damaged (a write cut short by a crash)."""
-
-    def __init__(self, path: Path | str, torn: TornTail) -> None:
-        self.torn = torn
-        super().__init__(path, torn.describe(), line=torn.line)
 
 
 class JournalClosedError(JournalError):

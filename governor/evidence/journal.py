@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from governor.canonical import sha256_b64url
 from governor.evidence._jcs import canonical
-from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError, TornJournalError
+from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
 from governor.evidence.record import (
     OUTCOMES,
     SessionHeader,
@@ -62,6 +62,14 @@ class TornTail:
 
     def describe(self) -> str:
         return f"torn last line {self.line} at byte {self.offset} ({len(self.data)} bytes): {self.reason}"
+
+
+class TornJournalError(JournalError):
+    """The journal's last line is incomplete or damaged (a write cut short by a crash)."""
+
+    def __init__(self, path: Path | str, torn: TornTail) -> None:
+        self.torn = torn
+        super().__init__(path, torn.describe(), line=torn.line)
 
 
 @dataclass(frozen=True, slots=True)

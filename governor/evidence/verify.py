@@ -26,7 +26,7 @@ from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
 from governor.documents import JSON, DocumentError, parse_document, read_document_file
 from governor.ed25519_points import ed25519_key_problem
 from governor.evidence._jcs import canonical
-from governor.evidence.errors import DidDocumentError, InputError, RecordVerificationError, SchemaNotFoundError
+from governor.evidence.errors import DidDocumentError, EvidenceError, InputError, SchemaNotFoundError
 from governor.evidence.keys import assertion_keys, key_fingerprint, public_key_bytes
 from governor.evidence.record import parse_iso, record_header
 from governor.evidence.signing import SIGNATURE_ALGORITHM, SIGNED_CONTENT, signing_input
@@ -117,6 +117,15 @@ class VerificationReport:
             "steps": [s.to_json() for s in self.steps],
             "interpretation": self.interpretation(),
         }
+
+
+class RecordVerificationError(EvidenceError):
+    """A record failed §8.6 verification; `step` is the first failing step."""
+
+    def __init__(self, report: VerificationReport) -> None:
+        self.report = report
+        self.step: StepResult = report.first_failure  # type: ignore[assignment]
+        super().__init__(report.summary())
 
 
 class _Fail(Exception):
