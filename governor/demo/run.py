@@ -38,7 +38,7 @@ from governor.demo.render import Meter, Terminal
 from governor.evidence import key_fingerprint
 from governor.evidence.keys import public_key_pem
 from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
-from governor.passport.cli import format_report
+from governor.passport import format_report
 from governor.proxy.server import Running, Settings, StartupError, serve
 
 LOOPBACK = "127.0.0.1"

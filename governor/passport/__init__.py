@@ -15,6 +15,7 @@ from governor.passport.admission import (
     Retrieval,
     StepOutcome,
     admit,
+    format_report,
 )
 from governor.passport.did import load_did_documents
 from governor.passport.errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "UnsupportedAlgorithmError",
     "WeakKeyError",
     "admit",
+    "format_report",
     "dump_passport",
     "example_passport_path",
     "load_did_documents",

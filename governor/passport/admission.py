@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
+from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
@@ -458,3 +459,19 @@ def _get(document: Any, *path: str) -> Any:
             return None
         value = value.get(name)
     return value
+
+
+def format_report(path: Path | str, report: AdmissionReport) -> str:
+    """The report as `governor passport verify` and `governor run` print it: one line a step."""
+    lines = [f"passport {path}"]
+    for step in report.steps:
+        mark = "ok  " if step.passed else "FAIL"
+        lines.append(f"  {mark} {step.section} {step.title:<20} [{step.severity:<5}] {step.message}")
+        lines.extend(f"         {issue}" for issue in step.issues)
+    verdict = "ADMITTED" if report.verified else f"REJECTED at {report.blocked_at_section}"
+    warnings = len(report.warnings)
+    if report.verified and warnings:
+        verdict += f" with {warnings} warning{'s' if warnings > 1 else ''}"
+    lines.append(f"{verdict}; public key source: {report.public_key_source}")
+    lines.append(f"digest: {report.digest}")
+    return "\n".join(lines)

@@ -18,8 +18,8 @@ from governor.passport.admission import (
     DEVELOPMENT,
     ENFORCE,
     AdmissionConfig,
-    AdmissionReport,
     admit,
+    format_report,
 )
 from governor.passport.did import load_did_documents
 from governor.passport.errors import PassportError
@@ -117,21 +117,6 @@ def run_verify(args: argparse.Namespace) -> int:
     else:
         print(format_report(args.file, report))
     return 0 if report.verified else 1
-
-
-def format_report(path: Path, report: AdmissionReport) -> str:
-    lines = [f"passport {path}"]
-    for step in report.steps:
-        mark = "ok  " if step.passed else "FAIL"
-        lines.append(f"  {mark} {step.section} {step.title:<20} [{step.severity:<5}] {step.message}")
-        lines.extend(f"         {issue}" for issue in step.issues)
-    verdict = "ADMITTED" if report.verified else f"REJECTED at {report.blocked_at_section}"
-    warnings = len(report.warnings)
-    if report.verified and warnings:
-        verdict += f" with {warnings} warning{'s' if warnings > 1 else ''}"
-    lines.append(f"{verdict}; public key source: {report.public_key_source}")
-    lines.append(f"digest: {report.digest}")
-    return "\n".join(lines)
 
 
 def run_digest(args: argparse.Namespace) -> int:

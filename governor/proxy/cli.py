@@ -498,7 +498,7 @@ async def _serve_until_stopped(settings: Any) -> int:
     except StartupError as exc:
         print(f"governor run: {exc}", file=sys.stderr)
         if exc.report is not None:
-            from governor.passport.cli import format_report
+            from governor.passport import format_report
 
             print(format_report(settings.passport or Path("passport"), exc.report), file=sys.stderr)
         return 1
