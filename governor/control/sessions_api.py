@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from governor.control.auth import TokenSet
-from governor.control.nonces import NonceError, _check_format
+from governor.control.nonces import NonceError, check_format
 
 log = logging.getLogger("governor.control")
 
@@ -77,7 +77,7 @@ async def open_session(request: web.Request) -> web.Response:
         try:
             if not isinstance(nonce, str):
                 raise NonceError('"nonce" must be a string')
-            _check_format(nonce)
+            check_format(nonce)
         except NonceError as exc:
             return error(400, "nonce_malformed", str(exc))
     entry, token = book.open(label=label, nonce=nonce)
