@@ -25,24 +25,24 @@ Errors are JSON: {"error": {"code": "...", "message": "..."}}.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import inspect
-import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Collection, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 from aiohttp import web
 
-from governor.control.auth import TokenSet, bearer
-from governor.control.guard import ControlGuard, Refusal, json_object, page_query
+from governor.control.auth import TokenSet
+from governor.control.guard import ControlGuard, Refusal, page_query
 from governor.control.nonces import (
     ExpiredNonce, MalformedNonce, MemoryNonces, NonceError, NonceIssuer, ReusedNonce, TooManyNonces,
 )
 from governor.control.origin import ProxyOrigin
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
+from governor.control.replies import (
+    bearer_refusal, checked_body, error, jsonable, ok, operator_refusal, unknown_session,
+)
 from governor.control.sessions_api import SESSIONS, add_routes, with_entry
 from governor.evidence.errors import EvidenceError
 from governor.metrics import CONTENT_TYPE, Metrics
@@ -68,28 +68,6 @@ _NONCE_STATUS = {ReusedNonce: 409, ExpiredNonce: 410, MalformedNonce: 400, TooMa
 
 
 # --- responses -------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, default=_jsonable, ensure_ascii=False)
-
-
-def ok(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(data, status=status, headers=headers, dumps=_dumps)
-
-
-def error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 def iso(ts: float) -> str:
@@ -131,27 +109,8 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
 # --- access ----------------------------------------------------------------------------
 
 
-def bearer_refusal(request: web.Request, *accepted: Collection[str], required: str, invalid: str,
-                   realm: str = "governor") -> web.Response | None:
-    """None when the request's bearer token is in one of `accepted`, else the 401 that says
-    what is `required` (no token) or that the token is `invalid`: the check every guarded
-    endpoint makes (each decides itself what a missing configuration means)."""
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        return error(401, "token_required", required, headers={"WWW-Authenticate": f'Bearer realm="{realm}"'})
-    if any(token in tokens for tokens in accepted):
-        return None
-    return error(401, "token_invalid", invalid,
-                 headers={"WWW-Authenticate": f'Bearer realm="{realm}", error="invalid_token"'})
-
-
 def _operator_refusal(request: web.Request) -> web.Response | None:
-    operators = request.app[OPERATORS]
-    if not operators:
-        return None
-    return bearer_refusal(request, operators, request.app[REVIEWERS],
-                          required="this control plane requires `Authorization: Bearer <control token>`",
-                          invalid="the bearer token is not a control or reviewer token")
+    return operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS])
 
 
 def _reviewer_refusal(request: web.Request) -> web.Response | None:
@@ -163,27 +122,6 @@ def _reviewer_refusal(request: web.Request) -> web.Response | None:
     return bearer_refusal(request, reviewers, realm="governor-reviewers",
                           required="answering an approval requires `Authorization: Bearer <reviewer token>`",
                           invalid="the bearer token is not a reviewer token")
-
-
-async def checked_body(request: web.Request, refusal: web.Response | None, *,
-                       optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
-    """An endpoint's preamble: its access check's `refusal` when there is one, else the
-    request's JSON object body (or why it is refused)."""
-    if refusal is not None:
-        return None, refusal
-    return await _json_body(request, optional=optional)
-
-
-async def _json_body(request: web.Request, *, optional: bool = False) -> tuple[dict[str, Any] | None, web.Response | None]:
-    raw = await request.read()
-    if not raw.strip():
-        if optional:
-            return {}, None
-        return None, error(400, "body_required", "a JSON object body is required")
-    try:
-        return json_object(raw), None
-    except Refusal as refusal:  # not JSON, not an object, nested too deep: a clear 400
-        return None, error(refusal.status, refusal.code, refusal.message)
 
 
 # --- handlers --------------------------------------------------------------------------
@@ -232,11 +170,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     views = [with_entry(view, book) for view in views]  # who opened it, its label and nonce
     page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
     # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop
-    return web.Response(body=orjson.dumps(page, default=_jsonable), content_type="application/json")
-
-
-def _unknown_session(session: str) -> web.Response:
-    return error(404, "unknown_session", f"no session {session!r} on this governor")
+    return web.Response(body=orjson.dumps(page, default=jsonable), content_type="application/json")
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -248,7 +182,7 @@ async def get_session(request: web.Request) -> web.Response:
     if view is None:
         entry = book.get(session) if book is not None else None
         if entry is None or entry.ended_at is None:  # (one running is the runtime's to show)
-            return _unknown_session(session)
+            return unknown_session(session)
         return ok({**entry.view(), "state": "ended"})  # ended before this process started
     return ok(with_entry(view, book))
 
@@ -327,7 +261,7 @@ async def get_record(request: web.Request) -> web.Response:
     # a session that ended before this process started is served from its ended journal
     earlier = None if runtime.has_session(session) else getattr(runtime, "ended_record", None)
     if earlier is None and not runtime.has_session(session):
-        return _unknown_session(session)
+        return unknown_session(session)
     nonce = request.query.get("nonce")
     if nonce is not None:
         try:
@@ -337,11 +271,11 @@ async def get_record(request: web.Request) -> web.Response:
     try:
         record = runtime.record(session, nonce) if earlier is None else await asyncio.to_thread(earlier, session, nonce)
     except KeyError:
-        return _unknown_session(session)
+        return unknown_session(session)
     except EvidenceError as exc:  # its journal is damaged: say so rather than that it does not exist
         return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
     if record is None:
-        return _unknown_session(session)
+        return unknown_session(session)
     return ok(record, headers={"Cache-Control": "no-store"})
 
 
@@ -354,7 +288,7 @@ async def end_session(request: web.Request) -> web.Response:
     try:
         record = await end(session)
     except KeyError:
-        return _unknown_session(session)
+        return unknown_session(session)
     log.info("session %s ended through the control plane", session)
     return ok(record)
 

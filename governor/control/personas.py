@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, checked_body, error, ok
+from governor.control.app import OPERATORS, REVIEWERS, RUNTIME
+from governor.control.replies import checked_body, error, ok, operator_refusal, unknown_session
 from governor.personas import MAX_INSTANCE_LENGTH, MAX_PERSONA_LENGTH
 
 
@@ -21,17 +22,17 @@ def _registry(request: web.Request):
 
 
 async def list_instances(request: web.Request) -> web.Response:
-    if refusal := _operator_refusal(request):
+    if refusal := operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS]):
         return refusal
     session = request.match_info["session"]
     registry = _registry(request)
     if registry is None or not request.app[RUNTIME].has_session(session):
-        return _unknown_session(session)
+        return unknown_session(session)
     return ok({"session": session, "instances": registry.instances(session)})
 
 
 async def end_instance(request: web.Request) -> web.Response:
-    body, refusal = await checked_body(request, _operator_refusal(request), optional=True)
+    body, refusal = await checked_body(request, operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS]), optional=True)
     if refusal:
         return refusal
     session, persona = request.match_info["session"], request.match_info["persona"]
@@ -42,7 +43,7 @@ async def end_instance(request: web.Request) -> web.Response:
         return error(400, "bad_persona", f"a persona name has at most {MAX_PERSONA_LENGTH} characters")
     registry = _registry(request)
     if registry is None:
-        return _unknown_session(session)
+        return unknown_session(session)
     try:
         ended = await registry.end(session, persona, instance, "ended_by_control")
     except KeyError:

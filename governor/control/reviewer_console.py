@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from governor.control.auth import bearer
+from governor.control.replies import bearer_refusal, error, ok, operator_refusal, unknown_session
 
 # default-src 'self' covers scripts, styles, images, fetch; nothing inline, nothing framed
 CONTENT_SECURITY_POLICY = (
@@ -79,7 +80,7 @@ async def asset(request: web.Request) -> web.Response:
 async def token_kind(request: web.Request) -> web.Response:
     """Which kind of token the bearer is: lets the page refuse a wrong token at sign-in,
     also when reads are open (no control token configured)."""
-    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, ok
+    from governor.control.app import OPERATORS, REVIEWERS
 
     if refusal := bearer_refusal(request, request.app[REVIEWERS], request.app[OPERATORS],
                                  required="this needs `Authorization: Bearer <reviewer or control token>`",
@@ -94,22 +95,22 @@ async def session_verification(request: web.Request) -> web.Response:
     """A fresh snapshot record of the session, verified as `governor verify` would (§8.6
     steps 1-6) against this governor's public key and its pinned passport. The verdict is
     the governor checking itself: an auditor runs `governor verify` offline on the record."""
-    from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, error, ok
+    from governor.control.app import OPERATORS, REVIEWERS, RUNTIME
     from governor.evidence.verify import verify_record
 
-    if refusal := _operator_refusal(request):
+    if refusal := operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS]):
         return refusal
     runtime = request.app[RUNTIME]
     session = request.match_info["session"]
     if not runtime.has_session(session):
-        return _unknown_session(session)
+        return unknown_session(session)
     key = getattr(runtime, "key", None)
     if key is None:
         return error(501, "no_key", "this runtime does not expose its signing key's public half")
     try:
         record = runtime.record(session)
     except KeyError:
-        return _unknown_session(session)
+        return unknown_session(session)
     pinned = getattr(runtime, "pinned", None)
     passport: Any = getattr(pinned, "document", None)
     # schema validation, the chain and the signature: CPU work off the event loop

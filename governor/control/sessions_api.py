@@ -21,6 +21,7 @@ from aiohttp import web
 
 from governor.control.auth import TokenSet
 from governor.control.nonces import NonceError, check_format
+from governor.control.replies import bearer_refusal, error, json_body, ok, operator_refusal
 
 log = logging.getLogger("governor.control")
 
@@ -29,7 +30,7 @@ MAX_TEXT = 200
 
 
 def _principal_refusal(request: web.Request, *, reviewers_too: bool) -> web.Response | None:
-    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, error
+    from governor.control.app import OPERATORS, REVIEWERS
 
     operators: TokenSet = request.app[OPERATORS]
     reviewers: TokenSet = request.app[REVIEWERS]
@@ -56,14 +57,14 @@ def _book(request: web.Request) -> Any:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    from governor.control.app import RUNTIME, _json_body, error, ok
+    from governor.control.app import RUNTIME
 
     if refusal := _principal_refusal(request, reviewers_too=False):
         return refusal
     book = _book(request)
     if book is None:
         return error(501, "sessions_unavailable", "this governor has no session book")
-    body, refusal = await _json_body(request, optional=True)
+    body, refusal = await json_body(request, optional=True)
     if refusal:
         return refusal
     unknown = set(body) - {"label", "nonce"}
@@ -98,24 +99,22 @@ async def open_session(request: web.Request) -> web.Response:
 
 
 async def list_locks(request: web.Request) -> web.Response:
-    from governor.control.app import _operator_refusal, ok
+    from governor.control.app import OPERATORS, REVIEWERS
 
-    if refusal := _operator_refusal(request):
+    if refusal := operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS]):
         return refusal
     book = _book(request)
     return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
 
 
 async def lift_lock(request: web.Request) -> web.Response:
-    from governor.control.app import _json_body, error, ok
-
     if refusal := _principal_refusal(request, reviewers_too=True):
         return refusal
     book = _book(request)
     lock_id = request.match_info["lock"]
     if book is None or lock_id not in book.locks:
         return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
-    body, refusal = await _json_body(request)
+    body, refusal = await json_body(request)
     if refusal:
         return refusal
     by, problem = _text(body, "by")
@@ -129,9 +128,9 @@ async def lift_lock(request: web.Request) -> web.Response:
 
 
 async def audit_record(request: web.Request) -> web.Response:
-    from governor.control.app import RUNTIME, _operator_refusal, error, ok
+    from governor.control.app import OPERATORS, REVIEWERS, RUNTIME
 
-    if refusal := _operator_refusal(request):
+    if refusal := operator_refusal(request, request.app[OPERATORS], request.app[REVIEWERS]):
         return refusal
     sign = getattr(request.app[RUNTIME], "audit_record", None)
     record = sign() if sign is not None else None

@@ -16,7 +16,8 @@ import logging
 
 from aiohttp import web
 
-from governor.control.app import OPERATORS, RUNTIME, bearer_refusal, checked_body, error, ok
+from governor.control.app import OPERATORS, RUNTIME
+from governor.control.replies import bearer_refusal, checked_body, error, ok
 
 log = logging.getLogger("governor.control")
 
