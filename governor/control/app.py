@@ -52,7 +52,7 @@ CONTEXT = web.AppKey("control_context", ControlContext)  # start_control reads i
 # --- middleware ------------------------------------------------------------------------
 
 
-def guard_middleware(origin: ProxyOrigin, guard: ControlGuard) -> Any:
+def guard_middleware(origin: ProxyOrigin, guard: ControlGuard) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The middleware every request passes first, over this app's `origin` and `guard`."""
 
     @web.middleware
