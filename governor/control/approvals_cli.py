@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from datetime import datetime
@@ -27,7 +26,7 @@ from typing import Any
 
 from governor.cli import UsageError
 from governor.control.auth import REVIEWER_TOKEN_ENV
-from governor.control.client import Refused, call, control_token, data_dir, quote
+from governor.control.client import Refused, call, control_token, data_dir, quote, token_from
 
 REVIEWER_TOKEN_FILE = "reviewer-token"
 
@@ -67,18 +66,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def reviewer_token(args: argparse.Namespace) -> str | None:
     """--token-file, else $GOVERNOR_REVIEWER_TOKEN, else <data-dir>/reviewer-token, else None."""
-    path = args.token_file
-    if path is None:
-        env = os.environ.get(REVIEWER_TOKEN_ENV, "").strip()
-        if env:
-            return env
-        path = data_dir(args) / REVIEWER_TOKEN_FILE
-        if not path.exists():
-            return None
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError as exc:
-        raise UsageError(f"reviewer token file {path}: {exc.strerror or exc}") from None
+    return token_from(args, REVIEWER_TOKEN_ENV, REVIEWER_TOKEN_FILE, "reviewer")
 
 
 def _read_token(args: argparse.Namespace) -> str | None:

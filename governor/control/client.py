@@ -48,19 +48,25 @@ def control_url(args: argparse.Namespace) -> str:
         raise UsageError(f"{path}: unreadable ({exc})") from None
 
 
-def control_token(args: argparse.Namespace) -> str | None:
+def token_from(args: argparse.Namespace, env: str, file_name: str, kind: str) -> str | None:
+    """--token-file, else $`env`, else <data-dir>/`file_name`, else None (`kind` names the
+    token in the error for an unreadable file)."""
     path = args.token_file
     if path is None:
-        env = os.environ.get("GOVERNOR_CONTROL_TOKEN", "").strip()
-        if env:
-            return env
-        path = data_dir(args) / "control-token"
+        value = os.environ.get(env, "").strip()
+        if value:
+            return value
+        path = data_dir(args) / file_name
         if not path.exists():
             return None
     try:
         return path.read_text(encoding="utf-8").strip() or None
     except OSError as exc:
-        raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"{kind} token file {path}: {exc.strerror or exc}") from None
+
+
+def control_token(args: argparse.Namespace) -> str | None:
+    return token_from(args, "GOVERNOR_CONTROL_TOKEN", "control-token", "control")
 
 
 def call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
