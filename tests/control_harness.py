@@ -170,24 +170,24 @@ class ScriptedRuntime:
 async def start_control_plane(runtime: Any = None, **options: Any) -> Any:
     """The control plane (create_app) on a loopback port in front of `runtime` (a fresh
     ScriptedRuntime when None), with an aiohttp client: a namespace of url, runtime, metrics,
-    origin, runner, http, port; `options` go to create_app."""
+    origin, runner, http, port; `options` go to ControlContext.build."""
     import aiohttp
 
-    from governor.control import ProxyOrigin, control_url, create_app, start_control
+    from governor.control import ControlContext, ProxyOrigin, control_url, create_app, start_control
     from governor.metrics import Metrics
 
     runtime = runtime if runtime is not None else ScriptedRuntime()
     metrics, origin = options.pop("metrics", None), options.pop("origin", None)
     metrics = metrics if metrics is not None else Metrics()
     origin = origin if origin is not None else ProxyOrigin()
-    runner = await start_control(create_app(runtime, metrics=metrics, origin=origin, **options), "127.0.0.1", 0)
+    runner = await start_control(create_app(ControlContext.build(runtime, metrics=metrics, origin=origin, **options)), "127.0.0.1", 0)
     return SimpleNamespace(url=control_url(runner), runtime=runtime, metrics=metrics, origin=origin, runner=runner,
                            http=aiohttp.ClientSession(), port=runner.addresses[0][1])
 
 
 @pytest.fixture(name="serve")
 async def control_planes() -> Any:
-    """A test's `serve`: `await serve(runtime=None, **create_app options)` starts a control
+    """A test's `serve`: `await serve(runtime=None, **ControlContext.build options)` starts a control
     plane (start_control_plane); every one it started is stopped after the test."""
     started = []
 

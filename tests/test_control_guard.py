@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from governor.control import ProxyOrigin, create_app, start_control
+from governor.control import ControlContext, ProxyOrigin, create_app, start_control
 from governor.control.guard import ControlGuard, Refusal, host_name, json_object
 from governor.metrics import Metrics
 from governor.policy.steps import ToolCall
@@ -181,7 +181,7 @@ async def test_half_sent_and_dribbled_requests_are_closed(serve):
     import time
 
     runtime = ScriptedRuntime()
-    app = create_app(runtime, metrics=Metrics(), origin=ProxyOrigin())
+    app = create_app(ControlContext.build(runtime, metrics=Metrics(), origin=ProxyOrigin()))
     runner = await start_control(app, "127.0.0.1", 0, keepalive_timeout=1.0)
     port = runner.addresses[0][1]
     try:
@@ -207,7 +207,7 @@ async def test_half_sent_and_dribbled_requests_are_closed(serve):
 async def test_control_connections_are_capped_oldest_idle_first():
     import asyncio
 
-    app = create_app(ScriptedRuntime(), metrics=Metrics(), origin=ProxyOrigin())
+    app = create_app(ControlContext.build(ScriptedRuntime(), metrics=Metrics(), origin=ProxyOrigin()))
     runner = await start_control(app, "127.0.0.1", 0, max_connections=5)
     port = runner.addresses[0][1]
     held = []

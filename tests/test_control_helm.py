@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from governor.control import create_app
+from governor.control import ControlContext, create_app
 from governor.control.auth import CONTROL_TOKEN_ENV, REVIEWER_TOKENS_ENV
 from tests import chart_tools
 from tests.conftest import REPO
@@ -67,7 +67,7 @@ def test_probes_and_scrape_path_are_routes_the_control_plane_serves():
     probes = dict(re.findall(r"(livenessProbe|readinessProbe|startupProbe):\s*\n\s*httpGet: \{path: (\S+), port: control\}",
                              text))
     assert probes == {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
-    app = create_app(ScriptedRuntime())
+    app = create_app(ControlContext.build(ScriptedRuntime()))
     served = {r.resource.canonical for r in app.router.routes() if r.method == "GET"}
     assert {"/healthz", "/readyz", "/metrics"} <= served
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.control import control_url, create_app, start_control
+from governor.control import ControlContext, control_url, create_app, start_control
 from governor.evidence import verify_record
 from governor.metrics import Metrics
 from governor.policy.steps import ToolCall
@@ -31,7 +31,8 @@ PASSPORT = {
 async def world(tmp_path):
     metrics = Metrics()
     runtime, passport = real_runtime(PASSPORT, tmp_path, metrics=metrics)
-    app = create_app(runtime, reviewer_tokens=["reviewer-token-abcdefghijklmnop"], metrics=metrics, nonce_ttl=60)
+    app = create_app(ControlContext.build(runtime, reviewer_tokens=["reviewer-token-abcdefghijklmnop"], metrics=metrics,
+                                          nonce_ttl=60))
     runner = await start_control(app, "127.0.0.1", 0)
     http = aiohttp.ClientSession()
     try:

@@ -103,13 +103,13 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
 
 
 async def test_without_a_control_token_nobody_can_acknowledge(tmp_path):
-    from governor.control import create_app, start_control
+    from governor.control import ControlContext, create_app, start_control
 
     class Runtime:
         async def acknowledge_store(self):  # pragma: no cover - must not be reached
             raise AssertionError("acknowledged without a control token")
 
-    runner = await start_control(create_app(Runtime(), reviewer_tokens=["reviewer-token-abcdefghijklmnop"]),
+    runner = await start_control(create_app(ControlContext.build(Runtime(), reviewer_tokens=["reviewer-token-abcdefghijklmnop"])),
                                  "127.0.0.1", 0)
     try:
         host, port = runner.addresses[0][:2]

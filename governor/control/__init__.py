@@ -7,7 +7,7 @@ from governor.control.nonces import MemoryNonces, NonceError, NonceIssuer
 from governor.control.origin import MARKER_HEADER, ProxyOrigin
 
 __all__ = [
-    "MARKER_HEADER", "MemoryNonces", "NonceError", "NonceIssuer", "ProxyOrigin", "TokenConfigError",
+    "ControlContext", "MARKER_HEADER", "MemoryNonces", "NonceError", "NonceIssuer", "ProxyOrigin", "TokenConfigError",
     "control_url", "create_app", "load_control_token", "load_reviewer_tokens", "start_control",
 ]
 
@@ -21,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from governor.control import app
 
         return getattr(app, name)
+    if name == "ControlContext":
+        from governor.control.context import ControlContext
+
+        return ControlContext
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

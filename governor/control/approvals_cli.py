@@ -6,7 +6,7 @@ Where the control plane is: --control URL / $GOVERNOR_CONTROL_URL, else
 else $GOVERNOR_REVIEWER_TOKEN, else <data-dir>/reviewer-token (mode 0600, written by
 `governor run` when no reviewer token is configured). `list` and `show` fall back to the
 control token when no reviewer token is found (a read needs either). Requests and errors
-go through `sessions_cli`'s helper. Exit codes: 0 done; 1 the governor refused (an
+go through the commands' shared client (`client`). Exit codes: 0 done; 1 the governor refused (an
 unknown or already answered approval, a wrong token); 2 usage, or no governor to talk to.
 
 Everything shown comes from the agent (tool, arguments, session, persona): text mode
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from datetime import datetime
@@ -26,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from governor.cli import UsageError
-from governor.control import sessions_cli
 from governor.control.auth import REVIEWER_TOKEN_ENV
-from governor.control.sessions_cli import Refused, _call, _data_dir, _quote
+from governor.control.client import Refused, call, control_token, data_dir, quote, token_from
 
 REVIEWER_TOKEN_FILE = "reviewer-token"
 
@@ -68,37 +66,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def reviewer_token(args: argparse.Namespace) -> str | None:
     """--token-file, else $GOVERNOR_REVIEWER_TOKEN, else <data-dir>/reviewer-token, else None."""
-    path = args.token_file
-    if path is None:
-        env = os.environ.get(REVIEWER_TOKEN_ENV, "").strip()
-        if env:
-            return env
-        path = _data_dir(args) / REVIEWER_TOKEN_FILE
-        if not path.exists():
-            return None
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError as exc:
-        raise UsageError(f"reviewer token file {path}: {exc.strerror or exc}") from None
+    return token_from(args, REVIEWER_TOKEN_ENV, REVIEWER_TOKEN_FILE, "reviewer")
 
 
 def _read_token(args: argparse.Namespace) -> str | None:
     # a read takes a reviewer or the control token: the reviewer's first
-    return reviewer_token(args) or sessions_cli._token(args)
+    return reviewer_token(args) or control_token(args)
 
 
 def _answer_token(args: argparse.Namespace) -> str:
     token = reviewer_token(args)
     if token is None:
         raise UsageError(f"no reviewer token: give --token-file FILE, set ${REVIEWER_TOKEN_ENV}, or run where "
-                         f"{_data_dir(args) / REVIEWER_TOKEN_FILE} exists")
+                         f"{data_dir(args) / REVIEWER_TOKEN_FILE} exists")
     return token
 
 
 def run_approvals(args: argparse.Namespace) -> int:
     try:
         if args.action == "list":
-            answer = _call(args, "GET", "/v1/approvals", token_of=_read_token)
+            answer = call(args, "GET", "/v1/approvals", token_of=_read_token)
             rows = answer.get("approvals", [])
             text = "\n".join(_row(a) for a in rows) if rows else "no approvals pending"
         elif args.action == "show":
@@ -113,7 +100,7 @@ def run_approvals(args: argparse.Namespace) -> int:
             body = {"decision": decision, "reviewer": args.reviewer}
             if args.reason.strip():
                 body["reason"] = args.reason
-            answer = _call(args, "POST", f"/v1/approvals/{_quote(args.approval)}", body, token_of=_answer_token)
+            answer = call(args, "POST", f"/v1/approvals/{quote(args.approval)}", body, token_of=_answer_token)
             outcome = answer.get("outcome") or decision
             text = f"approval {inert(args.approval)} {outcome} by {inert(args.reviewer)} (session {inert(answer.get('session'))})"
     except Refused as exc:
@@ -124,7 +111,7 @@ def run_approvals(args: argparse.Namespace) -> int:
 
 
 def _find(args: argparse.Namespace, approval_id: str) -> dict[str, Any]:
-    answer = _call(args, "GET", "/v1/approvals", token_of=_read_token)
+    answer = call(args, "GET", "/v1/approvals", token_of=_read_token)
     for view in answer.get("approvals", []):
         if view.get("id") == approval_id:
             return view

@@ -49,7 +49,8 @@ class TooManyNonces(NonceError):
     code = "nonce_capacity"
 
 
-def _check_format(value: str) -> None:
+def check_format(value: str) -> None:
+    """MalformedNonce unless `value` is a well-formed nonce (its length and alphabet)."""
     if not (MIN_NONCE_LENGTH <= len(value) <= MAX_NONCE_LENGTH) or not _NONCE_CHARS.fullmatch(value):
         raise MalformedNonce(
             f"a nonce must be {MIN_NONCE_LENGTH}-{MAX_NONCE_LENGTH} base64url characters "
@@ -93,7 +94,7 @@ class MemoryNonces:
         return value, self._add(value)
 
     def register(self, value: str) -> float:
-        _check_format(value)
+        check_format(value)
         if value in self._live or value in self._used:
             raise ReusedNonce("this nonce was already registered; draw a fresh one")
         return self._add(value)
@@ -145,7 +146,7 @@ class StoreNonces:
         return value, self._put(value)
 
     def register(self, value: str) -> float:
-        _check_format(value)
+        check_format(value)
         return self._put(value)
 
     def consume(self, value: str) -> None:

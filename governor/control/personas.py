@@ -12,45 +12,54 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, checked_body, error, ok
+from governor.control.context import ControlContext
+from governor.control.replies import checked_body, error, ok, operator_refusal, unknown_session
 from governor.personas import MAX_INSTANCE_LENGTH, MAX_PERSONA_LENGTH
 
 
-def _registry(request: web.Request):
-    return getattr(request.app[RUNTIME], "personas", None)
+class PersonaRoutes:
+    """The endpoints above, over the runtime of a `ControlContext` (its persona registry)."""
+
+    def __init__(self, context: ControlContext) -> None:
+        self.runtime = context.runtime
+        self.operators = context.operators
+        self.reviewers = context.reviewers
+
+    def _registry(self):
+        return getattr(self.runtime, "personas", None)
+
+    async def list_instances(self, request: web.Request) -> web.Response:
+        if refusal := operator_refusal(request, self.operators, self.reviewers):
+            return refusal
+        session = request.match_info["session"]
+        registry = self._registry()
+        if registry is None or not self.runtime.has_session(session):
+            return unknown_session(session)
+        return ok({"session": session, "instances": registry.instances(session)})
+
+    async def end_instance(self, request: web.Request) -> web.Response:
+        refusal = operator_refusal(request, self.operators, self.reviewers)
+        body, refusal = await checked_body(request, refusal, optional=True)
+        if refusal:
+            return refusal
+        session, persona = request.match_info["session"], request.match_info["persona"]
+        instance = body.get("instance")
+        if instance is not None and (not isinstance(instance, str) or not 0 < len(instance) <= MAX_INSTANCE_LENGTH):
+            return error(400, "bad_instance", f'"instance" must be an instance id of 1-{MAX_INSTANCE_LENGTH} characters')
+        if len(persona) > MAX_PERSONA_LENGTH:
+            return error(400, "bad_persona", f"a persona name has at most {MAX_PERSONA_LENGTH} characters")
+        registry = self._registry()
+        if registry is None:
+            return unknown_session(session)
+        try:
+            ended = await registry.end(session, persona, instance, "ended_by_control")
+        except KeyError:
+            which = f"instance {instance!r}" if instance is not None else "the implicit instance"
+            return error(404, "unknown_persona_instance", f"session {session!r} has no live {which} of persona {persona!r}")
+        return ok(ended)
 
 
-async def list_instances(request: web.Request) -> web.Response:
-    if refusal := _operator_refusal(request):
-        return refusal
-    session = request.match_info["session"]
-    registry = _registry(request)
-    if registry is None or not request.app[RUNTIME].has_session(session):
-        return _unknown_session(session)
-    return ok({"session": session, "instances": registry.instances(session)})
-
-
-async def end_instance(request: web.Request) -> web.Response:
-    body, refusal = await checked_body(request, _operator_refusal(request), optional=True)
-    if refusal:
-        return refusal
-    session, persona = request.match_info["session"], request.match_info["persona"]
-    instance = body.get("instance")
-    if instance is not None and (not isinstance(instance, str) or not 0 < len(instance) <= MAX_INSTANCE_LENGTH):
-        return error(400, "bad_instance", f'"instance" must be an instance id of 1-{MAX_INSTANCE_LENGTH} characters')
-    if len(persona) > MAX_PERSONA_LENGTH:
-        return error(400, "bad_persona", f"a persona name has at most {MAX_PERSONA_LENGTH} characters")
-    registry = _registry(request)
-    if registry is None:
-        return _unknown_session(session)
-    try:
-        ended = await registry.end(session, persona, instance, "ended_by_control")
-    except KeyError:
-        which = f"instance {instance!r}" if instance is not None else "the implicit instance"
-        return error(404, "unknown_persona_instance", f"session {session!r} has no live {which} of persona {persona!r}")
-    return ok(ended)
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/sessions/{session}/personas", list_instances)
-    app.router.add_post("/v1/sessions/{session}/personas/{persona}/end", end_instance)
+def add_routes(app: web.Application, context: ControlContext) -> None:
+    routes = PersonaRoutes(context)
+    app.router.add_get("/v1/sessions/{session}/personas", routes.list_instances)
+    app.router.add_post("/v1/sessions/{session}/personas/{persona}/end", routes.end_instance)

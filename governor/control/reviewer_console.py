@@ -28,6 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from governor.control.auth import bearer
+from governor.control.context import ControlContext
+from governor.control.replies import bearer_refusal, error, ok, operator_refusal, unknown_session
 
 # default-src 'self' covers scripts, styles, images, fetch; nothing inline, nothing framed
 CONTENT_SECURITY_POLICY = (
@@ -43,7 +45,6 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
-CONSOLE_FILES = web.AppKey("console_files", dict)
 
 
 def console_files() -> dict[str, tuple[bytes, str]]:
@@ -56,73 +57,75 @@ def console_files() -> dict[str, tuple[bytes, str]]:
     return files
 
 
-def _serve(request: web.Request, name: str) -> web.Response:
-    found = request.app[CONSOLE_FILES].get(name)
-    if found is None:
-        raise web.HTTPNotFound(text=f"no console file {name!r}")
-    body, content_type = found
-    return web.Response(body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS)
+class ReviewerConsole:
+    """The page's files (read once, when the app is built) and the two reads, over the
+    runtime and the token sets of a `ControlContext`."""
+
+    def __init__(self, context: ControlContext) -> None:
+        self.runtime = context.runtime
+        self.operators = context.operators
+        self.reviewers = context.reviewers
+        self.files = console_files()
+
+    def _serve(self, name: str) -> web.Response:
+        found = self.files.get(name)
+        if found is None:
+            raise web.HTTPNotFound(text=f"no console file {name!r}")
+        body, content_type = found
+        return web.Response(body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS)
+
+    async def root(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("/console/", headers=SECURITY_HEADERS)
+
+    async def page(self, request: web.Request) -> web.Response:
+        return self._serve("index.html")
+
+    async def asset(self, request: web.Request) -> web.Response:
+        return self._serve(request.match_info["name"])
+
+    async def token_kind(self, request: web.Request) -> web.Response:
+        """Which kind of token the bearer is: lets the page refuse a wrong token at sign-in,
+        also when reads are open (no control token configured)."""
+        if refusal := bearer_refusal(request, self.reviewers, self.operators,
+                                     required="this needs `Authorization: Bearer <reviewer or control token>`",
+                                     invalid="the bearer token is not a reviewer or control token"):
+            return refusal
+        token = bearer(request.headers.get("Authorization"))
+        reviewer, control = token in self.reviewers, token in self.operators
+        return ok({"reviewer": reviewer, "control": control}, headers={"Cache-Control": "no-store"})
+
+    async def session_verification(self, request: web.Request) -> web.Response:
+        """A fresh snapshot record of the session, verified as `governor verify` would (§8.6
+        steps 1-6) against this governor's public key and its pinned passport. The verdict is
+        the governor checking itself: an auditor runs `governor verify` offline on the record."""
+        from governor.evidence.verify import verify_record
+
+        if refusal := operator_refusal(request, self.operators, self.reviewers):
+            return refusal
+        runtime = self.runtime
+        session = request.match_info["session"]
+        if not runtime.has_session(session):
+            return unknown_session(session)
+        key = getattr(runtime, "key", None)
+        if key is None:
+            return error(501, "no_key", "this runtime does not expose its signing key's public half")
+        try:
+            record = runtime.record(session)
+        except KeyError:
+            return unknown_session(session)
+        pinned = getattr(runtime, "pinned", None)
+        passport: Any = getattr(pinned, "document", None)
+        # schema validation, the chain and the signature: CPU work off the event loop
+        report = await asyncio.to_thread(verify_record, record, public_key=key.public_key(), passport=passport)
+        return ok({"session": session, "record": record, "verification": report.to_json()},
+                  headers={"Cache-Control": "no-store"})
 
 
-async def root(request: web.Request) -> web.Response:
-    raise web.HTTPFound("/console/", headers=SECURITY_HEADERS)
-
-
-async def page(request: web.Request) -> web.Response:
-    return _serve(request, "index.html")
-
-
-async def asset(request: web.Request) -> web.Response:
-    return _serve(request, request.match_info["name"])
-
-
-async def token_kind(request: web.Request) -> web.Response:
-    """Which kind of token the bearer is: lets the page refuse a wrong token at sign-in,
-    also when reads are open (no control token configured)."""
-    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, ok
-
-    if refusal := bearer_refusal(request, request.app[REVIEWERS], request.app[OPERATORS],
-                                 required="this needs `Authorization: Bearer <reviewer or control token>`",
-                                 invalid="the bearer token is not a reviewer or control token"):
-        return refusal
-    token = bearer(request.headers.get("Authorization"))
-    reviewer, control = token in request.app[REVIEWERS], token in request.app[OPERATORS]
-    return ok({"reviewer": reviewer, "control": control}, headers={"Cache-Control": "no-store"})
-
-
-async def session_verification(request: web.Request) -> web.Response:
-    """A fresh snapshot record of the session, verified as `governor verify` would (§8.6
-    steps 1-6) against this governor's public key and its pinned passport. The verdict is
-    the governor checking itself: an auditor runs `governor verify` offline on the record."""
-    from governor.control.app import RUNTIME, _operator_refusal, _unknown_session, error, ok
-    from governor.evidence.verify import verify_record
-
-    if refusal := _operator_refusal(request):
-        return refusal
-    runtime = request.app[RUNTIME]
-    session = request.match_info["session"]
-    if not runtime.has_session(session):
-        return _unknown_session(session)
-    key = getattr(runtime, "key", None)
-    if key is None:
-        return error(501, "no_key", "this runtime does not expose its signing key's public half")
-    try:
-        record = runtime.record(session)
-    except KeyError:
-        return _unknown_session(session)
-    pinned = getattr(runtime, "pinned", None)
-    passport: Any = getattr(pinned, "document", None)
-    # schema validation, the chain and the signature: CPU work off the event loop
-    report = await asyncio.to_thread(verify_record, record, public_key=key.public_key(), passport=passport)
-    return ok({"session": session, "record": record, "verification": report.to_json()},
-              headers={"Cache-Control": "no-store"})
-
-
-def add_routes(app: web.Application) -> None:
-    app[CONSOLE_FILES] = console_files()
-    app.router.add_get("/", root)
-    app.router.add_get("/console", root)
-    app.router.add_get("/console/", page)
-    app.router.add_get("/console/{name}", asset)
-    app.router.add_get("/v1/token", token_kind)
-    app.router.add_get("/v1/sessions/{session}/verification", session_verification)
+def add_routes(app: web.Application, context: ControlContext) -> None:
+    console = ReviewerConsole(context)
+    app.router.add_get("/", console.root)
+    app.router.add_get("/console", console.root)
+    app.router.add_get("/console/", console.page)
+    app.router.add_get("/console/{name}", console.asset)
+    app.router.add_get("/v1/token", console.token_kind)
+    app.router.add_get("/v1/sessions/{session}/verification", console.session_verification)

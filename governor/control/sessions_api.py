@@ -19,27 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
-from governor.control.auth import TokenSet
-from governor.control.nonces import NonceError, _check_format
+from governor.control.context import ControlContext
+from governor.control.nonces import NonceError, check_format
+from governor.control.replies import bearer_refusal, error, json_body, ok, operator_refusal
 
 log = logging.getLogger("governor.control")
 
-SESSIONS = web.AppKey("sessions", object)  # governor.sessions.SessionBook, or None
 MAX_TEXT = 200
-
-
-def _principal_refusal(request: web.Request, *, reviewers_too: bool) -> web.Response | None:
-    from governor.control.app import OPERATORS, REVIEWERS, bearer_refusal, error
-
-    operators: TokenSet = request.app[OPERATORS]
-    reviewers: TokenSet = request.app[REVIEWERS]
-    what = "a control or reviewer token" if reviewers_too else "the control token"
-    if not operators and not (reviewers_too and reviewers):
-        return error(403, "principal_token_not_configured",
-                     f"this needs {what}, and none is configured: `governor run` writes one to "
-                     "<data-dir>/control-token, or set GOVERNOR_CONTROL_TOKEN")
-    return bearer_refusal(request, operators, *([reviewers] if reviewers_too else []),
-                          required=f"this needs `Authorization: Bearer <{what}>`", invalid=f"the bearer token is not {what}")
 
 
 def _text(body: dict[str, Any], key: str) -> tuple[str | None, str | None]:
@@ -51,93 +37,98 @@ def _text(body: dict[str, Any], key: str) -> tuple[str | None, str | None]:
     return value.strip(), None
 
 
-def _book(request: web.Request) -> Any:
-    return request.app.get(SESSIONS)
+class SessionBookRoutes:
+    """The endpoints above, over the runtime and the session book of a `ControlContext`."""
 
+    def __init__(self, context: ControlContext) -> None:
+        self.runtime = context.runtime
+        self.operators = context.operators
+        self.reviewers = context.reviewers
+        self.book = context.sessions
 
-async def open_session(request: web.Request) -> web.Response:
-    from governor.control.app import RUNTIME, _json_body, error, ok
+    def _principal_refusal(self, request: web.Request, *, reviewers_too: bool) -> web.Response | None:
+        operators = self.operators
+        reviewers = self.reviewers
+        what = "a control or reviewer token" if reviewers_too else "the control token"
+        if not operators and not (reviewers_too and reviewers):
+            return error(403, "principal_token_not_configured",
+                         f"this needs {what}, and none is configured: `governor run` writes one to "
+                         "<data-dir>/control-token, or set GOVERNOR_CONTROL_TOKEN")
+        return bearer_refusal(request, operators, *([reviewers] if reviewers_too else []),
+                              required=f"this needs `Authorization: Bearer <{what}>`", invalid=f"the bearer token is not {what}")
 
-    if refusal := _principal_refusal(request, reviewers_too=False):
-        return refusal
-    book = _book(request)
-    if book is None:
-        return error(501, "sessions_unavailable", "this governor has no session book")
-    body, refusal = await _json_body(request, optional=True)
-    if refusal:
-        return refusal
-    unknown = set(body) - {"label", "nonce"}
-    if unknown:
-        return error(400, "bad_request", f"unknown members {', '.join(sorted(unknown))}; expected label, nonce")
-    label, problem = _text(body, "label")
-    if problem:
-        return error(400, "bad_label", problem)
-    nonce = body.get("nonce")
-    if nonce is not None:
+    async def open_session(self, request: web.Request) -> web.Response:
+        if refusal := self._principal_refusal(request, reviewers_too=False):
+            return refusal
+        book = self.book
+        if book is None:
+            return error(501, "sessions_unavailable", "this governor has no session book")
+        body, refusal = await json_body(request, optional=True)
+        if refusal:
+            return refusal
+        unknown = set(body) - {"label", "nonce"}
+        if unknown:
+            return error(400, "bad_request", f"unknown members {', '.join(sorted(unknown))}; expected label, nonce")
+        label, problem = _text(body, "label")
+        if problem:
+            return error(400, "bad_label", problem)
+        nonce = body.get("nonce")
+        if nonce is not None:
+            try:
+                if not isinstance(nonce, str):
+                    raise NonceError('"nonce" must be a string')
+                check_format(nonce)
+            except NonceError as exc:
+                return error(400, "nonce_malformed", str(exc))
+        entry, token = book.open(label=label, nonce=nonce)
+        start = getattr(self.runtime, "open_session", None)
+        if start is not None:  # the session starts now: journaled, listed, idle-timed from here
+            try:
+                await start(entry.id)
+            except Exception:
+                log.exception("session %s could not be started", entry.id)
+                book.ended(entry.id, None)  # its token is refused: nothing can be recorded for it
+                return error(503, "session_not_started", "the governor could not start the session's journal; "
+                             "see its log")
+        log.info("session %s opened by a principal%s", entry.id, f" ({label})" if label else "")
+        view = entry.view()
+        view.update({"token": token, "header": {"ADL-Session": token}, "locked": book.locked})
+        return ok(view, status=201, headers={"Cache-Control": "no-store",
+                                             "Location": f"/v1/sessions/{entry.id}"})
+
+    async def list_locks(self, request: web.Request) -> web.Response:
+        if refusal := operator_refusal(request, self.operators, self.reviewers):
+            return refusal
+        book = self.book
+        return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
+
+    async def lift_lock(self, request: web.Request) -> web.Response:
+        if refusal := self._principal_refusal(request, reviewers_too=True):
+            return refusal
+        book = self.book
+        lock_id = request.match_info["lock"]
+        if book is None or lock_id not in book.locks:
+            return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
+        body, refusal = await json_body(request)
+        if refusal:
+            return refusal
+        by, problem = _text(body, "by")
+        if problem or by is None:
+            return error(400, "bad_by", problem or '"by" must name who lifts the lock')
         try:
-            if not isinstance(nonce, str):
-                raise NonceError('"nonce" must be a string')
-            _check_format(nonce)
-        except NonceError as exc:
-            return error(400, "nonce_malformed", str(exc))
-    entry, token = book.open(label=label, nonce=nonce)
-    start = getattr(request.app[RUNTIME], "open_session", None)
-    if start is not None:  # the session starts now: journaled, listed, idle-timed from here
-        try:
-            await start(entry.id)
-        except Exception:
-            log.exception("session %s could not be started", entry.id)
-            book.ended(entry.id, None)  # its token is refused: nothing can be recorded for it
-            return error(503, "session_not_started", "the governor could not start the session's journal; "
-                         "see its log")
-    log.info("session %s opened by a principal%s", entry.id, f" ({label})" if label else "")
-    view = entry.view()
-    view.update({"token": token, "header": {"ADL-Session": token}, "locked": book.locked})
-    return ok(view, status=201, headers={"Cache-Control": "no-store",
-                                         "Location": f"/v1/sessions/{entry.id}"})
+            lock = await book.lift(lock_id, by)
+        except ValueError as exc:
+            return error(409, "lock_lifted", str(exc))
+        return ok({**lock.view(), "locked": book.locked})
 
-
-async def list_locks(request: web.Request) -> web.Response:
-    from governor.control.app import _operator_refusal, ok
-
-    if refusal := _operator_refusal(request):
-        return refusal
-    book = _book(request)
-    return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
-
-
-async def lift_lock(request: web.Request) -> web.Response:
-    from governor.control.app import _json_body, error, ok
-
-    if refusal := _principal_refusal(request, reviewers_too=True):
-        return refusal
-    book = _book(request)
-    lock_id = request.match_info["lock"]
-    if book is None or lock_id not in book.locks:
-        return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
-    body, refusal = await _json_body(request)
-    if refusal:
-        return refusal
-    by, problem = _text(body, "by")
-    if problem or by is None:
-        return error(400, "bad_by", problem or '"by" must name who lifts the lock')
-    try:
-        lock = await book.lift(lock_id, by)
-    except ValueError as exc:
-        return error(409, "lock_lifted", str(exc))
-    return ok({**lock.view(), "locked": book.locked})
-
-
-async def audit_record(request: web.Request) -> web.Response:
-    from governor.control.app import RUNTIME, _operator_refusal, error, ok
-
-    if refusal := _operator_refusal(request):
-        return refusal
-    sign = getattr(request.app[RUNTIME], "audit_record", None)
-    record = sign() if sign is not None else None
-    if record is None:
-        return error(404, "no_audit_record", "the governor's audit journal holds no event yet")
-    return ok(record, headers={"Cache-Control": "no-store"})
+    async def audit_record(self, request: web.Request) -> web.Response:
+        if refusal := operator_refusal(request, self.operators, self.reviewers):
+            return refusal
+        sign = getattr(self.runtime, "audit_record", None)
+        record = sign() if sign is not None else None
+        if record is None:
+            return error(404, "no_audit_record", "the governor's audit journal holds no event yet")
+        return ok(record, headers={"Cache-Control": "no-store"})
 
 
 def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:
@@ -148,8 +139,9 @@ def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:
     return view
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/sessions", open_session)
-    app.router.add_get("/v1/locks", list_locks)
-    app.router.add_post("/v1/locks/{lock}/lift", lift_lock)
-    app.router.add_get("/v1/audit/record", audit_record)
+def add_routes(app: web.Application, context: ControlContext) -> None:
+    routes = SessionBookRoutes(context)
+    app.router.add_post("/v1/sessions", routes.open_session)
+    app.router.add_get("/v1/locks", routes.list_locks)
+    app.router.add_post("/v1/locks/{lock}/lift", routes.lift_lock)
+    app.router.add_get("/v1/audit/record", routes.audit_record)

@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from governor.cli import UsageError
-
-TIMEOUT = 30.0
+from governor.control.client import Refused, call, quote
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,72 +71,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the control plane's JSON answer")
 
 
-class Refused(Exception):
-    def __init__(self, status: int, body: Any) -> None:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        super().__init__(f"{status} {error.get('code', '')}: {error.get('message', body)}")
-        self.status = status
-
-
-def _data_dir(args: argparse.Namespace) -> Path:
-    return args.data_dir or Path(os.environ.get("GOVERNOR_DATA_DIR") or ".governor")
-
-
-def _control_url(args: argparse.Namespace) -> str:
-    url = args.control_url or os.environ.get("GOVERNOR_CONTROL_URL")
-    if url:
-        return url.rstrip("/")
-    path = _data_dir(args) / "control.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["url"].rstrip("/")
-    except FileNotFoundError:
-        raise UsageError(f"no running governor found: {path} does not exist (is `governor run --data-dir "
-                         f"{_data_dir(args)}` running?); or give --control-url") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"{path}: unreadable ({exc})") from None
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    path = args.token_file
-    if path is None:
-        env = os.environ.get("GOVERNOR_CONTROL_TOKEN", "").strip()
-        if env:
-            return env
-        path = _data_dir(args) / "control-token"
-        if not path.exists():
-            return None
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError as exc:
-        raise UsageError(f"control token file {path}: {exc.strerror or exc}") from None
-
-
-def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
-          token_of: Callable[[argparse.Namespace], str | None] | None = None) -> Any:
-    """The control plane's JSON answer; Refused for an HTTP error, UsageError when it cannot be
-    reached. `token_of` finds the bearer token (default: the control token, `_token`)."""
-    url = _control_url(args) + path
-    data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    token = (token_of or _token)(args)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the governor's proxy
-    try:
-        with opener.open(request, timeout=TIMEOUT) as response:
-            return json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            answer = raw.decode("utf-8", "replace")
-        raise Refused(exc.code, answer) from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise UsageError(f"cannot reach the control plane at {url}: {getattr(exc, 'reason', exc)}") from None
-
-
 def _print(args: argparse.Namespace, answer: Any, text: str) -> None:
     print(json.dumps(answer, indent=2) if args.json else text)
 
@@ -165,22 +94,22 @@ def run_sessions(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "open":
         body = {k: v for k, v in (("label", args.label), ("nonce", args.nonce)) if v is not None}
-        answer = _call(args, "POST", "/v1/sessions", body)
+        answer = call(args, "POST", "/v1/sessions", body)
         text = (f"session {answer['session']} opened\n"
                 f"token   {answer['token']}\n"
                 f"the agent sends it in every request: ADL-Session: {answer['token']}")
         if answer.get("locked"):
             text += "\nnote: the agent is LOCKED; requests are refused until the lock is lifted (governor locks list)"
     elif args.action == "list":
-        answer = _call(args, "GET", "/v1/sessions")
+        answer = call(args, "GET", "/v1/sessions")
         rows = [f"{s.get('session')}  {s.get('state', '?')}  {s.get('opened_by') or ''}  {s.get('label') or ''}".rstrip()
                 for s in answer.get("sessions", [])]
         text = "\n".join(rows) if rows else "no sessions"
     elif args.action == "show":
-        answer = _call(args, "GET", f"/v1/sessions/{_quote(args.session)}")
+        answer = call(args, "GET", f"/v1/sessions/{quote(args.session)}")
         text = json.dumps(answer, indent=2)
     else:
-        answer = _call(args, "POST", f"/v1/sessions/{_quote(args.session)}/end")
+        answer = call(args, "POST", f"/v1/sessions/{quote(args.session)}/end")
         text = (f"session {args.session} ended ({answer.get('outcome')}); its signed record has "
                 f"{len(answer.get('events', []))} event(s)")
     return answer, text
@@ -192,19 +121,13 @@ def run_locks(args: argparse.Namespace) -> int:
 
 def _locks(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
-        answer = _call(args, "GET", "/v1/locks")
+        answer = call(args, "GET", "/v1/locks")
         rows = [f"{lock['id']}  {lock['state']}  session {lock['session']}  {lock['cause']}"
                 + (f"  lifted by {lock['lifted_by']}" if lock.get("lifted_by") else "")
                 for lock in answer.get("locks", [])]
         text = "\n".join(rows) if rows else "no locks"
     else:
-        answer = _call(args, "POST", f"/v1/locks/{_quote(args.lock)}/lift", {"by": args.by})
+        answer = call(args, "POST", f"/v1/locks/{quote(args.lock)}/lift", {"by": args.by})
         text = f"lock {args.lock} lifted by {args.by}" + ("" if not answer.get("locked") else
                                                           "; other locks are still in force")
     return answer, text
-
-
-def _quote(value: str) -> str:
-    import urllib.parse
-
-    return urllib.parse.quote(value, safe="")

@@ -268,11 +268,13 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     control_address = None
     if settings.control is not None:
         from governor.control.app import create_app, start_control
+        from governor.control.context import ControlContext
         from governor.control.origin import ProxyOrigin
 
         origin = ProxyOrigin()
-        app = create_app(runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
-                         metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book)
+        app = create_app(ControlContext.build(
+            runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
+            metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book))
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
