@@ -15,7 +15,7 @@ import pytest
 
 from governor.policy.steps import ToolCall
 from governor.proxy.server import Settings, build_runtime, serve
-from governor.runtime import GAUGE_BATCH, SWEEP_SLICE
+from governor.runtime.core import GAUGE_BATCH, SWEEP_SLICE
 from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import MockLLM, make_tls
 

@@ -11,7 +11,7 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused. {"decision", "reviewer",
-                                        "edited_arguments"?}: plan editing (runtime_edit)
+                                        "edited_arguments"?}: plan editing (runtime/edit.py)
   GET  /, /console/                     the reviewer console (reviewer_console)
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
@@ -46,8 +46,8 @@ from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.sessions_api import SESSIONS, add_routes, with_entry
 from governor.evidence.errors import EvidenceError
 from governor.metrics import CONTENT_TYPE, Metrics
-from governor.runtime_api import RuntimeAPI
-from governor.runtime_edit import EditRefused
+from governor.runtime.api import RuntimeAPI
+from governor.runtime.edit import EditRefused
 
 log = logging.getLogger("governor.control")
 
@@ -274,7 +274,7 @@ async def answer_approval(request: web.Request) -> web.Response:
     note = body.get("reason", "")
     if not isinstance(note, str) or len(note) > MAX_REASON_LENGTH or not all(c.isprintable() or c in "\n\t" for c in note):
         return error(400, "bad_reason", f'"reason" must be text of at most {MAX_REASON_LENGTH} characters')
-    edited = body.get("edited_arguments")  # plan editing (governor.runtime_edit)
+    edited = body.get("edited_arguments")  # plan editing (governor.runtime.edit)
     if edited is not None and (decision != "approve" or not isinstance(edited, dict)):
         return error(400, "bad_edited_arguments",
                      '"edited_arguments" is a JSON object of tool arguments, and goes with "decision": "approve"')

@@ -2,7 +2,7 @@
 journal closed with its outcome, held steps refused, the final record signed and
 written) and `record` (a signed snapshot of a running session's record).
 
-Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough). The
+Mixed into `governor.runtime.core.Runtime` (kept apart: runtime.py is long enough). The
 record's format and signature are the evidence room's (governor.evidence); this decides
 when a record is made and with which outcome.
 """
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from governor.evidence import journal_path, record_path, sign_record, write_record
 from governor.policy import SessionEnd
-from governor.runtime_refusals import ended_refusal
+from governor.runtime.refusals import ended_refusal
 
 if TYPE_CHECKING:
-    from governor.runtime import _Session
+    from governor.runtime.core import _Session
 
 
 class RuntimeRecords:
-    """Session ends and signed records, for `governor.runtime.Runtime`."""
+    """Session ends and signed records, for `governor.runtime.core.Runtime`."""
 
     def _outcome(self, live: _Session) -> str:
         if live.state.halted:

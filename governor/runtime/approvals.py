@@ -2,7 +2,7 @@
 answering it (approve, reject, plan-editing edit), expiring it, and the views of what
 waits.
 
-Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough), as
+Mixed into `governor.runtime.core.Runtime` (kept apart: runtime.py is long enough), as
 runtime_sessions.SessionEvidence is. The decision about a review is the policy's
 (governor.policy.approval_steps); this holds the waiting request and wakes it.
 """
@@ -24,15 +24,15 @@ from governor.policy import (
     ToolCall,
     step_digest,
 )
-from governor.runtime_api import Admission
-from governor.runtime_edit import EditRefused, editable, edited_step
+from governor.runtime.api import Admission
+from governor.runtime.edit import EditRefused, editable, edited_step
 from governor.policy.state import PENDING
 from governor.evidence import iso_utc
 from governor.notify import events as notify
-from governor.runtime_refusals import unrecorded_failure
+from governor.runtime.refusals import unrecorded_failure
 
 if TYPE_CHECKING:
-    from governor.runtime import _Session
+    from governor.runtime.core import _Session
 
 
 @dataclass(slots=True)
@@ -45,11 +45,11 @@ class HeldStep:
     reason: str
     trigger: str
     held_at: float = 0.0  # when the step was paused (the approval wait histogram)
-    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
+    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime.edit)
 
 
 class RuntimeApprovals:
-    """Held steps and their reviews, for `governor.runtime.Runtime`."""
+    """Held steps and their reviews, for `governor.runtime.core.Runtime`."""
 
     def _hold(self, live: _Session, step: Step, decision: Decision) -> None:
         request = decision.approval

@@ -1,6 +1,6 @@
 """The runtime's side of the session book: locks, lifts and the governor's audit journal.
 
-Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough). The book
+Mixed into `governor.runtime.core.Runtime` (kept apart: runtime.py is long enough). The book
 (`governor.sessions`) decides who may act; this records what it enforced:
 
   * a lock (a halt with a locking cause) and its lift, with who lifted it: an event

@@ -1,6 +1,6 @@
 """The runtime: the pure decision point, the state store and the evidence journal, composed.
 
-It implements `governor.runtime_api.RuntimeAPI`, the one door the proxy and the
+It implements `governor.runtime.api.RuntimeAPI`, the one door the proxy and the
 control plane use. Per step:
 
   1. snapshot the budget counters the step may touch (store);
@@ -35,7 +35,7 @@ from typing import Any, Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.evidence import Journal, SessionHeader, journal_path, record_path
-from governor import stream_budget
+from governor.runtime import stream_budget
 from governor.metrics import Metrics
 from governor.notify import events as notify
 from governor.notify.webhooks import NULL_NOTIFIER
@@ -61,13 +61,13 @@ from governor.policy import (
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
-from governor.runtime_api import Admission, governor_object
-from governor.runtime_approvals import HeldStep, RuntimeApprovals
-from governor.runtime_sessions import SessionEvidence
-from governor.runtime_views import GAUGE_BATCH, SWEEP_SLICE, RuntimeViews, caps_by_key
-from governor.runtime_records import RuntimeRecords
-from governor.runtime_refusals import ended_refusal, unrecorded_failure
-from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
+from governor.runtime.api import Admission, governor_object
+from governor.runtime.approvals import HeldStep, RuntimeApprovals
+from governor.runtime.audit import SessionEvidence
+from governor.runtime.views import GAUGE_BATCH, SWEEP_SLICE, RuntimeViews, caps_by_key
+from governor.runtime.records import RuntimeRecords
+from governor.runtime.refusals import ended_refusal, unrecorded_failure
+from governor.runtime.resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
 from governor.session_index import SessionIndex
 from governor.store import Store, StoreError
 
@@ -104,7 +104,7 @@ class _Session:
     unsaved: bool = False  # state changed since it was last persisted
     metric_state: str | None = None  # its state as counted in governor_sessions
     # the limits this session is governed by: the runtime's, or, for a session resumed
-    # under another pin, its original ones (governor.runtime_resume)
+    # under another pin, its original ones (governor.runtime.resume)
     limits: Any = None
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
 
@@ -234,7 +234,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
 
     def _open_session(self, session_id: str) -> _Session:
         """A new session, or one resumed from its journal and/or its state in the store; a
-        resumed one is checked against the governor's pin (§1.3, governor.runtime_resume)."""
+        resumed one is checked against the governor's pin (§1.3, governor.runtime.resume)."""
         now = self.clock()
         path = journal_path(self.data_dir, session_id)
         saved = self.store.load_session(session_id)
@@ -263,7 +263,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         return session
 
     def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
-        """A session finalized at start-up (governor.runtime_resume): known as ended, its record served."""
+        """A session finalized at start-up (governor.runtime.resume): known as ended, its record served."""
         if session_id not in self._sessions:
             self._sessions[session_id] = _Session(session_id, state, journal, ended=True, final_record=record,
                                                   last_activity=self.clock(), limits=self.limits)
@@ -543,7 +543,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             obj = self._halted_object(obj, decision.cause)
         return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
-    # --- the session's state (oversight, §5: governor.runtime_approvals) -------------------
+    # --- the session's state (oversight, §5: governor.runtime.approvals) -------------------
 
     def _restate(self, live: _Session) -> None:
         """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
@@ -568,8 +568,8 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         live = self._sessions.get(session)
         return step_tools(live.limits if live is not None else self.limits, persona)
 
-    # session ends and records: governor.runtime_records; views (control plane) and the
-    # sweeper: governor.runtime_views
+    # session ends and records: governor.runtime.records; views (control plane) and the
+    # sweeper: governor.runtime.views
 
 
 __all__ = ["Runtime", "Ticket", "GAUGE_BATCH", "SWEEP_SLICE"]

@@ -15,7 +15,7 @@ from governor.sessions import HOW_TO_OPEN
 from governor.policy.steps import ON_GOVERNOR_ERROR
 
 if TYPE_CHECKING:
-    from governor.runtime import _Session
+    from governor.runtime.core import _Session
 
 
 def ended_refusal(live: _Session) -> Decision:

@@ -37,7 +37,7 @@ from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, Sessio
 from governor.policy.integrity import pin_changed
 
 if TYPE_CHECKING:
-    from governor.runtime import Runtime, _Session
+    from governor.runtime.core import Runtime, _Session
 
 log = logging.getLogger("governor.runtime")
 

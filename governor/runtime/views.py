@@ -2,7 +2,7 @@
 paged session listing and one session's view with its budgets, and the sweeper that
 charges wall-clock, expires reviews, ends idle sessions and refreshes the budget gauges.
 
-Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough). Nothing
+Mixed into `governor.runtime.core.Runtime` (kept apart: runtime.py is long enough). Nothing
 here is on the per-request path: the listing and the sweeper yield to the proxy's loop
 every few sessions, and store reads go off the loop for a remote store.
 """
@@ -44,7 +44,7 @@ def caps_by_key(limits: Limits) -> dict[tuple, float]:
 
 
 class RuntimeViews:
-    """Views and the sweeper, for `governor.runtime.Runtime`."""
+    """Views and the sweeper, for `governor.runtime.core.Runtime`."""
 
     async def ready(self) -> dict[str, Any]:
         try:
