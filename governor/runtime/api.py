@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from governor.policy.steps import Action, Decision, Step, UsageReport
+from governor.sessions import halted_reason
 
 # Keys of Decision.details that clients and the record's readers care about.
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
@@ -61,6 +62,19 @@ class Admission:
     # plan editing (§5.4): a reviewer approved these arguments instead of the agent's; the
     # proxy sends the request upstream with them (governor.runtime.edit)
     edited_arguments: dict[str, Any] | None = None
+
+
+def admission_for(session: str, decision: Decision, ticket: Any) -> Admission:
+    """The runtime's answer to a step: a refusal carries its reason, and in a halted session
+    says why and what to do."""
+    # a plain permit has no reason to give: skip building one on every request
+    plain = decision.action is Action.PERMIT and decision.event is None
+    if plain:
+        return Admission(decision=decision, session=session, ticket=ticket, governor_object={})
+    obj = governor_object(decision, session)
+    if decision.blocks and decision.details and decision.details.get("halted"):
+        obj["reason"] = halted_reason(decision.cause)
+    return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
 
 class RuntimeAPI(Protocol):
