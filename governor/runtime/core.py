@@ -591,4 +591,4 @@ class Runtime:
         return await self.records.end_by_principal(session)
 
 
-__all__ = ["Runtime", "Ticket"]
+__all__ = ["Runtime"]

@@ -20,8 +20,10 @@ The rule, and why:
     writer) is treated the same way: its pin is unknown.
   * New sessions use the new passport; per-day counters stay keyed by agent.
 
-`Resumption` holds what these need (the governor's pin, the store, the journal directory,
-the signing key) from its constructor; the passport archive is plain functions.
+`Resumption` opens every session (new under the governor's pin, or resumed and checked
+against it) and finalizes at start-up, with what it needs (the governor's pin, the store,
+the journal directory, the signing key) from its constructor; the passport archive is
+plain functions.
 """
 
 from __future__ import annotations
