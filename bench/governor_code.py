@@ -121,7 +121,7 @@ class _PermitEverything:
 
     def __init__(self, default_session: str) -> None:
         from governor.policy.steps import PERMIT
-        from governor.runtime_api import Admission
+        from governor.runtime.api import Admission
 
         self.default_session = default_session
         self._permit = Admission(decision=PERMIT, session=default_session, ticket=None, governor_object={})

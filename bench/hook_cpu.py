@@ -59,9 +59,9 @@ HOOKS = (
 )
 GC = ("gc:0", "gc:1", "gc:2")  # the cyclic collector's passes, by generation (in the hooks or not)
 RUNTIME = (  # called from inside the hooks
-    "governor.runtime:Runtime.admit",
-    "governor.runtime:Runtime.usage",
-    "governor.runtime:Runtime.finish",
+    "governor.runtime.core:Runtime.admit",
+    "governor.runtime.core:Runtime.usage",
+    "governor.runtime.core:Runtime.finish",
 )
 _BOOT = ("import os, sys, hook_cpu_probe; hook_cpu_probe.install(os.environ['HOOK_CPU_TARGETS'].split(',')); "
          "from governor.cli import main; sys.exit(main(sys.argv[1:]))")
@@ -165,7 +165,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (default 8)")
     parser.add_argument("--tree", help="a source tree holding the governor package to time (default: this one)")
     parser.add_argument("--time", action="append", default=[], metavar="MODULE:QUALNAME",
-                        help="another function to time, e.g. governor.runtime:Runtime._admit_at_once")
+                        help="another function to time, e.g. governor.runtime.core:Runtime._admit_at_once")
     parser.add_argument("--gc-threshold", type=int, metavar="N",
                         help="run with the youngest GC generation's threshold at N (Python's default: 700)")
     args = parser.parse_args()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from governor.policy.steps import PERMIT, Action, Decision, PersonaExit, PersonaSpawn, Tick
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 
 log = logging.getLogger("governor.personas")
 
@@ -134,7 +134,7 @@ class PersonaInstances:
                  clock: Callable[[], float] | None = None) -> None:
         if idle_sec <= 0:
             raise ValueError("the persona idle time must be positive")
-        self.runtime = runtime  # governor.runtime.Runtime: admit, await_approval, finish, limits
+        self.runtime = runtime  # governor.runtime.core.Runtime: admit, await_approval, finish, limits
         self.idle_sec = idle_sec
         self.clock = clock or getattr(runtime, "clock", time.time)
         self._live: dict[Key, Instance] = {}

@@ -24,7 +24,7 @@ from governor.policy.steps import (
     Action, ApprovalRequest, Decision, PERMIT, Step, ToolCall, UsageReport, ON_OVERSIGHT_TIMEOUT,
     ON_OVERSIGHT_TRIGGER,
 )
-from governor.runtime_api import Admission, governor_object
+from governor.runtime.api import Admission, governor_object
 
 Rule = tuple[Callable[[str, Step], bool], Callable[[str, Step], Decision]]
 
@@ -335,14 +335,14 @@ class A2APeer:
 
 def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
                  tick_interval_sec: float = 1.0):
-    """A started `governor.runtime.Runtime` for `document` (signed here with a fresh key
+    """A started `governor.runtime.core.Runtime` for `document` (signed here with a fresh key
     and admitted and pinned as `governor run` does: see proxy/server.build_runtime), SQLite
     state in `data_dir`, tier R2. Returns (runtime, the signed passport)."""
     from governor.evidence.keys import generate_key
     from governor.passport import AdmissionConfig, admit, sign_passport
     from governor.policy import compile_limits, load_pricing
     from governor.policy.steps import Tier
-    from governor.runtime import Runtime
+    from governor.runtime.core import Runtime
     from governor.store import open_store
     from tests.conftest import REPO
 

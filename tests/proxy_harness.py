@@ -6,7 +6,7 @@ per-session token cap (reservation at admission, cut when a stream's running
 usage crosses it, exact accounting of final usage), halts that stick to the
 session, scripted rules for other decisions, real pauses. It exists to make the
 proxy's mechanics reproducible (cut at a chosen point, pause, fail closed); the
-end-to-end tests use the real `governor.runtime.Runtime` when it is present.
+end-to-end tests use the real `governor.runtime.core.Runtime` when it is present.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from governor.policy.steps import (
     Step,
     UsageReport,
 )
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

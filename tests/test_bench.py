@@ -313,11 +313,11 @@ def test_the_hook_timer_times_each_hook_once_per_request_and_the_collector(kind:
     timed = result["timed"]
     assert result["requests"] > 0
     for target in ("governor.proxy.addon:Governor.request", "governor.proxy.addon:Governor.response",
-                   "governor.runtime:Runtime.usage", "governor.runtime:Runtime.finish"):
+                   "governor.runtime.core:Runtime.usage", "governor.runtime.core:Runtime.finish"):
         assert timed[target]["calls_per_request"] == 1.0, (target, timed[target])
         assert timed[target]["us_per_call"] > 0
     # admit: each request's model call, and the session's wall-clock tick (one a second at most)
-    admits = timed["governor.runtime:Runtime.admit"]["calls_per_request"]
+    admits = timed["governor.runtime.core:Runtime.admit"]["calls_per_request"]
     assert 1.0 <= admits <= round((result["requests"] + 2) / result["requests"], 2)
     relay = timed["governor.proxy.addon:StreamRelay.__call__"]["calls_per_request"]
     if kind == "stream":  # 20 chunks, the [DONE] event, the end: spread over a few chunks

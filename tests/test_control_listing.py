@@ -15,7 +15,7 @@ import pytest
 
 from governor.policy.steps import ToolCall
 from governor.proxy.server import Settings, build_runtime, serve
-from governor.runtime import GAUGE_BATCH, SWEEP_SLICE
+from governor.runtime.sweeper import GAUGE_BATCH, SWEEP_SLICE
 from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import MockLLM, make_tls
 
@@ -149,17 +149,17 @@ async def test_listing_defaults_and_bad_queries(governor):
 async def test_a_sweep_reads_a_bounded_batch_and_yields(governor):
     running, _, _ = governor
     runtime = running.runtime
-    runtime._sweeper.cancel()  # this test runs the passes itself
+    runtime.sweeper.task.cancel()  # this test runs the passes itself
     count = 4 * SWEEP_SLICE
     await _open_sessions(runtime, count, prefix="w")
     reads: list[str] = []
-    real_budgets = runtime._budgets
+    real_budgets = runtime.views.budgets
 
     def counted(session, gauges=True):
         reads.append(session)
         return real_budgets(session, gauges)
 
-    runtime._budgets = counted
+    runtime.views.budgets = counted
     turns = 0
     sweeping = True
 

@@ -14,7 +14,7 @@ from governor.control import ControlContext, control_url, create_app, start_cont
 from governor.evidence import verify_record
 from governor.metrics import Metrics
 from governor.policy.steps import ToolCall
-from governor.runtime import Runtime
+from governor.runtime.core import Runtime
 from tests.control_harness import real_runtime
 
 PASSPORT = {

@@ -21,7 +21,7 @@ from governor.evidence.record import iso_utc, journal_path, record_path
 from governor.policy import Action, SessionState, Tier, compile_limits, load_pricing
 from governor.policy.integrity import pin_changed
 from governor.store import SQLiteStore
-from governor.runtime_resume import PIN_KEY, archive_passport
+from governor.runtime.resume import PIN_KEY, archive_passport
 from tests.test_runtime import NOW, REPO, Clock, make_runtime, model_step, pinned  # noqa: F401 (fixture)
 
 GOVERNOR = "did:web:localhost:governor"

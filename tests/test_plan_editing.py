@@ -1,5 +1,5 @@
 """§5.4 plan_editing: the PDP binds an edited approval to the edited step's digest, and
-governor.runtime_edit decides which held steps a reviewer may edit."""
+governor.runtime.edit decides which held steps a reviewer may edit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from governor.policy import Action, ApprovalGranted, ToolCall, step_digest
-from governor.runtime_edit import MAX_EDITED_ARGUMENTS, EditRefused, editable, edited_step
+from governor.runtime.edit import MAX_EDITED_ARGUMENTS, EditRefused, editable, edited_step
 from tests.test_policy_support import Driver, passport, tools
 
 TOOLS = tools("search", "send_email", "delete_note", send_email={"requires_confirmation": True},

@@ -17,7 +17,7 @@ from governor.policy import (
     UsageReport,
 )
 from governor.policy.pricing import ModelPrice, PricingTable
-from governor.runtime_api import governor_object
+from governor.runtime.api import governor_object
 from tests.test_policy_support import PRICING, T0, Driver, StoreRefused, budget, full_passport, passport, tools, with_runtime
 
 TOKENS_S = ("per_session", None, "tokens")

@@ -147,10 +147,10 @@ async def test_close_lets_a_sweep_pass_record_an_expiry_when_appends_are_slow(pi
         busy = [loop.run_in_executor(None, gate.wait, 60) for _ in range(40)]
         runtime.start()
         for _ in range(200):  # the pass has begun (its expiry's append waits for a worker thread)
-            if runtime._sweeping:
+            if runtime.sweeper.sweeping:
                 break
             await asyncio.sleep(0.01)
-        assert runtime._sweeping
+        assert runtime.sweeper.sweeping
         loop.call_later(0.5, gate.set)
         await asyncio.wait_for(runtime.close(), 30)
         await asyncio.gather(*busy)

@@ -23,7 +23,7 @@ from governor.policy import (
     load_pricing,
 )
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR, ON_OVERSIGHT_TIMEOUT, ON_SESSION_INTEGRITY
-from governor.runtime import Runtime
+from governor.runtime.core import Runtime
 from governor.store import Reservation, SQLiteStore, StoreUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -282,7 +282,7 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
 def test_the_refusal_reason_states_the_comparison_the_decision_made():
     from governor.adapters.base import describe
     from governor.policy import Decision
-    from governor.runtime_api import governor_object
+    from governor.runtime.api import governor_object
 
     decision = Decision(action=Action.HALT, cause=ON_BUDGET_EXHAUSTED, details={
         "dimension": "tokens", "scope": "per_session", "observed": 20000.0, "projected": 21096.0, "limit": 20000.0})

@@ -24,7 +24,7 @@ import pytest
 from governor.cli import main as governor_cli
 from governor.evidence import KeyFiles
 from governor.proxy.server import Settings, serve
-from governor.runtime_sessions import audit_paths
+from governor.runtime.audit import audit_paths
 
 CONTROL = "control-token-for-session-tests-0123456789"
 REVIEWER = "reviewer-token-for-session-tests-0123456789"

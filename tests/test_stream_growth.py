@@ -1,5 +1,5 @@
 """Growing a stream's reservation: the pure part (governor.policy.extension) and the
-runtime's (governor.stream_budget, through Runtime.usage on a real store)."""
+runtime's (governor.runtime.stream_budget, through Runtime.usage on a real store)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_an_unpriced_model_cannot_be_covered_while_cost_is_metered():
 async def runtime(tmp_path):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from governor.runtime import Runtime
+    from governor.runtime.core import Runtime
 
     limits = limits_for(tokens={"per_session": 1_000})
     rt = Runtime(limits=limits, store=MemoryStore(), data_dir=tmp_path, key=Ed25519PrivateKey.generate(),

@@ -45,7 +45,7 @@ from governor.policy.steps import (
     UsageReport,
 )
 
-from governor.runtime_api import governor_object  # noqa: F401  (one builder for every client-facing reason)
+from governor.runtime.api import governor_object  # noqa: F401  (one builder for every client-facing reason)
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
 
@@ -333,7 +333,7 @@ class Adapter(abc.ABC):
         return ()
 
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
-        """Plan editing (governor.runtime_edit): make the request carry the tool arguments a
+        """Plan editing (governor.runtime.edit): make the request carry the tool arguments a
         reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
         refuses the request rather than send what was not approved)."""
         return False

@@ -45,7 +45,7 @@ from governor.proxy.refusing import Refusing, governor_error, governor_error_obj
 from governor.proxy.relay import METADATA_KEY, SESSION_KEY, Flight, StreamRelay
 from governor.proxy.requesting import Requesting
 from governor.proxy.responding import Responding
-from governor.runtime_api import Admission, RuntimeAPI
+from governor.runtime.api import Admission, RuntimeAPI
 
 # imported from here by the proxy's users and tests (they lived here before the split)
 from governor.proxy.fields import GOVERNOR_HEADER_PREFIX, PASSPORT_HEADER, PERSONA_HEADER  # noqa: F401

@@ -18,7 +18,7 @@ from mitmproxy import http
 
 from governor.policy.steps import Action, Step
 from governor.proxy import holds
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 from governor.sessions import halted_reason
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from governor.adapters.base import (Adapter, Exchange, RawHeaders, Reply, Reques
 from governor.policy.steps import Action, Decision
 from governor.proxy import refusals
 from governor.proxy.fields import GOVERNOR_PREFIX, PASSPORT_HEADER
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 from governor.sessions import halted_reason
 
 log = logging.getLogger("governor.proxy")

@@ -21,7 +21,7 @@ from governor.adapters.base import Exchange, StreamWatcher
 from governor.policy.steps import Action, Decision, Step, UsageReport
 from governor.proxy import holds, refusals, transit
 from governor.proxy.refusing import governor_error_object
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 
 if TYPE_CHECKING:
     from governor.proxy.addon import Governor

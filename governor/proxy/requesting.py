@@ -28,7 +28,7 @@ from governor.proxy.held_steps import paused
 from governor.proxy.presented import PresentedPassportError
 from governor.proxy.refusing import plain_error
 from governor.proxy.relay import METADATA_KEY, SESSION_KEY, Flight
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 
 log = logging.getLogger("governor.proxy")
 

@@ -23,7 +23,7 @@ from governor.proxy.fields import decoded_body
 from governor.proxy.held_steps import paused
 from governor.proxy.refusing import ACTION_HEADER, as_response, governor_error, governor_error_object
 from governor.proxy.relay import Flight, StreamRelay
-from governor.runtime_api import Admission
+from governor.runtime.api import Admission
 
 log = logging.getLogger("governor.proxy")
 

@@ -33,7 +33,7 @@ from governor.proxy.addon import Governor, ProxyPolicy
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
 )
-from governor.runtime_api import RuntimeAPI
+from governor.runtime.api import RuntimeAPI
 
 log = logging.getLogger("governor.proxy")
 
@@ -404,7 +404,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
     from governor.policy import compile_limits, load_pricing
     from governor.policy.pricing import default_pricing_path
-    from governor.runtime import Runtime
+    from governor.runtime.core import Runtime
     from governor.store import open_store
 
     path = settings.passport or example_passport_path()
@@ -421,7 +421,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
-    from governor.runtime_resume import archive_passport
+    from governor.runtime.resume import archive_passport
 
     try:  # a session admitted with this passport keeps its limits across a restart with another
         archive_passport(settings.data_dir, report.digest, report.pinned.canonical_bytes)

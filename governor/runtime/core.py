@@ -1,6 +1,6 @@
 """The runtime: the pure decision point, the state store and the evidence journal, composed.
 
-It implements `governor.runtime_api.RuntimeAPI`, the one door the proxy and the
+It implements `governor.runtime.api.RuntimeAPI`, the one door the proxy and the
 control plane use. Per step:
 
   1. snapshot the budget counters the step may touch (store);
@@ -16,10 +16,15 @@ upstream work they admit runs concurrently. Anything that goes wrong in 1-5 fail
 closed: the step is refused with cause on_governor_error and, when the journal is
 still writable, that is recorded too.
 
-Split to stay short: Runtime mixes in runtime_approvals (held steps, reviews),
-runtime_records (session ends, signed records), runtime_views (control-plane views, the
-sweeper) and runtime_sessions (locks, lifts, the audit journal); runtime_refusals holds
-the refusals it makes itself. The per-step path (admit, usage, finish) stays here.
+The per-step path (admit, usage, finish, and the decision round they share) is
+`Runtime`'s own. The rest is done by collaborators it composes, each handed the shared
+state it needs (the live-session table, the store, the journal directory, the signing
+key, the metrics, the clock) and the step path's entry points in its constructor:
+`Approvals` (held steps, reviews, plan edits), `Records` (session ends, signed records),
+`Views` (what the control plane reads), `Sweeper` (the background pass), `AuditTrail`
+(the session book's locks and lifts, the audit journal) and `Resumption` (the pin, resumed
+sessions, finalization at start). `Runtime` keeps the door (`governor.runtime.api.RuntimeAPI`
+and what the proxy and the control plane call) and hands each call to its collaborator.
 """
 
 from __future__ import annotations
@@ -28,14 +33,12 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.evidence import Journal, SessionHeader, journal_path, record_path
-from governor import stream_budget
+from governor.evidence import Journal, record_path
 from governor.metrics import Metrics
 from governor.notify import events as notify
 from governor.notify.webhooks import NULL_NOTIFIER
@@ -61,14 +64,17 @@ from governor.policy import (
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
 from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
-from governor.runtime_api import Admission, governor_object
-from governor.runtime_approvals import HeldStep, RuntimeApprovals
-from governor.runtime_sessions import SessionEvidence
-from governor.runtime_views import GAUGE_BATCH, SWEEP_SLICE, RuntimeViews, caps_by_key
-from governor.runtime_records import RuntimeRecords
-from governor.runtime_refusals import ended_refusal, unrecorded_failure
-from governor.runtime_resume import PIN_KEY, check_pin, finalize_at_start, resumed_header, saved_pin
-from governor.session_index import SessionIndex
+from governor.runtime import stream_budget
+from governor.runtime.api import Admission, admission_for
+from governor.runtime.approvals import Approvals
+from governor.runtime.audit import AuditTrail
+from governor.runtime.records import Records
+from governor.runtime.refusals import ended_refusal, unrecorded_failure
+from governor.runtime.resume import Resumption
+from governor.runtime.session import LiveSession, SessionTable, Ticket
+from governor.runtime.sweeper import Sweeper
+from governor.runtime.views import Views
+from governor.sessions import SessionBook
 from governor.store import Store, StoreError
 
 log = logging.getLogger("governor.runtime")
@@ -79,37 +85,7 @@ log = logging.getLogger("governor.runtime")
 MAX_DECIDE_ROUNDS = 4
 
 
-@dataclass(slots=True)
-class Ticket:
-    """What an admitted step holds until `finish`: its reservation and in-flight slot."""
-
-    kind: str  # "model" | "tool" | "other"
-    persona: str | None
-    charges: tuple = ()
-    reservation: str | None = None
-    in_flight: bool = False
-    done: bool = False
-
-
-@dataclass(slots=True)
-class _Session:
-    id: str
-    state: SessionState
-    journal: Journal
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    pending: dict[str, HeldStep] = field(default_factory=dict)
-    last_activity: float = 0.0
-    ended: bool = False
-    final_record: dict[str, Any] | None = None
-    unsaved: bool = False  # state changed since it was last persisted
-    metric_state: str | None = None  # its state as counted in governor_sessions
-    # the limits this session is governed by: the runtime's, or, for a session resumed
-    # under another pin, its original ones (governor.runtime_resume)
-    limits: Any = None
-    swept_at: float = 0.0  # when the sweeper last charged its wall-clock
-
-
-class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
+class Runtime:
     """One governor's sessions against one pinned passport."""
 
     def __init__(
@@ -130,7 +106,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         owns_store: bool = False,
         persona_idle_sec: float = DEFAULT_IDLE_SEC,
     ) -> None:
-        self.limits = limits
+        self._limits = limits  # read by the per-step path; `limits` (a property) also tells the collaborators
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
         self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
         self.store = store
@@ -142,33 +118,86 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         self.metrics.declare_personas(limits.personas)  # the only persona label values
         self.metrics.set_build_info(limits.passport_digest)
         self.clock = clock
-        self.session_idle_sec = session_idle_sec
-        self.tick_interval_sec = tick_interval_sec
-        self.journal_sync = journal_sync
+        self._journal_sync = journal_sync
         self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
-        self._sessions: dict[str, _Session] = {}
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
-        self._caps = caps_by_key(limits)
         self._store_in_thread = bool(getattr(store, "remote", False))
-        self._opening: dict[str, asyncio.Lock] = {}  # sessions being opened (their first request)
-        self._sweeper: asyncio.Task | None = None
-        self._index = SessionIndex()  # sorted ids: the control plane pages through them
-        self._gauge_cursor: str | None = None  # where the sweeper's next gauge batch starts
+        self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock,
+                                     journal_sync=journal_sync, limits=limits, governor_id=governor_id,
+                                     agent_id=agent_id)
+        self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
+        self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
-        self.notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
+        self._notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
+        self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
+                                limits=limits, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock,
+                                journal_sync=journal_sync, notifier=self._notifier)
+        self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
+                                   notifier=self._notifier, apply=self._apply, admit=self.admit)
+        self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
+                               clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
+                               personas=self.personas, audit=self.audit, ended=self._session_over)
+        self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
+                           limits=limits, agent_id=agent_id, metrics=self.metrics, clock=clock,
+                           approvals=self.oversight)
+        self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
+                               store_call=self._store, save=self._save, apply=self._apply,
+                               approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
+                               personas=self.personas, tick_interval_sec=tick_interval_sec,
+                               session_idle_sec=session_idle_sec)
+
+    # --- settings the collaborators share (replaced after construction by the proxy's
+    # start-up and by tests: each setter tells every collaborator that keeps one) --------
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._limits = self.resumption.limits = self.audit.limits = self.views.limits = limits
+
+    @property
+    def notifier(self) -> Any:
+        return self._notifier
+
+    @notifier.setter
+    def notifier(self, notifier: Any) -> None:
+        self._notifier = self.audit.notifier = self.oversight.notifier = notifier
+
+    @property
+    def journal_sync(self) -> bool:
+        return self._journal_sync
+
+    @journal_sync.setter
+    def journal_sync(self, sync: bool) -> None:
+        self._journal_sync = self.resumption.journal_sync = self.audit.journal_sync = sync
+
+    @property
+    def tick_interval_sec(self) -> float:
+        return self.sweeper.tick_interval_sec
+
+    @tick_interval_sec.setter
+    def tick_interval_sec(self, seconds: float) -> None:
+        self.sweeper.tick_interval_sec = seconds
+
+    @property
+    def session_idle_sec(self) -> float:
+        return self.sweeper.session_idle_sec
+
+    @session_idle_sec.setter
+    def session_idle_sec(self, seconds: float) -> None:
+        self.sweeper.session_idle_sec = seconds
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the background sweeper (wall-clock ticks, approval expiry, idle sessions)."""
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="governor-sweeper")
+        self.sweeper.start()
 
     async def close(self, *, end_sessions: bool = True) -> None:
-        if self._sweeper is not None:
-            await self._stop_sweeper(self._sweeper)  # a pass in progress records its events first
-            self._sweeper = None
+        await self.sweeper.stop()  # a pass in progress records its events first
         if end_sessions:
             for session in list(self._sessions.values()):
                 if not session.ended:
@@ -183,7 +212,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             if session.unsaved:
                 self._save(session)
             session.journal.close()
-        self._close_audit()
+        self.audit.close()
         if self.owns_store:
             try:
                 await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
@@ -202,76 +231,14 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
 
     # --- sessions ----------------------------------------------------------------------
 
-    async def _session(self, session_id: str) -> _Session:
-        """The live session, opened on first use (resumed from the store and its journal
-        after a restart). Opening reads the store and creates the journal with an fsync:
-        done in a worker thread, once, whatever the number of concurrent first requests."""
-        live = self._sessions.get(session_id)
-        if live is not None:
-            return live
-        opening = self._opening.setdefault(session_id, asyncio.Lock())
-        async with opening:
-            live = self._sessions.get(session_id)
-            if live is None:
-                live = await asyncio.to_thread(self._open_session, session_id)
-                self._sessions[session_id] = live
-                self._index.add(session_id)
-                self._restate(live)
-        self._opening.pop(session_id, None)
-        return live
-
-    def session_header(self, session_id: str, now: float) -> SessionHeader:
-        """The journal header of a new session: the governor's pin."""
-        return SessionHeader(
-            governor=self.governor_id,
-            subject_id=self.limits.passport_id or self.agent_id,
-            passport_digest=self.limits.passport_digest,
-            session=session_id,
-            tier=self.limits.tier.value,
-            start=now,
-            limits=dict(self.limits.summary) or None,
-        )
-
-    def _open_session(self, session_id: str) -> _Session:
-        """A new session, or one resumed from its journal and/or its state in the store; a
-        resumed one is checked against the governor's pin (§1.3, governor.runtime_resume)."""
-        now = self.clock()
-        path = journal_path(self.data_dir, session_id)
-        saved = self.store.load_session(session_id)
-        state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
-        if path.exists():
-            journal = Journal.open(path, repair_torn_tail=True, sync=self.journal_sync)
-            if journal.repaired is not None:
-                log.warning("session %s: %s", session_id, journal.repaired.describe())
-            session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
-            if journal.ending is not None:  # ended before: it stays ended
-                session.ended = True
-                return session
-            header = journal.record.header
-            check_pin(self, session, header.passport_digest, header.tier, now)
-            return session
-        if saved is None:
-            journal = Journal.create(path, self.session_header(session_id, now), sync=self.journal_sync)
-            session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
-            self.store.save_session(session_id, self.saved_state(session))
-            return session
-        # resumed from the store alone: its journal here names the pin it was admitted with
-        pin = saved_pin(saved)
-        journal = Journal.create(path, resumed_header(self, session_id, pin, now), sync=self.journal_sync)
-        session = _Session(session_id, state, journal, last_activity=now, limits=self.limits)
-        check_pin(self, session, pin and pin["digest"], pin and pin["tier"], now)
-        return session
-
     def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
-        """A session finalized at start-up (governor.runtime_resume): known as ended, its record served."""
-        if session_id not in self._sessions:
-            self._sessions[session_id] = _Session(session_id, state, journal, ended=True, final_record=record,
-                                                  last_activity=self.clock(), limits=self.limits)
-            self._index.add(session_id)
+        """A session finalized at start-up (governor.runtime.resume): known as ended, its record served."""
+        self.table.adopt(LiveSession(session_id, state, journal, ended=True, final_record=record,
+                                     last_activity=self.clock(), limits=self._limits))
 
     async def recover(self) -> Any:
         """At start-up, before serving: finalize every session the governor left without an end."""
-        return await finalize_at_start(self)
+        return await self.resumption.finalize_at_start(self.adopt_finalized, self.audit.session_ended)
 
     # --- steps -------------------------------------------------------------------------
 
@@ -280,11 +247,11 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             return await self.personas.enter(session, step)
         started = time.perf_counter()
         try:
-            live = self._sessions.get(session) or await self._session(session)
+            live = self._sessions.get(session) or await self.table.open(session)
         except Exception as exc:  # journal or store unusable: nothing can be recorded, refuse
             log.exception("session %s could not be opened", session)
             decision = unrecorded_failure(step, exc)
-            return self._admission(session, decision, None)
+            return admission_for(session, decision, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         if admitted is not None:
             decision, ticket = admitted
@@ -293,8 +260,8 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
                 decision, ticket = await self._apply(live, step, None)
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
-            self._hold(live, step, decision)
-        return self._admission(session, decision, ticket)
+            self.oversight.hold(live, step, decision)
+        return admission_for(session, decision, ticket)
 
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
         live = self._sessions.get(session)
@@ -316,7 +283,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 
-    def _admit_at_once(self, live: _Session, step: ModelCall) -> tuple[Decision, Ticket] | None:
+    def _admit_at_once(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket] | None:
         """The usual model call, admitted without a full decision round: one that fires
         nothing and warns of nothing (`quiet_model_call`, the engine's own decision and
         state transition for it), its charges reserved, in one synchronous step. What
@@ -348,9 +315,9 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         forward the chunk at once (otherwise it keeps it back until `usage` grew the
         reservation or cut the stream). Cheap: no store access."""
         return (not isinstance(ticket, Ticket) or ticket.reservation is None
-                or covered(self.limits, report, ticket.charges))
+                or covered(self._limits, report, ticket.charges))
 
-    def _settle_at_once(self, live: _Session, ticket: Ticket, report: UsageReport) -> Decision | None:
+    def _settle_at_once(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
         its reservation, in a session not halted, settled (commit) and freed in one synchronous
         step. What `usage` would do for it under the lock, minus the counter-key pass and the
@@ -381,7 +348,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         self._advanced(live, state, now)
         return decision
 
-    def _outside_the_round(self, live: _Session) -> bool:
+    def _outside_the_round(self, live: LiveSession) -> bool:
         """Whether a step may be decided and applied at once, without the session's lock.
         Nothing else of the session interleaves with it (no await), but not while a step
         holds the lock (it may be between deciding and advancing: its state would overwrite
@@ -389,12 +356,12 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         ended session."""
         return not (self._store_in_thread or live.ended or live.lock.locked())
 
-    def _advanced(self, live: _Session, state: SessionState, now: float) -> None:
+    def _advanced(self, live: LiveSession, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
         live.last_activity = now
         live.state = state
         live.unsaved = True
-        self._restate(live)
+        live.restate(self.metrics)
 
     async def finish(self, session: str, ticket: Any, *, error: str | None = None) -> None:
         if type(ticket) is InstanceLease:  # the request of a persona instance is over
@@ -410,7 +377,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         if error:
             log.info("session %s: step finished with error: %s", session, error)
 
-    async def _finish_held(self, live: _Session, ticket: Ticket) -> None:
+    async def _finish_held(self, live: LiveSession, ticket: Ticket) -> None:
         """Release what an unsettled step still holds: its reservation, its in-flight slot."""
         session = live.id
         async with live.lock:
@@ -426,7 +393,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             if ticket.in_flight and not live.ended:
                 await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
 
-    async def _apply(self, live: _Session, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
+    async def _apply(self, live: LiveSession, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
         """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
         now = self.clock()
         if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
@@ -457,14 +424,14 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
         if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
-            self.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
-        self._restate(live)
+            self._notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
+        live.restate(self.metrics)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
             # the sweeper within a tick (budget counters and the journal are durable per step).
             await self._store(self._save, live)
             if decision.events and decision.halts:
-                await self._on_halt(live.id, decision.cause)  # logged; a locking cause locks every session
+                await self.audit.on_halt(live.id, decision.cause)  # logged; a locking cause locks every session
         new_ticket = None
         if not decision.blocks and type(step) in (ModelCall, ToolCall, PersonaSpawn):
             kind = "model" if type(step) is ModelCall else "tool" if type(step) is ToolCall else "other"
@@ -474,7 +441,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             await self._store(self._release_quietly, reservation)  # a Redis round trip: off the loop
         return decision, new_ticket
 
-    def _decide(self, live: _Session, step: Step, ticket: Ticket | None,
+    def _decide(self, live: LiveSession, step: Step, ticket: Ticket | None,
                 now: float) -> tuple[SessionState, Decision, str | None]:
         """Steps 1-3: snapshot, decide, reserve (or settle). Synchronous: called inline for a
         local store, from a worker thread for a remote one (the session lock is held)."""
@@ -484,7 +451,7 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
         state = live.state
         if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
             state, decision = stream_budget.decide_running(
-                store, self.limits, state, step, ticket, now,  # type: ignore[arg-type]
+                store, self._limits, state, step, ticket, now,  # type: ignore[arg-type]
                 lambda: store.snapshot(self.agent_id, live.id, now, keys))
             return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
@@ -512,15 +479,9 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             return await asyncio.to_thread(call, *args)
         return call(*args)
 
-    def saved_state(self, live: _Session) -> dict[str, Any]:
-        """What the store keeps of a session: its state and the pin it was admitted with."""
-        header = live.journal.record.header
-        return {**live.state.to_dict(),
-                PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}}
-
-    def _save(self, live: _Session) -> None:
+    def _save(self, live: LiveSession) -> None:
         try:
-            self.store.save_session(live.id, self.saved_state(live))
+            self.store.save_session(live.id, live.saved_state())
             live.unsaved = False
         except StoreError:  # the next step's snapshot will fail closed if the store stays down
             self.metrics.store_error()
@@ -533,26 +494,6 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             self.metrics.store_error()
             log.exception("could not release reservation %s", reservation)
 
-    def _admission(self, session: str, decision: Decision, ticket: Ticket | None) -> Admission:
-        # a plain permit has no reason to give: skip building one on every request
-        plain = decision.action is Action.PERMIT and decision.event is None
-        if plain:
-            return Admission(decision=decision, session=session, ticket=ticket, governor_object={})
-        obj = governor_object(decision, session)
-        if decision.blocks and decision.details and decision.details.get("halted"):
-            obj = self._halted_object(obj, decision.cause)
-        return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
-
-    # --- the session's state (oversight, §5: governor.runtime_approvals) -------------------
-
-    def _restate(self, live: _Session) -> None:
-        """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
-        state = "ended" if live.ended else "halted" if live.state.halted else "paused" if live.pending else "active"
-        if state != live.metric_state:
-            self.metrics.session_moved(live.metric_state, state)
-            live.metric_state = state
-
-
     def halted(self, session: str) -> str | None:
         """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""
         live = self._sessions.get(session)
@@ -562,14 +503,92 @@ class Runtime(RuntimeApprovals, RuntimeRecords, RuntimeViews, SessionEvidence):
             return live.state.halt_cause or ON_GOVERNOR_ERROR
         return "session_ended" if live.ended else None
 
-    # --- tools a session may use (MCP tools/list filtering) ----------------------------
-
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
+        """The tools the session (persona) may use (MCP tools/list filtering)."""
         live = self._sessions.get(session)
-        return step_tools(live.limits if live is not None else self.limits, persona)
+        return step_tools(live.limits if live is not None else self._limits, persona)
 
-    # session ends and records: governor.runtime_records; views (control plane) and the
-    # sweeper: governor.runtime_views
+    def has_session(self, session: str) -> bool:
+        return session in self._sessions
+
+    # --- held steps and reviews (Approvals) --------------------------------------------
+
+    async def await_approval(self, session: str, approval_id: str) -> Admission:
+        return await self.oversight.await_approval(session, approval_id)
+
+    async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
+                               edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.oversight.resolve_approval(approval_id, approve, reviewer, reason, edited_arguments)
+
+    def answered_approval(self, approval_id: str) -> dict[str, Any] | None:
+        return self.oversight.answered_approval(approval_id)
+
+    def approvals(self) -> list[dict[str, Any]]:
+        return self.oversight.pending_views()
+
+    # --- session ends and records (Records) --------------------------------------------
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        return await self.records.end_session(session)
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        return self.records.record(session, nonce)
+
+    def _session_over(self, session: str, halt_cause: str | None) -> None:
+        """A session ended (its final record written): the book, the metrics and the persona
+        registry forget it, and a new default session replaces an ended one."""
+        self.audit.session_ended(session, halt_cause)
+        self.metrics.forget_session(session)
+        self.personas.forget(session)
+        if session == self._default_session:
+            self._default_session = self._new_default_session()
+
+    # --- what the control plane reads (Views) and the sweeper ---------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        return await self.views.ready()
+
+    async def acknowledge_store(self) -> dict[str, Any]:
+        return await self.views.acknowledge_store()
+
+    async def sessions(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        return await self.views.page(after, limit)
+
+    async def session_view(self, session: str, gauges: bool = True) -> dict[str, Any] | None:
+        return await self.views.session_view(session, gauges)
+
+    async def sweep(self) -> None:
+        await self.sweeper.sweep()
+
+    # --- the session book, locks and the audit journal (AuditTrail) ---------------------
+
+    @property
+    def session_book(self) -> SessionBook | None:
+        return self.audit.book
+
+    def attach_sessions(self, book: SessionBook) -> None:
+        """Use `book` for who may act: the runtime records its locks and learns of ends."""
+        self.audit.attach(book)
+
+    async def record_refusal(self, session: str, detail: dict[str, Any]) -> bool:
+        return await self.audit.record_refusal(session, detail)
+
+    async def record_withheld(self, session: str, detail: dict[str, Any]) -> bool:
+        return await self.audit.record_withheld(session, detail)
+
+    def audit_record(self, nonce: str | None = None) -> dict[str, Any] | None:
+        return self.audit.audit_record(nonce)
+
+    def ended_record(self, session: str, nonce: str | None = None) -> dict[str, Any] | None:
+        return self.audit.ended_record(session, nonce)
+
+    async def open_session(self, session: str) -> None:
+        """Start a session the book opened for a principal: its journal (the record's window
+        starts here) and its place in the session list."""
+        await self.table.open(session)
+
+    async def end_session_by_principal(self, session: str) -> dict[str, Any]:
+        return await self.records.end_by_principal(session)
 
 
-__all__ = ["Runtime", "Ticket", "GAUGE_BATCH", "SWEEP_SLICE"]
+__all__ = ["Runtime"]

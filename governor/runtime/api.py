@@ -3,7 +3,7 @@
 The proxy turns traffic into steps (adapters), asks the runtime, and applies the
 answer. The runtime composes the pure decision point, the state store and the
 evidence journal. This module fixes that contract so both sides can be built and
-tested independently; `governor.runtime.Runtime` implements it.
+tested independently; `governor.runtime.core.Runtime` implements it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from governor.policy.steps import Action, Decision, Step, UsageReport
+from governor.sessions import halted_reason
 
 # Keys of Decision.details that clients and the record's readers care about.
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
@@ -59,8 +60,21 @@ class Admission:
     ticket: Any = None
     governor_object: dict[str, Any] = field(default_factory=dict)  # machine-readable reason for clients
     # plan editing (§5.4): a reviewer approved these arguments instead of the agent's; the
-    # proxy sends the request upstream with them (governor.runtime_edit)
+    # proxy sends the request upstream with them (governor.runtime.edit)
     edited_arguments: dict[str, Any] | None = None
+
+
+def admission_for(session: str, decision: Decision, ticket: Any) -> Admission:
+    """The runtime's answer to a step: a refusal carries its reason, and in a halted session
+    says why and what to do."""
+    # a plain permit has no reason to give: skip building one on every request
+    plain = decision.action is Action.PERMIT and decision.event is None
+    if plain:
+        return Admission(decision=decision, session=session, ticket=ticket, governor_object={})
+    obj = governor_object(decision, session)
+    if decision.blocks and decision.details and decision.details.get("halted"):
+        obj["reason"] = halted_reason(decision.cause)
+    return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
 
 
 class RuntimeAPI(Protocol):
@@ -115,7 +129,7 @@ class RuntimeAPI(Protocol):
     async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
                                edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record and apply a reviewer's answer (with the reviewer's note `reason`, when given;
-        `edited_arguments`: plan editing, see governor.runtime_edit); KeyError when unknown or
+        `edited_arguments`: plan editing, see governor.runtime.edit); KeyError when unknown or
         already answered."""
 
     async def end_session(self, session: str) -> dict[str, Any]:
@@ -124,7 +138,7 @@ class RuntimeAPI(Protocol):
     def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
         """A freshly signed record of the session so far, bound to `nonce` when given."""
 
-    # Optional, looked up with getattr (governor.runtime.Runtime has them; scripted test
+    # Optional, looked up with getattr (governor.runtime.core.Runtime has them; scripted test
     # runtimes need not): `attach_sessions(book)` (record locks, learn of ends: see
     # governor.sessions), `end_session_by_principal(session)` (POST /v1/sessions/{id}/end),
     # `audit_record(nonce=None)` (GET /v1/audit/record), `answered_approval(id)` (how an

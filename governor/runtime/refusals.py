@@ -2,8 +2,8 @@
 step in a session that has ended, and the fail-closed refusal when the governor could
 not decide or record a step (journal or store unusable), which nothing else can answer.
 
-Apart from governor.runtime so that the runtime's mixins (approvals, records) can refuse
-the same way without importing the Runtime class.
+Apart from governor.runtime.core so that the runtime's collaborators (approvals, records)
+can refuse the same way without importing the Runtime class.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from governor.sessions import HOW_TO_OPEN
 from governor.policy.steps import ON_GOVERNOR_ERROR
 
 if TYPE_CHECKING:
-    from governor.runtime import _Session
+    from governor.runtime.session import LiveSession
 
 
-def ended_refusal(live: _Session) -> Decision:
+def ended_refusal(live: LiveSession) -> Decision:
     return Decision(action=Action.HALT, cause=live.state.halt_cause or "session_ended",
                     details={"reason": "the session has ended; " + HOW_TO_OPEN,
                              "halt_cause": live.state.halt_cause})

@@ -2,17 +2,17 @@
 answering it (approve, reject, plan-editing edit), expiring it, and the views of what
 waits.
 
-Mixed into `governor.runtime.Runtime` (kept apart: runtime.py is long enough), as
-runtime_sessions.SessionEvidence is. The decision about a review is the policy's
-(governor.policy.approval_steps); this holds the waiting request and wakes it.
+`Approvals` owns the held steps' waiting and waking; it is handed the live-session table
+and the runtime's step path (`apply`, `admit`) in its constructor. The decision about a
+review is the policy's (governor.policy.approval_steps); this holds the waiting request
+and wakes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from governor.policy import (
     Action,
@@ -24,34 +24,36 @@ from governor.policy import (
     ToolCall,
     step_digest,
 )
-from governor.runtime_api import Admission
-from governor.runtime_edit import EditRefused, editable, edited_step
+from governor.runtime.api import Admission, admission_for
+from governor.runtime.edit import EditRefused, editable, edited_step
+from governor.runtime.session import HeldStep, LiveSession
 from governor.policy.state import PENDING
 from governor.evidence import iso_utc
 from governor.notify import events as notify
-from governor.runtime_refusals import unrecorded_failure
+from governor.runtime.refusals import unrecorded_failure
 
 if TYPE_CHECKING:
-    from governor.runtime import _Session
+    from governor.metrics import Metrics
+
+# the runtime's full decision round for a step of a live session, its lock held (Runtime._apply)
+Apply = Callable[[LiveSession, Step, Any], Awaitable[tuple[Decision, Any]]]
 
 
-@dataclass(slots=True)
-class HeldStep:
-    """A paused step waiting for its review, and the future its request waits on."""
+class Approvals:
+    """Held steps and their reviews, over the runtime's live sessions."""
 
-    step: Step
-    expires_at: float
-    answer: asyncio.Future  # resolves to (approved: bool, admission for a rejection or None)
-    reason: str
-    trigger: str
-    held_at: float = 0.0  # when the step was paused (the approval wait histogram)
-    edited: bool = False  # plan editing: `step` is the reviewer's edited step (governor.runtime_edit)
+    def __init__(self, *, sessions: dict[str, LiveSession], metrics: Metrics, clock: Callable[[], float],
+                 agent_id: str, notifier: Any, apply: Apply,
+                 admit: Callable[[str, Step], Awaitable[Admission]]) -> None:
+        self.sessions = sessions
+        self.metrics = metrics
+        self.clock = clock
+        self.agent_id = agent_id
+        self.notifier = notifier  # replaced when the runtime's notifier is (Runtime.notifier)
+        self.apply = apply
+        self.admit = admit
 
-
-class RuntimeApprovals:
-    """Held steps and their reviews, for `governor.runtime.Runtime`."""
-
-    def _hold(self, live: _Session, step: Step, decision: Decision) -> None:
+    def hold(self, live: LiveSession, step: Step, decision: Decision) -> None:
         request = decision.approval
         assert request is not None
         live.pending[request.id] = HeldStep(
@@ -59,22 +61,22 @@ class RuntimeApprovals:
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
         self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
-        self._pending_metrics()
-        self._restate(live)
+        self.pending_metrics()
+        live.restate(self.metrics)
 
     async def await_approval(self, session: str, approval_id: str) -> Admission:
         edited: dict[str, Any] | None = None  # plan editing: the arguments the reviewer approved
         while True:
-            live = self._sessions.get(session)
+            live = self.sessions.get(session)
             pending = live.pending.get(approval_id) if live is not None else None
             if live is None or pending is None:
                 decision = unrecorded_failure(ToolCall(tool="?"), LookupError(f"no pending approval {approval_id!r}"))
-                return self._admission(session, decision, None)
+                return admission_for(session, decision, None)
             timeout = max(0.0, pending.expires_at - self.clock())
             try:
                 approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
             except TimeoutError:
-                answered = await self._expire(live, approval_id)
+                answered = await self.expire(live, approval_id)
                 approved = False
             if approved:
                 if pending.edited:  # (an edited step is a ToolCall)
@@ -89,45 +91,42 @@ class RuntimeApprovals:
             # re-review on timeout): the request stays held for that review too
             approval_id = decision.approval.id
 
-    async def _expire(self, live: _Session, approval_id: str) -> Admission:
+    async def expire(self, live: LiveSession, approval_id: str) -> Admission:
         """§5.3: nobody answered in time; resolve on_oversight_timeout (halt by default)."""
         async with live.lock:
             pending = live.pending.get(approval_id)
             if pending is not None and pending.answer.done():  # answered while we waited for the lock
                 approved, answered = pending.answer.result()
-                return answered if not approved else self._admission(live.id, Decision(), None)
-            decision, _ = await self._apply(live, ApprovalExpired(approval_id), None)
-            admission = self._admission(live.id, decision, None)
-            self._answer(live, approval_id, False, admission, "expired")
+                return answered if not approved else admission_for(live.id, Decision(), None)
+            decision, _ = await self.apply(live, ApprovalExpired(approval_id), None)
+            admission = admission_for(live.id, decision, None)
+            self.answer(live, approval_id, False, admission, "expired")
         if decision.enforced and decision.action is Action.PAUSE and decision.approval is not None and pending is not None:
-            self._hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
+            self.hold(live, pending.step, decision)  # declared pause: a fresh review of the same step
         return admission
 
-    def _answer(self, live: _Session, approval_id: str, approved: bool, admission: Admission | None,
-                outcome: str) -> None:
+    def answer(self, live: LiveSession, approval_id: str, approved: bool, admission: Admission | None,
+               outcome: str) -> None:
         pending = live.pending.pop(approval_id, None)
         if pending is not None and not pending.answer.done():
             pending.answer.set_result((approved, admission))
         if pending is not None:
             self.metrics.approval_resolved(outcome, self.clock() - pending.held_at)
-        self._pending_metrics()
-        self._restate(live)
+        self.pending_metrics()
+        live.restate(self.metrics)
 
-    def _pending_count(self) -> int:
-        return sum(len(s.pending) for s in self._sessions.values())
-
-    def _pending_metrics(self) -> None:
+    def pending_metrics(self) -> None:
         """The pending-approval gauges, on a hold or an answer (not per request)."""
-        held = [p.held_at for s in self._sessions.values() for p in s.pending.values()]
+        held = [p.held_at for s in self.sessions.values() for p in s.pending.values()]
         self.metrics.set_pending_approvals(len(held), oldest_held_at=min(held, default=None))
 
     async def resolve_approval(self, approval_id: str, approve: bool, reviewer: str, reason: str = "",
                                edited_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Answer a pending approval, with the reviewer's note `reason`; `edited_arguments`
         (plan editing, approve only) approves the held step with those arguments instead.
-        Raises KeyError (not pending) or runtime_edit.EditRefused (an edit the passport or
+        Raises KeyError (not pending) or governor.runtime.edit.EditRefused (an edit the passport or
         the step does not allow)."""
-        live = next((s for s in self._sessions.values() if approval_id in s.pending), None)
+        live = next((s for s in self.sessions.values() if approval_id in s.pending), None)
         if live is None:
             raise KeyError(approval_id)
         async with live.lock:
@@ -145,14 +144,14 @@ class RuntimeApprovals:
                                        edited_digest=step_digest(edited) if edited is not None else None)
             else:
                 step = ApprovalRejected(approval_id, reviewer, reason)
-            decision, _ = await self._apply(live, step, None)
-            admission = self._admission(live.id, decision, None)
+            decision, _ = await self.apply(live, step, None)
+            admission = admission_for(live.id, decision, None)
             # approved: the waiting request re-admits the held step, released by its digest
             granted = approve and decision.action is Action.CONTINUE
             if granted and edited is not None:  # the held request goes on as the reviewer edited it
                 pending.step, pending.edited = edited, True
-            self._answer(live, approval_id, granted, None if granted else admission,
-                         "approved" if approve else "rejected")
+            self.answer(live, approval_id, granted, None if granted else admission,
+                        "approved" if approve else "rejected")
         review = decision.details.get("review", "approved" if approve else "rejected")
         answer = {"id": approval_id, "session": live.id, "decision": "approve" if approve else "reject",
                   "reviewer": reviewer, "outcome": review, "governor": admission.governor_object,
@@ -166,16 +165,18 @@ class RuntimeApprovals:
         """How an approval that is no longer pending ended ({"status", "reviewer"}), or None
         when no live session knows it. A walk over sessions: for the control plane's error
         answer only, never per request."""
-        for live in self._sessions.values():
+        for live in self.sessions.values():
             approval = live.state.approvals.get(approval_id)
             if approval is not None and approval_id not in live.pending:
                 return {"status": approval.status, "reviewer": approval.reviewer, "session": live.id}
         return None
 
-    def approvals(self) -> list[dict[str, Any]]:
-        return [view for live in self._sessions.values() if live.pending for view in self._approval_views(live)]
+    def pending_views(self) -> list[dict[str, Any]]:
+        """Every held step waiting for its review, as the control plane lists them."""
+        return [view for live in self.sessions.values() if live.pending for view in self.views_of(live)]
 
-    def _approval_views(self, live: _Session) -> list[dict[str, Any]]:
+    def views_of(self, live: LiveSession) -> list[dict[str, Any]]:
+        """The held steps of one session (its control-plane view lists them)."""
         out = []
         for approval_id, pending in live.pending.items():
             approval = live.state.approvals.get(approval_id)

@@ -1,0 +1,116 @@
+"""How a session ends and what it leaves: `end_session` (the last wall-clock settled, the
+journal closed with its outcome, held steps refused, the final record signed and
+written) and `record` (a signed snapshot of a running session's record).
+
+`Records` is handed the live-session table, the runtime's step path and the collaborators
+an end touches (approvals, persona instances, the audit trail) in its constructor. The
+record's format and signature are the evidence room's (governor.evidence); this decides
+when a record is made and with which outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from governor.evidence import journal_path, record_path, sign_record, write_record
+from governor.policy import SessionEnd
+from governor.runtime.api import admission_for
+from governor.runtime.approvals import Apply, Approvals
+from governor.runtime.audit import AuditTrail
+from governor.runtime.refusals import ended_refusal
+from governor.runtime.session import LiveSession
+
+if TYPE_CHECKING:
+    from governor.metrics import Metrics
+    from governor.personas import PersonaInstances
+
+
+class Records:
+    """Session ends and signed records. `open_session` opens a live session (resumed when it
+    is not live yet); `ended` is told of each session this ends, once its record is written."""
+
+    def __init__(self, *, sessions: dict[str, LiveSession], data_dir: Path, key: Any, metrics: Metrics,
+                 clock: Callable[[], float], open_session: Callable[[str], Awaitable[LiveSession]], apply: Apply,
+                 approvals: Approvals, personas: PersonaInstances, audit: AuditTrail,
+                 ended: Callable[[str, str | None], None]) -> None:
+        self.sessions = sessions
+        self.data_dir = data_dir
+        self.key = key
+        self.metrics = metrics
+        self.clock = clock
+        self.open_session = open_session
+        self.apply = apply
+        self.approvals = approvals
+        self.personas = personas
+        self.audit = audit
+        self.ended = ended
+
+    @staticmethod
+    def outcome(live: LiveSession) -> str:
+        if live.state.halted:
+            return "halted"
+        if live.pending:
+            return "paused"
+        return "completed"
+
+    async def end_session(self, session: str) -> dict[str, Any]:
+        if session not in self.sessions and not journal_path(self.data_dir, session).exists():
+            raise KeyError(session)
+        live = await self.open_session(session)
+        if not live.ended:  # each persona instance's end is recorded beside its spawn
+            await self.personas.end_all(session, "session_end")
+        async with live.lock:
+            if live.ended:
+                return live.final_record or self.signed(live, None)
+            await self.apply(live, SessionEnd(), None)
+            outcome = self.outcome(live)
+            now = self.clock()
+            await asyncio.to_thread(live.journal.end, outcome, now)
+            live.ended = True
+            live.restate(self.metrics)
+            for approval_id in list(live.pending):  # a held step never runs after its session ended
+                self.approvals.answer(live, approval_id, False, admission_for(live.id, ended_refusal(live), None),
+                                      "session_ended")
+            record = self.signed(live, None, kind="final")
+            await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
+            live.final_record = record
+        self.ended(session, live.state.halt_cause if live.state.halted else None)
+        return record
+
+    async def end_by_principal(self, session: str) -> dict[str, Any]:
+        """A principal ends `session` (the control plane): one opened but never used gets
+        its (empty) record too, and a halted default session is released."""
+        book = self.audit.book
+        entry = book.get(session) if book is not None else None
+        if entry is not None and session not in self.sessions and entry.ended_at is None:
+            await self.open_session(session)
+        record = await self.end_session(session)
+        if book is not None:
+            book.ended_by_principal(session)
+        return record
+
+    def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
+        live = self.sessions.get(session)
+        if live is None:
+            raise KeyError(session)
+        return self.signed(live, nonce)
+
+    def signed(self, live: LiveSession, nonce: str | None, *, kind: str = "snapshot") -> dict[str, Any]:
+        now = self.clock()
+        book = self.audit.book
+        if nonce is None and book is not None:
+            nonce = book.nonce(live.id)  # the counterparty nonce the session was opened with (§8.5)
+        ending = live.journal.ending
+        if ending is not None:
+            outcome, end = ending.outcome, ending.at
+        else:
+            # a record of a running session: its outcome so far (the format has no "running")
+            outcome, end = self.outcome(live), now
+        record = sign_record(live.journal.record.build(outcome=outcome, end=end, iat=now, nonce=nonce), self.key)
+        self.metrics.record_signed(kind, nonce=nonce is not None)
+        return record
+
+
+__all__ = ["Records"]

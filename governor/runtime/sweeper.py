@@ -1,0 +1,169 @@
+"""The runtime's background sweeper: once a tick it ends idle persona instances, charges
+the wall-clock of running sessions, expires unanswered reviews, ends idle sessions, saves
+states the per-request path left unsaved, and refreshes the budget gauges of a batch of
+sessions.
+
+`Sweeper` is handed the live-session table, the runtime's step path and the collaborators
+a pass uses (approvals, records, views, the audit trail) in its constructor. Nothing here
+is on the per-request path: a pass yields to the proxy's loop every SWEEP_SLICE sessions,
+and store reads go off the loop for a remote store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from governor.policy import Tick
+from governor.runtime.approvals import Apply, Approvals
+from governor.runtime.audit import AuditTrail
+from governor.runtime.records import Records
+from governor.runtime.session import LiveSession
+from governor.runtime.views import StoreCall, Views
+from governor.session_index import SessionIndex
+from governor.store import StoreError
+
+if TYPE_CHECKING:
+    from governor.metrics import Metrics
+    from governor.personas import PersonaInstances
+
+log = logging.getLogger("governor.runtime")
+
+# The sweeper charges the wall-clock (a full decision round) of a session that was active
+# since its last sweep; of an idle one only every IDLE_SWEEP_SEC, at most
+# IDLE_SWEEPS_PER_PASS of them a pass, so a pass over 10,000 idle sessions stays cheap. An
+# idle session loses nothing by it: its next step projects the clock to its own time.
+IDLE_SWEEP_SEC = 30.0
+IDLE_SWEEPS_PER_PASS = 200
+SWEEP_SLICE = 200  # sessions the sweeper handles before letting the proxy run
+GAUGE_BATCH = 50  # sessions whose budget gauges one tick refreshes
+SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
+
+
+class Sweeper:
+    """The background pass over the runtime's sessions, every `tick_interval_sec`."""
+
+    def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
+                 clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
+                 apply: Apply, approvals: Approvals, records: Records, views: Views, audit: AuditTrail,
+                 personas: PersonaInstances, tick_interval_sec: float, session_idle_sec: float) -> None:
+        self.sessions = sessions
+        self.index = index
+        self.metrics = metrics
+        self.clock = clock
+        self.store_call = store_call
+        self.save = save
+        self.apply = apply
+        self.approvals = approvals
+        self.records = records
+        self.views = views
+        self.audit = audit
+        self.personas = personas
+        self.tick_interval_sec = tick_interval_sec
+        self.session_idle_sec = session_idle_sec
+        self.task: asyncio.Task | None = None
+        self.sweeping = False  # a pass is in progress
+        self.stopping = False  # close() asked the sweeper to stop after its pass
+        self.gauge_cursor: str | None = None  # where the next gauge batch starts
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._sweep_forever(), name="governor-sweeper")
+
+    async def _sweep_forever(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(self.tick_interval_sec)
+            self.sweeping = True
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must outlive any one bad session
+                log.exception("sweep failed")
+            finally:
+                self.sweeping = False
+
+    async def stop(self, timeout: float = SWEEP_STOP_SEC) -> None:
+        """Stop the sweeper between passes: one asleep is cancelled; a pass in progress ends
+        first (at most `timeout` s), since a cancel inside it could drop the event it was
+        recording (a tick's, an approval's expiry: a decision made in a worker thread, a
+        journal append still queued for one) before close() signs the final records."""
+        sweeper = self.task
+        if sweeper is None:
+            return
+        self.stopping = True
+        if not self.sweeping:
+            sweeper.cancel()
+        done, _ = await asyncio.wait({sweeper}, timeout=timeout)
+        if not done:
+            log.error("the sweeper's pass did not end within %.1fs of the stop; cancelled: its last "
+                      "events may be missing from the final records", timeout)
+            sweeper.cancel()
+        try:
+            await sweeper
+        except asyncio.CancelledError:
+            pass
+        self.stopping = False  # a later start() sweeps again
+        self.task = None
+
+    async def sweep(self) -> None:
+        """One pass: end idle persona instances, charge wall-clock, expire unanswered approvals,
+        end idle sessions, then refresh the budget gauges of the next batch of sessions. The
+        pass yields to the proxy every SWEEP_SLICE sessions: with thousands of sessions it must
+        not hold the loop."""
+        await self.personas.sweep()
+        now = self.clock()
+        idle_budget = IDLE_SWEEPS_PER_PASS
+        for n, live in enumerate(list(self.sessions.values()), 1):
+            if n % SWEEP_SLICE == 0:
+                await asyncio.sleep(0)
+            if live.ended:
+                continue
+            if live.state.personas_live:
+                self.personas.reconcile(live.id, live.state.personas_live)
+            for approval_id, pending in list(live.pending.items()):
+                if now >= pending.expires_at and not pending.answer.done():
+                    await self.approvals.expire(live, approval_id)
+            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
+            book = self.audit.book
+            if idle and not (book is not None and book.holds_lock(live.id)):
+                # (a session holding the agent's lock stays open, so its lift is recorded in its record)
+                await self.records.end_session(live.id)
+                continue
+            if live.unsaved:
+                await self.store_call(self.save, live)
+            if not live.limits.clock_checked or live.state.halted:
+                continue
+            # a live persona instance draws on its wall-clock share while idle: tick it each pass
+            active = (live.last_activity >= live.swept_at or live.pending or live.state.in_flight
+                      or live.state.personas_live)
+            if not active:
+                if now - live.swept_at < IDLE_SWEEP_SEC or idle_budget <= 0:
+                    continue
+                idle_budget -= 1
+            live.swept_at = now
+            async with live.lock:
+                await self.apply(live, Tick(), None)
+        await self._refresh_gauges()
+
+    async def _refresh_gauges(self) -> None:
+        """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round
+        robin: a bounded number of store reads per tick (off the loop for Redis)."""
+        def running(session: str) -> bool:
+            live = self.sessions.get(session)
+            return live is not None and not live.ended
+
+        batch = self.index.page(self.gauge_cursor, GAUGE_BATCH, running)
+        self.gauge_cursor = batch[-1] if len(batch) == GAUGE_BATCH else None
+        if batch:
+            await self.store_call(self._refresh_batch, batch)
+
+    def _refresh_batch(self, sessions: list[str]) -> None:
+        for session in sessions:
+            try:
+                self.views.budgets(session)
+            except StoreError:  # the next step's snapshot fails closed; a gauge can wait
+                self.metrics.store_error()
+                log.warning("could not read the budgets of session %s for its gauges", session)
+
+
+__all__ = ["GAUGE_BATCH", "SWEEP_SLICE", "Sweeper"]
