@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, Coroutine
 
 from mitmproxy import http
 
@@ -52,16 +52,28 @@ class SessionBinding:
         return (named or self.policy.default_session
                 or getattr(self.runtime, "default_session", None) or self.own_session)
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Coroutine[Any, Any, None] | None:
+        """Synchronous on the usual path (no coroutine per request); a refusal, which records,
+        is returned as a coroutine for mitmproxy to await."""
         try:
-            await self._bind(flow)
+            return self._bind(flow)
         except Exception:  # fail closed: never forward what could not be governed
-            log.exception("governor: internal error on %s", flow.request.url)
-            state: FlowState | None = flow.metadata.pop(STATE_KEY, None)
-            session = (state.session if state is not None else None) or self.session_of(flow.request.headers)
-            self.refuser.fail_closed(flow, session, "internal error while governing the request")
+            self._failed(flow)
+            return None
 
-    async def _bind(self, flow: http.HTTPFlow) -> None:
+    def _failed(self, flow: http.HTTPFlow) -> None:
+        log.exception("governor: internal error on %s", flow.request.url)
+        state: FlowState | None = flow.metadata.pop(STATE_KEY, None)
+        session = (state.session if state is not None else None) or self.session_of(flow.request.headers)
+        self.refuser.fail_closed(flow, session, "internal error while governing the request")
+
+    async def _refuse(self, flow: http.HTTPFlow, refusal: Any) -> None:
+        try:
+            await self._refuse_session(flow, refusal)
+        except Exception:  # fail closed: never forward what could not be governed
+            self._failed(flow)
+
+    def _bind(self, flow: http.HTTPFlow) -> Coroutine[Any, Any, None] | None:
         request = flow.request
         headers = request.headers
         fields = headers.fields
@@ -72,8 +84,7 @@ class SessionBinding:
             # opens nothing and touches no session
             resolved = book.resolve(governing.get(SESSION_FIELD))
             if type(resolved) is not str:
-                await self._refuse_session(flow, resolved)
-                return
+                return self._refuse(flow, resolved)
             session = resolved
         else:
             session = self._session(governing.get(SESSION_FIELD))
@@ -97,6 +108,7 @@ class SessionBinding:
             headers.fields = forwarded
         if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
             flow.response = plain_error(403, "the governor does not forward requests to its own control plane")
+        return None
 
     async def _refuse_session(self, flow: http.HTTPFlow, refusal: Any) -> None:
         """A request that names no session it may act in: answered 403 in its protocol's

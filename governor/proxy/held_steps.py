@@ -119,7 +119,7 @@ class HeldSteps:
             if cause is not None:
                 await self.release(session, outcome, "session halted")
                 halt_object = {"cause": cause, "action": "halt", "reason": halted_reason(cause), "session": session,
-                              "approval_id": held.approval_id}
+                               "approval_id": held.approval_id}
                 reply = adapter.error_response(403, f"governor: session halted ({cause})", halt_object, exchange)
                 flow.response = http.Response.make(reply.status, reply.body, {**reply.headers, holds.ACTION_HEADER: "halt"})
                 return "pending", None  # answered here

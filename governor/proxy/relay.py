@@ -25,6 +25,7 @@ from governor.proxy.refusing import governor_error_object
 
 log = logging.getLogger("governor.proxy")
 
+
 class StreamRelay:
     """The `flow.response.stream` callable of a governed stream.
 
