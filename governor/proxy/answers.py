@@ -25,7 +25,7 @@ from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
 from governor.proxy import bodies, holds, withheld
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.fields import decoded_body, has_content_encoding
-from governor.proxy.flow_state import STATE_KEY, Flight, FlowState
+from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
 from governor.proxy.held_steps import HeldSteps
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import ACTION_HEADER, Refuser, as_response, governor_error, governor_error_object
@@ -87,31 +87,28 @@ class Answers:
                 self.enforcer.cut(flow, flight, *flight.refusal)
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        state: FlowState | None = flow.metadata.get(STATE_KEY)
-        flight = state.flight if state is not None else None
-        if flight is None or flight.finished:
+        flight = live_flight(flow)
+        if flight is None:
             return
-        assert state is not None
         try:
             if flight.relay is not None:
                 await self._stream_finished(flow, flight)
             else:
-                await self._plain_response(flow, state, flight)
+                await self._plain_response(flow, flight)
         except Exception:
             log.exception("governor: internal error on the response of %s", flow.request.url)
             if flight.relay is None:
                 session = flight.exchange.session
                 try:
-                    self.refuser.replace(flow, state, flight.exchange.adapter, governor_error(), session,
+                    self.refuser.replace(flow, flight, flight.exchange.adapter, governor_error(), session,
                                          governor_error_object(session), flight.exchange)
                 except Exception:  # never out of the hook: the in-flight addon after this one ends the exchange
                     log.exception("governor: the refusal of the response of %s could not be built", flow.request.url)
         # the exchange ends in the in-flight addon's response hook (governor.proxy.in_flight)
 
     async def error(self, flow: http.HTTPFlow) -> None:
-        state: FlowState | None = flow.metadata.get(STATE_KEY)
-        flight = state.flight if state is not None else None
-        if flight is None or flight.finished:
+        flight = live_flight(flow)
+        if flight is None:
             return
         try:
             if flight.relay is not None and flight.usage_ticket is not None:
@@ -125,7 +122,7 @@ class Answers:
 
     # --- plain answers -----------------------------------------------------------------
 
-    async def _plain_response(self, flow: http.HTTPFlow, state: FlowState, flight: Flight) -> None:
+    async def _plain_response(self, flow: http.HTTPFlow, flight: Flight) -> None:
         response = flow.response
         assert response is not None
         exchange = flight.exchange
@@ -134,7 +131,7 @@ class Answers:
         if flight.refusal is not None:
             if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
                 decision, gov = flight.refusal
-                self.refuser.replace(flow, state, adapter, decision, session, gov, exchange)
+                self.refuser.replace(flow, flight, adapter, decision, session, gov, exchange)
             return
         try:
             body = decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
@@ -149,16 +146,16 @@ class Answers:
         if observation.usage is not None and flight.usage_ticket is not None:
             decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
             if decision.blocks:
-                self.refuser.replace(flow, state, adapter, decision, session, exchange=exchange)
+                self.refuser.replace(flow, flight, adapter, decision, session, exchange=exchange)
                 return
-        await self._admit_observed(flow, state, flight, observation)
+        await self._admit_observed(flow, flight, observation)
 
-    async def _admit_observed(self, flow: http.HTTPFlow, state: FlowState | None, flight: Flight, observation: Any,
-                              start: int = 0, detach: bool = True) -> None:
+    async def _admit_observed(self, flow: http.HTTPFlow, flight: Flight, observation: Any, start: int = 0,
+                              detach: bool = True) -> None:
         """The tool calls a plain answer asks for, admitted in order from `start`; a refusal
-        replaces the answer (`state`: None on a held answer's shadow flow). The first that
-        pauses holds the answer for its reviewer (`_hold_answer`); the rest are then
-        admitted by that review."""
+        replaces the answer. The first that pauses holds the answer for its reviewer
+        (`_hold_answer`); the rest are then admitted by that review, on the hold's shadow
+        flow (`detach` False)."""
         exchange = flight.exchange
         session = exchange.session
         steps = observation.steps
@@ -172,7 +169,8 @@ class Answers:
                 admission = await self.calls.reviewed(session, step, admission)
             await self.calls.release(session, admission.ticket)
             if admission.decision.blocks:
-                self.refuser.replace_blocked(flow, state, exchange, admission)
+                # on a shadow flow (not detach) the exchange's own answer is not the one replaced
+                self.refuser.replace_blocked(flow, flight if detach else None, exchange, admission)
                 return
         if observation.replace_body is not None and flow.response is not None:
             flow.response.content = observation.replace_body
@@ -197,7 +195,7 @@ class Answers:
             if answered.decision.blocks:
                 self.refuser.replace_blocked(shadow, None, exchange, answered)
             else:
-                await self._admit_observed(shadow, None, flight, observation, index + 1, detach=False)
+                await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
             assert shadow.response is not None
             return shadow.response
 

@@ -33,6 +33,14 @@ class Flight:
     refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
     finished: bool = False
     body: bytes = b""  # the request body the agent sent (decoded): names the request if its answer is held
+    replaced: tuple[int | None, str] | None = None  # the governor replaced the answer: (upstream status, cause)
+
+
+def live_flight(flow: Any) -> Flight | None:
+    """The flow's exchange while it is in flight: admitted, forwarded, not yet ended."""
+    state: FlowState | None = flow.metadata.get(STATE_KEY)
+    flight = state.flight if state is not None else None
+    return None if flight is None or flight.finished else flight
 
 
 @dataclass(eq=False, slots=True)
@@ -47,4 +55,3 @@ class FlowState:
     agent_fields: tuple[tuple[bytes, bytes], ...] = ()  # its header fields as the agent sent them
     unclaimed: bool = False  # no adapter governs it: the unknown-traffic addon decides what becomes of it
     flight: Flight | None = None  # the exchange, once admitted and forwarded
-    replaced: tuple[int | None, str] | None = None  # the governor replaced the answer: (upstream status, cause)

@@ -21,7 +21,7 @@ from mitmproxy import http
 from governor.adapters.base import governor_object
 from governor.policy.steps import Action, Decision, Tick
 from governor.proxy.enforcing import Enforcer
-from governor.proxy.flow_state import STATE_KEY, Flight, FlowState
+from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import as_raw, governor_error, governor_error_object
 from governor.proxy.runtime_calls import RuntimeCalls
@@ -49,18 +49,15 @@ class InFlight:
             self._track(flow, state.flight)
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        state: FlowState | None = flow.metadata.get(STATE_KEY)
-        flight = state.flight if state is not None else None
-        if flight is None or flight.finished:
+        flight = live_flight(flow)
+        if flight is None:
             return
-        assert state is not None
-        await self._finish(flight, upstream_error(flow, state))
+        await self._finish(flight, upstream_error(flow, flight))
         forget(flow, flight, stream_over=True)
 
     async def error(self, flow: http.HTTPFlow) -> None:
-        state: FlowState | None = flow.metadata.get(STATE_KEY)
-        flight = state.flight if state is not None else None
-        if flight is None or flight.finished:
+        flight = live_flight(flow)
+        if flight is None:
             return
         message = flow.error.msg if flow.error else "exchange failed"
         if flow.response is None and self.metrics is not None:  # the upstream never answered
@@ -177,15 +174,14 @@ def forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
         flow.response.stream, flight.relay = True, None
 
 
-def upstream_error(flow: http.HTTPFlow, state: FlowState) -> str | None:
+def upstream_error(flow: http.HTTPFlow, flight: Flight) -> str | None:
     """What went wrong with the exchange, for its record (None: the upstream answered it)."""
-    flight = state.flight
-    if flight is not None and flight.refusal is not None:
+    if flight.refusal is not None:
         gov = flight.refusal[1]
         return f"governor: {gov.get('cause') or gov.get('reason')}"
     if flow.response is None:
         return None
-    replaced = state.replaced
+    replaced = flight.replaced
     if replaced is not None:  # the governor answered, not the upstream: say so
         upstream, cause = replaced
         before = f"upstream answered {upstream}, " if upstream is not None else ""

@@ -20,7 +20,7 @@ from governor.adapters.base import Adapter, Exchange, Reply, describe, governor_
 from governor.policy.steps import Action, Decision
 from governor.proxy import refusals
 from governor.proxy.fields import PASSPORT_HEADER
-from governor.proxy.flow_state import FlowState
+from governor.proxy.flow_state import Flight
 from governor.runtime_api import Admission, RuntimeAPI
 
 log = logging.getLogger("governor.proxy")
@@ -71,21 +71,21 @@ class Refuser:
         log.info("governor: refused %s %s in session %s: %s", flow.request.method, flow.request.pretty_url,
                  session, message)
 
-    def replace_blocked(self, flow: http.HTTPFlow, state: FlowState | None, exchange: Exchange,
+    def replace_blocked(self, flow: http.HTTPFlow, flight: Flight | None, exchange: Exchange,
                         admission: Admission) -> None:
         """The answer of an exchange whose step the admission blocks: its refusal."""
         decision, session = admission.decision, exchange.session
-        self.replace(flow, state, exchange.adapter, decision, session,
+        self.replace(flow, flight, exchange.adapter, decision, session,
                      admission.governor_object or governor_object(decision, session), exchange)
 
-    def replace(self, flow: http.HTTPFlow, state: FlowState | None, adapter: Adapter, decision: Decision,
+    def replace(self, flow: http.HTTPFlow, flight: Flight | None, adapter: Adapter, decision: Decision,
                 session: str, gov: dict[str, Any] | None = None, exchange: Exchange | None = None) -> None:
-        """The answer replaced by a refusal; `state` (None: a held answer's shadow flow,
+        """The answer replaced by a refusal; `flight` (None on a held answer's shadow flow,
         governor.proxy.holds.shadow_of) keeps who answered, for the exchange's record."""
         gov = gov or governor_object(decision, session)
-        if state is not None:
+        if flight is not None:
             # who answered, for the log: the upstream's status (None: it was never asked) and our cause
-            state.replaced = (flow.response.status_code if flow.response is not None else None,
+            flight.replaced = (flow.response.status_code if flow.response is not None else None,
                               gov.get("cause") or gov.get("reason"))
         flow.response = as_response(self.refusal_reply(adapter, decision, gov, exchange), decision.action.value)
 
