@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/governor_code.py [--exchanges 5000] [--rounds 7]
 
-What `governor run` does per request, less mitmproxy's I/O: the addon and the runtime,
-built by the functions `governor run` builds them with (build_addon, build_runtime: the
+What `governor run` does per request, less mitmproxy's I/O: the addon chain and the runtime,
+built by the functions `governor run` builds them with (build_chain, build_runtime: the
 bench passport at tier R3, the write-behind SQLite store in a scratch directory, a control
 plane's origin marker), are driven through their mitmproxy hooks with mitmproxy's own test
 flows, for the overhead benchmark's plain and streamed chat completions (the mock
@@ -70,7 +70,7 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
     from governor.control.origin import ProxyOrigin
     from governor.metrics import Metrics
     from governor.policy.steps import Tier
-    from governor.proxy.server import Settings, build_addon, build_runtime
+    from governor.proxy.server import Settings, build_chain, build_runtime
 
     with scratch("code") as work:
         settings = Settings(passport=write_passport(work / "passport.json"), data_dir=work / "governor",
@@ -78,14 +78,14 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
         settings.data_dir.mkdir(parents=True)
         metrics = Metrics()
         runtime = build_runtime(settings, metrics)
-        built = []  # (addon, its A2A peer resolver), as serve() builds them, with a control plane's origin
+        built = []  # (chain, its A2A peer resolver), as serve() builds them, with a control plane's origin
         try:
             for behind in (runtime, _PermitEverything(runtime.default_session)):
-                built.append(build_addon(settings, behind, metrics=metrics, origin=ProxyOrigin()))
-            (addon, _), (hooks_only, _) = built
+                built.append(build_chain(settings, behind, metrics=metrics, origin=ProxyOrigin()))
+            (chain, _), (hooks_only, _) = built
             cases = {
-                "plain": _exchange(addon, stream=False),
-                "stream": _exchange(addon, stream=True),
+                "plain": _exchange(chain, stream=False),
+                "stream": _exchange(chain, stream=True),
                 "hooks": _exchange(hooks_only, stream=False),
                 "runtime": _runtime_call(runtime),
                 "store": await _store_call(runtime),
@@ -136,8 +136,9 @@ class _PermitEverything:
         return None
 
 
-def _exchange(addon: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
-    """n exchanges through the addon's hooks, as mitmproxy calls them; us per exchange."""
+def _exchange(chain: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
+    """n exchanges through the chain's hooks, as mitmproxy calls them (each addon's, in
+    order; an async one awaited); us per exchange."""
     from mitmproxy import http
     from mitmproxy.test import tflow
 
@@ -152,6 +153,9 @@ def _exchange(addon: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
     request_headers = {"host": "127.0.0.1:9", "content-type": "application/json",
                        "accept": "application/json, text/event-stream"}
 
+    request_hooks, headers_hooks, response_hooks = (chain.hooks(name) for name in
+                                                    ("request", "responseheaders", "response"))
+
     def flow() -> Any:
         f = tflow.tflow()
         f.request = http.Request.make("POST", URL, body.encode(), request_headers)
@@ -164,17 +168,22 @@ def _exchange(addon: Any, *, stream: bool) -> Callable[[int], Awaitable[float]]:
             flows = [(flow(), answer.copy()) for _ in range(min(FLOW_BATCH, n - start))]
             began = time.perf_counter()
             for f, response in flows:
-                await addon.request(f)
+                for hook in request_hooks:
+                    if (pending := hook(f)) is not None:
+                        await pending
                 if f.response is not None:
                     raise RuntimeError(f"the governor refused the bench request: {f.response.status_code}")
                 f.response = response
-                addon.responseheaders(f)
+                for hook in headers_hooks:
+                    hook(f)  # all synchronous
                 if stream:
                     relay = f.response.stream
                     for data in writes:
                         relay(data)
                     relay(b"")
-                await addon.response(f)
+                for hook in response_hooks:
+                    if (pending := hook(f)) is not None:
+                        await pending
             elapsed += time.perf_counter() - began
             if f.response.status_code != 200:
                 raise RuntimeError(f"the governor replaced the bench answer: {f.response.status_code}")

@@ -51,11 +51,15 @@ from common import (  # noqa: E402
 )
 from overhead import STREAM_CHUNKS  # noqa: E402
 
-HOOKS = (
-    "governor.proxy.addon:Governor.request",
-    "governor.proxy.addon:Governor.responseheaders",
-    "governor.proxy.addon:Governor.response",
-    "governor.proxy.addon:StreamRelay.__call__",
+HOOKS = (  # the governor's addon chain (governor/proxy/chain.py), hook by hook
+    "governor.proxy.binding:SessionBinding.request",
+    "governor.proxy.admission:Admission.request",
+    "governor.proxy.unknown:UnknownTraffic.request",
+    "governor.proxy.in_flight:InFlight.request",
+    "governor.proxy.answers:Answers.responseheaders",
+    "governor.proxy.answers:Answers.response",
+    "governor.proxy.in_flight:InFlight.response",
+    "governor.proxy.relay:StreamRelay.__call__",
 )
 GC = ("gc:0", "gc:1", "gc:2")  # the cyclic collector's passes, by generation (in the hooks or not)
 RUNTIME = (  # called from inside the hooks

@@ -402,7 +402,7 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted
     runtime reset, and whatever it changed of the addon's policy and routes is put back; no
     admitted step may be left without its ticket finished."""
-    policy, routes = running.addon.policy, list(running.addon.registry.routes)
+    policy, routes = running.chain.policy, list(running.chain.registry.routes)
     mock.reset()
     runtime.token_cap = None
     runtime.allowed_tools = None
@@ -410,8 +410,8 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     for kept in (runtime.rules, runtime.books, runtime.steps, runtime.usage_reports):
         kept.clear()
     yield
-    running.addon.policy = policy
-    running.addon.registry.routes = routes
+    running.chain.policy = policy
+    running.chain.registry.routes = routes
     assert not runtime.open_tickets, "every admitted step's ticket is finished"
 
 

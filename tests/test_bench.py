@@ -312,14 +312,16 @@ def test_the_hook_timer_times_each_hook_once_per_request_and_the_collector(kind:
     result = hook_cpu.run(kind, 2, 0.3, None, [], gc_threshold=50, warmup=0.3)
     timed = result["timed"]
     assert result["requests"] > 0
-    for target in ("governor.proxy.addon:Governor.request", "governor.proxy.addon:Governor.response",
+    for target in ("governor.proxy.binding:SessionBinding.request", "governor.proxy.admission:Admission.request",
+                   "governor.proxy.in_flight:InFlight.request", "governor.proxy.answers:Answers.response",
+                   "governor.proxy.in_flight:InFlight.response",
                    "governor.runtime.core:Runtime.usage", "governor.runtime.core:Runtime.finish"):
         assert timed[target]["calls_per_request"] == 1.0, (target, timed[target])
         assert timed[target]["us_per_call"] > 0
     # admit: each request's model call, and the session's wall-clock tick (one a second at most)
     admits = timed["governor.runtime.core:Runtime.admit"]["calls_per_request"]
     assert 1.0 <= admits <= round((result["requests"] + 2) / result["requests"], 2)
-    relay = timed["governor.proxy.addon:StreamRelay.__call__"]["calls_per_request"]
+    relay = timed["governor.proxy.relay:StreamRelay.__call__"]["calls_per_request"]
     if kind == "stream":  # 20 chunks, the [DONE] event, the end: spread over a few chunks
         assert 2 <= relay <= hook_cpu.STREAM_CHUNKS + 2
     else:
@@ -439,5 +441,5 @@ def test_a_short_profile_samples_both_proxies_and_finds_the_governors_code_in_on
         assert (tmp_path / f"profile-{name}.txt").stat().st_size > 0
     assert paths["bare"]["categories"]["governor code"] == 0 and not paths["bare"]["governor_modules"]
     assert paths["governor"]["categories"]["governor code"] > 0
-    assert "Governor.request (governor/proxy/addon.py)" in paths["governor"]["governor_functions"]
+    assert "Admission.request (governor/proxy/admission.py)" in paths["governor"]["governor_functions"]
     assert "governor code by module" in profile_overhead.report(paths)

@@ -170,7 +170,7 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
         denied = [e for e in record["events"] if e["detail"].get("max_pending_reviews")]
         assert len(denied) == 3 and {e["action"] for e in denied} == {"fallback"}  # the record's word for it
         assert denied[0]["detail"]["max_pending_reviews"] == MAX_PENDING_REVIEWS
-        assert len(gov.addon.holds.by_key) == MAX_PENDING_REVIEWS
+        assert len(gov.chain.holds.by_key) == MAX_PENDING_REVIEWS
         assert not server.calls  # nothing held or denied reached the tool
     finally:
         await gov.stop()

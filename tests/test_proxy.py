@@ -194,8 +194,8 @@ async def test_unknown_traffic_is_forwarded_by_default_or_denied(env):
     status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
     assert status == 200 and orjson.loads(body)["path"] == "/v1/vector_stores"
     assert runtime.steps == []
-    assert running.addon.unknown_seen["127.0.0.1"] >= 1
-    running.addon.policy = dataclasses.replace(running.addon.policy, unknown_traffic="deny")
+    assert running.chain.unknown_seen["127.0.0.1"] >= 1
+    running.chain.policy = dataclasses.replace(running.chain.policy, unknown_traffic="deny")
     status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
     assert status == 403 and "unknown traffic" in orjson.loads(body)["error"]["governor"]["reason"]
     assert len(mock.requests) == 1
@@ -203,7 +203,7 @@ async def test_unknown_traffic_is_forwarded_by_default_or_denied(env):
 
 async def test_route_mapping_can_ignore_a_path(env):
     running, mock, runtime = env
-    running.addon.registry.routes = [Route("127.0.0.1", "/v1/chat/**", "ignore")]
+    running.chain.registry.routes = [Route("127.0.0.1", "/v1/chat/**", "ignore")]
     status, _, _ = await exchange(running, mock, CHAT, b"not even json", {"ADL-Session": "ign"})
     assert status == 200  # passed through untouched: the mock parsed nothing and answered
     assert not any(s == "ign" for s, _ in runtime.steps)
@@ -281,7 +281,7 @@ async def test_huge_bodies_get_the_policys_answer_or_a_413(env):
     status, _, body = await exchange(running, mock, CHAT, huge, {"ADL-Session": "huge"})
     assert status == 429  # ~750k estimated input tokens: the budget says no
     assert orjson.loads(body)["error"]["governor"]["cause"] == "on_budget_exhausted"
-    running.addon.policy = dataclasses.replace(running.addon.policy, max_body_bytes=1_000_000)
+    running.chain.policy = dataclasses.replace(running.chain.policy, max_body_bytes=1_000_000)
     status, _, body = await exchange(running, mock, MESSAGES, message(messages=[{"role": "user", "content": "b" * 2_000_000}]),
                                      {"ADL-Session": "huge2"})
     assert status == 413 and orjson.loads(body)["error"]["type"] == "request_too_large"
@@ -348,35 +348,42 @@ async def test_a_runtime_that_raises_at_admission_fails_closed(env):
 
 @pytest_asyncio.fixture
 async def addon_on_test_flows(tmp_path):
-    """(addon, runtime, forward): `governor run`'s addon and runtime on the bundled passport,
-    session "s", the collector off; forward(body) makes a test flow for a chat completion,
-    runs the request hook, checks it was forwarded, and returns the flow and a weak
-    reference to its flight."""
+    """(hook, runtime, forward): `governor run`'s addon chain and runtime on the bundled
+    passport, session "s", the collector off; hook(name, flow) runs a hook over the chain as
+    mitmproxy does; forward(body) makes a test flow for a chat completion, runs the request
+    hook, checks it was forwarded, and returns the flow and a weak reference to its flight."""
     import gc
+    import inspect
     import weakref
 
     from mitmproxy import http
     from mitmproxy.test import tflow
 
-    from governor.proxy.addon import METADATA_KEY
-    from governor.proxy.server import Settings, build_addon, build_runtime
+    from governor.proxy.flow_state import STATE_KEY
+    from governor.proxy.server import Settings, build_chain, build_runtime
 
     settings = Settings(data_dir=tmp_path / "data", control=None, session="s", **AGENT_NAMED)
     runtime = build_runtime(settings)
-    addon, peers = build_addon(settings, runtime)
+    chain, peers = build_chain(settings, runtime)
+
+    async def hook(name: str, flow) -> None:  # every addon's, in the chain's order, as mitmproxy calls them
+        for call in chain.hooks(name):
+            result = call(flow)
+            if inspect.isawaitable(result):
+                await result
 
     async def forward(body: dict):
         flow = tflow.tflow()
         flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions", orjson.dumps(body),
                                          {"content-type": "application/json"})
         flow.response = None
-        await addon.request(flow)
+        await hook("request", flow)
         assert flow.response is None, "the model call was forwarded"
-        return flow, weakref.ref(flow.metadata[METADATA_KEY])
+        return flow, weakref.ref(flow.metadata[STATE_KEY].flight)
 
     gc.disable()
     try:
-        yield addon, runtime, forward
+        yield hook, runtime, forward
     finally:
         gc.enable()
         if peers is not None:
@@ -395,9 +402,10 @@ async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(a
 
     from mitmproxy import http
 
-    from governor.proxy.addon import METADATA_KEY, StreamRelay
+    from governor.proxy.flow_state import STATE_KEY
+    from governor.proxy.relay import StreamRelay
 
-    addon, runtime, forward = addon_on_test_flows
+    hook, runtime, forward = addon_on_test_flows
     usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
     if stream:
         chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini"}
@@ -415,16 +423,16 @@ async def test_a_finished_exchange_leaves_nothing_of_the_governors_on_its_flow(a
     flow, flight = await forward({"model": "gpt-4o-mini", "max_tokens": 50, "stream": stream,
                                   "messages": [{"role": "user", "content": "hi"}]})
     flow.response = http.Response.make(200, answer, {"content-type": content_type})
-    addon.responseheaders(flow)
+    await hook("responseheaders", flow)
     relay = flow.response.stream
     assert isinstance(relay, StreamRelay) == stream
     if stream:
         relayed = [out for data in writes for out in relay(data)] + relay(b"")
         assert b"".join(relayed) == b"".join(writes)  # delivered as it came
         relay = weakref.ref(relay)
-    await addon.response(flow)
+    await hook("response", flow)
     assert flow.response.status_code == 200
-    assert METADATA_KEY not in flow.metadata
+    assert STATE_KEY not in flow.metadata
     if stream:
         assert flow.response.stream is True  # still a streamed response, without our relay
         assert relay() is None
@@ -441,15 +449,15 @@ async def test_an_exchange_that_fails_upstream_is_released_and_leaves_nothing_on
     in-flight slot freed, and the flight taken off the flow and freed without a collection."""
     from mitmproxy import flow as mitmflow
 
-    from governor.proxy.addon import METADATA_KEY
+    from governor.proxy.flow_state import STATE_KEY
 
-    addon, runtime, forward = addon_on_test_flows
+    hook, runtime, forward = addon_on_test_flows
     flow, flight = await forward({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
     view, tokens = await _session_tokens(runtime)
     assert tokens > 0 and view["in_flight"] == 1  # held while the call is out
     flow.error = mitmflow.Error("connection reset by upstream")
-    await addon.error(flow)
-    assert METADATA_KEY not in flow.metadata
+    await hook("error", flow)
+    assert STATE_KEY not in flow.metadata
     assert flight() is None
     view, tokens = await _session_tokens(runtime)
     assert (view["iterations"], view["in_flight"], tokens) == (1, 0, 0)  # released: it was never consumption

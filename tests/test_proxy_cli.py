@@ -101,15 +101,15 @@ def test_the_bounds_of_compressed_bodies_come_from_the_config_file(tmp_path: Pat
 
 def test_the_bound_of_a_held_stream_comes_from_the_config_file(tmp_path: Path) -> None:
     from governor.proxy.cli import OPTIONS, resolve
-    from governor.proxy.server import build_addon
+    from governor.proxy.server import build_chain
 
     config = tmp_path / "governor.yaml"
     args = argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)})
     config.write_text("max_held_stream_bytes: 262144\n")
     settings = resolve(args, {})
     assert settings.max_held_stream_bytes == 262144
-    addon, _ = build_addon(settings, object())
-    assert addon.policy.max_held_stream_bytes == 262144
+    chain, _ = build_chain(settings, object())
+    assert chain.policy.max_held_stream_bytes == 262144
     for bad in ("0", "1.5", "true", "lots"):
         config.write_text(f"max_held_stream_bytes: {bad}\n")
         with pytest.raises(UsageError, match="max_held_stream_bytes must be a whole number of bytes >= 1"):

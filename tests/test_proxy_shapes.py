@@ -214,19 +214,19 @@ async def test_a_model_call_on_a_path_no_adapter_claims_is_refused(env, body, co
 
 async def test_a_route_entry_decides_for_a_model_call_on_its_path(env):
     running, mock, runtime = env
-    running.addon.registry.routes = [Route("127.0.0.1", "/gateway/**", "openai")]
+    running.chain.registry.routes = [Route("127.0.0.1", "/gateway/**", "openai")]
     # the openai adapter opens it (a chat body); the mock serves it as a chat call only on
     # a chat path, so the call is governed and forwarded, and answers without usage
     status, _, _ = await send(running, mock, "POST", "/gateway/llm", CHAT, {"ADL-Session": "routed"})
     assert status == 200 and len(runtime.steps_of("routed", ModelCall)) == 1 and len(mock.requests) == 1
-    running.addon.registry.routes = [Route("127.0.0.1", "/Gateway/**", "ignore")]  # any case: paths fold
+    running.chain.registry.routes = [Route("127.0.0.1", "/Gateway/**", "ignore")]  # any case: paths fold
     status, _, _ = await send(running, mock, "POST", "/gateway/llm", CHAT, {"ADL-Session": "ignored"})
     assert status == 200 and runtime.steps_of("ignored", ModelCall) == [] and len(mock.requests) == 2
 
 
 async def test_an_ignore_route_cannot_be_reached_by_dot_segments(env):
     running, mock, runtime = env
-    running.addon.registry.routes = [Route("127.0.0.1", "/health/**", "ignore")]
+    running.chain.registry.routes = [Route("127.0.0.1", "/health/**", "ignore")]
     status, _, _ = await send(running, mock, "POST", "/health/../v1/chat/completions", CHAT, {"ADL-Session": "dots"})
     assert status == 200 and len(runtime.steps_of("dots", ModelCall)) == 1  # governed, not ignored
 
@@ -301,7 +301,7 @@ async def test_a_gzip_bomb_is_refused_before_it_is_inflated(env):
 
 async def test_a_body_past_the_size_limit_once_decoded_is_refused(env):
     running, mock, runtime = env
-    running.addon.policy = dataclasses.replace(running.addon.policy, max_body_bytes=64 * 1024)
+    running.chain.policy = dataclasses.replace(running.chain.policy, max_body_bytes=64 * 1024)
     body = orjson.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "ab" * 40_000}]})
     status, _, answer = await send(running, mock, "POST", "/v1/chat/completions", gzip.compress(body),
                                    {"Content-Encoding": "gzip"})

@@ -146,8 +146,8 @@ async def test_wall_clock_limit_cuts_a_stream_between_chunks(env):
     from governor.policy.steps import Action, Decision, Tick
 
     running, mock, runtime = env
-    policy = running.addon.policy
-    running.addon.policy = dataclasses.replace(policy, tick_interval=0.2)
+    policy = running.chain.policy
+    running.chain.policy = dataclasses.replace(policy, tick_interval=0.2)
     clock_ran_out = Decision(action=Action.HALT, cause="on_budget_exhausted",
                              details={"dimension": "wall_clock_sec", "scope": "per_session", "observed": 901,
                                       "limit": 900})
@@ -167,7 +167,7 @@ async def test_wall_clock_limit_cuts_a_stream_between_chunks(env):
         finally:
             c.close()
     finally:
-        running.addon.policy = policy
+        running.chain.policy = policy
     events = [e for e in body.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
     governor = orjson.loads(events[-2].removeprefix(b"data: "))["error"]["governor"]

@@ -16,7 +16,7 @@ Access:
                                         (a reviewer token is accepted too)
   POST /v1/approvals/{id}               a reviewer token, always; none configured:
                                         every answer is refused. {"decision", "reviewer",
-                                        "edited_arguments"?}: plan editing (runtime_edit)
+                                        "edited_arguments"?}: plan editing (governor.runtime.edit)
   GET  /, /console/                     the reviewer console (reviewer_console)
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always

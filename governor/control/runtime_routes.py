@@ -30,7 +30,7 @@ from governor.control.replies import (
 )
 from governor.control.sessions_api import with_entry
 from governor.evidence.errors import EvidenceError
-from governor.runtime_edit import EditRefused
+from governor.runtime.edit import EditRefused
 
 log = logging.getLogger("governor.control")
 
@@ -116,7 +116,7 @@ class RuntimeRoutes:
         note = body.get("reason", "")
         if not isinstance(note, str) or len(note) > MAX_REASON_LENGTH or not all(c.isprintable() or c in "\n\t" for c in note):
             return error(400, "bad_reason", f'"reason" must be text of at most {MAX_REASON_LENGTH} characters')
-        edited = body.get("edited_arguments")  # plan editing (governor.runtime_edit)
+        edited = body.get("edited_arguments")  # plan editing (governor.runtime.edit)
         if edited is not None and (decision != "approve" or not isinstance(edited, dict)):
             return error(400, "bad_edited_arguments",
                          '"edited_arguments" is a JSON object of tool arguments, and goes with "decision": "approve"')

@@ -2,9 +2,9 @@
 governor reads (and strips before anything goes upstream), the admitted request as it goes
 upstream, an answer's body with its Content-Encoding undone.
 
-Module functions over mitmproxy's raw header fields, called by the addon
-(governor.proxy.addon) on the per-request path: one pass over the fields each, no
-case-insensitive lookups per header.
+Module functions over mitmproxy's raw header fields, called by the addons on the
+per-request path (governor.proxy.binding, admission, answers): one pass over the fields
+each, no case-insensitive lookups per header.
 """
 
 from __future__ import annotations

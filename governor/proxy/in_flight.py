@@ -1,10 +1,12 @@
-"""The addon's exchanges in flight: the wall-clock ticker of each session with exchanges in
-flight, the watchdog of upstream timeouts, refusals applied to an exchange already
-forwarded (a stream cut, or an answer injected in place of the upstream's), and the end of
-an exchange (its tickets released, no state of ours left on its flow).
+"""The in-flight addon: the exchanges a session has in flight, the wall-clock ticker of each
+such session, the watchdog of upstream timeouts, and the end of an exchange (its tickets
+released, no state of ours left on its flow).
 
-`InFlight` is mixed into `governor.proxy.addon.Governor` (kept apart: addon.py was long
-enough). One ticker per session and one watchdog pass a second, not a timer per request.
+It runs after the admission addon in the `request` hook (it tracks the `Flight` admission
+put on the flow's state) and after the answers' addon in `response` and `error` (the answer
+read, the exchange ends here). One ticker per session and one watchdog pass a second, not a
+timer per request. Refusals of exchanges in flight go through the Enforcer
+(governor.proxy.enforcing).
 """
 
 from __future__ import annotations
@@ -16,17 +18,57 @@ from typing import Any
 
 from mitmproxy import http
 
-from governor.adapters.base import describe, governor_object
+from governor.adapters.base import governor_object
 from governor.policy.steps import Action, Decision, Tick
-from governor.proxy import transit
-from governor.proxy.refusing import REPLACED_KEY, as_raw, governor_error, governor_error_object
-from governor.proxy.relay import METADATA_KEY, Flight
+from governor.proxy.enforcing import Enforcer
+from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
+from governor.proxy.policy import ProxyPolicy
+from governor.proxy.refusing import as_raw, governor_error, governor_error_object
+from governor.proxy.runtime_calls import RuntimeCalls
 
 log = logging.getLogger("governor.proxy")
 
 
 class InFlight:
-    """Ticks, timeouts, cuts and the end of an exchange, for `governor.proxy.addon.Governor`."""
+    """The mitmproxy addon for exchanges in flight: ticks, timeouts and their end."""
+
+    def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, enforcer: Enforcer, *, metrics: Any = None) -> None:
+        self.policy = policy
+        self.calls = calls
+        self.enforcer = enforcer
+        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
+        self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
+        self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
+
+    # --- mitmproxy hooks ---------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        state: FlowState | None = flow.metadata.get(STATE_KEY)
+        if state is not None and state.flight is not None:  # admitted and forwarded
+            self._track(flow, state.flight)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        flight = live_flight(flow)
+        if flight is None:
+            return
+        await self._finish(flight, upstream_error(flow, flight))
+        forget(flow, flight, stream_over=True)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        flight = live_flight(flow)
+        if flight is None:
+            return
+        message = flow.error.msg if flow.error else "exchange failed"
+        if flow.response is None and self.metrics is not None:  # the upstream never answered
+            self.metrics.upstream_error(flight.exchange.adapter.name)
+        await self._finish(flight, message)
+        forget(flow, flight, stream_over=False)
+
+    async def done(self) -> None:
+        await self.calls.tasks.stop()
+
+    # --- in flight ---------------------------------------------------------------------
 
     async def _watch(self) -> None:
         """The upstream timeout of every exchange in flight (no response headers, or a stream
@@ -62,9 +104,9 @@ class InFlight:
         live = self.in_flight.setdefault(session, {})
         live[flight] = flow
         if self.policy.tick_interval > 0 and session not in self.tickers:
-            self.tickers[session] = self._spawn(self._tick(session))
+            self.tickers[session] = self.calls.tasks.spawn(self._tick(session))
         if self.watchdog is None or self.watchdog.done():
-            self.watchdog = self._spawn(self._watch())
+            self.watchdog = self.calls.tasks.spawn(self._watch())
 
     async def _tick(self, session: str) -> None:
         """While a session has exchanges in flight, admit a Tick every tick_interval: the
@@ -76,9 +118,9 @@ class InFlight:
                 if not self.in_flight.get(session):
                     return
                 try:
-                    with self.recording:
-                        admission = await self.runtime.admit(session, Tick())
-                    await self._release(session, admission.ticket)
+                    with self.calls.tasks.recording:
+                        admission = await self.calls.runtime.admit(session, Tick())
+                    await self.calls.release(session, admission.ticket)
                     decision = admission.decision
                     gov = admission.governor_object or governor_object(decision, session)
                 except Exception:
@@ -86,37 +128,11 @@ class InFlight:
                     decision, gov = governor_error(), governor_error_object(session)
                 if decision.blocks:
                     for flight, flow in list(self.in_flight.get(session, {}).items()):
-                        self._enforce_in_flight(flow, flight, decision, gov)
+                        self.enforcer.enforce(flow, flight, decision, gov)
         except asyncio.CancelledError:
             pass
         finally:
             self.tickers.pop(session, None)
-
-    def gate(self, flow: http.HTTPFlow) -> transit.Gate | None:
-        return transit.gate(self.proxyserver, flow)
-
-    def _enforce_in_flight(self, flow: http.HTTPFlow, flight: Flight, decision: Decision,
-                           gov: dict[str, Any]) -> None:
-        """Apply a refusal to an exchange already forwarded upstream."""
-        if flight.finished or flight.refusal is not None:
-            return
-        flight.refusal = (decision, gov)
-        if flight.relay is not None:
-            self._cut(flow, flight, decision, gov)
-        elif flow.response is None:
-            reply = self._refusal_reply(flight.exchange.adapter, decision, gov, flight.exchange)
-            transit.answer(self.proxyserver, flow, as_raw(reply, decision.action.value))
-        # else: a plain response is being read; the response hook replaces it.
-
-    def _cut(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:
-        relay = flight.relay
-        assert relay is not None
-        if relay.cut(describe(gov), gov):
-            log.info("governor: cutting the stream of %s in session %s (%s)", flow.request.pretty_url,
-                     flight.exchange.session, gov.get("cause") or gov.get("reason"))
-            if self.metrics is not None:
-                self.metrics.stream_cut(gov.get("cause"), flight.exchange.adapter.name)
-            transit.end_stream(self.proxyserver, flow)
 
     def _upstream_timeout(self, flow: http.HTTPFlow, flight: Flight, timeout: float) -> None:
         exchange = flight.exchange
@@ -127,10 +143,10 @@ class InFlight:
         flight.refusal = (decision, gov)
         log.warning("governor: %s (%s)", reason, flow.request.pretty_url)
         if flight.relay is not None:
-            self._cut(flow, flight, decision, gov)
+            self.enforcer.cut(flow, flight, decision, gov)
         elif flow.response is None:
             reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
-            transit.answer(self.proxyserver, flow, as_raw(reply, "deny"))
+            self.enforcer.answer(flow, as_raw(reply, "deny"))
 
     async def _finish(self, flight: Flight, error: str | None) -> None:
         if flight.finished:
@@ -142,33 +158,34 @@ class InFlight:
             if not live:
                 del self.in_flight[flight.exchange.session]
         for admission in flight.admissions:
-            await self._release(flight.exchange.session, admission.ticket, error)
+            await self.calls.release(flight.exchange.session, admission.ticket, error)
 
-    @staticmethod
-    def _forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
-        """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
-        reference cycles, freed only by the cyclic collector: what hangs off one waits for it
-        too, and makes each young collection longer. Off the flow, the flight, watcher,
-        tickets and decisions are freed as soon as the hook and any task still using them
-        return. A stream's relay comes off its response once mitmproxy has called the response
-        hook (the stream is over; it calls the relay no more), and off the flight, which
-        `_finish` closed to every later use of it."""
-        flow.metadata.pop(METADATA_KEY, None)
-        if stream_over and flight.relay is not None and flow.response is not None:
-            flow.response.stream, flight.relay = True, None
 
-    def _upstream_error(self, flow: http.HTTPFlow) -> str | None:
-        flight: Flight | None = flow.metadata.get(METADATA_KEY)
-        if flight is not None and flight.refusal is not None:
-            gov = flight.refusal[1]
-            return f"governor: {gov.get('cause') or gov.get('reason')}"
-        if flow.response is None:
-            return None
-        replaced = flow.metadata.get(REPLACED_KEY)
-        if replaced is not None:  # the governor answered, not the upstream: say so
-            upstream, cause = replaced
-            before = f"upstream answered {upstream}, " if upstream is not None else ""
-            return f"{before}governor refused it with {flow.response.status_code} ({cause})"
-        if flow.response.status_code >= 400:
-            return f"upstream answered {flow.response.status_code}"
+def forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
+    """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
+    reference cycles, freed only by the cyclic collector: what hangs off one waits for it
+    too, and makes each young collection longer. Off the flow, the flight, watcher,
+    tickets and decisions are freed as soon as the hook and any task still using them
+    return. A stream's relay comes off its response once mitmproxy has called the response
+    hook (the stream is over; it calls the relay no more), and off the flight, which
+    `InFlight._finish` closed to every later use of it."""
+    flow.metadata.pop(STATE_KEY, None)
+    if stream_over and flight.relay is not None and flow.response is not None:
+        flow.response.stream, flight.relay = True, None
+
+
+def upstream_error(flow: http.HTTPFlow, flight: Flight) -> str | None:
+    """What went wrong with the exchange, for its record (None: the upstream answered it)."""
+    if flight.refusal is not None:
+        gov = flight.refusal[1]
+        return f"governor: {gov.get('cause') or gov.get('reason')}"
+    if flow.response is None:
         return None
+    replaced = flight.replaced
+    if replaced is not None:  # the governor answered, not the upstream: say so
+        upstream, cause = replaced
+        before = f"upstream answered {upstream}, " if upstream is not None else ""
+        return f"{before}governor refused it with {flow.response.status_code} ({cause})"
+    if flow.response.status_code >= 400:
+        return f"upstream answered {flow.response.status_code}"
+    return None

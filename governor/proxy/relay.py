@@ -1,64 +1,47 @@
-"""A governed exchange in flight (`Flight`, kept in its flow's metadata) and the relay of a
-governed stream (`StreamRelay`, the stream's `flow.response.stream` callable).
+"""The relay of a governed stream (`StreamRelay`, the stream's `flow.response.stream` callable).
 
 The relay runs synchronously in mitmproxy's per-chunk path: it forwards whole SSE events,
-hands what the adapter's watcher saw to the addon (governor.proxy.addon), which checks it
-asynchronously, keeps output back while a step awaits admission, and once cut forwards only
-the adapter's terminal event.
+hands what the adapter's watcher saw to the answers' addon (its `on_events`, which checks
+them asynchronously), keeps output back while a step awaits admission, and once cut
+forwards only the adapter's terminal event. Cuts go through the `Enforcer`
+(governor.proxy.enforcing) it is given.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mitmproxy import http
 
 from governor.adapters import sse
-from governor.adapters.base import Exchange, StreamWatcher
+from governor.adapters.base import StreamWatcher
 from governor.policy.steps import Action, Decision, Step, UsageReport
 from governor.proxy import holds, refusals, transit
+from governor.proxy.enforcing import Enforcer
+from governor.proxy.flow_state import Flight
 from governor.proxy.refusing import governor_error_object
-from governor.runtime.api import Admission
-
-if TYPE_CHECKING:
-    from governor.proxy.addon import Governor
 
 log = logging.getLogger("governor.proxy")
-
-METADATA_KEY = "governor"  # flow.metadata: the exchange's Flight, while it is governed
-SESSION_KEY = "governor.session"  # flow.metadata: the session the request acts in
-
-
-@dataclass(eq=False)
-class Flight:
-    """One governed exchange in flight."""
-
-    exchange: Exchange
-    admissions: list[Admission]
-    usage_ticket: Any = None  # the ModelCall admission's ticket, None when the exchange has no model call
-    started: float = field(default_factory=time.monotonic)
-    last_activity: float = field(default_factory=time.monotonic)
-    relay: "StreamRelay | None" = None
-    refusal: tuple[Decision, dict[str, Any]] | None = None  # a cut decided while in flight
-    finished: bool = False
-    body: bytes = b""  # the request body the agent sent (decoded): names the request if its answer is held
 
 
 class StreamRelay:
     """The `flow.response.stream` callable of a governed stream.
 
     Synchronous (mitmproxy calls it per chunk): it forwards whole SSE events as they
-    arrive, hands the watcher's findings to the governor (which checks them
-    asynchronously) and, once the governor cut the stream, forwards nothing more
+    arrive, hands the watcher's findings to `on_events` (which checks them
+    asynchronously) and, once the stream is cut, forwards nothing more
     but the adapter's terminal event. It never returns b"" for a chunk (mitmproxy
     would frame it as the chunked-encoding terminator and corrupt the connection).
     """
 
-    def __init__(self, governor: "Governor", flow: http.HTTPFlow, flight: Flight, watcher: StreamWatcher) -> None:
-        self.governor = governor
+    def __init__(self, flow: http.HTTPFlow, flight: Flight, watcher: StreamWatcher,
+                 on_events: Callable[["StreamRelay", list[Any]], None], enforcer: Enforcer,
+                 max_held_bytes: int) -> None:
+        self.on_events = on_events  # called synchronously with what the watcher saw in a chunk
+        self.enforcer = enforcer
+        self.max_held_bytes = max_held_bytes  # output kept back while a step awaits admission: cut past it
         self.flow = flow
         self.flight = flight
         self.watcher = watcher
@@ -96,7 +79,7 @@ class StreamRelay:
             log.exception("governor: stream watcher failed on %s", self.flow.request.url)
             events = []
         if events:
-            self.governor.stream_events(self, events)
+            self.on_events(self, events)
             if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
                 return []
         held = self.held
@@ -108,7 +91,7 @@ class StreamRelay:
                                   f"(the governor holds at most {sse.MAX_EVENT_BYTES})")
         if self.holds:
             if out:
-                limit = self.governor.policy.max_held_stream_bytes
+                limit = self.max_held_bytes
                 if self.kept_bytes + len(out) > limit:  # an upstream flooding while a step awaits admission
                     return self._overflow(
                         f"the upstream sent more than {limit} bytes while the governor held its output back "
@@ -128,10 +111,9 @@ class StreamRelay:
         session = self.flight.exchange.session
         gov = {"cause": None, "action": "deny", "reason": reason, "session": session}
         self.held.clear()
-        self.governor._enforce_in_flight(self.flow, self.flight, Decision(action=Action.DENY), gov)
+        self.enforcer.enforce(self.flow, self.flight, Decision(action=Action.DENY), gov)
         # the relay is synchronous: recorded by a task (the terminal event goes out meanwhile) that a stop awaits
-        self.governor.recording.spawn(refusals.record(self.governor.runtime, self.governor.metrics, session, code,
-                                                      refusals.detail(code, 502, self.flow.request, reason)))
+        self.enforcer.record_refusal(session, code, refusals.detail(code, 502, self.flow.request, reason))
         return []
 
     async def ping(self, data: bytes) -> bool:
@@ -142,7 +124,7 @@ class StreamRelay:
             return False
         self.pings += 1
         try:
-            return await transit.ping(self.governor.proxyserver, self.flow, data)
+            return await self.enforcer.ping(self.flow, data)
         finally:
             self.pings = 0  # delivered synchronously, or not at all
 
@@ -150,7 +132,7 @@ class StreamRelay:
         """Keep output back (and the upstream's end) until `unhold` balances this."""
         self.holds += 1
         if self.gate is None:
-            self.gate = self.governor.gate(self.flow)
+            self.gate = self.enforcer.gate(self.flow)
 
     def unhold(self) -> None:
         self.holds -= 1

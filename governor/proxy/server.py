@@ -6,7 +6,7 @@
 
 mitmproxy is embedded as a library: a bare `mitmproxy.master.Master` with only the
 addons a proxy needs (core, proxyserver, next_layer, tlsconfig, errorcheck) plus
-the governor's; its confdir is the data directory, where it creates its CA
+the governor's addon chain (governor.proxy.chain); its confdir is the data directory, where it creates its CA
 (`mitmproxy-ca-cert.pem`) on first run. `serve` takes an already-built runtime
 (tests, embedding) or builds the real one from the settings.
 """
@@ -29,10 +29,11 @@ from governor.adapters import AdapterRegistry, Route
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
 from governor.proxy import heads
-from governor.proxy.addon import Governor, ProxyPolicy
+from governor.proxy.chain import Chain, assemble
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
 )
+from governor.proxy.policy import ProxyPolicy
 from governor.runtime.api import RuntimeAPI
 
 log = logging.getLogger("governor.proxy")
@@ -144,7 +145,7 @@ class Running:
     settings: Settings
     runtime: RuntimeAPI
     master: Master
-    addon: Governor
+    chain: Chain  # the governor's addons, and what they share that tests look at
     proxy_address: tuple[str, int]
     control_address: tuple[str, int] | None
     _master_task: asyncio.Task
@@ -193,7 +194,7 @@ class Running:
         # events recorded from the proxy's tasks (a stream cut's refusal) before the final
         # records are signed: the done hook awaited them; a cut since (connections outlive
         # the master) or a master that timed out is awaited here (governor/proxy/recording.py)
-        await self.addon.recording.settle()
+        await self.chain.recording.settle()
         if self._control_runner is not None:
             await self._control_runner.cleanup()
             self._control_runner = None
@@ -282,15 +283,17 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                                f"for the control plane: {exc}") from None
         control_address = tuple(control_runner.addresses[0][:2])
 
-    addon, peers = build_addon(settings, runtime, metrics=metrics, origin=origin, sessions=book)
+    mitm_proxyserver = proxyserver.Proxyserver()
+    chain, peers = build_chain(settings, runtime, metrics=metrics, origin=origin, sessions=book,
+                               proxyserver=mitm_proxyserver)
     started = _Started()
     guard = ConnectionGuard(ConnectionLimits(
         header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
         idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
     heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
     master = Master(options.Options())
-    master.addons.add(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
-                      _StartupErrorCheck(), guard, addon, started)
+    master.addons.add(core.Core(), mitm_proxyserver, next_layer.NextLayer(), tlsconfig.TlsConfig(),
+                      _StartupErrorCheck(), guard, chain, started)
     try:
         master.options.update(**master_options(settings))
     except Exception as exc:  # mitmproxy's OptionsError, a bad mode spec, an unreadable CA file
@@ -323,7 +326,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         raise StartupError(f"the proxy could not listen on {settings.listen[0]}:{settings.listen[1]} "
                            f"(mode {settings.mode}){why}; {_ListenAdvice.ADVICE}")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
-    return Running(settings, runtime, master, addon, (host, port), control_address, task, control_runner, peers,
+    return Running(settings, runtime, master, chain, (host, port), control_address, task, control_runner, peers,
                    sessions=book, connections=guard, notifier=notifier)
 
 
@@ -356,9 +359,9 @@ def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
     return book
 
 
-def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
-                origin: Any = None, sessions: Any = None) -> tuple[Governor, Any]:
-    """The enforcement point for these settings over `runtime`: the addon with its adapters,
+def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None, origin: Any = None,
+                sessions: Any = None, proxyserver: Any = None) -> tuple[Chain, Any]:
+    """The enforcement point for these settings over `runtime`: its addon chain with its adapters,
     and the A2A peer resolver it made (None when the settings bring their own), which the
     caller closes when done."""
     policy = ProxyPolicy(
@@ -391,7 +394,9 @@ def build_addon(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
     registry = AdapterRegistry.default(adapter_config, settings.routes)
     if sessions is None:
         sessions = session_book(settings, runtime, metrics)
-    return Governor(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions), peers
+    chain = assemble(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions,
+                        proxyserver=proxyserver)
+    return chain, peers
 
 
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:

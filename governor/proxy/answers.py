@@ -1,35 +1,126 @@
-"""The addon's side of the answers: a plain answer read (its usage charged, the tool calls it
-asks for admitted, a pause holding it for a reviewer), a stream's events as its relay
-hands them over (running usage checked, streamed tool calls admitted in order), and a
-stream's end.
+"""The answers' addon: response headers (a stream the adapter understands is relayed event
+by event by a StreamRelay, anything else governed is buffered), a plain answer read (its
+usage charged, the tool calls it asks for admitted, a pause holding it for a reviewer), a
+stream's events as its relay hands them over (running usage checked, streamed tool calls
+admitted in order), and a stream's end; an upstream failure ends the relay.
 
-`Responding` is mixed into `governor.proxy.addon.Governor` (kept apart: addon.py was long
-enough); the hooks that call it (`response`, and the relay's `stream_events`) stay there.
+It runs before the in-flight addon (governor.proxy.in_flight), which ends the exchange once
+this one has read its answer; refusals in flight go through the Enforcer
+(governor.proxy.enforcing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from mitmproxy import http
 
 from governor.adapters import sse, withhold
-from governor.adapters.base import Adapter, Exchange, governor_object, observe_stream_whole
+from governor.adapters.base import governor_object, observe_stream_whole
+from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
 from governor.proxy import bodies, holds, withheld
-from governor.proxy.fields import decoded_body
-from governor.proxy.held_steps import paused
-from governor.proxy.refusing import ACTION_HEADER, as_response, governor_error, governor_error_object
-from governor.proxy.relay import Flight, StreamRelay
+from governor.proxy.enforcing import Enforcer
+from governor.proxy.fields import decoded_body, has_content_encoding
+from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
+from governor.proxy.held_steps import HeldSteps
+from governor.proxy.policy import ProxyPolicy
+from governor.proxy.refusing import ACTION_HEADER, Refuser, as_response, governor_error, governor_error_object
+from governor.proxy.relay import StreamRelay
+from governor.proxy.runtime_calls import RuntimeCalls, paused
 from governor.runtime.api import Admission
 
 log = logging.getLogger("governor.proxy")
 
 
-class Responding:
-    """Plain answers and streams, for `governor.proxy.addon.Governor`."""
+class Answers:
+    """The mitmproxy addon that governs answers (`responseheaders`, `response`, `error`)."""
+
+    def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, held_steps: HeldSteps, holds_: holds.Holds,
+                 refuser: Refuser, enforcer: Enforcer, *, metrics: Any = None) -> None:
+        self.policy = policy
+        self.calls = calls
+        self.runtime = calls.runtime
+        self.held_steps = held_steps
+        self.holds = holds_
+        self.refuser = refuser
+        self.enforcer = enforcer
+        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.recording = calls.tasks.recording
+        # whether a stream's running usage is within what its call reserved (runtimes without
+        # it: every chunk is forwarded and checked after, as before)
+        self._covers = getattr(calls.runtime, "covers", None)
+
+    # --- mitmproxy hooks ---------------------------------------------------------------
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state: FlowState | None = flow.metadata.get(STATE_KEY)
+        flight = state.flight if state is not None else None
+        response = flow.response
+        assert response is not None
+        if flight is None:
+            response.stream = True  # ungoverned traffic: relay as it comes, never buffer
+            return
+        flight.last_activity = time.monotonic()
+        if (fitted := flight.exchange.state.get(FITTED_STATE)) is not None:
+            response.headers[FITTED_HEADER] = str(fitted)  # the client learns the limit it was served under
+        if self.metrics is not None:
+            self.metrics.upstream(flight.exchange.adapter.name, time.monotonic() - flight.started, response.status_code)
+        exchange = flight.exchange
+        if exchange.state.get("withheld"):  # the client learns which offered tools the model never saw
+            response.headers[withhold.HEADER] = withhold.rendered(exchange.state["withheld"])
+        try:
+            watcher = exchange.adapter.stream_watcher(exchange, response.status_code, response.headers)
+        except Exception:
+            log.exception("governor: adapter %s failed on response headers", exchange.adapter.name)
+            watcher = None
+        if watcher is not None and has_content_encoding(response.headers.fields):
+            watcher = None  # compressed although we asked for identity: buffered, read whole once decoded
+        if watcher is not None:
+            flight.relay = StreamRelay(flow, flight, watcher, self.stream_events, self.enforcer,
+                                       self.policy.max_held_stream_bytes)
+            response.stream = flight.relay
+            if flight.refusal is not None:  # decided while we waited for the headers
+                self.enforcer.cut(flow, flight, *flight.refusal)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        flight = live_flight(flow)
+        if flight is None:
+            return
+        try:
+            if flight.relay is not None:
+                await self._stream_finished(flow, flight)
+            else:
+                await self._plain_response(flow, flight)
+        except Exception:
+            log.exception("governor: internal error on the response of %s", flow.request.url)
+            if flight.relay is None:
+                session = flight.exchange.session
+                try:
+                    self.refuser.replace(flow, flight, flight.exchange.adapter, governor_error(), session,
+                                         governor_error_object(session), flight.exchange)
+                except Exception:  # never out of the hook: the in-flight addon after this one ends the exchange
+                    log.exception("governor: the refusal of the response of %s could not be built", flow.request.url)
+        # the exchange ends in the in-flight addon's response hook (governor.proxy.in_flight)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        flight = live_flight(flow)
+        if flight is None:
+            return
+        try:
+            if flight.relay is not None and flight.usage_ticket is not None:
+                relay = flight.relay
+                if not relay.ended:
+                    relay.end()
+                await self._stream_finished(flow, flight)
+        except Exception:
+            log.exception("governor: internal error while closing %s", flow.request.url)
+        # the exchange ends in the in-flight addon's error hook (governor.proxy.in_flight)
+
+    # --- plain answers -----------------------------------------------------------------
 
     async def _plain_response(self, flow: http.HTTPFlow, flight: Flight) -> None:
         response = flow.response
@@ -40,7 +131,7 @@ class Responding:
         if flight.refusal is not None:
             if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
                 decision, gov = flight.refusal
-                self._replace(flow, adapter, decision, session, gov, exchange)
+                self.refuser.replace(flow, flight, adapter, decision, session, gov, exchange)
             return
         try:
             body = decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))
@@ -55,7 +146,7 @@ class Responding:
         if observation.usage is not None and flight.usage_ticket is not None:
             decision = await self.runtime.usage(session, flight.usage_ticket, observation.usage)
             if decision.blocks:
-                self._replace(flow, adapter, decision, session, exchange=exchange)
+                self.refuser.replace(flow, flight, adapter, decision, session, exchange=exchange)
                 return
         await self._admit_observed(flow, flight, observation)
 
@@ -63,7 +154,8 @@ class Responding:
                               detach: bool = True) -> None:
         """The tool calls a plain answer asks for, admitted in order from `start`; a refusal
         replaces the answer. The first that pauses holds the answer for its reviewer
-        (`_hold_answer`); the rest are then admitted by that review."""
+        (`_hold_answer`); the rest are then admitted by that review, on the hold's shadow
+        flow (`detach` False)."""
         exchange = flight.exchange
         session = exchange.session
         steps = observation.steps
@@ -74,10 +166,11 @@ class Responding:
                 if detach:
                     await self._hold_answer(flow, flight, observation, index, admission)
                     return
-                admission = await self._reviewed(session, step, admission)
-            await self._release(session, admission.ticket)
+                admission = await self.calls.reviewed(session, step, admission)
+            await self.calls.release(session, admission.ticket)
             if admission.decision.blocks:
-                self._replace_blocked(flow, exchange, admission)
+                # on a shadow flow (not detach) the exchange's own answer is not the one replaced
+                self.refuser.replace_blocked(flow, flight if detach else None, exchange, admission)
                 return
         if observation.replace_body is not None and flow.response is not None:
             flow.response.content = observation.replace_body
@@ -97,10 +190,10 @@ class Responding:
 
         async def review() -> http.Response:
             step = observation.steps[index]
-            answered = await self._reviewed(session, step, admission)
-            await self._release(session, answered.ticket)
+            answered = await self.calls.reviewed(session, step, admission)
+            await self.calls.release(session, answered.ticket)
             if answered.decision.blocks:
-                self._replace_blocked(shadow, exchange, answered)
+                self.refuser.replace_blocked(shadow, None, exchange, answered)
             else:
                 await self._admit_observed(shadow, flight, observation, index + 1, detach=False)
             assert shadow.response is not None
@@ -111,7 +204,7 @@ class Responding:
         key = holds.request_key(session, exchange.persona, request.method, request.host, request.port,
                                 request.path, flight.body)
         held = self.holds.start(key, session, approval.id, admission.governor_object.get("expires_at"), review())
-        await self._serve_held(flow, held, exchange.adapter, exchange)
+        await self.held_steps.serve(flow, held, exchange.adapter, exchange)
 
     async def _held_stream(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay, step: Step,
                            admission: Admission) -> Admission:
@@ -125,21 +218,8 @@ class Responding:
         key = holds.request_key(exchange.session, exchange.persona, request.method, request.host, request.port,
                                 request.path, flight.body)
         held = self.holds.start(key, exchange.session, approval.id, admission.governor_object.get("expires_at"),
-                                self._reviewed(exchange.session, step, admission, relay))
+                                self.calls.reviewed(exchange.session, step, admission, relay))
         return await asyncio.shield(held.task)
-
-    async def _serve_held(self, flow: http.HTTPFlow, held: holds.Hold, adapter: Adapter, exchange: Exchange) -> bool:
-        """Answer `flow` from a hold; False when it has nothing to answer with (a stream's)."""
-        session = exchange.session
-        served = await self.holds.serve(
-            flow, held, lambda hold, retry_after: holds.pending_response(adapter, exchange, session, hold, retry_after),
-            lambda: as_response(adapter.error_response(503, "governor: the review could not be completed",
-                                                       governor_error_object(session), exchange), "deny"))
-        if served == "gone":
-            return False
-        log.info("governor: %s %s in session %s: %s for approval %s", flow.request.method, flow.request.pretty_url,
-                 session, "review outcome" if served == "answer" else "review pending (429)", held.approval_id)
-        return True
 
     async def _unreadable_response(self, flow: http.HTTPFlow, flight: Flight, why: str) -> None:
         """An answer the governor cannot read within its bounds (a decompression bomb, an
@@ -173,7 +253,7 @@ class Responding:
     # --- streams -----------------------------------------------------------------------
 
     def stream_events(self, relay: StreamRelay, events: list[Any]) -> None:
-        """Called by the relay (synchronously) with what its watcher saw in a chunk."""
+        """The relay's `on_events`: called synchronously with what its watcher saw in a chunk."""
         flight = relay.flight
         for event in events:
             if isinstance(event, UsageReport):  # past the admission (watchers report only those)
@@ -190,7 +270,7 @@ class Responding:
         if (relay.latest_usage is not relay.checked_usage and not relay.checking
                 and flight.usage_ticket is not None):
             relay.checking = True
-            self._spawn(self._check_usage(relay.flow, flight, relay))
+            self.calls.tasks.spawn(self._check_usage(relay.flow, flight, relay))
         self._admit_stream_steps_soon(relay.flow, flight, relay)
 
     async def _check_usage(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
@@ -203,11 +283,11 @@ class Responding:
                 with self.recording:
                     decision = await self.runtime.usage(session, flight.usage_ticket, report)
                 if decision.blocks:
-                    self._enforce_in_flight(flow, flight, decision, governor_object(decision, session))
+                    self.enforcer.enforce(flow, flight, decision, governor_object(decision, session))
                     return
         except Exception:
             log.exception("governor: usage check failed in session %s; cutting the stream", session)
-            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
+            self.enforcer.enforce(flow, flight, governor_error(), governor_error_object(session))
         finally:
             relay.checking = False
             if relay.over and relay.terminal is None and relay.latest_usage is relay.checked_usage:
@@ -217,7 +297,7 @@ class Responding:
     def _admit_stream_steps_soon(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
         if relay.pending_steps and not relay.admitting:
             relay.admitting = True
-            self._spawn(self._admit_stream_steps(flow, flight, relay))
+            self.calls.tasks.spawn(self._admit_stream_steps(flow, flight, relay))
 
     async def _admit_stream_steps(self, flow: http.HTTPFlow, flight: Flight, relay: StreamRelay) -> None:
         """Tool calls the model asks for in a stream, admitted in order. From the chunk that
@@ -231,17 +311,17 @@ class Responding:
                     admission = await self.runtime.admit(session, step)
                 if paused(admission):
                     admission = await self._held_stream(flow, flight, relay, step, admission)
-                await self._release(session, admission.ticket)
+                await self.calls.release(session, admission.ticket)
                 held = id(step) in relay.held_steps
                 relay.held_steps.discard(id(step))
                 if admission.decision.blocks:
                     decision = admission.decision
                     gov = admission.governor_object or governor_object(decision, session)
-                    self._enforce_in_flight(flow, flight, decision, gov)
+                    self.enforcer.enforce(flow, flight, decision, gov)
                 elif held:
                     relay.unhold()
         except Exception:
             log.exception("governor: admitting a streamed tool call failed in session %s", session)
-            self._enforce_in_flight(flow, flight, governor_error(), governor_error_object(session))
+            self.enforcer.enforce(flow, flight, governor_error(), governor_error_object(session))
         finally:
             relay.admitting = False

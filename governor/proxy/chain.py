@@ -1,0 +1,100 @@
+"""The enforcement point as mitmproxy addons, in the order mitmproxy calls them.
+
+`assemble` makes the collaborators (the refuser, the runtime calls, the enforcer, the
+holds) and gives each addon what it needs in its constructor. The addons share per-flow
+state only through the flow's `FlowState` (governor.proxy.flow_state); none imports
+another. A hook reaches every addon that defines it, in this order, whatever an earlier
+one did to the flow, so each looks at the flow's state (and `flow.response`) first:
+
+  OriginGuard      server connections reported to the control plane's origin (with one)
+  SessionBinding   request: the session, ADL-* headers stripped; the FlowState put on
+  Admission        request: adapter, passport, steps admitted (holds); the Flight put on
+  UnknownTraffic   request: what no adapter claims, forwarded (counted) or refused
+  Answers          responseheaders / response / error: the answer and the stream relay
+  InFlight         request: tracked; response / error: the exchange ends; ticks, timeouts
+
+The `Chain` is added to the master as one addon whose sub-addons are these (mitmproxy's
+`addons` attribute: each is registered, loaded and called in order like any addon). One
+top-level addon, because mitmproxy wraps each top-level addon's call of every event in its
+error guard: six of them cost ~70 us of dispatch per request, nested ~13 us (measured with
+mitmproxy's AddonManager, four lifecycle events and their updates). The guard being the
+chain's, an exception ends the event for the addons after the one that raised: so no hook
+lets one escape (each catches, logs and fails closed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from governor.adapters import AdapterRegistry
+from governor.proxy import holds, recording
+from governor.proxy.admission import Admission
+from governor.proxy.answers import Answers
+from governor.proxy.binding import SessionBinding
+from governor.proxy.enforcing import Enforcer
+from governor.proxy.held_steps import HeldSteps
+from governor.proxy.in_flight import InFlight
+from governor.proxy.origin_guard import OriginGuard
+from governor.proxy.policy import ProxyPolicy
+from governor.proxy.refusing import Refuser
+from governor.proxy.runtime_calls import RuntimeCalls, Tasks
+from governor.proxy.unknown import UnknownTraffic
+from governor.runtime.api import RuntimeAPI
+
+
+class Chain:
+    """The governor's addons (`addons`: mitmproxy's sub-addons, called in this order) and what
+    a running proxy, its tests and its benchmarks look at: the registry, the holds, the
+    recordings, the traffic no adapter claimed, the policy."""
+
+    name = "governor"  # in the master's addon lookup
+
+    def __init__(self, addons: list[Any], registry: AdapterRegistry, holds_: holds.Holds,
+                 recording_: recording.Recording, unknown: UnknownTraffic, policy: ProxyPolicy) -> None:
+        self.addons = addons
+        self.registry = registry
+        self.holds = holds_
+        self.recording = recording_  # events recorded from tasks: a stop awaits them
+        self.unknown_seen = unknown.unknown_seen  # host -> requests forwarded ungoverned
+        self._policy = policy
+
+    @property
+    def policy(self) -> ProxyPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: ProxyPolicy) -> None:
+        """Every addon reads the new policy from its next hook on (tests change it live)."""
+        self._policy = policy
+        for addon in self.addons:
+            if hasattr(addon, "policy"):
+                addon.policy = policy
+
+    def hooks(self, name: str) -> list[Callable[..., Any]]:
+        """The addons' `name` hooks in the order mitmproxy calls them, for drivers without a
+        master (tests, benchmarks)."""
+        return [hook for addon in self.addons if (hook := getattr(addon, name, None)) is not None]
+
+
+def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
+                origin: Any = None, sessions: Any = None, proxyserver: Any = None) -> Chain:
+    """The addons over `runtime`: `sessions` the session book (governor.sessions.SessionBook),
+    `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
+    master's Proxyserver addon (transit works on its connections; None without a master)."""
+    recorded = recording.Recording()  # events recorded from tasks: a stop awaits them
+    calls = RuntimeCalls(runtime, Tasks(recorded))
+    refuser = Refuser(runtime, metrics)
+    enforcer = Enforcer(refuser, runtime, recorded, metrics=metrics, proxyserver=proxyserver)
+    held = holds.Holds(policy.review_hold, policy.review_retry_after,  # steps held for a reviewer
+                       on_count=metrics.review_hold if metrics is not None else None)
+    held_steps = HeldSteps(calls, held, refuser)
+    unknown = UnknownTraffic(runtime, policy, refuser)
+    addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
+    addons += [
+        SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics),
+        Admission(registry, policy, calls, held_steps, held, refuser),
+        unknown,
+        Answers(policy, calls, held_steps, held, refuser, enforcer, metrics=metrics),
+        InFlight(policy, calls, enforcer, metrics=metrics),
+    ]
+    return Chain(addons, registry, held, recorded, unknown, policy)

@@ -1,0 +1,170 @@
+"""The shape of `governor/` (docs/architecture.md): rooms, not a tangle.
+
+Read from the source's import statements (every one: module level, inside functions and
+under TYPE_CHECKING alike, since a lazy import is still a dependency):
+- no import circle anywhere in governor/;
+- no module imports another module's private (`_name`) name;
+- no class is assembled from two or more governor classes (the mixin pattern that spread
+  one `self` over several files);
+- the top of governor/ lists rooms (packages), not loose modules.
+Each check fails with the offending modules named, so the message says what to fix.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "governor"
+
+
+@cache
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = (path, ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    return found
+
+
+def _imported_from(module: str, path: Path, node: ast.ImportFrom) -> str | None:
+    if not node.level:
+        return node.module
+    base = module.split(".")
+    if path.name != "__init__.py":
+        base.pop()
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str) -> list[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for each governor import of `module`."""
+    modules = _modules()
+    path, tree = modules[module]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names if alias.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            source = _imported_from(module, path, node)
+            if not source or source.split(".")[0] != "governor":
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in modules:  # `from package import module`
+                    found.append((submodule, None, node.lineno))
+                elif source in modules:
+                    found.append((source, alias.name, node.lineno))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {module: {target for target, _, _ in _imports(module)} - {module} for module in _modules()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def test_no_import_circle_in_governor():
+    circles = _cycles(_graph())
+    assert not circles, "import circles (each line one circle):\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_finds_a_circle():
+    # the check itself can fail: a made-up graph with a three-module circle and a tail
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    private = [
+        f"{module} line {line}: {name} from {target}"
+        for module in _modules()
+        for target, name, line in _imports(module)
+        if name and name.startswith("_") and not name.startswith("__") and target != module
+    ]
+    assert not private, "private names imported across modules:\n" + "\n".join(private)
+
+
+def test_no_class_is_assembled_from_governor_mixins():
+    defined: dict[str, str] = {}  # class name -> module, for classes defined in governor/
+    for module, (_, tree) in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, module)
+    mixed = []
+    for module, (_, tree) in _modules().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [base.id if isinstance(base, ast.Name) else getattr(base, "attr", None) for base in node.bases]
+            ours = [base for base in bases if base in defined and not _is_error_or_protocol(base)]
+            if len(ours) > 1:
+                mixed.append(f"{module}.{node.name}({', '.join(ours)})")
+    assert not mixed, "classes assembled from several governor classes:\n" + "\n".join(mixed)
+
+
+def _is_error_or_protocol(name: str) -> bool:
+    return name.endswith(("Error", "Exception", "Protocol", "API"))
+
+
+def test_the_top_of_governor_lists_rooms():
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules loose at the top of governor/ (put each in the room it belongs to): {loose}"
+    rooms = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
+    assert len(rooms) <= 14, f"more rooms than docs/architecture.md names: {rooms}"
+
+
+@pytest.mark.parametrize("room", ["passport", "policy", "evidence", "store", "sessions", "runtime", "adapters",
+                                  "proxy", "control", "notify", "cli", "demo", "common"])
+def test_every_room_is_in_the_map(room):
+    assert (PACKAGE / room / "__init__.py").is_file(), f"governor/{room}/ is not a package"
+    architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert f"governor/{room}/" in architecture, f"docs/architecture.md does not describe governor/{room}/"
