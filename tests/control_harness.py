@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.canonical import b64url, canonicalize, digest_of
+from governor.common.canonical import b64url, canonicalize, digest_of
 from governor.policy.steps import (
     Action, ApprovalRequest, Decision, PERMIT, Step, ToolCall, UsageReport, ON_OVERSIGHT_TIMEOUT,
     ON_OVERSIGHT_TRIGGER,
@@ -204,7 +204,7 @@ async def control_planes() -> Any:
 def verify_record(runtime: ScriptedRuntime, record: dict[str, Any]) -> bool:
     """True when the record's signature is the harness key's over the record minus signature."""
     from cryptography.exceptions import InvalidSignature
-    from governor.canonical import b64url_decode
+    from governor.common.canonical import b64url_decode
 
     body = {k: v for k, v in record.items() if k != "signature"}
     try:

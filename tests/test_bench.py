@@ -358,7 +358,7 @@ def test_two_trees_side_by_side_each_read_per_round() -> None:
 
 # --- where the CPU goes: py-spy's samples, split -----------------------------------------
 
-_MAIN = "thread (100): MainThread;<module> (governor:6);main (governor/cli.py:51);run (asyncio/runners.py:194)"
+_MAIN = "thread (100): MainThread;<module> (governor:6);main (governor/cli/__init__.py:51);run (asyncio/runners.py:194)"
 # py-spy's raw format (record --format raw --threads): one line per distinct stack, root first
 RAW_STACKS = [
     f"{_MAIN};Governor.request (governor/proxy/addon.py:270);Runtime.admit (governor/runtime.py:250);"
@@ -368,7 +368,7 @@ RAW_STACKS = [
     "validate_headers (mitmproxy/net/http/validate.py:10) 8",
     f"{_MAIN};BaseEventLoop._run_once (asyncio/base_events.py:1900);Handle._run (asyncio/events.py:84) 2",
     f"{_MAIN};BaseEventLoop._run_once (asyncio/base_events.py:1900);EpollSelector.select (selectors.py:468) 40",
-    "thread (100): MainThread;<module> (governor:6);main (governor/cli.py:51) 1",
+    "thread (100): MainThread;<module> (governor:6);main (governor/cli/__init__.py:51) 1",
     "thread (200): governor-store-flush;_flush_behind (governor/store/writebehind.py:300) 9",
     "not a stack line",
 ]
@@ -395,7 +395,7 @@ def test_the_profile_splits_the_event_loops_samples_by_where_they_were_taken() -
         "quiet_model_call (governor/policy/engine.py)": 60.0,
         "Governor.response (governor/proxy/addon.py)": 30.0, "Runtime.usage (governor/runtime.py)": 30.0}
     assert split["other_functions"] == {"validate_headers (mitmproxy/net/http/validate.py)": 80.0,
-                                        "Handle._run (asyncio/events.py)": 20.0, "main (governor/cli.py)": 10.0}
+                                        "Handle._run (asyncio/events.py)": 20.0, "main (governor/cli/__init__.py)": 10.0}
     bare = profile_overhead.breakdown([(frames, n) for frames, n in busy
                                        if profile_overhead.categorize(frames) != "governor code"], 110.0)
     printed = profile_overhead.report({"bare": bare, "governor": split})

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from governor.canonical import b64url, b64url_decode, canonicalize, digest_of
+from governor.common.canonical import b64url, b64url_decode, canonicalize, digest_of
 from tests.conftest import shared_path
 
 

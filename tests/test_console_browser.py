@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from mcp.shared.exceptions import McpError
 
-from governor.canonical import digest_of
+from governor.common.canonical import digest_of
 from governor.control.reviewer_console import CONTENT_SECURITY_POLICY
 from tests.console_harness import (
     CONTROL_TOKEN, REVIEWER_TOKEN, chromium_browser, chromium_missing, console_world, fresh_context, sign_in,

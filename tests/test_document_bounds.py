@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from governor.cli import main
-from governor.documents import (
+from governor.common.documents import (
     MAX_DEPTH,
     MAX_DOCUMENT_BYTES,
     DocumentBoundError,

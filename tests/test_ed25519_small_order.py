@@ -12,9 +12,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from governor.canonical import b64url
+from governor.common.canonical import b64url
 from governor.cli import main
-from governor.ed25519_points import L, P, SMALL_ORDER_POINTS, ed25519_key_problem
+from governor.common.ed25519_points import L, P, SMALL_ORDER_POINTS, ed25519_key_problem
 from governor.evidence import verify_record
 from governor.evidence.errors import DidDocumentError, KeyFileError
 from governor.evidence.keys import assertion_keys, did_document, load_public_key

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from governor.canonical import b64url, b64url_decode
+from governor.common.canonical import b64url, b64url_decode
 from governor.evidence import check_chain, did_document, generate_key, sign_record, verify_record
 from governor.evidence.keys import public_key_bytes
 from tests.test_evidence_record import EVENTS, GOVERNOR, START, SessionHeader, SessionRecord, signed_record, spec_chain_ok

@@ -9,7 +9,7 @@ import logging
 import aiohttp
 import orjson
 
-from governor.logjson import JSONFormatter
+from governor.common.logjson import JSONFormatter
 from tests.governor_process import GovernorProcess
 from tests.proxy_harness import RawClient
 from tests.upstreams import MockLLM, make_tls

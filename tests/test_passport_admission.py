@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from governor.canonical import b64url
+from governor.common.canonical import b64url
 from governor.passport import (
     AdmissionConfig,
     Retrieval,

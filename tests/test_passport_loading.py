@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from governor.canonical import canonicalize, digest_of
+from governor.common.canonical import canonicalize, digest_of
 from governor.passport import (
     AdmissionConfig,
     PassportError,

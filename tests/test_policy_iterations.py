@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from governor.canonical import canonicalize
+from governor.common.canonical import canonicalize
 from governor.policy import (
     ApprovalGranted,
     ON_ITERATION_LIMIT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.canonical import digest_of
+from governor.common.canonical import digest_of
 from governor.policy import (
     ON_BUDGET_EXHAUSTED,
     ON_OVERSIGHT_TIMEOUT,

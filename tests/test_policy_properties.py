@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from governor.canonical import digest_of
+from governor.common.canonical import digest_of
 from governor.policy import (
     step_tools,
     Action,

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from governor.canonical import digest_of
+from governor.common.canonical import digest_of
 from governor.policy import (
     ON_GOVERNOR_ERROR,
     ON_SESSION_INTEGRITY,

@@ -36,7 +36,7 @@ from governor.adapters import jsonrpc, withhold
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
-from governor.canonical import inexact_json
+from governor.common.canonical import inexact_json
 from governor.policy.steps import Decision, Step, ToolCall, ToolError
 
 MCP_METHODS = frozenset({

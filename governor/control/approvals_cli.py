@@ -138,7 +138,7 @@ def inert(value: Any) -> str:
 
 def canonical_arguments(arguments: Any) -> str:
     """The tool arguments as canonical JSON (RFC 8785, the bytes the step digest covers)."""
-    from governor.canonical import canonicalize
+    from governor.common.canonical import canonicalize
 
     try:
         return canonicalize(arguments).decode("utf-8")

@@ -1,8 +1,8 @@
 """The evidence room: enforcement records, their hash chain and signature, the durable
 session journal, the governor's key, and offline verification (Runtime §8).
 
-Imports nothing outside governor.evidence, governor.canonical and the two shared
-readers governor.documents and governor.ed25519_points (plus jsonschema and
+Imports nothing outside governor.evidence, governor.common.canonical and the two shared
+readers governor.common.documents and governor.common.ed25519_points (plus jsonschema and
 cryptography), so an auditor's `governor verify` does not load the proxy or the
 policy engine.
 

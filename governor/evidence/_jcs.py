@@ -1,6 +1,6 @@
 """Exact RFC 8785 (JCS) bytes, fast, for the values records are made of.
 
-`governor.canonical.canonicalize` (the `jcs` package) is pure Python: about 30 µs
+`governor.common.canonical.canonicalize` (the `jcs` package) is pure Python: about 30 µs
 for one small event, so hashing and signing a 10,000-event record would take
 most of a second. The C encoder behind `json.dumps(sort_keys=True,
 separators=(",", ":"), ensure_ascii=False)` produces the very same bytes as JCS
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from governor.canonical import canonicalize
+from governor.common.canonical import canonicalize
 
 _dumps = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False, check_circular=False
@@ -75,7 +75,7 @@ def _dumps_safe(value: Any) -> Any:
 
 
 def canonical(value: Any) -> bytes:
-    """JCS bytes of `value`, identical to governor.canonical.canonicalize."""
+    """JCS bytes of `value`, identical to governor.common.canonical.canonicalize."""
     try:
         safe = _dumps_safe(value)
     except _NeedsReference:

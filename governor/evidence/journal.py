@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from governor.canonical import sha256_b64url
+from governor.common.canonical import sha256_b64url
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
 from governor.evidence.record import (

@@ -21,9 +21,9 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from governor.canonical import b64url, b64url_decode
-from governor.documents import JSON, DocumentError, parse_document, read_document_bytes
-from governor.ed25519_points import ed25519_key_problem
+from governor.common.canonical import b64url, b64url_decode
+from governor.common.documents import JSON, DocumentError, parse_document, read_document_bytes
+from governor.common.ed25519_points import ed25519_key_problem
 from governor.evidence.errors import DidDocumentError, KeyFileError
 from governor.evidence.record import fsync_directory
 
@@ -132,7 +132,7 @@ def load_public_key(path: Path | str) -> Ed25519PublicKey:
 
 def usable_public_key(raw: bytes) -> Ed25519PublicKey:
     """An Ed25519 public key from 32 raw bytes; ValueError for any other length, a small-order
-    point or a non-canonical encoding (governor.ed25519_points)."""
+    point or a non-canonical encoding (governor.common.ed25519_points)."""
     problem = ed25519_key_problem(raw)
     if problem is not None:
         raise ValueError(problem)
@@ -278,7 +278,7 @@ def public_key_from_did_document(document: Mapping[str, Any], did: str | None = 
 
 
 def load_did_document(path: Path | str) -> dict[str, Any]:
-    """A DID document file: a JSON object, read within the bounds of governor.documents."""
+    """A DID document file: a JSON object, read within the bounds of governor.common.documents."""
     try:
         return parse_document(read_document_bytes(path), format=JSON, source=f"DID document {path}",
                               what="DID document")

@@ -2,7 +2,7 @@
 
 The digest in a record is base64url(SHA-256(JCS(passport))) of the document as the
 governor loaded it, so the verifier reads a passport with the very same code the
-passport room uses (governor.documents: JSON, or YAML under the 1.2 core schema).
+passport room uses (governor.common.documents: JSON, or YAML under the 1.2 core schema).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from governor.documents import JSON, YAML, DocumentError, parse_document, read_document_file
+from governor.common.documents import JSON, YAML, DocumentError, parse_document, read_document_file
 from governor.evidence.errors import InputError
 
 _FORMATS = {".json": JSON, ".yaml": YAML, ".yml": YAML}

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from governor.canonical import sha256_b64url
+from governor.common.canonical import sha256_b64url
 from governor.evidence._jcs import canonical
 
 FORMAT_VERSION = "1.0"

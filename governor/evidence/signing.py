@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.canonical import b64url
+from governor.common.canonical import b64url
 from governor.evidence._jcs import canonical, canonical_with_events
 from governor.evidence.record import RECORD_MEMBERS
 

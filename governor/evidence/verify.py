@@ -22,9 +22,9 @@ import jsonschema
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from governor.canonical import b64url, b64url_decode, digest_of, sha256_b64url
-from governor.documents import JSON, DocumentError, parse_document, read_document_file
-from governor.ed25519_points import ed25519_key_problem
+from governor.common.canonical import b64url, b64url_decode, digest_of, sha256_b64url
+from governor.common.documents import JSON, DocumentError, parse_document, read_document_file
+from governor.common.ed25519_points import ed25519_key_problem
 from governor.evidence._jcs import canonical
 from governor.evidence.errors import DidDocumentError, EvidenceError, InputError, SchemaNotFoundError
 from governor.evidence.keys import assertion_keys, key_fingerprint, public_key_bytes

@@ -27,7 +27,7 @@ from governor.passport.keys import (
     public_key_from_jwk,
     public_key_from_multibase,
 )
-from governor.documents import read_document_file
+from governor.common.documents import read_document_file
 from governor.passport.loader import JSON, parse_passport
 
 _DID = re.compile(r"^did:([a-z0-9]+):(.+)$")

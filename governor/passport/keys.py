@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from governor.canonical import b64url
-from governor.ed25519_points import ed25519_key_problem
+from governor.common.canonical import b64url
+from governor.common.ed25519_points import ed25519_key_problem
 from governor.passport.errors import (
     PassportKeyError,
     SignatureInvalidError,
@@ -154,7 +154,7 @@ def check_strength(key: Any) -> None:
 
 
 def check_ed25519(raw: bytes) -> None:
-    """Refuse a small-order or non-canonically encoded Ed25519 key (governor.ed25519_points)."""
+    """Refuse a small-order or non-canonically encoded Ed25519 key (governor.common.ed25519_points)."""
     problem = ed25519_key_problem(raw)
     if problem is not None:
         raise WeakKeyError(f"{problem} is refused")

@@ -1,4 +1,4 @@
-"""Reading passport bytes into a plain JSON value (governor.documents), and writing it back.
+"""Reading passport bytes into a plain JSON value (governor.common.documents), and writing it back.
 
 A passport is signed over its JCS bytes, so loading must not change any value:
 YAML is read with the YAML 1.2 core schema (timestamps, `yes`/`no`, `0777` and
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from governor.documents import (
+from governor.common.documents import (
     JSON,
     MAX_DOCUMENT_BYTES,
     YAML,
@@ -38,7 +38,7 @@ def parse_passport(data: bytes | str, *, format: str | None = None, source: str 
                    max_bytes: int = MAX_DOCUMENT_BYTES) -> dict[str, Any]:
     """Parse passport text (JSON or YAML; sniffed when `format` is None) into a JSON object.
 
-    Bounded (governor.documents): at most `max_bytes`, MAX_DEPTH levels, no YAML anchors or aliases."""
+    Bounded (governor.common.documents): at most `max_bytes`, MAX_DEPTH levels, no YAML anchors or aliases."""
     try:
         return parse_document(data, format=format, source=source, what="passport", max_bytes=max_bytes)
     except DocumentError as exc:

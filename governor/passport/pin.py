@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from governor.canonical import canonicalize, sha256_b64url
+from governor.common.canonical import canonicalize, sha256_b64url
 from governor.passport.errors import PassportError
 from governor.passport.loader import first_non_json_value, parse_passport
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from governor.canonical import b64url, canonicalize
+from governor.common.canonical import b64url, canonicalize
 from governor.passport.errors import PassportKeyError, SignatureInvalidError, SigningError
 from governor.passport.keys import (
     ED25519,

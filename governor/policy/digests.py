@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import fields
 from typing import Any, Mapping
 
-from governor.canonical import b64url
+from governor.common.canonical import b64url
 from governor.policy.signature import canonical_bytes, digest
 from governor.policy.steps import (
     ApprovalExpired, ApprovalGranted, ApprovalRejected, Delegation, ModelCall, PassportPresented,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from governor import degradation as _degradation
-from governor.canonical import digest_of
+from governor.common.canonical import digest_of
 from governor.policy import patterns
 from governor.policy.pricing import PricingTable
 from governor.policy.steps import (

@@ -6,7 +6,7 @@ identical bytes whenever the value is made only of dicts with ASCII string keys,
 lists, strings, booleans, None and integers within +-2**53 (JCS orders keys by UTF-16
 code units, which equals orjson's order for ASCII; JCS writes floats in ECMAScript
 form, which orjson does not, so any float takes the JCS path). Everything else goes
-through governor.canonical unchanged.
+through governor.common.canonical unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from governor.canonical import canonicalize, sha256_b64url
+from governor.common.canonical import canonicalize, sha256_b64url
 
 _SAFE_INT = 2**53
 
@@ -52,5 +52,5 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 def digest(value: Any) -> str:
-    """base64url(SHA-256(JCS(value))): governor.canonical.digest_of, same bytes."""
+    """base64url(SHA-256(JCS(value))): governor.common.canonical.digest_of, same bytes."""
     return sha256_b64url(canonical_bytes(value))

@@ -567,7 +567,7 @@ def configure_logging(level: str | None, fmt: str = "text") -> None:
     import logging
 
     if fmt == "json":
-        from governor.logjson import JSONFormatter
+        from governor.common.logjson import JSONFormatter
 
         handler = logging.StreamHandler()
         handler.setFormatter(JSONFormatter())

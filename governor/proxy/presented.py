@@ -4,7 +4,7 @@
 passport document (JSON or YAML), read as the pin was read and digested. The
 header is the agent's, so reading it is bounded: at most MAX_PRESENTED_BYTES
 decoded, and the passport reader's own bounds (no YAML anchors or aliases,
-nesting at most governor.documents.MAX_DEPTH levels). What remains costs up to a
+nesting at most governor.common.documents.MAX_DEPTH levels). What remains costs up to a
 few hundred milliseconds of YAML parsing, so it runs in one worker thread, never
 on the event loop: with a timeout, a bound on parses in flight, and a small cache
 (an agent presenting the same passport on every request pays once).
@@ -22,7 +22,7 @@ import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from governor.canonical import b64url_decode, sha256_b64url
+from governor.common.canonical import b64url_decode, sha256_b64url
 
 HEADER = "ADL-Passport"
 MAX_PRESENTED_BYTES = 64 * 1024  # decoded; a passport is a few KiB

@@ -54,7 +54,7 @@ def edited_step(limits: Any, step: Step, arguments: Any) -> ToolCall:
         raise EditRefused("bad_edited_arguments", '"edited_arguments" must be a JSON object')
     if not all(isinstance(key, str) for key in arguments):
         raise EditRefused("bad_edited_arguments", '"edited_arguments" keys must be strings')
-    from governor.canonical import canonicalize, inexact_json
+    from governor.common.canonical import canonicalize, inexact_json
 
     if (inexact := inexact_json(arguments)) is not None:
         raise EditRefused("bad_edited_arguments", f'"edited_arguments"{inexact}: the approved step would not be '

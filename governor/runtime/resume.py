@@ -35,7 +35,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from governor.canonical import canonicalize, sha256_b64url
+from governor.common.canonical import canonicalize, sha256_b64url
 from governor.evidence.finalize import FinalizeReport, Pin, finalize_interrupted
 from governor.evidence.record import SessionHeader, write_durably
 from governor.evidence import Journal, journal_path
