@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from governor.degradation import FAIL_CLOSED, DegradationError, Resolution, compile_degradation, resolve
+from governor.policy.degradation import FAIL_CLOSED, DegradationError, Resolution, compile_degradation, resolve
 from governor.policy import (
     ON_BUDGET_EXHAUSTED,
     ON_TOOL_ERROR,

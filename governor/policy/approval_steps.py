@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from governor import degradation as _degradation
+from governor.policy import degradation as _degradation
 from governor.policy.state import PENDING, Approval
 from governor.policy.steps import (
     ON_OVERSIGHT_TIMEOUT, Action, ApprovalExpired, ApprovalGranted, ApprovalRejected, ApprovalRequest,

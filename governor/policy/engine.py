@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from governor import degradation as _degradation
+from governor.policy import degradation as _degradation
 from governor.policy import anomaly
 from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import SessionState

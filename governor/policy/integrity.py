@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from governor import degradation as _degradation
+from governor.policy import degradation as _degradation
 from governor.policy.limits import Limits
 from governor.policy.steps import ON_SESSION_INTEGRITY, Action, Decision
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from governor import degradation as _degradation
+from governor.policy import degradation as _degradation
 from governor.common.canonical import digest_of
 from governor.policy import patterns
 from governor.policy.pricing import PricingTable

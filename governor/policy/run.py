@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from governor import degradation as _degradation
+from governor.policy import degradation as _degradation
 from governor.policy.limits import Limits
 from governor.policy.state import GRANTED, PENDING, SessionState
 from governor.policy.steps import (
