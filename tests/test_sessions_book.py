@@ -1,4 +1,4 @@
-"""The session book by itself (governor/sessions.py): resolving tokens and names, the agent-named
+"""The session book by itself (governor/sessions/book.py): resolving tokens and names, the agent-named
 cap over a rolling day, the default session, persistence across a restart (a torn last line
 set aside, damage refused), and the `governor run` settings that configure it."""
 
@@ -12,7 +12,7 @@ import pytest
 from governor.cli import UsageError
 from governor.proxy.cli import ensure_control_token, resolve
 from governor.proxy.server import Settings, StartupError, serve
-from governor.sessions import DAY, Refusal, SessionBook, SessionBookError, parse_lock_causes
+from governor.sessions.book import DAY, Refusal, SessionBook, SessionBookError, parse_lock_causes
 
 
 class Clock:

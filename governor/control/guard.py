@@ -120,7 +120,7 @@ class ControlGuard:
 def page_query(query: Mapping[str, str]) -> tuple[str | None, int]:
     """(after, limit) of a listing's query string: `limit` 1..MAX_PAGE (default
     DEFAULT_PAGE), `after` the cursor (the last id of the previous page)."""
-    from governor.session_index import DEFAULT_PAGE, MAX_PAGE
+    from governor.sessions.index import DEFAULT_PAGE, MAX_PAGE
 
     raw = query.get("limit")
     if raw is None:

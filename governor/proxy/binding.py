@@ -37,7 +37,7 @@ class SessionBinding:
         self.registry = registry
         self.policy = policy
         self.refuser = refuser
-        self.sessions = sessions  # governor.sessions.SessionBook: which session a request may act in
+        self.sessions = sessions  # governor.sessions.book.SessionBook: which session a request may act in
         self.origin = origin  # governor.control.origin.ProxyOrigin, optional
         self.metrics = metrics  # governor.metrics.Metrics, optional
         self.own_session = f"session-{uuid.uuid4().hex[:12]}"

@@ -78,7 +78,7 @@ class Chain:
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
                 origin: Any = None, sessions: Any = None, proxyserver: Any = None) -> Chain:
-    """The addons over `runtime`: `sessions` the session book (governor.sessions.SessionBook),
+    """The addons over `runtime`: `sessions` the session book (governor.sessions.book.SessionBook),
     `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
     master's Proxyserver addon (transit works on its connections; None without a master)."""
     recorded = recording.Recording()  # events recorded from tasks: a stop awaits them

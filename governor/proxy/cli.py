@@ -327,7 +327,7 @@ def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], c
 
 
 def _session_settings(settings: Any, value: Any) -> None:
-    from governor.sessions import DEFAULT_MODES, MODES, parse_lock_causes
+    from governor.sessions.book import DEFAULT_MODES, MODES, parse_lock_causes
 
     if (mode := value("sessions")) is not None:
         if mode not in MODES:

@@ -346,7 +346,7 @@ def attach_notifier(settings: Settings, runtime: Any, metrics: Any = None) -> An
 def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
     """The runtime's session book, else a new one for these settings (attached to the
     runtime when it keeps one: it then records locks and learns of ends)."""
-    from governor.sessions import SessionBook
+    from governor.sessions.book import SessionBook
 
     book = getattr(runtime, "session_book", None)
     if book is None:

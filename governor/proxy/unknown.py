@@ -14,7 +14,7 @@ from governor.proxy.flow_state import STATE_KEY, FlowState
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import Refuser, as_response, generic_error
 from governor.runtime.api import RuntimeAPI
-from governor.sessions import halted_reason
+from governor.sessions.book import halted_reason
 
 log = logging.getLogger("governor.proxy")
 

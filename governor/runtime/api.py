@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from governor.policy.steps import Action, Decision, Step, UsageReport
-from governor.sessions import halted_reason
+from governor.sessions.book import halted_reason
 
 # Keys of Decision.details that clients and the record's readers care about.
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
@@ -140,6 +140,6 @@ class RuntimeAPI(Protocol):
 
     # Optional, looked up with getattr (governor.runtime.core.Runtime has them; scripted test
     # runtimes need not): `attach_sessions(book)` (record locks, learn of ends: see
-    # governor.sessions), `end_session_by_principal(session)` (POST /v1/sessions/{id}/end),
+    # governor.sessions.book), `end_session_by_principal(session)` (POST /v1/sessions/{id}/end),
     # `audit_record(nonce=None)` (GET /v1/audit/record), `answered_approval(id)` (how an
     # approval that is no longer pending ended, for the control plane's 409).

@@ -1,7 +1,7 @@
 """The runtime's side of the session book: locks, lifts and the governor's audit journal.
 
 `AuditTrail` holds the attached session book and the audit journal; the book
-(`governor.sessions`) decides who may act, and this records what it enforced (the book's
+(`governor.sessions.book`) decides who may act, and this records what it enforced (the book's
 `recorder` is this object):
 
   * a lock (a halt with a locking cause) and its lift, with who lifted it: an event
@@ -34,7 +34,7 @@ from governor.notify import events as notify
 from governor.policy.steps import ON_REQUEST_REFUSED
 from governor.policy.tools import ON_TOOLS_WITHHELD
 from governor.runtime.session import LiveSession
-from governor.sessions import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
+from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
 
 log = logging.getLogger("governor.runtime")
 

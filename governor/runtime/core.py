@@ -74,7 +74,7 @@ from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
-from governor.sessions import SessionBook
+from governor.sessions.book import SessionBook
 from governor.store import Store, StoreError
 
 log = logging.getLogger("governor.runtime")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from governor.policy import Action, Decision, Step
-from governor.sessions import HOW_TO_OPEN
+from governor.sessions.book import HOW_TO_OPEN
 from governor.policy.steps import ON_GOVERNOR_ERROR
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from governor.evidence import Journal
 from governor.policy import SessionState, Step
-from governor.session_index import SessionIndex
+from governor.sessions.index import SessionIndex
 
 if TYPE_CHECKING:
     from governor.metrics import Metrics

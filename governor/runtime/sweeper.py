@@ -21,7 +21,7 @@ from governor.runtime.audit import AuditTrail
 from governor.runtime.records import Records
 from governor.runtime.session import LiveSession
 from governor.runtime.views import StoreCall, Views
-from governor.session_index import SessionIndex
+from governor.sessions.index import SessionIndex
 from governor.store import StoreError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from governor.policy import Limits
 from governor.runtime.approvals import Approvals
 from governor.runtime.session import LiveSession
-from governor.session_index import SessionIndex
+from governor.sessions.index import SessionIndex
 from governor.store import Store, StoreError
 from governor.evidence import iso_utc
 
