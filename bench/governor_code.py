@@ -68,7 +68,7 @@ def run(exchanges: int = 5_000, rounds: int = 7) -> dict[str, Any]:
 
 async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
     from governor.control.origin import ProxyOrigin
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
     from governor.policy.steps import Tier
     from governor.proxy.server import Settings, build_chain, build_runtime
 

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 
 from governor.adapters.base import AdapterConfig
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
 from tests.test_mcp_sdk import NotesServer, mcp_session

@@ -174,7 +174,7 @@ async def start_control_plane(runtime: Any = None, **options: Any) -> Any:
     import aiohttp
 
     from governor.control import ControlContext, ProxyOrigin, control_url, create_app, start_control
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
 
     runtime = runtime if runtime is not None else ScriptedRuntime()
     metrics, origin = options.pop("metrics", None), options.pop("origin", None)

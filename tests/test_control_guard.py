@@ -9,7 +9,7 @@ import pytest
 
 from governor.control import ControlContext, ProxyOrigin, create_app, start_control
 from governor.control.guard import ControlGuard, Refusal, host_name, json_object
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.policy.steps import ToolCall
 from tests.control_harness import ScriptedRuntime, control_planes  # noqa: F401  (the `serve` fixture)
 

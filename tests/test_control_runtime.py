@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from governor.control import ControlContext, control_url, create_app, start_control
 from governor.evidence import verify_record
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.policy.steps import ToolCall
 from governor.runtime.core import Runtime
 from tests.control_harness import real_runtime

@@ -137,7 +137,7 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
     pending approval and hold, without bound (2,000 from one session were all held, about
     12 KB each, and listed to the reviewer, burying the reviews that matter). Past
     MAX_PENDING_REVIEWS a further one is denied at once, recorded; the session goes on."""
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
     from governor.policy.run import MAX_PENDING_REVIEWS
     from tests.oversight_world import REVIEWER
     from tests.test_mcp_sdk import NotesServer
@@ -192,7 +192,7 @@ async def test_tool_arguments_that_cannot_be_digested_exactly_are_refused_before
     arguments nested 300 deep were paused (a pending approval for the reviewer), then the
     hold's request identity (orjson writes at most 254 levels) raised: 503 internal error,
     the approval left pending with no request to take it. Now a 400 before anything."""
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
     from tests.oversight_world import REVIEWER
     from tests.test_mcp_sdk import NotesServer
     from tests.test_mcp_sdk_runtime import PASSPORT

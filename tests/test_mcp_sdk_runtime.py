@@ -18,7 +18,7 @@ from mcp.shared.exceptions import McpError
 
 from governor.adapters.base import AdapterConfig
 from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
 from tests.test_mcp_sdk import REVIEWER, NotesServer, _answer_when_pending, mcp_session

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.metrics import DECISION_BUCKETS, UPSTREAM_BUCKETS, Metrics
+from governor.runtime.metrics import DECISION_BUCKETS, UPSTREAM_BUCKETS, Metrics
 from governor.policy.steps import Action, Decision
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "helm" / "governor" / "files" / "prometheus"
 RULES = RULES_DIR / "governor-rules.yaml"

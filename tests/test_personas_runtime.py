@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from governor.evidence import verify_record
-from governor.personas import PersonaActivity, PersonaHeaderError, parse_persona
+from governor.runtime.personas import PersonaActivity, PersonaHeaderError, parse_persona
 from governor.store import SQLiteStore
 from tests.test_runtime import Clock, make_runtime, pinned  # noqa: F401  (pinned is a fixture)
 

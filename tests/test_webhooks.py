@@ -18,7 +18,7 @@ from aiohttp import web
 
 from governor.demo.mock_llm import MockLLM
 from governor.demo.mock_tools import MockTools
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.notify import SignatureError, sign, verify
 from governor.notify.events import session_halted
 from governor.notify.webhooks import WebhookConfig, WebhookConfigError, WebhookNotifier

@@ -12,7 +12,7 @@ from governor.control.auth import TokenSet
 from governor.control.guard import ControlGuard
 from governor.control.nonces import MemoryNonces, NonceIssuer
 from governor.control.origin import ProxyOrigin
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from governor.control.context import ControlContext
 from governor.control.replies import checked_body, error, ok, operator_refusal, unknown_session
-from governor.personas import MAX_INSTANCE_LENGTH, MAX_PERSONA_LENGTH
+from governor.runtime.personas import MAX_INSTANCE_LENGTH, MAX_PERSONA_LENGTH
 
 
 class PersonaRoutes:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from governor.control.context import ControlContext
 from governor.control.replies import ok
-from governor.metrics import CONTENT_TYPE
+from governor.runtime.metrics import CONTENT_TYPE
 
 
 class Probes:

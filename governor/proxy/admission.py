@@ -19,7 +19,7 @@ from mitmproxy import http
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters.base import Adapter, BadRequest, RequestView
 from governor.adapters.fitting import fit_request
-from governor.personas import PersonaHeaderError, parse_persona
+from governor.runtime.personas import PersonaHeaderError, parse_persona
 from governor.policy.steps import Decision, ModelCall, PassportPresented
 from governor.proxy import bodies, holds, withheld
 from governor.proxy.fields import rewrite_for_upstream
@@ -106,7 +106,7 @@ class Admission:
             state.unclaimed = True  # the unknown-traffic addon's (governor.proxy.unknown)
             return
         activity = None
-        if persona is not None:  # `name` or `name; instance=id` (governor.personas)
+        if persona is not None:  # `name` or `name; instance=id` (governor.runtime.personas)
             try:
                 activity = parse_persona(persona)
             except PersonaHeaderError as exc:

@@ -48,7 +48,7 @@ class Answers:
         self.holds = holds_
         self.refuser = refuser
         self.enforcer = enforcer
-        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
         self.recording = calls.tasks.recording
         # whether a stream's running usage is within what its call reserved (runtimes without
         # it: every chunk is forwarded and checked after, as before)

@@ -39,7 +39,7 @@ class SessionBinding:
         self.refuser = refuser
         self.sessions = sessions  # governor.sessions.book.SessionBook: which session a request may act in
         self.origin = origin  # governor.control.origin.ProxyOrigin, optional
-        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
         self.own_session = f"session-{uuid.uuid4().hex[:12]}"
 
     def session_of(self, headers: Any) -> str:

@@ -31,7 +31,7 @@ class Enforcer:
         self.refuser = refuser
         self.runtime = runtime
         self.recording = recording_
-        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
         self.proxyserver = proxyserver  # mitmproxy's Proxyserver addon (None: no master, as in tests)
 
     def enforce(self, flow: http.HTTPFlow, flight: Flight, decision: Decision, gov: dict[str, Any]) -> None:

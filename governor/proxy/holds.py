@@ -150,7 +150,7 @@ class Holds:
     by_key: dict[bytes, Hold] = field(default_factory=dict)
     per_session: dict[str, int] = field(default_factory=dict)
     counted: Counter = field(default_factory=Counter)  # outcome -> count
-    on_count: Callable[[str], None] | None = None  # governor.metrics.Metrics.review_hold
+    on_count: Callable[[str], None] | None = None  # governor.runtime.metrics.Metrics.review_hold
 
     def _count(self, outcome: str) -> None:
         self.counted[outcome] += 1

@@ -36,7 +36,7 @@ class InFlight:
         self.policy = policy
         self.calls = calls
         self.enforcer = enforcer
-        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
         self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight

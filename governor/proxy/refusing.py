@@ -37,7 +37,7 @@ class Refuser:
 
     def __init__(self, runtime: RuntimeAPI, metrics: Any = None) -> None:
         self.runtime = runtime
-        self.metrics = metrics  # governor.metrics.Metrics, optional
+        self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
 
     def refusal_reply(self, adapter: Adapter | None, decision: Decision, gov: dict[str, Any],
                        exchange: Exchange | None) -> Reply:

@@ -248,7 +248,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     """Start the proxy (and the control plane when settings.control is set) in this loop."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if metrics is None:
-        from governor.metrics import Metrics
+        from governor.runtime.metrics import Metrics
 
         metrics = Metrics(per_session=settings.metrics_per_session)
     if runtime is None:

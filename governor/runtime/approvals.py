@@ -33,7 +33,7 @@ from governor.notify import events as notify
 from governor.runtime.refusals import unrecorded_failure
 
 if TYPE_CHECKING:
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
 
 # the runtime's full decision round for a step of a live session, its lock held (Runtime._apply)
 Apply = Callable[[LiveSession, Step, Any], Awaitable[tuple[Decision, Any]]]

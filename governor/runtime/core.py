@@ -39,7 +39,7 @@ from typing import Any, Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.evidence import Journal, record_path
-from governor.metrics import Metrics
+from governor.runtime.metrics import Metrics
 from governor.notify import events as notify
 from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
@@ -63,7 +63,7 @@ from governor.policy import (
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
-from governor.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
+from governor.runtime.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime import stream_budget
 from governor.runtime.api import Admission, admission_for
 from governor.runtime.approvals import Approvals

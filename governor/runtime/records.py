@@ -23,8 +23,8 @@ from governor.runtime.refusals import ended_refusal
 from governor.runtime.session import LiveSession
 
 if TYPE_CHECKING:
-    from governor.metrics import Metrics
-    from governor.personas import PersonaInstances
+    from governor.runtime.metrics import Metrics
+    from governor.runtime.personas import PersonaInstances
 
 
 class Records:

@@ -17,7 +17,7 @@ from governor.policy import SessionState, Step
 from governor.sessions.index import SessionIndex
 
 if TYPE_CHECKING:
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
 
 PIN_KEY = "pin"  # the member of a saved session state that names what it was admitted with
 

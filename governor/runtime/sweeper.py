@@ -25,8 +25,8 @@ from governor.sessions.index import SessionIndex
 from governor.store import StoreError
 
 if TYPE_CHECKING:
-    from governor.metrics import Metrics
-    from governor.personas import PersonaInstances
+    from governor.runtime.metrics import Metrics
+    from governor.runtime.personas import PersonaInstances
 
 log = logging.getLogger("governor.runtime")
 

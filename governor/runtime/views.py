@@ -19,7 +19,7 @@ from governor.store import Store, StoreError
 from governor.evidence import iso_utc
 
 if TYPE_CHECKING:
-    from governor.metrics import Metrics
+    from governor.runtime.metrics import Metrics
 
 # calls the store: inline when local, from a worker thread when it crosses the network (Runtime._store)
 StoreCall = Callable[..., Awaitable[Any]]
