@@ -71,7 +71,7 @@ from common import (  # noqa: E402
 # py-spy raw output: one line per distinct stack, "frame;frame;...;frame COUNT", root
 # first, each frame "function (path/to/file.py:LINE)" with paths relative to sys.path
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
-_ENTRY_POINTS = ("governor/cli/__init__.py", "governor/proxy/cli.py", "governor/__main__.py")
+_ENTRY_POINTS = ("governor/cli/__init__.py", "governor/cli/run.py", "governor/__main__.py")
 CATEGORIES = ("governor code", "mitmproxy", "event loop", "other", "no Python frame")
 _THREAD = re.compile(r"^thread \((?P<tid>\d+)\)")
 

@@ -224,7 +224,7 @@ def test_interception_refuses_an_agent_running_as_the_governor_user(helm_tool):
 def test_the_governor_command_line_is_one_governor_run_accepts(rendered):
     """The rendered `governor run` arguments (defaults and with interception) parse with the real CLI."""
     from governor.cli import build_parser
-    from governor.proxy.cli import resolve
+    from governor.cli.run import resolve
 
     parser = build_parser()
     for name in ("defaults", "interception"):
@@ -269,7 +269,7 @@ def test_the_interception_script_refuses_bad_settings_before_touching_iptables(t
 def test_the_session_settings_reach_governor_run(rendered, values):
     """The chart's sessions values (docs/sessions.md) become `governor run` settings."""
     from governor.cli import build_parser
-    from governor.proxy.cli import resolve
+    from governor.cli.run import resolve
 
     ((_, pod),) = chart_tools.pod_specs(rendered["defaults"])
     args = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")["args"]
@@ -286,7 +286,7 @@ def test_the_session_settings_reach_governor_run(rendered, values):
 def test_the_output_fitting_settings_reach_governor_run(rendered, values):
     """governor.fitOutput and governor.fitFloor (docs/fitting.md) become `governor run` settings."""
     from governor.cli import build_parser
-    from governor.proxy.cli import resolve
+    from governor.cli.run import resolve
 
     ((_, pod),) = chart_tools.pod_specs(rendered["defaults"])
     args = next(c for c in pod.get("initContainers", []) if c["name"] == "governor")["args"]
@@ -302,7 +302,7 @@ def test_the_review_hold_settings_reach_governor_run(rendered, values):
     """governor.reviewHoldSeconds and governor.reviewRetryAfter (docs/oversight.md) become
     `governor run`'s --review-hold-seconds and --review-retry-after, defaults and set values."""
     from governor.cli import build_parser
-    from governor.proxy.cli import resolve
+    from governor.cli.run import resolve
 
     def settings_of(docs):
         ((_, pod),) = chart_tools.pod_specs(docs)
@@ -320,7 +320,7 @@ def test_the_review_hold_settings_reach_governor_run(rendered, values):
 
 
 def test_the_control_service_names_are_hosts_the_control_plane_answers_to():
-    from governor.proxy.cli import OPTIONS
+    from governor.cli.run import OPTIONS
 
     text = _template_text()
     assert f"name: {OPTIONS['control_host'][0]}\n" in text
@@ -334,7 +334,7 @@ def test_the_webhook_settings_reach_governor_run(rendered, helm_tool):
     """webhooks.urls and its Secret become GOVERNOR_WEBHOOKS / GOVERNOR_WEBHOOK_SECRET, which
     `governor run` reads (docs/notifications.md); urls without a Secret are refused at render."""
     from governor.cli import build_parser
-    from governor.proxy.cli import OPTIONS, WEBHOOK_SECRET_ENV, resolve
+    from governor.cli.run import OPTIONS, WEBHOOK_SECRET_ENV, resolve
 
     ((_, pod),) = chart_tools.pod_specs(rendered["webhooks"])
     governor = next(c for c in pod.get("initContainers", []) + pod.get("containers", []) if c["name"] == "governor")

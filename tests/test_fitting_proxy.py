@@ -302,7 +302,7 @@ async def test_hostile_output_limits_get_a_clear_400_and_never_reach_the_upstrea
 
 def test_fitting_options_from_flag_environment_and_config_file(tmp_path):
     from governor.cli import UsageError
-    from governor.proxy.cli import OPTIONS, resolve
+    from governor.cli.run import OPTIONS, resolve
 
     def args(**values: Any) -> argparse.Namespace:
         return argparse.Namespace(**{**{name: None for name in OPTIONS}, **values})

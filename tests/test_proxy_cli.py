@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from governor.cli import UsageError
-from governor.proxy.cli import configure_logging, log_level
+from governor.cli.run import configure_logging, log_level
 
 
 def _args(**values: object) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def test_governor_run_freezes_what_start_up_made_out_of_the_cyclic_gc() -> None:
     serves, so full collections under load no longer walk them (a measured cost)."""
     import gc
 
-    from governor.proxy import cli
+    from governor.cli import run as cli
 
     before = gc.get_freeze_count()
     made_at_start_up = [[] for _ in range(1000)]  # tracked containers, alive before the freeze
@@ -88,7 +88,7 @@ def test_transparent_adds_a_second_mitmproxy_listener() -> None:
 
 
 def test_the_bounds_of_compressed_bodies_come_from_the_config_file(tmp_path: Path) -> None:
-    from governor.proxy.cli import OPTIONS, resolve
+    from governor.cli.run import OPTIONS, resolve
 
     config = tmp_path / "governor.yaml"
     config.write_text("max_response_bytes: 1048576\nmax_decoded_ratio: 50\n")
@@ -100,7 +100,7 @@ def test_the_bounds_of_compressed_bodies_come_from_the_config_file(tmp_path: Pat
 
 
 def test_the_bound_of_a_held_stream_comes_from_the_config_file(tmp_path: Path) -> None:
-    from governor.proxy.cli import OPTIONS, resolve
+    from governor.cli.run import OPTIONS, resolve
     from governor.proxy.server import build_chain
 
     config = tmp_path / "governor.yaml"
@@ -117,7 +117,7 @@ def test_the_bound_of_a_held_stream_comes_from_the_config_file(tmp_path: Path) -
 
 
 def test_the_persona_idle_time_from_flag_environment_and_config_file(tmp_path: Path) -> None:
-    from governor.proxy.cli import OPTIONS, resolve
+    from governor.cli.run import OPTIONS, resolve
 
     def args(**values: object) -> argparse.Namespace:
         return argparse.Namespace(**{**{name: None for name in OPTIONS}, **values})

@@ -192,7 +192,7 @@ async def test_an_idle_keep_alive_connection_is_closed(tmp_path, upstream, gover
 
 def test_connection_options_parse(tmp_path):
     from governor.cli import UsageError
-    from governor.proxy.cli import resolve
+    from governor.cli.run import resolve
 
     def args(**given):
         namespace = argparse.Namespace(**{name: None for name in (

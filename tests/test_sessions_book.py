@@ -10,7 +10,7 @@ import os
 import pytest
 
 from governor.cli import UsageError
-from governor.proxy.cli import ensure_control_token, resolve
+from governor.cli.run import ensure_control_token, resolve
 from governor.proxy.server import Settings, StartupError, serve
 from governor.sessions.book import DAY, Refusal, SessionBook, SessionBookError, parse_lock_causes
 
@@ -193,7 +193,7 @@ def test_lock_causes_setting():
 
 
 def _args(**values) -> argparse.Namespace:
-    from governor.proxy.cli import OPTIONS
+    from governor.cli.run import OPTIONS
 
     return argparse.Namespace(**{name: values.get(name) for name in OPTIONS})
 

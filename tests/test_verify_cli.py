@@ -267,7 +267,7 @@ def test_verify_runs_in_a_fresh_interpreter_without_proxy_or_policy(tmp_path, ke
     path = write(tmp_path, "r.json", signed_record(key))
     script = textwrap.dedent(f"""
         import sys
-        from governor.evidence.cli import register
+        from governor.cli.evidence import register
         import argparse
         parser = argparse.ArgumentParser(); register(parser.add_subparsers())
         args = parser.parse_args(["verify", {path!r}, "--key", {str(keydir / 'governor-pub.pem')!r}])

@@ -304,7 +304,7 @@ def test_webhook_options_from_the_command_line_the_environment_and_the_config_fi
     import argparse
 
     from governor.cli import UsageError
-    from governor.proxy.cli import OPTIONS, resolve
+    from governor.cli.run import OPTIONS, resolve
 
     def args(**values):
         return argparse.Namespace(**{**{name: None for name in OPTIONS}, **values})

@@ -16,7 +16,7 @@ __all__ = ["DemoFailed", "DemoOptions", "run_demo"]
 
 def __getattr__(name: str) -> Any:
     # the demo's flow (the whole proxy, mitmproxy) is imported when first asked for: every
-    # `governor` command registers `demo` (governor.demo.cli), and most never run it
+    # `governor` command registers `demo` (governor.cli.demo), and most never run it
     if name in __all__:
         from governor.demo import run
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from governor.cli import UsageError
 from governor.control.auth import REVIEWER_TOKEN_ENV
-from governor.control.client import Refused, call, control_token, data_dir, quote, token_from
+from governor.cli.client import Refused, call, control_token, data_dir, quote, token_from
 
 REVIEWER_TOKEN_FILE = "reviewer-token"
 

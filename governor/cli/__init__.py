@@ -1,9 +1,9 @@
-"""The `governor` command line.
+"""The `governor` command line, apart from the library it drives.
 
-Each area keeps its commands beside its library code, in a `cli` module with
-`register(subparsers)`; this file only assembles them, so the verifier's CLI
-stays apart from the library it calls (an auditor's `governor verify` imports
-nothing but `governor.evidence`).
+Each command is a module of this package with `register(subparsers)` (`evidence`: keygen and
+verify; `passport`; `run`; `sessions` and locks; `approvals`; `demo`) over the library
+rooms it calls; this module only assembles them, lazily, so that an auditor's `governor
+verify` imports nothing but `governor.evidence` (and `governor.common`).
 
 Exit codes, for every command: 0 success; 1 the thing checked is invalid
 (a rejected passport, a broken record); 2 usage or input errors.
@@ -18,12 +18,12 @@ import sys
 # module -> registers these commands; imported lazily so `governor verify` does
 # not pay for mitmproxy.
 COMMAND_MODULES = (
-    "governor.evidence.cli",  # keygen, verify
-    "governor.passport.cli",  # passport verify|digest|sign
-    "governor.proxy.cli",  # run
-    "governor.control.sessions_cli",  # sessions open|list|show|end, locks list|lift
-    "governor.control.approvals_cli",  # approvals list|show|approve|reject
-    "governor.demo.cli",  # demo
+    "governor.cli.evidence",  # keygen, verify
+    "governor.cli.passport",  # passport verify|digest|sign
+    "governor.cli.run",  # run
+    "governor.cli.sessions",  # sessions open|list|show|end, locks list|lift
+    "governor.cli.approvals",  # approvals list|show|approve|reject
+    "governor.cli.demo",  # demo
 )
 
 
@@ -84,10 +84,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    # `python -m governor.cli`: run the imported module's main, so the areas'
-    # `governor.cli.UsageError` is the class caught here (not a `__main__` twin).
-    from governor.cli import main as _main
-
-    sys.exit(_main())

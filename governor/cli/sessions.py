@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from governor.control.client import Refused, call, quote
+from governor.cli.client import Refused, call, quote
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
