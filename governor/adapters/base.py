@@ -45,7 +45,6 @@ from governor.policy.steps import (
     UsageReport,
 )
 
-from governor.runtime.api import governor_object  # noqa: F401  (one builder for every client-facing reason)
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
 

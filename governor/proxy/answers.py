@@ -19,8 +19,9 @@ from typing import Any
 from mitmproxy import http
 
 from governor.adapters import sse, withhold
-from governor.adapters.base import governor_object, observe_stream_whole
+from governor.adapters.base import observe_stream_whole
 from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE
+from governor.policy.reasons import governor_object
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
 from governor.proxy import bodies, holds, withheld
 from governor.proxy.enforcing import Enforcer

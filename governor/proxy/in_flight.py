@@ -18,7 +18,7 @@ from typing import Any
 
 from mitmproxy import http
 
-from governor.adapters.base import governor_object
+from governor.policy.reasons import governor_object
 from governor.policy.steps import Action, Decision, Tick
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight

@@ -11,41 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from governor.policy.reasons import governor_object
 from governor.policy.steps import Action, Decision, Step, UsageReport
 from governor.sessions.book import halted_reason
-
-# Keys of Decision.details that clients and the record's readers care about.
-_OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
-                "tool", "peer", "rule", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause",
-                "model", "loop", "repeats_in_window", "window", "threshold", "call_used", "call_reserved", "final",
-                "fit_floor", "fit_room")
-
-
-def _plain_number(value: Any) -> Any:
-    # 20000.0 tokens read better as 20000; costs keep their fraction
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def governor_object(decision: Decision, session: str) -> dict[str, Any]:
-    """The machine-readable reason a client gets with a refusal (and the control plane shows)."""
-    obj: dict[str, Any] = {
-        "session": session,
-        "cause": decision.cause,
-        "action": decision.action.value,
-        "enforced": decision.enforced,
-        "fail_closed": decision.fail_closed,
-    }
-    details = decision.details or {}
-    for key in _OBJECT_KEYS:
-        if details.get(key) is not None:
-            obj[key] = _plain_number(details[key])
-    if decision.approval is not None:
-        obj["approval_id"] = decision.approval.id
-        obj["expires_at"] = decision.approval.expires_at
-    if decision.fallback_message and decision.action in (Action.FALLBACK, Action.HALT, Action.CONTINUE):
-        obj["message"] = decision.fallback_message
-    return obj
-
 
 @dataclass(slots=True)
 class Admission:
