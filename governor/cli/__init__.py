@@ -15,6 +15,8 @@ import argparse
 import importlib
 import sys
 
+from governor.common.version import package_version
+
 # module -> registers these commands; imported lazily so `governor verify` does
 # not pay for mitmproxy.
 COMMAND_MODULES = (
@@ -27,23 +29,8 @@ COMMAND_MODULES = (
 )
 
 
-DISTRIBUTION = "adl-governor"
-
-
 class UsageError(Exception):
     """Bad arguments or unreadable input: exit 2 with the message."""
-
-
-def package_version() -> str:
-    """The installed distribution's version; the source tree's when not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        from governor import __version__
-
-        return __version__
 
 
 class _VersionAction(argparse.Action):

@@ -334,7 +334,7 @@ def attach_notifier(settings: Settings, runtime: Any, metrics: Any = None) -> An
     """The webhook notifier of settings.webhooks, set as the runtime's (None: no webhooks)."""
     if settings.webhooks is None or not hasattr(runtime, "notifier"):
         return None
-    from governor.cli import package_version
+    from governor.common.version import package_version
     from governor.notify.webhooks import WebhookNotifier
 
     notifier = WebhookNotifier(settings.webhooks, governor=str(getattr(runtime, "governor_id", "") or ""),
