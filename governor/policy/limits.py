@@ -239,7 +239,7 @@ def _positive(value: Any, where: str, integer: bool = False) -> float | int | No
     return float(value)
 
 
-def _budget_caps(budget: Any, where: str) -> dict[tuple[str, str], float]:
+def budget_caps(budget: Any, where: str) -> dict[tuple[str, str], float]:
     caps: dict[tuple[str, str], float] = {}
     for dimension, scopes in _mapping(budget, where).items():
         if dimension == "extensions":
@@ -311,7 +311,7 @@ def _personas(sub_agents: Any, parent_tools: frozenset[str], warn_fraction: floa
             raise LimitsError(f"{where}.tools: must be an array of tool names")
         # §4.1: the persona's subset (or the parent's tools), never a tool the parent lacks
         tools = (frozenset(declared) if declared is not None else parent_tools) & parent_tools
-        caps = _budget_caps(entry.get("budget_share"), f"{where}.budget_share")
+        caps = budget_caps(entry.get("budget_share"), f"{where}.budget_share")
         personas[name] = Persona(
             name,
             where,
@@ -459,7 +459,7 @@ def compile_limits(
         if loop_window < 2:  # type: ignore[operator]
             raise LimitsError("runtime.tool_invocation.loop_detection.window: must be >= 2")
 
-    budget = _budget_caps(resource_limits.get("budget"), "permissions.resource_limits.budget")
+    budget = budget_caps(resource_limits.get("budget"), "permissions.resource_limits.budget")
     parent_tools, confirm_tools, tool_sensitivity, tool_categories = _tool_sets(document.get("tools"))
     personas = _personas(permissions.get("sub_agents"), parent_tools, config.warn_fraction)
     triggers, free_text = _triggers(oversight)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from governor.policy.limits import DelegationPolicy, LimitsError, _budget_caps
+from governor.policy.limits import DelegationPolicy, LimitsError, budget_caps
 from governor.policy.steps import Delegation
 
 
@@ -38,7 +38,7 @@ def _peer_budget(passport: Mapping[str, Any]) -> dict[tuple[str, str], float]:
     permissions = passport.get("permissions")
     limits = permissions.get("resource_limits") if isinstance(permissions, Mapping) else None
     budget = limits.get("budget") if isinstance(limits, Mapping) else None
-    return _budget_caps(budget, "peer permissions.resource_limits.budget")
+    return budget_caps(budget, "peer permissions.resource_limits.budget")
 
 
 def admit_peer(

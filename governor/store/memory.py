@@ -28,7 +28,7 @@ _EMPTY: Mapping = {}
 
 
 @dataclass(slots=True)
-class _DayCounter:
+class DayCounter:
     """A per_day counter: its buckets and their running total.
 
     Expired buckets are dropped (and taken off the total) once each, when the
@@ -58,7 +58,7 @@ class _DayCounter:
 
 
 @dataclass(slots=True)
-class _Held:
+class HeldReservation:
     agent: str
     session: str
     bucket: int
@@ -76,8 +76,8 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._closed = False
         self._session_counters: dict[str, dict[_Sub, float]] = {}
-        self._day_counters: dict[str, dict[_Sub, _DayCounter]] = {}
-        self._held: dict[str, _Held] = {}
+        self._day_counters: dict[str, dict[_Sub, DayCounter]] = {}
+        self._held: dict[str, HeldReservation] = {}
         self._sessions: dict[str, bytes] = {}  # as JSON, like the other backends
         self._nonces: dict[str, float] = {}
         # reservation ids: a random prefix per store (ids written behind to a file stay unique
@@ -98,7 +98,7 @@ class MemoryStore:
             bucket = self.window.bucket_of(now)
             self._add(agent, session, totals, bucket, first_live)
             rid = f"{self._id_prefix}{next(self._ids):x}"
-            self._held[rid] = _Held(agent, session, bucket, now, totals)
+            self._held[rid] = HeldReservation(agent, session, bucket, now, totals)
             return Reservation(id=rid, ok=True)
 
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
@@ -186,7 +186,7 @@ class MemoryStore:
     def _add(self, agent: str, session: str, totals: dict[CounterKey, float], bucket: int, first_live: int) -> None:
         """Add each amount to its counter (made on first use), then tell `_changed`."""
         sessions: dict[_Sub, float] | None = None
-        days: dict[_Sub, _DayCounter] | None = None
+        days: dict[_Sub, DayCounter] | None = None
         for (scope, persona, dimension), amount in totals.items():
             sub = (persona, dimension)
             if scope == "per_session":
@@ -198,12 +198,12 @@ class MemoryStore:
                     days = self._day_counters.setdefault(agent, {})
                 counter = days.get(sub)
                 if counter is None:
-                    counter = days[sub] = _DayCounter({}, 0.0, bucket)
+                    counter = days[sub] = DayCounter({}, 0.0, bucket)
                 counter.live(first_live)
                 counter.add(bucket, amount)
         self._changed(agent, session, totals, bucket)
 
-    def _unhold(self, held: _Held) -> None:
+    def _unhold(self, held: HeldReservation) -> None:
         """Take a reservation's amounts off its counters (those still present)."""
         sessions = self._session_counters.get(held.session, _EMPTY)
         days = self._day_counters.get(held.agent, _EMPTY)

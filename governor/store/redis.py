@@ -443,7 +443,7 @@ class RedisStore:
         args: list[Any] = [
             agent, session, rid, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms, repr(now)
         ]
-        args += _encode_totals(totals)
+        args += encode_totals(totals)
         args.append(len(capped))
         for c in capped:
             args += (index[counter_key(c)], repr(cap_limit(c.cap)))
@@ -458,7 +458,7 @@ class RedisStore:
             args += ("held", 0)
         else:
             args.append("actual")
-            args += _encode_totals(totals_by_key(actual))
+            args += encode_totals(totals_by_key(actual))
         if int(self._run(self._commit, *args)) != 1:
             raise UnknownReservation(reservation_id)
 
@@ -470,7 +470,7 @@ class RedisStore:
         index = {key: i for i, key in enumerate(totals, start=1)}
         capped = [c for c in charges if c.cap is not None]
         args: list[Any] = [reservation_id, self.window.first_live(now), self._ttl_ms]
-        args += _encode_totals(totals)
+        args += encode_totals(totals)
         args.append(len(capped))
         for c in capped:
             args += (index[counter_key(c)], repr(cap_limit(c.cap)))
@@ -484,7 +484,7 @@ class RedisStore:
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]
-        self._run(self._add, *args, *_encode_totals(totals_by_key(charges)))
+        self._run(self._add, *args, *encode_totals(totals_by_key(charges)))
 
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
@@ -557,7 +557,7 @@ def _sub(dimension: str, persona: str | None) -> str:
     return f"{dimension}|{persona or ''}"
 
 
-def _encode_totals(totals: dict[CounterKey, float]) -> list[Any]:
+def encode_totals(totals: dict[CounterKey, float]) -> list[Any]:
     args: list[Any] = [len(totals)]
     for (scope, persona, dimension), amount in totals.items():
         args += (_SCOPE_CODE[scope], _sub(dimension, persona), repr(amount))

@@ -43,7 +43,7 @@ from governor.store.base import (
 SCHEMA_VERSION = 1
 
 # persona None (the parent's aggregate) is stored as '' so it can sit in a primary key.
-_AGGREGATE = ""
+AGGREGATE = ""
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -278,7 +278,7 @@ class SQLiteStore:
             rid = uuid.uuid4().hex
             conn.execute(
                 "INSERT INTO reservations (id, agent, session, bucket, created, totals) VALUES (?, ?, ?, ?, ?, ?)",
-                (rid, agent, session, bucket, now, _encode_totals(totals)),
+                (rid, agent, session, bucket, now, encode_totals(totals)),
             )
         return Reservation(id=rid, ok=True)
 
@@ -314,7 +314,7 @@ class SQLiteStore:
                                (reservation_id,)).fetchone()
             if row is None:
                 raise UnknownReservation(reservation_id)
-            agent, session, bucket, held = row[0], row[1], row[2], _decode_totals(row[3])
+            agent, session, bucket, held = row[0], row[1], row[2], decode_totals(row[3])
             current = {key: self._live_value(conn, agent, session, key, first_live) for key in totals}
             overshoot = first_overshoot(charges, totals, current)
             if overshoot is not None:
@@ -322,7 +322,7 @@ class SQLiteStore:
             for key, amount in totals.items():  # dated at the reservation, as commit dates its usage
                 self._apply(conn, agent, session, key, bucket, amount, first_live, expired_dropped=True)
                 held[key] = held.get(key, 0.0) + amount
-            conn.execute("UPDATE reservations SET totals = ? WHERE id = ?", (_encode_totals(held), reservation_id))
+            conn.execute("UPDATE reservations SET totals = ? WHERE id = ?", (encode_totals(held), reservation_id))
         return Reservation(id=reservation_id, ok=True)
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
@@ -362,7 +362,7 @@ class SQLiteStore:
     def _value(conn: sqlite3.Connection, agent: str, session: str, key: CounterKey, first_live: int) -> float:
         """A counter's value at first_live, without writing."""
         scope, persona, dimension = key
-        persona = persona or _AGGREGATE
+        persona = persona or AGGREGATE
         if scope == "per_session":
             row = conn.execute(_SESSION_VALUE, (session, persona, dimension)).fetchone()
             return row[0] if row else 0.0
@@ -386,7 +386,7 @@ class SQLiteStore:
         scope, persona, dimension = key
         if scope == "per_session":
             return cls._value(conn, agent, session, key, first_live)
-        day_key = (agent, persona or _AGGREGATE, dimension)
+        day_key = (agent, persona or AGGREGATE, dimension)
         row = conn.execute(_DAY_TOTAL, day_key).fetchone()
         if row is None:
             return 0.0
@@ -402,7 +402,7 @@ class SQLiteStore:
         first_live: int, *, expired_dropped: bool = False,
     ) -> None:
         scope, persona, dimension = key
-        persona = persona or _AGGREGATE
+        persona = persona or AGGREGATE
         if scope == "per_session":
             conn.execute(_SESSION_ADD, (session, persona, dimension, amount))
         elif bucket >= first_live:  # usage dated before the window no longer counts
@@ -421,7 +421,7 @@ class SQLiteStore:
         if row is None:
             return None
         agent, session, bucket, totals = row
-        return agent, session, bucket, _decode_totals(totals)
+        return agent, session, bucket, decode_totals(totals)
 
     @staticmethod
     def _unhold(
@@ -429,7 +429,7 @@ class SQLiteStore:
     ) -> None:
         """Take a reservation's amounts off its counters (rows pruned meanwhile stay gone)."""
         for (scope, persona, dimension), amount in totals.items():
-            persona = persona or _AGGREGATE
+            persona = persona or AGGREGATE
             if scope == "per_session":
                 conn.execute(_SESSION_TAKE, (amount, session, persona, dimension))
             elif conn.execute(_DAY_TAKE, (amount, agent, persona, dimension, bucket)).rowcount:
@@ -492,10 +492,10 @@ class SQLiteStore:
         self.close()
 
 
-def _encode_totals(totals: dict[CounterKey, float]) -> str:
+def encode_totals(totals: dict[CounterKey, float]) -> str:
     return orjson.dumps([[s, p, d, a] for (s, p, d), a in totals.items()]).decode()
 
 
-def _decode_totals(text: str) -> dict[CounterKey, float]:
+def decode_totals(text: str) -> dict[CounterKey, float]:
     return {(s, p, d): a for s, p, d, a in orjson.loads(text)}
 

@@ -33,8 +33,8 @@ from typing import Iterable, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import DAY, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable
-from governor.store.memory import MemoryStore, _DayCounter, _Held
-from governor.store.sqlite import _AGGREGATE, SQLiteStore, StateFileLock, _decode_totals, _encode_totals
+from governor.store.memory import DayCounter, HeldReservation, MemoryStore
+from governor.store.sqlite import AGGREGATE, SQLiteStore, StateFileLock, decode_totals, encode_totals
 
 log = logging.getLogger("governor.store")
 
@@ -104,27 +104,27 @@ class _Cut:
     session_values: list[tuple[_SessionKey, float | None]] = field(default_factory=list)  # None: gone
     # (key, oldest, total, dirty buckets' values, whether rows below `oldest` may remain in the file)
     day_values: list[tuple[_DayKey, int, float, list[tuple[int, float]], bool]] = field(default_factory=list)
-    held: dict[str, _Held] = field(default_factory=dict)  # outstanding, not yet in the file
+    held: dict[str, HeldReservation] = field(default_factory=dict)  # outstanding, not yet in the file
     dropped: set[str] = field(default_factory=set)  # in the file, no longer outstanding
 
     def __bool__(self) -> bool:
         return bool(self.session_values or self.day_values or self.held or self.dropped)
 
     def write(self, conn: sqlite3.Connection) -> None:
-        _write_rows(conn, _SESSION_SET, [(s, p or _AGGREGATE, d, v) for (s, p, d), v in self.session_values
+        _write_rows(conn, _SESSION_SET, [(s, p or AGGREGATE, d, v) for (s, p, d), v in self.session_values
                                          if v is not None])
-        _write_rows(conn, _SESSION_DELETE, [(s, p or _AGGREGATE, d) for (s, p, d), v in self.session_values
+        _write_rows(conn, _SESSION_DELETE, [(s, p or AGGREGATE, d) for (s, p, d), v in self.session_values
                                             if v is None])
         buckets, totals = [], []
         for (agent, persona, dimension), oldest, total, values, drop_below in self.day_values:
-            key = (agent, persona or _AGGREGATE, dimension)
+            key = (agent, persona or AGGREGATE, dimension)
             if drop_below:  # the window moved on since this counter was last written
                 conn.execute(_DAY_DROP_BELOW, (*key, oldest))
             buckets += [(*key, bucket, value) for bucket, value in values]
             totals.append((*key, total, oldest))
         _write_rows(conn, _DAY_SET, buckets)
         _write_rows(conn, _DAY_SET_TOTAL, totals)
-        _write_rows(conn, _HOLD, [(rid, h.agent, h.session, h.bucket, h.created, _encode_totals(h.totals))
+        _write_rows(conn, _HOLD, [(rid, h.agent, h.session, h.bucket, h.created, encode_totals(h.totals))
                                   for rid, h in self.held.items()])
         _write_rows(conn, _UNHOLD, [(rid,) for rid in self.dropped])
 
@@ -275,11 +275,11 @@ class WriteBehindStore(MemoryStore):
             rows = conn.execute(
                 "SELECT persona, dimension, bucket, value FROM day_buckets WHERE agent = ?", (agent,)
             ).fetchall()
-        counters: dict[tuple[str | None, str], _DayCounter] = {}
+        counters: dict[tuple[str | None, str], DayCounter] = {}
         for persona, dimension, bucket, value in rows:  # the total from the buckets, not from day_totals
             counter = counters.get((persona or None, dimension))
             if counter is None:
-                counter = counters[(persona or None, dimension)] = _DayCounter({}, 0.0, bucket)
+                counter = counters[(persona or None, dimension)] = DayCounter({}, 0.0, bucket)
             counter.add(bucket, value)
         with self._lock:
             if agent not in self._loaded_agents:
@@ -292,7 +292,7 @@ class WriteBehindStore(MemoryStore):
             rows = conn.execute("SELECT id, agent, session, bucket, created, totals FROM reservations").fetchall()
         for rid, agent, session, bucket, created, totals in rows:
             self._load(agent, session)
-            self._held[rid] = _Held(agent, session, bucket, created, _decode_totals(totals))
+            self._held[rid] = HeldReservation(agent, session, bucket, created, decode_totals(totals))
             self._persisted.add(rid)
 
     # --- writing behind ----------------------------------------------------------------
@@ -368,7 +368,7 @@ class WriteBehindStore(MemoryStore):
                 drop_below = key not in self._floors or counter.oldest > self._floors[key]
                 cut.day_values.append((key, counter.oldest, counter.total, values, drop_below))
         # copies: `extend` replaces a reservation's amounts after the cut, the cut keeps its own
-        cut.held = {rid: _Held(h.agent, h.session, h.bucket, h.created, h.totals)
+        cut.held = {rid: HeldReservation(h.agent, h.session, h.bucket, h.created, h.totals)
                     for rid in (self._held.keys() - self._persisted) | (self._regrown & self._held.keys())
                     for h in (self._held[rid],)}
         self._regrown = set()
