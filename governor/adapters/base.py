@@ -3,7 +3,7 @@
 An adapter turns one HTTP exchange into policy steps and turns the runtime's
 decisions back into bytes its protocol's clients understand. It never decides
 and never does I/O of its own (A2A peer resolution is the one allowed exception,
-which is why `steps` is async): the proxy addon asks the runtime and applies
+which is why `steps` is async): the proxy's addons ask the runtime and apply
 the answers, the adapter only translates.
 
 Lifecycle of a governed exchange, as the addon drives it:

@@ -21,7 +21,7 @@ class ControlContext:
 
     `runtime` is the `RuntimeAPI` every handler reads or asks; `operators` the control
     token (empty: reads are open), `reviewers` the reviewer tokens; `origin` is shared with
-    the proxy addon (it reports its upstream sockets there); `sessions` is the session book
+    the proxy's origin guard (it reports its upstream sockets there); `sessions` is the session book
     (a `governor.sessions.book.SessionBook`), or None.
     """
 

@@ -51,7 +51,7 @@ def _local_addresses() -> set[str]:
 
 
 class ProxyOrigin:
-    """Shared by the proxy addon (which reports) and the control plane (which refuses)."""
+    """Shared by the proxy's origin guard (which reports) and the control plane (which refuses)."""
 
     header = MARKER_HEADER
 
@@ -61,7 +61,7 @@ class ProxyOrigin:
         self._control_hosts: dict[int, set[str]] = {}  # port -> hosts naming the control plane
         self._control_loopback_ports: set[int] = set()  # ports it listens on over loopback
 
-    # --- reported by the proxy addon ---------------------------------------------------
+    # --- reported by the proxy's origin guard (governor.proxy.origin_guard) ----------
 
     def connected(self, sockname: tuple | None) -> None:
         """The proxy opened an upstream connection from local address `sockname`."""
