@@ -31,6 +31,7 @@ from governor.policy.state import PENDING
 from governor.evidence import iso_utc
 from governor.notify import events as notify
 from governor.runtime.refusals import unrecorded_failure
+from governor.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
@@ -43,13 +44,13 @@ class Approvals:
     """Held steps and their reviews, over the runtime's live sessions."""
 
     def __init__(self, *, sessions: dict[str, LiveSession], metrics: Metrics, clock: Callable[[], float],
-                 agent_id: str, notifier: Any, apply: Apply,
+                 agent_id: str, settings: RuntimeSettings, apply: Apply,
                  admit: Callable[[str, Step], Awaitable[Admission]]) -> None:
         self.sessions = sessions
         self.metrics = metrics
         self.clock = clock
         self.agent_id = agent_id
-        self.notifier = notifier  # replaced when the runtime's notifier is (Runtime.notifier)
+        self.settings = settings  # its notifier: the runtime's, as it is now
         self.apply = apply
         self.admit = admit
 
@@ -60,7 +61,7 @@ class Approvals:
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
-        self.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
+        self.settings.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self.pending_metrics()
         live.restate(self.metrics)
 

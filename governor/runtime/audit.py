@@ -34,6 +34,7 @@ from governor.notify import events as notify
 from governor.policy.steps import ON_REQUEST_REFUSED
 from governor.policy.tools import ON_TOOLS_WITHHELD
 from governor.runtime.session import LiveSession
+from governor.runtime.settings import RuntimeSettings
 from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
 
 log = logging.getLogger("governor.runtime")
@@ -50,20 +51,16 @@ class AuditTrail:
     `open_session` opens a live session (the runtime's, as its first request would)."""
 
     def __init__(self, *, sessions: dict[str, LiveSession],
-                 open_session: Callable[[str], Awaitable[LiveSession]], data_dir: Path, limits: Any,
-                 key: Any, governor_id: str, agent_id: str, clock: Callable[[], float], journal_sync: bool,
-                 notifier: Any) -> None:
+                 open_session: Callable[[str], Awaitable[LiveSession]], data_dir: Path, settings: RuntimeSettings,
+                 key: Any, governor_id: str, agent_id: str, clock: Callable[[], float]) -> None:
         self.sessions = sessions
         self.open_session = open_session
         self.data_dir = data_dir
-        # limits, journal_sync, notifier: replaced when the runtime's are (Runtime's setters)
-        self.limits = limits
+        self.settings = settings  # limits, journal_sync, notifier: the runtime's, as they are now
         self.key = key
         self.governor_id = governor_id
         self.agent_id = agent_id
         self.clock = clock
-        self.journal_sync = journal_sync
-        self.notifier = notifier
         self.book: SessionBook | None = None
         self._audit: Journal | None = None
         self._audit_guard = threading.Lock()
@@ -79,13 +76,13 @@ class AuditTrail:
         """A session halted with `cause`: tell the operator how to go on, and lock the agent
         when the cause is a locking one."""
         log.warning("session %s HALTED (%s); it stays halted: %s", session, cause, HOW_TO_OPEN)
-        self.notifier.emit(notify.session_halted(self.agent_id, session, cause))
+        self.settings.notifier.emit(notify.session_halted(self.agent_id, session, cause))
         book = self.book
         if book is None or cause not in book.lock_causes:
             return
         lock = book.lock(session, cause)
         if lock is not None:
-            self.notifier.emit(notify.agent_locked(self.agent_id, session, lock.id, cause))
+            self.settings.notifier.emit(notify.agent_locked(self.agent_id, session, lock.id, cause))
             try:
                 await self.record_lock(lock, lifted=False)
             except Exception:  # the lock holds regardless: refusing everything is the safe side
@@ -138,22 +135,22 @@ class AuditTrail:
         with self._audit_guard:
             journal = self._audit_journal()
             journal.append(cause, action, at, detail)
-            _, record_file, _ = audit_paths(self.data_dir, self.limits.passport_digest)
+            _, record_file, _ = audit_paths(self.data_dir, self.settings.limits.passport_digest)
             write_record(record_file, self._audit_signed(None))
 
     def _audit_journal(self) -> Journal:
         if self._audit is None:
-            path, _, session = audit_paths(self.data_dir, self.limits.passport_digest)
+            path, _, session = audit_paths(self.data_dir, self.settings.limits.passport_digest)
             if path.exists():
-                self._audit = Journal.open(path, repair_torn_tail=True, sync=self.journal_sync)
+                self._audit = Journal.open(path, repair_torn_tail=True, sync=self.settings.journal_sync)
             else:
                 header = SessionHeader(
                     governor=self.governor_id,
-                    subject_id=self.limits.passport_id or self.agent_id,
-                    passport_digest=self.limits.passport_digest,
-                    session=session, tier=self.limits.tier.value, start=self.clock(),
+                    subject_id=self.settings.limits.passport_id or self.agent_id,
+                    passport_digest=self.settings.limits.passport_digest,
+                    session=session, tier=self.settings.limits.tier.value, start=self.clock(),
                 )
-                self._audit = Journal.create(path, header, sync=self.journal_sync)
+                self._audit = Journal.create(path, header, sync=self.settings.journal_sync)
         return self._audit
 
     def _audit_signed(self, nonce: str | None) -> dict[str, Any]:
@@ -165,7 +162,7 @@ class AuditTrail:
 
     def audit_record(self, nonce: str | None = None) -> dict[str, Any] | None:
         """The audit journal's record, freshly signed; None while it holds nothing."""
-        path, _, _ = audit_paths(self.data_dir, self.limits.passport_digest)
+        path, _, _ = audit_paths(self.data_dir, self.settings.limits.passport_digest)
         if self._audit is None and not path.exists():
             return None
         with self._audit_guard:

@@ -41,7 +41,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from governor.evidence import Journal, record_path
 from governor.runtime.metrics import Metrics
 from governor.notify import events as notify
-from governor.notify.webhooks import NULL_NOTIFIER
 from governor.policy import (
     Action,
     Decision,
@@ -72,6 +71,7 @@ from governor.runtime.records import Records
 from governor.runtime.refusals import ended_refusal, unrecorded_failure
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
+from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -106,7 +106,8 @@ class Runtime:
         owns_store: bool = False,
         persona_idle_sec: float = DEFAULT_IDLE_SEC,
     ) -> None:
-        self._limits = limits  # read by the per-step path; `limits` (a property) also tells the collaborators
+        self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, tick_interval_sec=tick_interval_sec,
+                                                   session_idle_sec=session_idle_sec)
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
         self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
         self.store = store
@@ -118,77 +119,37 @@ class Runtime:
         self.metrics.declare_personas(limits.personas)  # the only persona label values
         self.metrics.set_build_info(limits.passport_digest)
         self.clock = clock
-        self._journal_sync = journal_sync
         self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
-        self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock,
-                                     journal_sync=journal_sync, limits=limits, governor_id=governor_id,
-                                     agent_id=agent_id)
+        self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
+                                     governor_id=governor_id, agent_id=agent_id)
         self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
-        self._notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
-                                limits=limits, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock,
-                                journal_sync=journal_sync, notifier=self._notifier)
+                                settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
-                                   notifier=self._notifier, apply=self._apply, admit=self.admit)
+                                   settings=settings, apply=self._apply, admit=self.admit)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
-                           limits=limits, agent_id=agent_id, metrics=self.metrics, clock=clock,
+                           settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight)
         self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
                                store_call=self._store, save=self._save, apply=self._apply,
                                approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
-                               personas=self.personas, tick_interval_sec=tick_interval_sec,
-                               session_idle_sec=session_idle_sec)
+                               personas=self.personas, settings=settings)
 
-    # --- settings the collaborators share (replaced after construction by the proxy's
-    # start-up and by tests: each setter tells every collaborator that keeps one) --------
-
-    @property
-    def limits(self) -> Limits:
-        return self._limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self._limits = self.resumption.limits = self.audit.limits = self.views.limits = limits
-
-    @property
-    def notifier(self) -> Any:
-        return self._notifier
-
-    @notifier.setter
-    def notifier(self, notifier: Any) -> None:
-        self._notifier = self.audit.notifier = self.oversight.notifier = notifier
-
-    @property
-    def journal_sync(self) -> bool:
-        return self._journal_sync
-
-    @journal_sync.setter
-    def journal_sync(self, sync: bool) -> None:
-        self._journal_sync = self.resumption.journal_sync = self.audit.journal_sync = sync
-
-    @property
-    def tick_interval_sec(self) -> float:
-        return self.sweeper.tick_interval_sec
-
-    @tick_interval_sec.setter
-    def tick_interval_sec(self, seconds: float) -> None:
-        self.sweeper.tick_interval_sec = seconds
-
-    @property
-    def session_idle_sec(self) -> float:
-        return self.sweeper.session_idle_sec
-
-    @session_idle_sec.setter
-    def session_idle_sec(self, seconds: float) -> None:
-        self.sweeper.session_idle_sec = seconds
+    # settings the collaborators share, kept in `self.settings`: replaced after construction
+    # by the proxy's start-up (the notifier) and by tests, each reaches every collaborator
+    limits = SharedSetting()
+    notifier = SharedSetting()
+    journal_sync = SharedSetting()
+    tick_interval_sec = SharedSetting()
+    session_idle_sec = SharedSetting()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -234,7 +195,7 @@ class Runtime:
     def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
         """A session finalized at start-up (governor.runtime.resume): known as ended, its record served."""
         self.table.adopt(LiveSession(session_id, state, journal, ended=True, final_record=record,
-                                     last_activity=self.clock(), limits=self._limits))
+                                     last_activity=self.clock(), limits=self.settings.limits))
 
     async def recover(self) -> Any:
         """At start-up, before serving: finalize every session the governor left without an end."""
@@ -315,7 +276,7 @@ class Runtime:
         forward the chunk at once (otherwise it keeps it back until `usage` grew the
         reservation or cut the stream). Cheap: no store access."""
         return (not isinstance(ticket, Ticket) or ticket.reservation is None
-                or covered(self._limits, report, ticket.charges))
+                or covered(self.settings.limits, report, ticket.charges))
 
     def _settle_at_once(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
         """The usual end of a model call, without a full decision round: a final report within
@@ -424,7 +385,7 @@ class Runtime:
         live.state = advance(live.limits, state, step, decision, now)
         live.unsaved = True
         if decision.warnings:  # a budget crossed its warning threshold (once per session and budget)
-            self._notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
+            self.settings.notifier.emit(notify.budget_threshold(self.agent_id, live.id, decision.warnings))
         live.restate(self.metrics)
         if decision.events or decision.blocks or type(step) is SessionEnd:
             # enforcement changed the session: persist now. Plain permits are persisted by
@@ -451,7 +412,7 @@ class Runtime:
         state = live.state
         if stream_budget.is_running(step, ticket, state):  # a stream past its reservation: grow it or cut
             state, decision = stream_budget.decide_running(
-                store, self._limits, state, step, ticket, now,  # type: ignore[arg-type]
+                store, self.settings.limits, state, step, ticket, now,  # type: ignore[arg-type]
                 lambda: store.snapshot(self.agent_id, live.id, now, keys))
             return state, decision, None
         for _ in range(MAX_DECIDE_ROUNDS):
@@ -506,7 +467,7 @@ class Runtime:
     def allowed_tools(self, session: str, persona: str | None = None) -> frozenset[str] | None:
         """The tools the session (persona) may use (MCP tools/list filtering)."""
         live = self._sessions.get(session)
-        return step_tools(live.limits if live is not None else self._limits, persona)
+        return step_tools(live.limits if live is not None else self.settings.limits, persona)
 
     def has_session(self, session: str) -> bool:
         return session in self._sessions

@@ -42,6 +42,7 @@ from governor.evidence import Journal, journal_path
 from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, SessionState, Tier, advance, compile_limits
 from governor.policy.integrity import pin_changed
 from governor.runtime.session import PIN_KEY, LiveSession
+from governor.runtime.settings import RuntimeSettings
 from governor.store import Store
 
 log = logging.getLogger("governor.runtime")
@@ -101,15 +102,13 @@ class Resumption:
     against the governor's), and the finalization at start-up of the sessions a previous
     process left without an end."""
 
-    def __init__(self, *, store: Store, data_dir: Path, key: Any, clock: Callable[[], float], journal_sync: bool,
-                 limits: Limits, governor_id: str, agent_id: str) -> None:
+    def __init__(self, *, store: Store, data_dir: Path, key: Any, clock: Callable[[], float],
+                 settings: RuntimeSettings, governor_id: str, agent_id: str) -> None:
         self.store = store
         self.data_dir = data_dir
         self.key = key
         self.clock = clock
-        # limits, journal_sync: replaced when the runtime's are (Runtime's setters)
-        self.journal_sync = journal_sync
-        self.limits = limits
+        self.settings = settings  # limits, journal_sync: the runtime's, as they are now
         self.governor_id = governor_id
         self.agent_id = agent_id
 
@@ -117,12 +116,12 @@ class Resumption:
         """The journal header of a new session: the governor's pin."""
         return SessionHeader(
             governor=self.governor_id,
-            subject_id=self.limits.passport_id or self.agent_id,
-            passport_digest=self.limits.passport_digest,
+            subject_id=self.settings.limits.passport_id or self.agent_id,
+            passport_digest=self.settings.limits.passport_digest,
             session=session_id,
-            tier=self.limits.tier.value,
+            tier=self.settings.limits.tier.value,
             start=now,
-            limits=dict(self.limits.summary) or None,
+            limits=dict(self.settings.limits.summary) or None,
         )
 
     def open_session(self, session_id: str) -> LiveSession:
@@ -134,10 +133,10 @@ class Resumption:
         saved = self.store.load_session(session_id)
         state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
         if path.exists():
-            journal = Journal.open(path, repair_torn_tail=True, sync=self.journal_sync)
+            journal = Journal.open(path, repair_torn_tail=True, sync=self.settings.journal_sync)
             if journal.repaired is not None:
                 log.warning("session %s: %s", session_id, journal.repaired.describe())
-            session = LiveSession(session_id, state, journal, last_activity=now, limits=self.limits)
+            session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)
             if journal.ending is not None:  # ended before: it stays ended
                 session.ended = True
                 return session
@@ -145,14 +144,14 @@ class Resumption:
             self.check_pin(session, header.passport_digest, header.tier, now)
             return session
         if saved is None:
-            journal = Journal.create(path, self.session_header(session_id, now), sync=self.journal_sync)
-            session = LiveSession(session_id, state, journal, last_activity=now, limits=self.limits)
+            journal = Journal.create(path, self.session_header(session_id, now), sync=self.settings.journal_sync)
+            session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)
             self.store.save_session(session_id, session.saved_state())
             return session
         # resumed from the store alone: its journal here names the pin it was admitted with
         pin = saved_pin(saved)
-        journal = Journal.create(path, self.resumed_header(session_id, pin, now), sync=self.journal_sync)
-        session = LiveSession(session_id, state, journal, last_activity=now, limits=self.limits)
+        journal = Journal.create(path, self.resumed_header(session_id, pin, now), sync=self.settings.journal_sync)
+        session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)
         self.check_pin(session, pin and pin["digest"], pin and pin["tier"], now)
         return session
 
@@ -162,7 +161,7 @@ class Resumption:
         if pin is None:
             return self.session_header(session, now)
         # its limits as admitted, when the passport is archived here; else the record names none
-        original = original_limits(self.data_dir, pin["digest"], pin["tier"], self.limits.pricing)
+        original = original_limits(self.data_dir, pin["digest"], pin["tier"], self.settings.limits.pricing)
         return SessionHeader(governor=self.governor_id, subject_id=str(pin.get("subject") or self.agent_id),
                              passport_digest=pin["digest"], session=session, tier=pin["tier"], start=now,
                              limits=dict(original.summary) or None if original is not None else None)
@@ -170,7 +169,7 @@ class Resumption:
     def check_pin(self, live: LiveSession, digest: str | None, tier: str | None, now: float) -> None:
         """§1.3 for a resumed session: its pin against the governor's. A mismatch is recorded in
         its journal and resolved (see the module docstring); nothing happens when they match."""
-        limits = self.limits
+        limits = self.settings.limits
         if digest == limits.passport_digest and tier == limits.tier.value:
             return
         original = original_limits(self.data_dir, digest, tier, limits.pricing) if digest and tier else None
@@ -197,9 +196,9 @@ class Resumption:
         """Finalize every interrupted session (off the event loop) and make each one known to the
         runtime as an ended session (`adopt`: listed, its record served) and to the session book
         (`ended`)."""
-        pin = Pin(self.limits.passport_digest, self.limits.tier.value)
+        pin = Pin(self.settings.limits.passport_digest, self.settings.limits.tier.value)
         report = await asyncio.to_thread(finalize_interrupted, self.data_dir, key=self.key, pin=pin,
-                                         clock=self.clock, sync=self.journal_sync)
+                                         clock=self.clock, sync=self.settings.journal_sync)
         if report.finalized:
             states = await asyncio.to_thread(self._halted_states, report)
             for finalized, state in zip(report.finalized, states):

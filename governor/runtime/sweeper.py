@@ -22,6 +22,7 @@ from governor.runtime.records import Records
 from governor.runtime.session import LiveSession
 from governor.runtime.views import StoreCall, Views
 from governor.sessions.index import SessionIndex
+from governor.runtime.settings import RuntimeSettings
 from governor.store import StoreError
 
 if TYPE_CHECKING:
@@ -42,12 +43,12 @@ SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
 
 
 class Sweeper:
-    """The background pass over the runtime's sessions, every `tick_interval_sec`."""
+    """The background pass over the runtime's sessions, every `settings.tick_interval_sec`."""
 
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
                  clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
                  apply: Apply, approvals: Approvals, records: Records, views: Views, audit: AuditTrail,
-                 personas: PersonaInstances, tick_interval_sec: float, session_idle_sec: float) -> None:
+                 personas: PersonaInstances, settings: RuntimeSettings) -> None:
         self.sessions = sessions
         self.index = index
         self.metrics = metrics
@@ -60,8 +61,7 @@ class Sweeper:
         self.views = views
         self.audit = audit
         self.personas = personas
-        self.tick_interval_sec = tick_interval_sec
-        self.session_idle_sec = session_idle_sec
+        self.settings = settings  # tick_interval_sec, session_idle_sec: the runtime's, as they are now
         self.task: asyncio.Task | None = None
         self.sweeping = False  # a pass is in progress
         self.stopping = False  # close() asked the sweeper to stop after its pass
@@ -73,7 +73,7 @@ class Sweeper:
 
     async def _sweep_forever(self) -> None:
         while not self.stopping:
-            await asyncio.sleep(self.tick_interval_sec)
+            await asyncio.sleep(self.settings.tick_interval_sec)
             self.sweeping = True
             try:
                 await self.sweep()
@@ -123,7 +123,7 @@ class Sweeper:
             for approval_id, pending in list(live.pending.items()):
                 if now >= pending.expires_at and not pending.answer.done():
                     await self.approvals.expire(live, approval_id)
-            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.session_idle_sec
+            idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.settings.session_idle_sec
             book = self.audit.book
             if idle and not (book is not None and book.holds_lock(live.id)):
                 # (a session holding the agent's lock stays open, so its lift is recorded in its record)

@@ -15,6 +15,7 @@ from governor.policy import Limits
 from governor.runtime.approvals import Approvals
 from governor.runtime.session import LiveSession
 from governor.sessions.index import SessionIndex
+from governor.runtime.settings import RuntimeSettings
 from governor.store import Store, StoreError
 from governor.evidence import iso_utc
 
@@ -42,14 +43,14 @@ class Views:
     """What the control plane reads of the runtime's sessions."""
 
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, store: Store, store_call: StoreCall,
-                 limits: Limits, agent_id: str, metrics: Metrics, clock: Callable[[], float],
+                 settings: RuntimeSettings, agent_id: str, metrics: Metrics, clock: Callable[[], float],
                  approvals: Approvals) -> None:
         self.sessions = sessions
         self.index = index
         self.store = store
         self.store_call = store_call
-        self.limits = limits  # replaced when the runtime's limits are (Runtime.limits)
-        self.caps = caps_by_key(limits)  # the runtime's own limits' caps, computed once
+        self.settings = settings  # its limits: the runtime's, as they are now
+        self.caps = caps_by_key(settings.limits)  # the runtime's own limits' caps, computed once
         self.agent_id = agent_id
         self.metrics = metrics
         self.clock = clock
@@ -60,9 +61,9 @@ class Views:
             await asyncio.to_thread(self.store.snapshot, self.agent_id, "readiness-probe", self.clock(), ())
         except StoreError as exc:
             self.metrics.store_error()
-            return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.limits.passport_digest}
-        return {"ready": True, "store": "ok", "passport_digest": self.limits.passport_digest,
-                "tier": self.limits.tier.value}
+            return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.settings.limits.passport_digest}
+        return {"ready": True, "store": "ok", "passport_digest": self.settings.limits.passport_digest,
+                "tier": self.settings.limits.tier.value}
 
     async def acknowledge_store(self) -> dict[str, Any]:
         """An operator accepts that the store lost its data (StoreIntegrityError until then):
@@ -118,7 +119,7 @@ class Views:
         (not for an ended session: its per-session series were dropped)."""
         counters = self.store.snapshot(self.agent_id, session, self.clock())
         live = self.sessions.get(session)
-        caps = self.caps if live is None or live.limits is self.limits else caps_by_key(live.limits)
+        caps = self.caps if live is None or live.limits is self.settings.limits else caps_by_key(live.limits)
         budgets = []
         for key in sorted(set(counters) | set(caps), key=lambda k: (k[0], k[1] or "", k[2])):
             scope, persona, dimension = key
