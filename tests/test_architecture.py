@@ -9,7 +9,9 @@ under TYPE_CHECKING alike, since a lazy import is still a dependency):
   parts in one module, is how that library is extended);
 - each room imports only the rooms below it in docs/architecture.md's table (`MAY_IMPORT`),
   so the rooms form layers and no two rooms need each other;
-- the top of governor/ lists rooms (packages), not loose modules.
+- the top of governor/ lists rooms (packages), not loose modules;
+- the proxy's addons do not import each other and are all assembled in chain.py; the
+  control plane's route modules do not import the app.
 Each check fails with the offending modules named, so the message says what to fix.
 """
 
@@ -220,3 +222,31 @@ def test_every_room_is_in_the_map(room):
     assert (PACKAGE / room / "__init__.py").is_file(), f"governor/{room}/ is not a package"
     architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert f"governor/{room}/" in architecture, f"docs/architecture.md does not describe governor/{room}/"
+
+
+# the proxy's addons (governor/proxy/chain.py) and the control plane's route modules
+# (governor/control/app.py's create_app): each gets its collaborators from its assembler
+PROXY_ADDONS = ("binding", "admission", "unknown", "answers", "in_flight", "origin_guard")
+CONTROL_ROUTES = ("probes", "runtime_routes", "sessions_api", "personas", "store_ack", "reviewer_console")
+
+
+def test_no_proxy_addon_imports_another():
+    addons = {f"governor.proxy.{name}" for name in PROXY_ADDONS}
+    assert addons <= set(_modules()), "an addon module named here is gone: update PROXY_ADDONS and the map"
+    crossings = [f"{module} imports {target}" for module in sorted(addons)
+                 for target, _, _ in _imports(module) if target in addons and target != module]
+    assert not crossings, "addons importing each other (share state through the FlowState):\n" + "\n".join(crossings)
+
+
+def test_the_chain_lists_every_addon_in_one_place():
+    chain = {target for target, _, _ in _imports("governor.proxy.chain")}
+    missing = sorted(name for name in PROXY_ADDONS if f"governor.proxy.{name}" not in chain)
+    assert not missing, f"addons not assembled in governor/proxy/chain.py: {missing}"
+
+
+def test_no_control_route_module_imports_the_app():
+    routes = [f"governor.control.{name}" for name in CONTROL_ROUTES]
+    assert set(routes) <= set(_modules()), "a route module named here is gone: update CONTROL_ROUTES and the map"
+    crossings = [f"{module} imports {target}" for module in routes
+                 for target, _, _ in _imports(module) if target == "governor.control.app"]
+    assert not crossings, "route modules importing the app (they get a ControlContext):\n" + "\n".join(crossings)
