@@ -37,9 +37,9 @@ REVIEWER = "mcp-sdk-reviewer-token-0123456789"
 class NotesServer:
     """Tools named like the example passport's notes and mail tools, plus one it does not declare."""
 
-    def __init__(self, *, json_response: bool = False) -> None:
+    def __init__(self, *, json_response: bool = False, stateless: bool = False) -> None:
         self.calls: list[tuple[str, dict]] = []
-        mcp = FastMCP("notes", json_response=json_response, log_level="WARNING")
+        mcp = FastMCP("notes", json_response=json_response, stateless_http=stateless, log_level="WARNING")
 
         @mcp.tool()
         def read_note(path: str) -> str:

@@ -10,7 +10,9 @@ pending, the clock jumps past its response time and the runtime's sweeper expire
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from typing import AsyncIterator
 
 import aiohttp
 import pytest
@@ -57,12 +59,14 @@ class JumpingClock:
         return time.time() + self.offset
 
 
-@pytest.fixture
-async def world(tmp_path):
+@contextlib.asynccontextmanager
+async def notes_world(tmp_path, document: dict = PASSPORT, **server_options) -> AsyncIterator[tuple]:
+    """The notes server (NotesServer(**server_options)) behind the real governor on the real
+    runtime with `document`, session notes-1: (server, runtime, governor, clock)."""
     clock = JumpingClock()
     metrics = Metrics()
-    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05)
-    server = NotesServer().start()
+    runtime, _ = real_runtime(document, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05)
+    server = NotesServer(**server_options).start()
     settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="notes-1",
                         adapters=AdapterConfig(extra={"allowed_tools": runtime.allowed_tools}))
@@ -74,7 +78,14 @@ async def world(tmp_path):
         server.stop()
 
 
-async def _record(governor) -> dict:
+@pytest.fixture
+async def world(tmp_path):
+    async with notes_world(tmp_path) as parts:
+        yield parts
+
+
+async def session_record(governor) -> dict:
+    """The enforcement record of session notes-1, from the control plane."""
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{governor.control_url}/v1/sessions/notes-1/record") as resp:
             assert resp.status == 200
@@ -99,7 +110,7 @@ async def test_an_undeclared_tool_is_refused_and_fails_closed(world):
     assert refused.value.error.code == GOVERNOR_ERROR_CODE
     assert governor_object["tool"] == "shell" and governor_object["action"] == "halt"
     assert not any(name == "shell" for name, _ in server.calls)
-    record = await _record(governor)
+    record = await session_record(governor)
     assert any(e["detail"].get("tool") == "shell" for e in record["events"])
 
 
@@ -147,7 +158,7 @@ async def test_an_unanswered_confirmation_times_out_and_halts_the_session(world)
     assert timed_out.value.error.data["governor"]["action"] == "halt"
     assert after.value.error.data["governor"]["action"] == "halt"
     assert not any(name == "delete_note" for name, _ in server.calls)
-    record = await _record(governor)
+    record = await session_record(governor)
     assert record["outcome"] == "halted"
     assert [e["cause"] for e in record["events"]][-1] == "on_oversight_timeout"
 
@@ -158,6 +169,6 @@ async def test_a_failing_tool_is_an_on_tool_error_event(world):
         result = await session.call_tool("flaky", {"path": "/data/x"})
         after = await session.call_tool("read_note", {"path": "/notes/d.md"})  # declared: continue
     assert result.isError and not after.isError
-    record = await _record(governor)
+    record = await session_record(governor)
     errors = [e for e in record["events"] if e["cause"] == "on_tool_error"]
     assert len(errors) == 1 and errors[0]["action"] == "continue" and errors[0]["detail"]["tool"] == "flaky"

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
-from governor.adapters.shapes import route_forms
+from governor.adapters.shapes import charset_conflict, json_encoding, json_text, route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -116,10 +116,16 @@ class RequestView:
     Matching on the path costs nothing; `json()` parses the body with orjson on
     first use and caches the result (or the failure), so whichever adapter looks
     first pays and the others reuse it.
+
+    The body is read as the receiving servers read it: UTF-8 by orjson (the hot path,
+    nothing else is tried when it succeeds); JSON in another Unicode encoding (a byte order
+    mark, UTF-16 or UTF-32) as Python's json.loads(bytes) reads it, which is what the `mcp`
+    and `a2a` SDK servers do, so such a body is governed, never passed on as unknown
+    traffic (`encoding` says which it was). Anything else is not JSON, as before.
     """
 
-    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "_json", "_error", "_normal",
-                 "_match")
+    __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "encoding", "_json", "_error",
+                 "_conflict", "_normal", "_match")
 
     _UNPARSED: ClassVar[object] = object()
 
@@ -141,8 +147,10 @@ class RequestView:
         self.path = path
         self.headers = headers  # case-insensitive mapping (mitmproxy Headers) or lower-case dict
         self.content = content or b""
+        self.encoding: str | None = None  # the body's encoding when not UTF-8 (shapes.json_encoding)
         self._json: Any = self._UNPARSED
         self._error: str | None = None
+        self._conflict: str | None = None  # a charset in Content-Type the body is not in
         self._normal: str | None = None
         self._match: str | None = None
 
@@ -171,15 +179,37 @@ class RequestView:
         return (self.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
 
     def json(self) -> Any:
-        """The parsed body; raises BadRequest (once computed, cached) when it is not JSON."""
+        """The parsed body; raises BadRequest (once computed, cached) when it is not JSON, or
+        when it is JSON in an encoding its Content-Type's charset contradicts."""
         if self._json is self._UNPARSED and self._error is None:
             try:
                 self._json = orjson.loads(self.content)
             except orjson.JSONDecodeError as exc:
-                self._error = f"request body is not valid JSON: {exc}"
+                self._reread(exc)
         if self._error is not None:
             raise BadRequest(self._error)
+        if self._conflict is not None:
+            raise BadRequest(self._conflict)
         return self._json
+
+    def _reread(self, failure: orjson.JSONDecodeError) -> None:
+        """Not UTF-8 JSON: JSON with a BOM or in UTF-16/32 is decoded as Python's json reads
+        bytes (shapes.json_text) and parsed; anything else keeps orjson's verdict."""
+        content = self.content
+        encoding = json_encoding(content)
+        text = json_text(content) if encoding is not None else None
+        if not isinstance(text, str):
+            self._error = f"request body is not valid JSON: {failure}"
+            return
+        try:
+            self._json = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            self._error = f"request body ({encoding}) is not valid JSON: {exc}"
+            return
+        self.encoding = encoding
+        # refused by json() (the adapter answers 400), yet still matched on: a body an
+        # adapter would govern must be refused in its protocol, not passed on as unknown
+        self._conflict = charset_conflict(self.headers.get("content-type"), content, encoding)
 
     @property
     def parsed(self) -> bool:
@@ -188,19 +218,21 @@ class RequestView:
 
     @property
     def unparseable(self) -> bool:
-        """A parse was tried and failed (not JSON to orjson)."""
+        """A parse was tried and failed (not JSON to orjson, nor in another Unicode encoding)."""
         return self._error is not None
 
     def json_or_none(self) -> Any:
         """The parsed body, or None when absent or not JSON (for body-shape matching).
         Whatever the Content-Type says: servers that parse JSON regardless of it exist, so a
-        JSON body is what it is."""
+        JSON body is what it is (its charset is judged by json(), when an adapter opens it)."""
         if not self.content:
             return None
-        try:
-            return self.json()
-        except BadRequest:
-            return None
+        if self._json is self._UNPARSED and self._error is None:
+            try:
+                self._json = orjson.loads(self.content)
+            except orjson.JSONDecodeError as exc:
+                self._reread(exc)
+        return None if self._error is not None else self._json
 
 
 @dataclass(slots=True)

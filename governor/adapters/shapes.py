@@ -101,15 +101,78 @@ def shape_of(value: Any) -> bool:
     return isinstance(value, dict) and (_call(value) or _batch(value))
 
 
-def _text(content: bytes) -> bytes | str | None:
+def json_encoding(content: bytes) -> str | None:
+    """The encoding Python's json.loads(bytes) reads `content` in (json.detect_encoding) when
+    it is not plain UTF-8: a byte order mark (UTF-8, UTF-16, UTF-32) or, without one, the NUL
+    bytes ASCII has in UTF-16/32. None for anything else (UTF-8 JSON, or no JSON at all)."""
+    if content.startswith(_BOMS) or (len(content) >= 2 and (content[0] == 0 or content[1] == 0)):
+        return json.detect_encoding(content)
+    return None
+
+
+def json_text(content: bytes) -> bytes | str | None:
     """The body as JSON parsers would read it: UTF-8 as is; a BOM or UTF-16/32 decoded as
     Python's json.loads(bytes) detects it (what a Python server accepts); None when unreadable."""
-    if content.startswith(_BOMS) or (len(content) >= 2 and (content[0] == 0 or content[1] == 0)):
-        try:
-            return content.decode(json.detect_encoding(content))
-        except (UnicodeError, LookupError):
-            return None
-    return content
+    encoding = json_encoding(content)
+    if encoding is None:
+        return content
+    try:
+        return content.decode(encoding)
+    except (UnicodeError, LookupError):
+        return None
+
+
+# The charsets a Content-Type may name for a body json_encoding reads: each encoding (as
+# json.detect_encoding names it, with the byte order a BOM gives) and the charset names,
+# folded (lower case, no "-" or "_"), that say the same bytes. A bare "utf-16"/"utf-32" says
+# nothing of the byte order, so it agrees only with a body whose BOM says it.
+_AGREEING = {
+    "utf-8-sig": ("utf8",),
+    "utf-16-le": ("utf16le",), "utf-16-be": ("utf16be",),
+    "utf-32-le": ("utf32le",), "utf-32-be": ("utf32be",),
+    "utf-16-le+bom": ("utf16", "utf16le"), "utf-16-be+bom": ("utf16", "utf16be"),
+    "utf-32-le+bom": ("utf32", "utf32le"), "utf-32-be+bom": ("utf32", "utf32be"),
+}
+_SPELLED = {
+    "utf-8-sig": "UTF-8 with a byte order mark",
+    "utf-16-le": "UTF-16 little-endian", "utf-16-be": "UTF-16 big-endian",
+    "utf-32-le": "UTF-32 little-endian", "utf-32-be": "UTF-32 big-endian",
+}
+_CHARSET = re.compile(r'(?:^|[\s;,])charset\s*=\s*"?([^";,\s]*)', re.IGNORECASE)
+
+
+def _byte_order(content: bytes, encoding: str) -> str:
+    """json.detect_encoding's name with the byte order a BOM gives ("utf-16" -> "utf-16-le+bom")."""
+    if encoding == "utf-16":
+        return "utf-16-le+bom" if content.startswith(b"\xff\xfe") else "utf-16-be+bom"
+    if encoding == "utf-32":
+        return "utf-32-le+bom" if content.startswith(b"\xff\xfe") else "utf-32-be+bom"
+    return encoding
+
+
+def charset_conflict(content_type: str | None, content: bytes, encoding: str) -> str | None:
+    """Why a JSON body read in `encoding` (json_encoding's answer, not UTF-8) must be refused
+    for the charset its Content-Type names, or None when it names none or one that agrees.
+
+    Receiving servers differ here: the `mcp` SDK's streamable HTTP server (`json.loads` of
+    the body) and a2a-python's JSON-RPC app (Starlette's `request.json()`, the same) ignore
+    the charset and detect the encoding from the bytes; aiohttp's `request.json()` and Node's
+    body-parser decode with the charset named.
+    When the two readings can differ the governor cannot know which one the server makes,
+    so it refuses rather than guess."""
+    if not content_type or "charset" not in content_type.lower():
+        return None
+    order = _byte_order(content, encoding)
+    agreeing = _AGREEING.get(order, ())
+    for found in _CHARSET.finditer(content_type):
+        named = found.group(1)
+        if named.lower().replace("-", "").replace("_", "") not in agreeing:
+            spelled = _SPELLED.get(order.removesuffix("+bom"), order)
+            mark = " with a byte order mark" if order.endswith("+bom") else ""
+            return (f"the JSON body is {spelled}{mark} but its Content-Type says charset={named!r}: servers "
+                    "differ on which of the two to believe, so the governor refuses it rather than guess "
+                    "(send UTF-8, or name the charset the body is in)")
+    return None
 
 
 def may_be_model_shaped(content: bytes) -> bool:
@@ -131,7 +194,7 @@ def model_shaped(content: bytes) -> bool:
     neither can, the keys in plain sight decide."""
     if not content:
         return False
-    text = _text(content)
+    text = json_text(content)
     if text is None:
         return False
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
@@ -152,4 +215,5 @@ def model_shaped(content: bytes) -> bool:
         return literal
 
 
-__all__ = ["normalize_path", "route_forms", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS"]
+__all__ = ["normalize_path", "route_forms", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS",
+           "json_encoding", "json_text", "charset_conflict"]

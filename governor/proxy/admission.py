@@ -22,7 +22,7 @@ from governor.adapters.fitting import fit_request
 from governor.runtime.personas import PersonaHeaderError, parse_persona
 from governor.policy.steps import Decision, ModelCall, PassportPresented
 from governor.proxy import bodies, holds, withheld
-from governor.proxy.fields import rewrite_for_upstream
+from governor.proxy.fields import rewrite_for_upstream, utf8_charset
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState
 from governor.proxy.held_steps import HeldSteps
 from governor.proxy.policy import ProxyPolicy
@@ -156,6 +156,12 @@ class Admission:
             body = orjson.dumps(exchange.body)
         if "withheld" in exchange.state:
             await withheld.record(self.calls.runtime, flow, exchange, "request")
+        if body is not None and view.encoding is not None:
+            # the agent's body was UTF-16/32 or had a BOM (RequestView reads it as Python's json
+            # does); the rewritten one is orjson's UTF-8, and a charset must not say otherwise
+            content_type = view.headers.get("content-type")
+            if content_type and "charset" in content_type.lower():
+                exchange.upstream_headers["content-type"] = utf8_charset(content_type)
         if body is not None and encoded:
             request.content = body  # mitmproxy encodes it as the agent had
             body = None

@@ -9,6 +9,7 @@ each, no case-insensitive lookups per header.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from mitmproxy import http
@@ -45,6 +46,15 @@ def rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool
         drop.add(raw.lower())
         add.append((raw, value.encode()))
     request.headers.fields = tuple([f for f in fields if f[0].lower() not in drop] + add)
+
+
+_CHARSET = re.compile(r'((?:^|[\s;,])charset\s*=\s*)("[^"]*"|[^;,\s]*)', re.IGNORECASE)
+
+
+def utf8_charset(content_type: str) -> str:
+    """A Content-Type with every charset parameter naming UTF-8: for a body the agent sent in
+    UTF-16/32 (or with a BOM) and the governor re-encoded (orjson writes UTF-8) to go upstream."""
+    return _CHARSET.sub(r"\1utf-8", content_type)
 
 
 def scan_headers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[dict[str, str], bool]:
