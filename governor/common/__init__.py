@@ -1,2 +1,2 @@
 """Shared helpers every room may use: canonical bytes (JCS), exact JSON/YAML documents,
-Ed25519 key checks, JSON log lines. They import nothing else of governor."""
+Ed25519 key checks, JSON log lines, the package version. They import none of the other rooms."""
