@@ -250,6 +250,10 @@ async def test_a_resumed_session_keeps_its_original_limits(pinned, tmp_path):  #
         assert refused.decision.blocks and refused.decision.details["limit"] == 20_000
         fresh = await model_step(rt, "fresh", 100, 50, expected_out=31_000)
         assert not fresh.decision.blocks  # a new session gets the new passport
+        caps = {(b["dimension"], b["scope"]): b["limit"] for b in (await rt.session_view("fresh"))["budgets"] if b["persona"] is None}
+        assert caps[("tokens", "per_session")] == 2_000_000  # shown against the caps it is held to
+        caps = {(b["dimension"], b["scope"]): b["limit"] for b in (await rt.session_view("roaming"))["budgets"] if b["persona"] is None}
+        assert caps[("tokens", "per_session")] == 20_000  # the resumed session: its own passport's
         record = rt.record("roaming")
         assert record["subject"]["passport_digest"] == original_digest
         assert record["limits"]["budget"]["tokens"]["per_session"] == 20_000

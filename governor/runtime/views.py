@@ -50,11 +50,18 @@ class Views:
         self.store = store
         self.store_call = store_call
         self.settings = settings  # its limits: the runtime's, as they are now
-        self.caps = caps_by_key(settings.limits)  # the runtime's own limits' caps, computed once
+        self._caps: tuple[Limits, dict] | None = None  # the runtime's limits and their caps, once per limits
         self.agent_id = agent_id
         self.metrics = metrics
         self.clock = clock
         self.approvals = approvals
+
+    def caps(self) -> dict:
+        """The caps of the runtime's limits as they are now (computed again only when replaced)."""
+        limits = self.settings.limits
+        if self._caps is None or self._caps[0] is not limits:
+            self._caps = (limits, caps_by_key(limits))
+        return self._caps[1]
 
     async def ready(self) -> dict[str, Any]:
         try:
@@ -119,7 +126,7 @@ class Views:
         (not for an ended session: its per-session series were dropped)."""
         counters = self.store.snapshot(self.agent_id, session, self.clock())
         live = self.sessions.get(session)
-        caps = self.caps if live is None or live.limits is self.settings.limits else caps_by_key(live.limits)
+        caps = self.caps() if live is None or live.limits is self.settings.limits else caps_by_key(live.limits)
         budgets = []
         for key in sorted(set(counters) | set(caps), key=lambda k: (k[0], k[1] or "", k[2])):
             scope, persona, dimension = key
