@@ -372,6 +372,7 @@ async def addon_on_test_flows(tmp_path):
             if inspect.isawaitable(result):
                 await result
 
+    hook.chain = chain  # for the tests that reach one addon
     async def forward(body: dict):
         flow = tflow.tflow()
         flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions", orjson.dumps(body),
@@ -461,3 +462,83 @@ async def test_an_exchange_that_fails_upstream_is_released_and_leaves_nothing_on
     assert flight() is None
     view, tokens = await _session_tokens(runtime)
     assert (view["iterations"], view["in_flight"], tokens) == (1, 0, 0)  # released: it was never consumption
+
+
+@pytest.mark.parametrize("url,body,status", [
+    ("https://api.openai.com/v1/chat/completions", b'{"model": "gpt-4o-mini", "messages": [', 400),  # refused
+    ("https://unknown.example/v1/things", b'{"a": 1}', None),  # not the governor's: forwarded
+], ids=["refused", "unclaimed"])
+async def test_a_flow_the_governor_does_not_forward_as_governed_keeps_nothing_of_ours(addon_on_test_flows, url,
+                                                                                      body, status):
+    """A refused request or one no adapter claims carries no FlowState past the request hooks
+    (it held the request as the agent sent it, body parsed, until the cyclic collector ran)."""
+    from mitmproxy import http
+    from mitmproxy.test import tflow
+
+    from governor.proxy.flow_state import STATE_KEY
+
+    hook, _, _ = addon_on_test_flows
+    flow = tflow.tflow()
+    flow.request = http.Request.make("POST", url, body, {"content-type": "application/json"})
+    flow.response = None
+    await hook("request", flow)
+    assert (flow.response.status_code if flow.response is not None else None) == status
+    assert STATE_KEY not in flow.metadata
+
+
+async def test_a_cancelled_response_hook_still_ends_the_exchange(addon_on_test_flows):
+    """mitmproxy calls no addon after one whose hook was cancelled (a stop while an answer is
+    read): the answers' addon ends the exchange itself, so its reservation is released."""
+    import asyncio
+
+    from mitmproxy import http
+
+    from governor.proxy.answers import Answers
+    from governor.proxy.flow_state import STATE_KEY
+
+    hook, runtime, forward = addon_on_test_flows
+    answers = next(addon for addon in hook.chain.addons if isinstance(addon, Answers))
+    reading = asyncio.Event()
+
+    async def never_done(flow, flight):
+        reading.set()
+        await asyncio.Event().wait()
+
+    answers._plain_response = never_done
+    flow, flight = await forward({"model": "gpt-4o-mini", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]})
+    flow.response = http.Response.make(200, b"{}", {"content-type": "application/json"})
+    await hook("responseheaders", flow)
+    task = asyncio.ensure_future(hook("response", flow))
+    await reading.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert STATE_KEY not in flow.metadata and flight().finished  # (the cancelled task's frames still hold it)
+    view, tokens = await _session_tokens(runtime)
+    assert (view["in_flight"], tokens) == (0, 0)  # released, not left reserved
+
+
+async def test_an_exchange_that_cannot_be_tracked_is_refused_and_released(addon_on_test_flows, monkeypatch):
+    """The in-flight addon cannot watch the exchange (its ticker, the watchdog): it does not go
+    upstream unwatched; it is refused (503, fail closed) and its reservation released."""
+    from mitmproxy import http
+    from mitmproxy.test import tflow
+
+    from governor.proxy.in_flight import InFlight
+
+    hook, runtime, _ = addon_on_test_flows
+
+    def broken(self, flow, flight):
+        raise RuntimeError("cannot track")
+
+    monkeypatch.setattr(InFlight, "_track", broken)
+    flow = tflow.tflow()
+    flow.request = http.Request.make("POST", "https://api.openai.com/v1/chat/completions",
+                                     orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 50,
+                                                   "messages": [{"role": "user", "content": "hi"}]}),
+                                     {"content-type": "application/json"})
+    flow.response = None
+    await hook("request", flow)
+    assert flow.response is not None and flow.response.status_code == 503
+    view, tokens = await _session_tokens(runtime)
+    assert (view["in_flight"], tokens) == (0, 0)

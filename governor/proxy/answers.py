@@ -25,6 +25,7 @@ from governor.policy.reasons import governor_object
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
 from governor.proxy import bodies, holds, withheld
 from governor.proxy.enforcing import Enforcer
+from governor.proxy.exchanges import Exchanges, upstream_error
 from governor.proxy.fields import decoded_body, has_content_encoding
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
 from governor.proxy.held_steps import HeldSteps
@@ -41,7 +42,7 @@ class Answers:
     """The mitmproxy addon that governs answers (`responseheaders`, `response`, `error`)."""
 
     def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, held_steps: HeldSteps, holds_: holds.Holds,
-                 refuser: Refuser, enforcer: Enforcer, *, metrics: Any = None) -> None:
+                 refuser: Refuser, enforcer: Enforcer, exchanges: Exchanges, *, metrics: Any = None) -> None:
         self.policy = policy
         self.calls = calls
         self.runtime = calls.runtime
@@ -49,6 +50,7 @@ class Answers:
         self.holds = holds_
         self.refuser = refuser
         self.enforcer = enforcer
+        self.exchanges = exchanges
         self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
         self.recording = calls.tasks.recording
         # whether a stream's running usage is within what its call reserved (runtimes without
@@ -105,6 +107,9 @@ class Answers:
                                          governor_error_object(session), flight.exchange)
                 except Exception:  # never out of the hook: the in-flight addon after this one ends the exchange
                     log.exception("governor: the refusal of the response of %s could not be built", flow.request.url)
+        except asyncio.CancelledError:  # mitmproxy calls no addon after a cancelled one: the exchange ends here
+            await self.exchanges.end(flow, flight, upstream_error(flow, flight), stream_over=True)
+            raise
         # the exchange ends in the in-flight addon's response hook (governor.proxy.in_flight)
 
     async def error(self, flow: http.HTTPFlow) -> None:
@@ -119,6 +124,10 @@ class Answers:
                 await self._stream_finished(flow, flight)
         except Exception:
             log.exception("governor: internal error while closing %s", flow.request.url)
+        except asyncio.CancelledError:  # mitmproxy calls no addon after a cancelled one: the exchange ends here
+            await self.exchanges.end(flow, flight, flow.error.msg if flow.error else "exchange failed",
+                                     stream_over=False)
+            raise
         # the exchange ends in the in-flight addon's error hook (governor.proxy.in_flight)
 
     # --- plain answers -----------------------------------------------------------------

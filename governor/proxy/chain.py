@@ -18,8 +18,9 @@ The `Chain` is added to the master as one addon whose sub-addons are these (mitm
 top-level addon, because mitmproxy wraps each top-level addon's call of every event in its
 error guard: six of them cost ~70 us of dispatch per request, nested ~13 us (measured with
 mitmproxy's AddonManager, four lifecycle events and their updates). The guard being the
-chain's, an exception ends the event for the addons after the one that raised: so no hook
-lets one escape (each catches, logs and fails closed).
+chain's, an exception ends the event for the addons after the one that raised: so every
+hook that an addon after it depends on catches, logs and fails closed (and a cancelled
+answers' hook ends its exchange itself, through the shared `Exchanges`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from governor.proxy.admission import Admission
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
 from governor.proxy.enforcing import Enforcer
+from governor.proxy.exchanges import Exchanges
 from governor.proxy.held_steps import HeldSteps
 from governor.proxy.in_flight import InFlight
 from governor.proxy.origin_guard import OriginGuard
@@ -88,13 +90,14 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     held = holds.Holds(policy.review_hold, policy.review_retry_after,  # steps held for a reviewer
                        on_count=metrics.review_hold if metrics is not None else None)
     held_steps = HeldSteps(calls, held, refuser)
+    exchanges = Exchanges(calls)  # in flight: tracked by InFlight, ended by it (or by Answers, cancelled)
     unknown = UnknownTraffic(runtime, policy, refuser)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
         SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics),
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
-        Answers(policy, calls, held_steps, held, refuser, enforcer, metrics=metrics),
-        InFlight(policy, calls, enforcer, metrics=metrics),
+        Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
+        InFlight(policy, calls, enforcer, exchanges, metrics=metrics),
     ]
     return Chain(addons, registry, held, recorded, unknown, policy)

@@ -1,6 +1,8 @@
 """The in-flight addon: the exchanges a session has in flight, the wall-clock ticker of each
-such session, the watchdog of upstream timeouts, and the end of an exchange (its tickets
-released, no state of ours left on its flow).
+such session, the watchdog of upstream timeouts, and the end of an exchange (through the
+shared `Exchanges`, governor.proxy.exchanges: its tickets released, nothing of ours left on
+its flow). As the chain's last request hook it also takes the FlowState off every flow it
+does not track.
 
 It runs after the admission addon in the `request` hook (it tracks the `Flight` admission
 put on the flow's state) and after the answers' addon in `response` and `error` (the answer
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Coroutine
 
 from mitmproxy import http
 
 from governor.policy.reasons import governor_object
 from governor.policy.steps import Action, Decision, Tick
 from governor.proxy.enforcing import Enforcer
+from governor.proxy.exchanges import Exchanges, upstream_error
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import as_raw, governor_error, governor_error_object
@@ -32,28 +35,46 @@ log = logging.getLogger("governor.proxy")
 class InFlight:
     """The mitmproxy addon for exchanges in flight: ticks, timeouts and their end."""
 
-    def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, enforcer: Enforcer, *, metrics: Any = None) -> None:
+    def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, enforcer: Enforcer, exchanges: Exchanges, *,
+                 metrics: Any = None) -> None:
         self.policy = policy
         self.calls = calls
         self.enforcer = enforcer
+        self.exchanges = exchanges
         self.metrics = metrics  # governor.runtime.metrics.Metrics, optional
-        self.in_flight: dict[str, dict[Flight, http.HTTPFlow]] = {}  # session -> exchanges in flight
+        self.in_flight = exchanges.by_session  # session -> exchanges in flight (read by the ticker and watchdog)
         self.tickers: dict[str, asyncio.Task] = {}  # session -> its wall-clock ticker
         self.watchdog: asyncio.Task | None = None  # upstream timeouts, while anything is in flight
 
     # --- mitmproxy hooks ---------------------------------------------------------------
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Coroutine[Any, Any, None] | None:
+        """The last of the chain's request hooks: an admitted exchange is tracked; any other
+        flow (refused, or not the governor's) keeps nothing of ours, not even the request as
+        the agent sent it, which would wait for the cyclic collector with the flow."""
         state: FlowState | None = flow.metadata.get(STATE_KEY)
-        if state is not None and state.flight is not None:  # admitted and forwarded
-            self._track(flow, state.flight)
+        if state is None:
+            return None
+        flight = state.flight
+        if flight is None:
+            del flow.metadata[STATE_KEY]
+            return None
+        try:
+            self._track(flow, flight)
+        except Exception:  # fail closed: an exchange we cannot watch does not go upstream
+            return self._untracked(flow, flight)
+        return None
+
+    async def _untracked(self, flow: http.HTTPFlow, flight: Flight) -> None:
+        log.exception("governor: internal error on %s", flow.request.url)
+        await self.exchanges.end(flow, flight, "governor error", stream_over=False)
+        self.enforcer.refuser.fail_closed(flow, flight.exchange.session, "internal error while governing the request")
 
     async def response(self, flow: http.HTTPFlow) -> None:
         flight = live_flight(flow)
         if flight is None:
             return
-        await self._finish(flight, upstream_error(flow, flight))
-        forget(flow, flight, stream_over=True)
+        await self.exchanges.end(flow, flight, upstream_error(flow, flight), stream_over=True)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         flight = live_flight(flow)
@@ -62,8 +83,7 @@ class InFlight:
         message = flow.error.msg if flow.error else "exchange failed"
         if flow.response is None and self.metrics is not None:  # the upstream never answered
             self.metrics.upstream_error(flight.exchange.adapter.name)
-        await self._finish(flight, message)
-        forget(flow, flight, stream_over=False)
+        await self.exchanges.end(flow, flight, message, stream_over=False)
 
     async def done(self) -> None:
         await self.calls.tasks.stop()
@@ -147,45 +167,3 @@ class InFlight:
         elif flow.response is None:
             reply = exchange.adapter.error_response(504, f"governor: {reason}", gov, exchange)
             self.enforcer.answer(flow, as_raw(reply, "deny"))
-
-    async def _finish(self, flight: Flight, error: str | None) -> None:
-        if flight.finished:
-            return
-        flight.finished = True
-        live = self.in_flight.get(flight.exchange.session)
-        if live is not None:
-            live.pop(flight, None)
-            if not live:
-                del self.in_flight[flight.exchange.session]
-        for admission in flight.admissions:
-            await self.calls.release(flight.exchange.session, admission.ticket, error)
-
-
-def forget(flow: http.HTTPFlow, flight: Flight, *, stream_over: bool) -> None:
-    """A finished exchange leaves no state of ours on its flow. mitmproxy's flows are
-    reference cycles, freed only by the cyclic collector: what hangs off one waits for it
-    too, and makes each young collection longer. Off the flow, the flight, watcher,
-    tickets and decisions are freed as soon as the hook and any task still using them
-    return. A stream's relay comes off its response once mitmproxy has called the response
-    hook (the stream is over; it calls the relay no more), and off the flight, which
-    `InFlight._finish` closed to every later use of it."""
-    flow.metadata.pop(STATE_KEY, None)
-    if stream_over and flight.relay is not None and flow.response is not None:
-        flow.response.stream, flight.relay = True, None
-
-
-def upstream_error(flow: http.HTTPFlow, flight: Flight) -> str | None:
-    """What went wrong with the exchange, for its record (None: the upstream answered it)."""
-    if flight.refusal is not None:
-        gov = flight.refusal[1]
-        return f"governor: {gov.get('cause') or gov.get('reason')}"
-    if flow.response is None:
-        return None
-    replaced = flight.replaced
-    if replaced is not None:  # the governor answered, not the upstream: say so
-        upstream, cause = replaced
-        before = f"upstream answered {upstream}, " if upstream is not None else ""
-        return f"{before}governor refused it with {flow.response.status_code} ({cause})"
-    if flow.response.status_code >= 400:
-        return f"upstream answered {flow.response.status_code}"
-    return None

@@ -1,8 +1,9 @@
 """How the proxy's addons ask the runtime: a step admitted (a pause held until its reviewer
 answers), a ticket released; and the tasks they start (`Tasks`), which a stop cancels.
 
-`RuntimeCalls` is the one collaborator every side of the proxy asks the runtime through;
-the runtime itself is its `runtime` (governor.runtime.api.RuntimeAPI).
+`RuntimeCalls` is how the addons admit a step with its review and release a ticket; usage
+reports and refusals' records go to the runtime itself (its `runtime`,
+governor.runtime.api.RuntimeAPI).
 """
 
 from __future__ import annotations
