@@ -4,7 +4,8 @@ so the official `mcp` server SDK runs such a tools/call; orjson does not, and th
 used to treat them as unknown traffic and forward them unread: a tool that needs a
 reviewer's confirmation ran without one, an undeclared tool ran, a delegation to a denied
 A2A peer went out. Each test through the proxy here failed on that code (the unit tests of
-RequestView pin the reading rules; what is JSON in no encoding stays unreadable, as before).
+RequestView pin the reading rules). JSON only Python's json reads (NaN, 1e400, a lone
+surrogate escape, deep nesting) is refused in the protocol (400), not forwarded unread.
 
 Real components: the real proxy on the real runtime, the `mcp` SDK's FastMCP notes server
 (stateless, as deployed behind load balancers: with no Mcp-Session-Id header for the MCP
@@ -183,14 +184,46 @@ def test_the_body_is_read_as_python_reads_it_and_its_charset_must_agree(content,
     assert (view.encoding is None) == (content == TEXT.encode())
 
 
-@pytest.mark.parametrize("content", ['{"a": NaN}'.encode("utf-16"), '{"a": 1'.encode("utf-32"),
-                                     b"\xff\xfe\x00\xd8{\x00}\x00", b"\x00{\x00"],
-                         ids=["utf-16-nan", "utf-32-truncated", "utf-16-lone-surrogate", "nul-not-json"])
-def test_what_is_json_in_no_encoding_stays_unreadable(content):
+@pytest.mark.parametrize("content", ['{"a": 1'.encode("utf-32"), b"\xff\xfe\x00\xd8{\x00}\x00", b"\x00{\x00"],
+                         ids=["utf-32-truncated", "utf-16-surrogate-outside-a-string", "nul-not-json"])
+def test_what_is_json_to_no_parser_stays_unreadable(content):
     view = RequestView("POST", "tools.example", "/mcp", {"content-type": "application/json"}, content)
     assert view.json_or_none() is None and view.unparseable
     with pytest.raises(BadRequest, match="not valid JSON"):
         view.json()
+
+
+# JSON orjson refuses and Python's json (the mcp SDK server's parser) accepts
+LENIENT = {
+    "nan": b'{"a": NaN}',
+    "utf-16-nan": '{"a": NaN}'.encode("utf-16"),
+    "huge-number": b'{"a": 1e400}',
+    "lone-surrogate-in-a-string": b'{"a": "\\ud800"}',
+    "nesting-past-1024": b'{"a": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+}
+
+
+@pytest.mark.parametrize("content", LENIENT.values(), ids=LENIENT.keys())
+def test_json_only_to_a_lenient_parser_is_matched_and_refused(content):
+    json.loads(content)  # what the server would run
+    view = RequestView("POST", "tools.example", "/mcp", {"content-type": "application/json"}, content)
+    assert view.json_or_none() is not None and not view.unparseable  # its adapter matches it...
+    with pytest.raises(BadRequest, match="lenient parser"):
+        view.json()  # ...and refuses it
+
+
+@pytest.mark.parametrize("argument", [b"NaN", b"1e400", b'"\\ud800"'], ids=["nan", "huge-number", "lone-surrogate"])
+async def test_a_tool_call_only_a_lenient_parser_reads_is_refused_not_run(stateless, argument):
+    """The mcp SDK server runs `delete_note` with such an argument (its json.loads reads it);
+    the governor, which cannot read it as orjson writes and the reviewer would see it, used
+    to forward it as unknown traffic, unreviewed. Now its adapter refuses it (400)."""
+    server, runtime, governor, _ = stateless
+    body = (b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "delete_note", '
+            b'"arguments": {"path": "/notes/old.md", "x": ' + argument + b'}}}')
+    response = await _post_mcp(governor, server, body, "application/json")
+    assert response.status_code == 400
+    assert "lenient parser" in response.json()["error"]["message"]
+    assert not runtime.approvals() and server.calls == []
 
 
 # --- A2A -----------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ local vLLM or an Azure deployment is governed exactly like api.openai.com.
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
-from governor.adapters.shapes import charset_conflict, json_encoding, json_text, route_forms
+from governor.adapters.shapes import LENIENT_PARSE_LIMIT, charset_conflict, json_encoding, json_text, route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -121,7 +122,10 @@ class RequestView:
     nothing else is tried when it succeeds); JSON in another Unicode encoding (a byte order
     mark, UTF-16 or UTF-32) as Python's json.loads(bytes) reads it, which is what the `mcp`
     and `a2a` SDK servers do, so such a body is governed, never passed on as unknown
-    traffic (`encoding` says which it was). Anything else is not JSON, as before.
+    traffic (`encoding` says which it was). JSON only to Python's json (NaN, 1e400, a lone
+    surrogate escape, deeper nesting) is matched on and refused (`json()` raises BadRequest):
+    the governor does not decide on values it cannot read as the server will. Anything
+    else is not JSON.
     """
 
     __slots__ = ("method", "scheme", "host", "port", "path", "headers", "content", "encoding", "_json", "_error",
@@ -179,37 +183,55 @@ class RequestView:
         return (self.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
 
     def json(self) -> Any:
-        """The parsed body; raises BadRequest (once computed, cached) when it is not JSON, or
-        when it is JSON in an encoding its Content-Type's charset contradicts."""
-        if self._json is self._UNPARSED and self._error is None:
-            try:
-                self._json = orjson.loads(self.content)
-            except orjson.JSONDecodeError as exc:
-                self._reread(exc)
+        """The parsed body; raises BadRequest (once computed, cached) when it is not JSON, when
+        it is JSON in an encoding its Content-Type's charset contradicts, or when it is JSON
+        only to a lenient parser."""
+        self._parse()
         if self._error is not None:
             raise BadRequest(self._error)
         if self._conflict is not None:
             raise BadRequest(self._conflict)
         return self._json
 
+    def _parse(self) -> None:
+        if self._json is self._UNPARSED and self._error is None:
+            try:
+                self._json = orjson.loads(self.content)
+            except orjson.JSONDecodeError as exc:
+                self._reread(exc)
+
     def _reread(self, failure: orjson.JSONDecodeError) -> None:
-        """Not UTF-8 JSON: JSON with a BOM or in UTF-16/32 is decoded as Python's json reads
-        bytes (shapes.json_text) and parsed; anything else keeps orjson's verdict."""
+        """Not UTF-8 JSON to orjson. JSON with a BOM or in UTF-16/32 is decoded as Python's
+        json reads bytes (shapes.json_text) and parsed: governed like any body. JSON only to
+        Python's json (NaN, Infinity, 1e400, a lone surrogate escape, nesting past orjson's
+        1024 levels: what the `mcp` SDK server still accepts) is matched on but refused by
+        json(), since the governor cannot read its values as the server will. Anything else
+        keeps orjson's verdict. The value is kept for matching either way: a body an adapter
+        would govern is refused in its protocol (400), never passed on as unknown traffic."""
         content = self.content
         encoding = json_encoding(content)
         text = json_text(content) if encoding is not None else None
-        if not isinstance(text, str):
-            self._error = f"request body is not valid JSON: {failure}"
-            return
-        try:
-            self._json = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            self._error = f"request body ({encoding}) is not valid JSON: {exc}"
-            return
-        self.encoding = encoding
-        # refused by json() (the adapter answers 400), yet still matched on: a body an
-        # adapter would govern must be refused in its protocol, not passed on as unknown
-        self._conflict = charset_conflict(self.headers.get("content-type"), content, encoding)
+        if isinstance(text, str):
+            try:
+                self._json = orjson.loads(text)
+            except orjson.JSONDecodeError as exc:
+                failure = exc
+            else:
+                self.encoding = encoding
+                self._conflict = charset_conflict(self.headers.get("content-type"), content, encoding)
+                return
+        if len(content) <= LENIENT_PARSE_LIMIT:
+            try:
+                self._json = json.loads(content)
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                pass
+            else:
+                self._conflict = ("request body is JSON only to a lenient parser (NaN, Infinity, a number out of "
+                                  "range, a lone surrogate or nesting past 1024 levels): refused, the governor "
+                                  "cannot read its values exactly")
+                return
+        where = f" ({encoding})" if isinstance(text, str) else ""
+        self._error = f"request body{where} is not valid JSON: {failure}"
 
     @property
     def parsed(self) -> bool:
@@ -218,7 +240,8 @@ class RequestView:
 
     @property
     def unparseable(self) -> bool:
-        """A parse was tried and failed (not JSON to orjson, nor in another Unicode encoding)."""
+        """A parse was tried and failed (not JSON to orjson, nor in another Unicode encoding,
+        nor to Python's json)."""
         return self._error is not None
 
     def json_or_none(self) -> Any:
@@ -227,11 +250,7 @@ class RequestView:
         JSON body is what it is (its charset is judged by json(), when an adapter opens it)."""
         if not self.content:
             return None
-        if self._json is self._UNPARSED and self._error is None:
-            try:
-                self._json = orjson.loads(self.content)
-            except orjson.JSONDecodeError as exc:
-                self._reread(exc)
+        self._parse()
         return None if self._error is not None else self._json
 
 
