@@ -53,6 +53,7 @@ import aiohttp
 import orjson
 
 from governor.adapters import jsonrpc
+from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamWatcher,
 )
@@ -356,3 +357,11 @@ def admission_verifier(base: AdmissionConfig | None = None, *, clock: Callable[[
 ADAPTERS = (A2AAdapter,)
 
 __all__ = ["A2AAdapter", "PeerIdentity", "PeerResolver", "admission_verifier", "DEPTH_HEADER"]
+
+
+ENDPOINTS = (
+    Endpoint("A2A", "message/send, message/stream", "POST", "{any path: matched by JSON-RPC body}", GOVERNED, "a2a",
+             Probe("POST", "/a2a", b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":'
+                                   b'{"role":"user","messageId":"m1","parts":[{"kind":"text","text":"hi"}]}}}'),
+             "a Delegation step: the peer's passport resolved and verified, depth counted"),
+)

@@ -15,6 +15,7 @@ import orjson
 
 from governor.adapters import sse, withhold
 from governor.adapters.fitting import requested_limit
+from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -265,3 +266,15 @@ class MessagesStreamWatcher(sse.SSEStreamWatcher):
 ADAPTERS = (AnthropicAdapter,)
 
 __all__ = ["AnthropicAdapter", "MessagesStreamWatcher", "ADAPTERS"]
+
+
+ENDPOINTS = (
+    Endpoint("Anthropic", "messages", "POST", "/v1/messages", GOVERNED, "anthropic",
+             Probe("POST", "/v1/messages", b'{"model":"claude-3-5-haiku-latest","max_tokens":64,'
+                                           b'"messages":[{"role":"user","content":"hi"}]}'),
+             "usage.input_tokens / output_tokens (+ cache reads and writes); max_tokens fitted"),
+    Endpoint("Anthropic", "messages", "POST", "/v1/messages", GOVERNED, "anthropic",
+             Probe("POST", "/v1/messages", b'{"model":"claude-3-5-haiku-latest","max_tokens":64,"stream":true,'
+                                           b'"messages":[{"role":"user","content":"hi"}]}'),
+             "SSE: message_start and message_delta usage", stream=True),
+)

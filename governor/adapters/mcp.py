@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from governor.adapters import jsonrpc, withhold
+from governor.adapters.endpoints import GOVERNED as GOVERNED_STEP, Endpoint, Probe
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
 )
@@ -236,3 +237,12 @@ class MCPAdapter(Adapter):
 
 
 ADAPTERS = (MCPAdapter,)
+
+
+ENDPOINTS = (
+    Endpoint("MCP", "tools/call", "POST", "{any path: matched by JSON-RPC body}", GOVERNED_STEP, "mcp",
+             Probe("POST", "/mcp", b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+                                   b'"params":{"name":"read_file","arguments":{"path":"/tmp/a"}}}',
+                   headers=(("accept", "application/json, text/event-stream"),)),
+             "a ToolCall step: declared tools only, oversight, loops; tools/list filtered"),
+)

@@ -19,6 +19,7 @@ import orjson
 
 from governor.adapters import sse, withhold
 from governor.adapters.fitting import requested_limit
+from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -573,3 +574,23 @@ class ResponsesStreamWatcher(_Watcher):
 ADAPTERS = (OpenAIAdapter,)
 
 __all__ = ["OpenAIAdapter", "ChatStreamWatcher", "CompletionsStreamWatcher", "ResponsesStreamWatcher", "ADAPTERS"]
+
+
+ENDPOINTS = (
+    Endpoint("OpenAI", "chat completions", "POST", "/v1/chat/completions", GOVERNED, "openai",
+             Probe("POST", "/v1/chat/completions", b'{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}'),
+             "usage.prompt_tokens / completion_tokens; output limit fitted"),
+    Endpoint("OpenAI", "chat completions", "POST", "/v1/chat/completions", GOVERNED, "openai",
+             Probe("POST", "/v1/chat/completions",
+                   b'{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}'),
+             "SSE; a final usage chunk is asked for (stream_options.include_usage)", stream=True),
+    Endpoint("OpenAI", "responses", "POST", "/v1/responses", GOVERNED, "openai",
+             Probe("POST", "/v1/responses", b'{"model":"gpt-4o-mini","input":"hi"}'),
+             "usage.input_tokens / output_tokens"),
+    Endpoint("OpenAI", "legacy completions", "POST", "/v1/completions", GOVERNED, "openai",
+             Probe("POST", "/v1/completions", b'{"model":"gpt-3.5-turbo-instruct","prompt":"hi"}'),
+             "n and best_of multiply the expected output"),
+    Endpoint("OpenAI", "embeddings", "POST", "/v1/embeddings", GOVERNED, "openai",
+             Probe("POST", "/v1/embeddings", b'{"model":"text-embedding-3-small","input":"hi"}'),
+             "input tokens only"),
+)
