@@ -403,14 +403,17 @@ def _token_file(path: Path, what: str) -> str:
 
 
 def write_control_file(running: Any) -> None:
-    """<data-dir>/control.json: where this governor's control plane listens (for `governor sessions`)."""
+    """<data-dir>/control.json: where this governor's control plane listens (for `governor sessions`)
+    and its explicit proxy (for `governor exec`)."""
     import json
 
     if not running.control_url:
         return
     path = running.settings.data_dir / CONTROL_FILE
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"url": running.control_url, "pid": os.getpid()}) + "\n", encoding="utf-8")
+    # the explicit proxy too, for `governor exec` (not in reverse mode: no CONNECT there)
+    proxy = {"proxy": running.proxy_url} if running.settings.mode == "regular" else {}
+    tmp.write_text(json.dumps({"url": running.control_url, "pid": os.getpid(), **proxy}) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -458,6 +461,9 @@ def instructions(running: Any) -> str:
     lines += session_lines(settings, running)
     lines.append("Set in the agent's environment:")
     lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
+    if not settings.mode.startswith("reverse:"):
+        lines.append(f"An agent that ignores those (Node 20's fetch, the npm openai client): governor exec --data-dir {settings.data_dir} "
+                     "-- node agent.js")
     lines.append("Ctrl-C stops.")
     return "\n".join(lines)
 
