@@ -158,16 +158,18 @@ print(json.dumps(out))
     assert any(e["detail"].get("tool") == "run_shell" for e in record["events"])
 
 
-async def test_the_cap_refuses_with_a_readable_error_and_a_stream_is_cut_at_it(env):
+@pytest.mark.parametrize("reported", [30_000, 1], ids=["honest", "lying"])
+async def test_the_cap_refuses_with_a_readable_error_and_a_stream_is_cut_at_it(env, reported):
     running, upstream, environment, tmp = env
-    # the provider's running text outgrows what the call reserved: cut mid-stream
-    upstream.script(Answer(text="w" * 120_000, chunks=60, chunk_delay=0.01, input_tokens=10, output_tokens=30_000))
-    code = PRELUDE + """
-c = session("capped")
-msgs = [{"role": "user", "content": "hi"}]
+    # the running text outgrows the cap before the counts arrive (whatever they will say): cut mid-stream
+    upstream.script(Answer(text="w" * 120_000, chunks=60, chunk_delay=0.01, input_tokens=10, output_tokens=reported))
+    session = f"capped-{reported}"
+    code = PRELUDE + f"""
+c = session({session!r})
+msgs = [{{"role": "user", "content": "hi"}}]
 def streamed():
     seen = []
-    for p in c.chat(model="llama3.2", messages=msgs, options={"num_predict": 2000}, stream=True):
+    for p in c.chat(model="llama3.2", messages=msgs, options={{"num_predict": 2000}}, stream=True):
         seen.append(p.message.content)
     return "ran to the end"
 record("cut", streamed)
@@ -180,7 +182,7 @@ print(json.dumps(out))
     assert after["raised"] == "ResponseError" and after["status"] == 429 and "halted" in after["error"], after
     await asyncio.wait_for(upstream.streams[0].done.wait(), 5)
     assert upstream.streams[0].disconnected and len(upstream.requests) == 1
-    record = await verified_record(running, "capped", tmp)
+    record = await verified_record(running, session, tmp)
     assert ("on_budget_exhausted", "halt") in events(record)
 
 
