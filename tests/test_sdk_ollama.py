@@ -131,6 +131,7 @@ print(json.dumps(out))
 async def test_undeclared_tools_are_withheld_and_an_undeclared_call_refused(env):
     running, upstream, environment, tmp = env
     upstream.script(Answer(tool_calls=(("search_papers", {"query": "agents"}),)),
+                    Answer(tool_calls=(("search_papers", {"query": "governors"}),), chunks=4),
                     Answer(tool_calls=(("run_shell", {"cmd": "id"}),)))
     code = PRELUDE + """
 c = session("tools")
@@ -141,6 +142,10 @@ def call():
     r = c.chat(model="llama3.2", messages=msgs, tools=tools, stream=False)
     return [t.function.name for t in r.message.tool_calls]
 record("declared", call)
+def streamed_declared():
+    return [t.function.arguments for p in c.chat(model="llama3.2", messages=msgs, tools=tools, stream=True)
+            for t in (p.message.tool_calls or [])]
+record("declared_stream", streamed_declared)
 def streamed():
     return [t.function.name for p in c.chat(model="llama3.2", messages=msgs, tools=tools, stream=True)
             for t in (p.message.tool_calls or [])]
@@ -149,6 +154,8 @@ print(json.dumps(out))
 """
     out = await run_python(code, environment)
     assert out["declared"] == ["search_papers"], out
+    # a declared call in a stream: the output after it was held until it was admitted, then delivered
+    assert out["declared_stream"] == [{"query": "governors"}], out
     # the model never saw run_shell; when it asks for it anyway the stream is cut with an error line
     assert [t["function"]["name"] for t in upstream.requests[0].body["tools"]] == ["search_papers"]
     refused = out["undeclared"]
