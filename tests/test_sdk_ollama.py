@@ -256,6 +256,20 @@ print(json.dumps(out))
     assert refusal["detail"]["reason"] == "unreadable_answer"
 
 
+async def test_a_plain_answer_only_a_lenient_parser_reads_is_refused_and_charged_its_reservation(env):
+    running, upstream, environment, tmp = env
+    upstream.script(Answer(lenient_tool="run_shell"))
+    code = PRELUDE + """
+record("plain", lambda: session("lenient-plain").chat(model="llama3.2", messages=[{"role": "user", "content": "hi"}],
+                                                      options={"num_predict": 100}).message.tool_calls)
+print(json.dumps(out))
+"""
+    out = await run_python(code, environment)
+    assert out["plain"]["raised"] == "ResponseError" and out["plain"]["status"] == 502, out
+    assert "not a JSON object the governor can read" in out["plain"]["error"]
+    assert await used(running, "lenient-plain") >= 100  # what it reserved: what it used cannot be read
+
+
 async def test_a_line_past_the_size_bound_cuts_the_stream(env):
     running, upstream, environment, tmp = env
     upstream.script(Answer(endless_bytes=MAX_EVENT_BYTES + 1024))
