@@ -133,3 +133,26 @@ def test_the_steps_offer_the_named_tools():
     assert call.tools_offered == ("a", "b") and call.provider == "ollama" and call.output_floor == 256
     with pytest.raises(BadRequest):
         opened(adapter, "/api/chat", {"model": "m", "tools": [{"type": "function"}]})
+
+
+def test_azure_deployments_come_from_the_config_file(tmp_path):
+    import argparse
+
+    from governor.cli import UsageError
+    from governor.cli.run import OPTIONS, resolve
+    from governor.proxy.server import build_chain
+
+    config = tmp_path / "governor.yaml"
+    args = argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)})
+    config.write_text("deployments:\n  chat-prod: gpt-4o-mini\n")
+    settings = resolve(args, {})
+    chain, _ = build_chain(settings, object())
+    openai = chain.registry.by_name["openai"]
+    exchange = opened(openai, "/openai/deployments/chat-prod/chat/completions?api-version=2024-10-21",
+                      {"messages": []})
+    assert exchange.model == "gpt-4o-mini" and exchange.state["deployment"] == "chat-prod"
+    assert opened(openai, "/openai/deployments/other/chat/completions", {"messages": []}).model == "other"
+    for bad in ("[a]", "{a: 1}", "{'': b}"):
+        config.write_text(f"deployments: {bad}\n")
+        with pytest.raises(UsageError, match="deployments must map Azure deployment names"):
+            resolve(args, {})
