@@ -31,8 +31,11 @@ from governor.adapters.base import Adapter, AdapterConfig, RequestView
 ADAPTER_MODULES = (
     "governor.adapters.openai",
     "governor.adapters.anthropic",
+    "governor.adapters.ollama",  # after openai: Ollama's /api/embeddings is excluded there
+    "governor.adapters.tgi",  # after ollama: /api/generate is Ollama's, not TGI's /generate
     "governor.adapters.mcp",
     "governor.adapters.a2a",
+    "governor.adapters.compatible",  # no adapter: the endpoint rows of OpenAI-compatible servers
 )
 
 IGNORE = "ignore"

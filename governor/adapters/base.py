@@ -59,6 +59,13 @@ class BadRequest(Exception):
         self.status = status
 
 
+class UnreadableAnswer(ValueError):
+    """A 200 answer (or a stream's event) the adapter cannot read where its protocol sends
+    JSON: raised by `observe_response` or a watcher's `feed`, so the proxy refuses it (a plain
+    answer: 502, charged its reservation; a stream: cut, recorded) rather than deliver what a
+    lenient client parser might read as tool calls the governor never saw."""
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterConfig:
     """Knobs shared by the adapters (documented in the README)."""
@@ -322,6 +329,10 @@ class StreamWatcher(abc.ABC):
     else, so the terminal bytes always start on an event boundary.
     """
 
+    # Events end at each newline (NDJSON: Ollama) rather than at a blank line (SSE): the relay
+    # frames what it forwards by lines, and sends no keep-alive comment (NDJSON has none).
+    line_framed: ClassVar[bool] = False
+
     @abc.abstractmethod
     def feed(self, chunk: bytes) -> list[StreamEvent]:
         """Parse a chunk; return usage updates (final=False) and tool calls seen in it."""
@@ -382,6 +393,11 @@ class Adapter(abc.ABC):
         insert first (governor.adapters.fitting); () when it has no output limit."""
         return ()
 
+    def output_limit_holder(self, exchange: Exchange) -> dict[str, Any]:
+        """The object in the request body that holds the output-limit fields: the body itself,
+        or a nested object (Ollama's `options`, TGI's `parameters`), created when absent."""
+        return exchange.body
+
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
         """Plan editing (governor.runtime.edit): make the request carry the tool arguments a
         reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
@@ -393,7 +409,8 @@ class Adapter(abc.ABC):
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
         """Read a complete (non-streamed) upstream response. Never raises on bad bodies:
-        unparseable upstream output yields an Observation without usage."""
+        unparseable upstream output yields an Observation without usage (an adapter may
+        instead raise UnreadableAnswer, refused by the proxy)."""
 
     def stream_watcher(
         self, exchange: Exchange, status: int, headers: Mapping[str, str]

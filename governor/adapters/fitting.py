@@ -44,6 +44,8 @@ def _capped(decision: Decision) -> bool:
 def fit_request(exchange: Exchange, decision: Decision) -> bool:
     """Write the admitted output limit into `exchange.body`; True when it changed.
 
+    The fields are in the adapter's `output_limit_holder` (the body, or the object in it that
+    holds them: Ollama's `options`, TGI's `parameters`).
     Lowered (the decision's details name the fitted value): every output-limit field the
     request names above it is lowered to it, or, naming none, the first field is set to it;
     the exchange's expected output becomes the fitted reservation. Not lowered: a request
@@ -55,8 +57,10 @@ def fit_request(exchange: Exchange, decision: Decision) -> bool:
     fields = adapter.output_limit_fields(exchange)
     if not fields:
         return False
-    body = exchange.body
-    named = [name for name in fields if body.get(name) is not None]
+    body = adapter.output_limit_holder(exchange)
+    # a named limit is a positive integer (adapters refuse others at open); one that is not
+    # means "no limit" where a protocol allows it (Ollama's num_predict -1): set, not kept
+    named = [name for name in fields if type(body.get(name)) is int and body[name] > 0]
     state = exchange.state
     choices = state.get("choices", 1)
     fitted = decision.details.get(FITTED_KEY) if decision.details else None

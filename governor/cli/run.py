@@ -153,6 +153,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     known |= {"max_held_stream_bytes"}  # a stream's output kept back during an admission (docs/wire-protocols.md)
     known |= set(WEBHOOK_FILE_SETTINGS)  # docs/notifications.md
+    known |= {"deployments"}  # Azure OpenAI deployment -> model it is priced as (docs/reference/compat.md)
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -259,6 +260,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             bytes_per_token=float(file.get("bytes_per_token", 4.0)),
             default_output_tokens=int(file.get("default_output_tokens", 4096)),
             inject_stream_usage=bool(file.get("inject_stream_usage", True)),
+            extra={"deployments": _deployments(file.get("deployments"))},
             **_fitting(value),
         )
     except (TypeError, ValueError) as exc:
@@ -272,6 +274,16 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     except TokenConfigError as exc:
         raise UsageError(str(exc)) from None
     return settings
+
+
+def _deployments(value: Any) -> dict[str, str]:
+    """The config file's `deployments`: Azure OpenAI deployment names to the models they serve."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                              for k, v in value.items()):
+        raise ValueError("deployments must map Azure deployment names to model names (non-empty strings)")
+    return dict(value)
 
 
 def _fitting(value: Any) -> dict[str, Any]:
