@@ -41,7 +41,8 @@ SPEECH_TOKENS_PER_CHARACTER = 2.0
 # second of audio are assumed, below the lowest bitrate of the encoders of the formats the
 # API takes (4 kbit/s; MP3's least is 8, Opus's 6, HE-AAC v2's about 5), so the seconds
 # reserved are at least the real ones. Settled by the answer's `usage` (seconds or tokens)
-# when it has one, else charged as reserved. Configurable: adapters.extra.audio_bytes_per_second.
+# when it has one, else charged as reserved. Configurable: `audio_bytes_per_second` in the
+# config file (governor/cli/run.py puts it in AdapterConfig.extra).
 AUDIO_BYTES_PER_SECOND = 500
 # Input tokens a second of audio is reserved as, for a token-billed transcription model
 # (gpt-4o-transcribe: about $0.006 a minute at $6 per million, i.e. 17 a second).
