@@ -176,3 +176,8 @@ def test_the_audio_floor_comes_from_the_config_file(tmp_path):
         config.write_text(f"audio_bytes_per_second: {bad}\n")
         with pytest.raises(UsageError, match="audio_bytes_per_second must be a positive number"):
             resolve(args, {})
+
+
+def test_an_azure_deployment_names_the_model_when_the_body_does_not():
+    request = json_view("/openai/deployments/my-dalle/images/generations?api-version=2025-04-01", {"prompt": "x"})
+    assert OpenAIMediaAdapter().open(request, session="s", persona=None).model == "my-dalle"

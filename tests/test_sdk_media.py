@@ -149,15 +149,25 @@ def streamed():
     events = list(client.images.generate(model="gpt-image-1", prompt="a red circle", stream=True, partial_images=2,
                                          quality="high", size="1024x1024", extra_headers=session("img-stream")))
     return [e.type for e in events]
+def streamed_edit():
+    png = ("in.png", b"\\x89PNG\\r\\n\\x1a\\n" + b"\\0" * 64, "image/png")
+    events = list(client.images.edit(model="gpt-image-1", image=png, prompt="add a hat", stream=True,
+                                     quality="high", size="1024x1024", extra_headers=session("img-stream")))
+    return [e.type for e in events]
 record("streamed", streamed)
+record("streamed_edit", streamed_edit)
 print(json.dumps(out))
 """
     out = await run_python(code, sdk_env)
     assert out["streamed"] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert out["streamed_edit"] == ["image_edit.completed"]
+    assert mock.requests[1].body["fields"]["stream"] == "true"  # the edit went as a multipart form
     output = upstream.IMAGE_OUTPUT_TOKENS + 2 * media_charges.PARTIAL_IMAGE_TOKENS
-    assert await used(running, "img-stream", "tokens") == upstream.IMAGE_INPUT_TOKENS + output
+    assert await used(running, "img-stream", "tokens") == 2 * upstream.IMAGE_INPUT_TOKENS + output + \
+        upstream.IMAGE_OUTPUT_TOKENS
     assert await used(running, "img-stream", "cost_usd") == pytest.approx(
-        PRICES.cost("gpt-image-1", upstream.IMAGE_INPUT_TOKENS, output))
+        PRICES.cost("gpt-image-1", upstream.IMAGE_INPUT_TOKENS, output)
+        + PRICES.cost("gpt-image-1", upstream.IMAGE_INPUT_TOKENS, upstream.IMAGE_OUTPUT_TOKENS))
     await verified_record(running, "img-stream")
 
 

@@ -136,8 +136,13 @@ class OpenAIMediaAdapter(Adapter):
             raise BadRequest(f"not an OpenAI media call: {request.method} {request.route}")
         body, form = self._body(request, kind)
         model = body.get("model")
-        if model is None and kind in IMAGES:
-            model = DEFAULT_IMAGE_MODEL
+        if model is None:  # Azure names the deployment in the path; OpenAI's image default is dall-e-2
+            parts = request.normal_route.split("/")
+            lowered = [part.lower() for part in parts]
+            if "deployments" in lowered[:-1]:
+                model = parts[lowered.index("deployments") + 1]
+            elif kind in IMAGES:
+                model = DEFAULT_IMAGE_MODEL
         if not isinstance(model, str) or not model:
             raise BadRequest("'model' is required and must be a string")
         state: dict[str, Any] = {"kind": kind, "units": ()}
@@ -392,13 +397,14 @@ ENDPOINTS = (
              "no model: dall-e-2; DALL-E per image (size, quality), gpt-image-* in tokens (usage)"),
     Endpoint("OpenAI", "image generations", "POST", "/v1/images/generations", GOVERNED, "openai_media",
              Probe("POST", "/v1/images/generations",
-                   b'{"model":"gpt-image-1","prompt":"a red circle","stream":true,"partial_images":1}'),
+                   b'{"model":"gpt-image-1","prompt":"a red circle","stream":true,"partial_images":1,"quality":"low"}'),
              "SSE: image_generation.completed usage; each partial image 100 tokens", stream=True),
     Endpoint("OpenAI", "image edits", "POST", "/v1/images/edits", GOVERNED, "openai_media",
              _probe("/v1/images/edits", {"prompt": "add a hat"}, {"image": ("in.png", _PNG, "image/png")}),
              "multipart; as generations, input images reserved as tokens for gpt-image-*"),
     Endpoint("OpenAI", "image edits", "POST", "/v1/images/edits", GOVERNED, "openai_media",
-             _probe("/v1/images/edits", {"model": "gpt-image-1", "prompt": "add a hat", "stream": "true"},
+             _probe("/v1/images/edits",
+                    {"model": "gpt-image-1", "prompt": "add a hat", "stream": "true", "quality": "low"},
                     {"image": ("in.png", _PNG, "image/png")}),
              "SSE: image_edit.completed usage", stream=True),
     Endpoint("OpenAI", "image variations", "POST", "/v1/images/variations", GOVERNED, "openai_media",
