@@ -105,3 +105,14 @@ def test_an_unpriced_unit_under_a_cost_cap_is_refused_saying_how_to_price_it():
 def test_a_free_call_is_admitted_under_a_cost_cap_whatever_its_model():
     decision = decide(limits(cost=1.0), state(), ModelCall("acme-moderation", 0, 0), 1.0)
     assert decision.action is Action.PERMIT and charged(decision, "cost_usd") == 0
+
+
+def test_embeddings_and_the_media_models_are_priced_by_the_bundled_table():
+    # embeddings were unpriced before (refused under any cost cap): now input tokens only
+    assert PRICES.cost("text-embedding-3-small", 1_000_000, 0) == pytest.approx(0.02)
+    assert PRICES.cost("text-embedding-3-large-2024", 1_000_000, 0) == pytest.approx(0.13)
+    # longest prefix: the media variants are not priced as the chat family they start with
+    assert PRICES.family_of("gpt-4o-mini-tts") == "gpt-4o-mini-tts"
+    assert PRICES.family_of("gpt-4o-transcribe") == "gpt-4o-transcribe"
+    assert PRICES.family_of("gpt-image-1.5") == "gpt-image-1.5"
+    assert decide(limits(cost=1.0), state(), ModelCall("text-embedding-3-small", 500, 0), 1.0).action is Action.PERMIT

@@ -120,6 +120,9 @@ class UsageReport:
     `ends_call` (final reports only, set by the runtime): the report is also the end of
     its model call, whose in-flight slot it frees, as StepDone("model") would after it;
     one step instead of two on every model call.
+
+    `units`: what the call consumed besides tokens (images, audio seconds, characters:
+    ModelCall.units), priced per unit; token caps count only the tokens.
     """
 
     model: str
