@@ -468,11 +468,17 @@ def describe(governor: Mapping[str, Any]) -> str:
     if "dimension" in governor:
         scope = governor.get("scope")
         parts.append(f"{governor['dimension']}{' ' + scope if scope else ''}")
-    unpriced = governor.get("reason") == "unpriced_model"
+    unpriced = governor.get("reason") in ("unpriced_model", "unpriced_unit")
     if governor.get("loop") is True:
         parts.append(f"loop: {governor.get('tool')} called again with the same arguments after "
                      f"{governor.get('repeats_in_window')} identical calls in the last {governor.get('window')} "
                      f"tool calls (loop threshold {governor.get('threshold')})")
+    elif unpriced and governor.get("reason") == "unpriced_unit":
+        limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
+        parts.append(f"model {governor.get('model')!r} has no price for {governor.get('unit')!r}, so the cost of "
+                     f"this call cannot be checked{limit}: price it in the pricing file, under the model's "
+                     f"family: units: {{{governor.get('unit')}: USD per unit}} (governor run --pricing FILE; "
+                     f"default policies/pricing.yaml; docs/reference/pricing.md)")
     elif unpriced:
         limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
         parts.append(f"model {governor.get('model')!r} has no price, so its cost cannot be checked{limit}: "

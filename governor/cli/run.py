@@ -152,6 +152,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                             "peers", "delegation_depth"}
     known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     known |= {"max_held_stream_bytes"}  # a stream's output kept back during an admission (docs/wire-protocols.md)
+    known |= {"audio_bytes_per_second"}  # transcriptions reserved by upload size (docs/reference/pricing.md)
     known |= set(WEBHOOK_FILE_SETTINGS)  # docs/notifications.md
     known |= {"deployments"}  # Azure OpenAI deployment -> model it is priced as (docs/reference/compat.md)
     unknown = set(file) - known
@@ -262,6 +263,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             inject_stream_usage=bool(file.get("inject_stream_usage", True)),
             extra={"deployments": _deployments(file.get("deployments"))},
             **_fitting(value),
+            extra=_audio_floor(file),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
@@ -299,6 +301,17 @@ def _fitting(value: Any) -> dict[str, Any]:
             raise UsageError(f"--fit-floor: expected a whole number of tokens >= 1, got {floor!r}")
         fields["fit_floor"] = int(floor)
     return fields
+
+
+def _audio_floor(file: dict) -> dict:
+    """`audio_bytes_per_second`: the most bytes a second of uploaded audio is assumed to take
+    (docs/reference/pricing.md); the media adapter reserves transcriptions by it."""
+    if "audio_bytes_per_second" not in file:
+        return {}
+    floor = file["audio_bytes_per_second"]
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < float("inf"):
+        raise ValueError("audio_bytes_per_second must be a positive number of bytes")
+    return {"audio_bytes_per_second": float(floor)}
 
 
 def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], config_path: Any) -> Any:
