@@ -261,9 +261,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             bytes_per_token=float(file.get("bytes_per_token", 4.0)),
             default_output_tokens=int(file.get("default_output_tokens", 4096)),
             inject_stream_usage=bool(file.get("inject_stream_usage", True)),
-            extra={"deployments": _deployments(file.get("deployments"))},
             **_fitting(value),
-            extra=_audio_floor(file),
+            extra={"deployments": _deployments(file.get("deployments")), **_audio_floor(file)},
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
