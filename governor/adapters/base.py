@@ -382,6 +382,12 @@ class Adapter(abc.ABC):
         insert first (governor.adapters.fitting); () when it has no output limit."""
         return ()
 
+    def output_limit_holder(self, exchange: Exchange, create: bool = False) -> dict[str, Any] | None:
+        """The object whose keys are `output_limit_fields` (governor.adapters.fitting): the body
+        itself, unless the protocol nests them (Gemini's generationConfig); with `create`, made
+        when absent. None: absent, and not created."""
+        return exchange.body
+
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
         """Plan editing (governor.runtime.edit): make the request carry the tool arguments a
         reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
