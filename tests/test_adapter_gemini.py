@@ -75,7 +75,9 @@ def test_another_method_with_a_body_is_refused_in_googles_format_and_a_bodiless_
 
 @pytest.mark.parametrize("path, body, message", [
     ("/v1beta/models/:generateContent", HI, "names no model"),
-    ("/v1beta/models%3AgenerateContent", HI, None),  # the model would be "models"? no: segment is models%3A...
+    # no model segment: "models" stands where the model would (governed as such; unpriced, so refused
+    # under a cost cap), never passed on as unknown traffic
+    ("/v1beta/models%3AgenerateContent", HI, None),
     (GEN, b"not json", "not valid JSON"),
     (GEN, b"[1, 2]", "must be a JSON object"),
     (GEN, {}, "'contents' is required"),
@@ -98,7 +100,7 @@ def test_another_method_with_a_body_is_refused_in_googles_format_and_a_bodiless_
     ("/v1beta/models/e:batchEmbedContents", {"requests": {}}, "'requests' is required"),
 ])
 def test_malformed_requests_are_refused_with_a_clear_reason(path, body, message):
-    if message is None:  # "/v1beta/models%3AgenerateContent": the model is "models", as Google would read it
+    if message is None:
         assert open_(path, body).model == "models"
         return
     with pytest.raises(BadRequest) as refused:
