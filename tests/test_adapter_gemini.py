@@ -331,3 +331,28 @@ def test_fallbacks_answer_in_each_methods_shape():
     assert isinstance(orjson.loads(array.body), list)
     embed = ADAPTER.fallback_response(open_("/v1beta/models/e:embedContent", {"content": {}}), decision, governor)
     assert embed.status == 403
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                         st.sampled_from(["candidates", "content", "parts", "text", "functionCall", "name", "args",
+                                          "usageMetadata", "promptTokenCount", "candidatesTokenCount",
+                                          "totalTokenCount", "finishReason", "error", "promptFeedback",
+                                          "blockReason", "x"]), inner, max_size=5), max_leaves=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json)
+def test_any_json_answer_is_read_without_raising(answer):
+    for path in (GEN, STREAM, "/v1beta/models/gemini-2.5-flash:countTokens"):
+        exchange, seen = _observe(orjson.dumps(answer), path=path)
+        assert seen.usage is None or (seen.usage.input_tokens >= 0 and seen.usage.output_tokens >= 0)
+    _, events = _watch(_sse(answer, [answer]), [3])
+    assert isinstance(events[-1], UsageReport) and events[-1].final
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=400), st.lists(st.integers(min_value=0, max_value=400), max_size=5))
+def test_any_bytes_in_a_stream_are_read_without_raising(data, cuts):
+    _, events = _watch(data, [c for c in cuts if c <= len(data)])
+    assert isinstance(events[-1], UsageReport) and events[-1].final

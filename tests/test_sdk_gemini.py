@@ -244,3 +244,28 @@ print(json.dumps(out))
     out = await run_python(code, sdk_env)
     assert out == {"streamed": "async stream"}
     assert await tokens_used(running, "aio") == 8
+
+
+async def test_a_call_the_model_makes_to_an_undeclared_tool_is_denied_plain_and_streamed(env):
+    running, mock, sdk_env = env
+    mock.script(B(text="", tool_calls=(("run_shell", {"cmd": "rm -rf /"}),)),
+                B(text="thinking about it", chunks=3, tool_calls=(("run_shell", {"cmd": "rm -rf /"}),)))
+    code = prelude(mock, "shell-plain") + """
+record("plain", lambda: client.models.generate_content(model="gemini-2.5-flash", contents="go").function_calls[0].name)
+client = genai.Client(api_key="test-key", http_options=types.HttpOptions(base_url=client._api_client._http_options.base_url,
+                      headers={"ADL-Session": "shell-stream"}))
+def streamed():
+    calls = []
+    for chunk in client.models.generate_content_stream(model="gemini-2.5-flash", contents="go"):
+        calls += [c.name for c in chunk.function_calls or []]
+    return calls
+record("streamed", streamed)
+print(json.dumps(out))
+"""
+    out = await run_python(code, sdk_env)
+    for name in ("plain", "streamed"):
+        refused = out[name]
+        assert refused.get("code") == 403 and refused["status"] == "PERMISSION_DENIED", (name, refused)
+        governor = refused["body"]["error"]["governor"]
+        assert governor["cause"] == "on_tool_denied" and governor["tool"] == "run_shell"
+    assert len(mock.requests) == 2  # both model calls went; the calls they asked for were refused
