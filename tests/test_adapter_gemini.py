@@ -284,6 +284,10 @@ def test_malformed_and_missing_usage_in_a_stream_still_counts_what_was_relayed()
     watcher, events = _watch(stream, [7, 50])
     final = events[-1]
     assert final.final and final.output_tokens == 1000 and final.input_tokens == watcher.exchange.state["expected_input"]
+    # finished with usage that names no prompt: the input is the request's estimate, not 0
+    stream = _sse(_answer("x" * 40, usage={"candidatesTokenCount": 10}))
+    watcher, events = _watch(stream, [])
+    assert (events[-1].input_tokens, events[-1].output_tokens) == (watcher.exchange.state["expected_input"], 10)
     # cut before the end: the estimate, never the provider's smaller figure
     stream = _sse(_answer("y" * 8000, usage={"promptTokenCount": 5, "candidatesTokenCount": 1}, finish=None))
     _, events = _watch(stream, [])

@@ -152,13 +152,14 @@ class GeminiStreamWatcher(sse.SSEStreamWatcher):
         return self._last
 
     def _current(self, final: bool) -> UsageReport:
-        """The provider's figures once the answer finished with usage; until then (and after a
-        cut) its figures or the governor's estimate of the output, whichever is larger, and the
-        request's estimated input while the provider has not said."""
+        """The provider's figures once the answer finished with its usage (a prompt count); until
+        then (after a cut, or without usage) its figures or the governor's estimate of the
+        output, whichever is larger, and the request's estimated input while the provider has
+        not said."""
         reading = self.reading
         exchange = self.exchange
         fields = reading.fields
-        if final and reading.finished and fields:
+        if final and reading.finished and "promptTokenCount" in fields:
             return report(fields, exchange.model, exchange.persona, True)
         current = report(fields, exchange.model, exchange.persona, final)
         estimate = estimate_tokens(reading.generated_bytes, self.bpt)
