@@ -53,10 +53,10 @@ async def send(running, mock, path: str, body, session: str, method: str = "POST
         client.close()
 
 
-async def tokens_used(running, session: str) -> float:
+async def tokens_used(running, session: str, dimension: str = "tokens") -> float:
     view = await running.runtime.session_view(session)
     return next(b["used"] for b in view["budgets"]
-                if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
+                if b["dimension"] == dimension and b["scope"] == "per_session" and b["persona"] is None)
 
 
 async def refusals_recorded(running, session: str) -> list[dict]:
@@ -105,6 +105,17 @@ async def test_the_colon_percent_encoded_is_governed_and_charged(env):
     assert got == 200 and orjson.loads(answer)["candidates"][0]["content"]["parts"][0]["text"] == "encoded"
     assert mock.requests[0].path == "/v1beta/models/gemini-2.5-flash%3AgenerateContent"  # as the agent sent it
     assert await tokens_used(running, "encoded") == 75
+    # priced as gemini-2.5-flash (policies/pricing.yaml: 0.30 in, 2.50 out per million tokens)
+    assert await tokens_used(running, "encoded", "cost_usd") == pytest.approx((70 * 0.30 + 5 * 2.50) / 1e6)
+
+
+async def test_an_unpriced_gemini_model_is_refused_under_the_cost_cap_saying_how_to_price_it(env):
+    running, mock = env
+    got, _, answer = await send(running, mock, "/v1beta/models/gemini-0-unknown:generateContent", HI, "unpriced")
+    error = google_error(answer)
+    assert got == 429 and error["governor"]["reason"] == "unpriced_model", answer
+    assert "has no price" in error["message"] and "--pricing" in error["message"]
+    assert mock.requests == []
 
 
 async def test_a_huge_candidate_count_is_refused_before_anything_reaches_the_upstream(env):
