@@ -36,6 +36,7 @@ ADAPTER_MODULES = (
     "governor.adapters.tgi",  # after ollama: /api/generate is Ollama's, not TGI's /generate
     "governor.adapters.openai_media",
     "governor.adapters.free_calls",
+    "governor.adapters.gemini",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
     "governor.adapters.compatible",  # no adapter: the endpoint rows of OpenAI-compatible servers

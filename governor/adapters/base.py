@@ -393,9 +393,10 @@ class Adapter(abc.ABC):
         insert first (governor.adapters.fitting); () when it has no output limit."""
         return ()
 
-    def output_limit_holder(self, exchange: Exchange) -> dict[str, Any]:
-        """The object in the request body that holds the output-limit fields: the body itself,
-        or a nested object (Ollama's `options`, TGI's `parameters`), created when absent."""
+    def output_limit_holder(self, exchange: Exchange, create: bool = False) -> dict[str, Any] | None:
+        """The object whose keys are `output_limit_fields` (governor.adapters.fitting): the body
+        itself, unless the protocol nests them (Gemini's generationConfig, Ollama's options, TGI's
+        parameters); with `create`, made when absent. None: absent, and not created."""
         return exchange.body
 
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:

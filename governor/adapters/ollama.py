@@ -148,7 +148,8 @@ class OllamaAdapter(Adapter):
     def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
         return (LIMIT_FIELD,) if exchange.state["kind"] in (CHAT, GENERATE) else ()
 
-    def output_limit_holder(self, exchange: Exchange) -> dict[str, Any]:
+    def output_limit_holder(self, exchange: Exchange, create: bool = False) -> dict[str, Any]:
+        # always made: an empty object there means what its absence means
         body = exchange.body
         if not isinstance(body.get("options"), dict):
             body["options"] = {}

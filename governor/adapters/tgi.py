@@ -104,7 +104,8 @@ class TGIAdapter(Adapter):
     def output_limit_fields(self, exchange: Exchange) -> tuple[str, ...]:
         return (LIMIT_FIELD,)
 
-    def output_limit_holder(self, exchange: Exchange) -> dict[str, Any]:
+    def output_limit_holder(self, exchange: Exchange, create: bool = False) -> dict[str, Any]:
+        # always made: an empty object there means what its absence means
         body = exchange.body
         if not isinstance(body.get("parameters"), dict):
             body["parameters"] = {}
