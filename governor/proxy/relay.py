@@ -45,7 +45,9 @@ class StreamRelay:
         self.flow = flow
         self.flight = flight
         self.watcher = watcher
-        self.held = sse.EventFramer()  # the incomplete tail of the last event, forwarded once complete
+        framer = watcher.framer()
+        self.sse = framer is None  # SSE framing: a chunk ending in a blank line is whole events
+        self.held = sse.EventFramer() if framer is None else framer  # the incomplete tail, forwarded once whole
         self.terminal: bytes | None = None
         self.ended = False
         self.final_events: list[Any] = []
@@ -83,7 +85,7 @@ class StreamRelay:
             if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
                 return []
         held = self.held
-        if not held.pending and not self.holds and not self.kept and data.endswith(b"\n\n"):
+        if not held.pending and not self.holds and not self.kept and data.endswith(b"\n\n") and self.sse:
             return [data]  # whole events, nothing kept back: the usual chunk, as it came
         out = held.feed(data)
         if held.pending > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
@@ -120,7 +122,7 @@ class StreamRelay:
         """Send an SSE comment line to the client while the stream is held for a reviewer.
         Whole events only were forwarded so far, so a comment line fits between them.
         False when it could not be sent (the stream over, or not in a state to take it)."""
-        if self.terminal is not None or self.ended:
+        if self.terminal is not None or self.ended or not self.sse:  # no comment lines in binary framing
             return False
         self.pings += 1
         try:
