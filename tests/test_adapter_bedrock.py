@@ -406,7 +406,16 @@ def test_errors_are_bedrock_errors_botocore_reads(bedrock_model, status, code, s
     assert parsed["Error"]["Code"] == code
     assert parsed["Error"]["Message"].startswith("governor: the reason")
     if status == 429:  # a declared limit that did not fit: the message says why it was not lowered
-        assert "signed" in parsed["Error"]["Message"]
+        assert "signed" in parsed["Error"]["Message"] and "lower it" in parsed["Error"]["Message"]
+
+
+def test_a_call_naming_no_limit_is_told_to_name_one():
+    adapter, exchange = opened(f"{HAIKU}/converse", {"messages": []})
+    reply = adapter.error_response(429, "governor: over", {"cause": "on_budget_exhausted", "limit": 10}, exchange)
+    message = orjson.loads(reply.body)["message"]
+    assert "names no output limit, so 4096 tokens were reserved" in message and "name one" in message
+    after_halt = adapter.error_response(429, "governor: halted", {"cause": "on_budget_exhausted"}, exchange)
+    assert orjson.loads(after_halt.body)["message"] == "governor: halted"
 
 
 @pytest.mark.parametrize("cause, code", [("on_budget_exhausted", "throttlingException"),

@@ -19,7 +19,7 @@ import pytest_asyncio
 from governor.cli import main as governor_cli
 from governor.passport import example_passport_path
 from governor.proxy.server import Settings, serve
-from tests.bedrock_upstream import ACCESS_KEY, REGION, SECRET_KEY, Answer, MockBedrock
+from tests.bedrock_upstream import ACCESS_KEY, REGION, SECRET_KEY, Answer, MockBedrock, verify_sigv4
 from tests.proxy_harness import AGENT_NAMED, run_python
 from tests.upstreams import make_tls
 
@@ -316,3 +316,28 @@ print(json.dumps(out))
     out = await run_python(code, sdk_env)
     assert "metadata" not in out["streamed"].get("kinds", []), out  # the usage frame was the one cut off
     assert await tokens_used(running, "truncated") >= 1000  # the text it relayed, counted by the governor
+
+
+async def test_the_mock_refuses_a_request_changed_after_signing():
+    """The check every test above relies on can fail: one byte of the body, or of a signed
+    header, changed after boto3's signer signed it."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from multidict import CIMultiDict
+
+    body = b'{"messages":[],"inferenceConfig":{"maxTokens":64}}'
+    path = "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/converse"
+    request = AWSRequest(method="POST", url=f"https://127.0.0.1:9{path}", data=body,
+                         headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "bedrock", REGION).add_auth(request)
+    headers = CIMultiDict({**dict(request.headers.items()), "Host": "127.0.0.1:9"})
+    assert verify_sigv4("POST", "127.0.0.1:9", path, headers, body)
+    assert not verify_sigv4("POST", "127.0.0.1:9", path, headers, body.replace(b"64", b"32"))
+    assert not verify_sigv4("POST", "127.0.0.1:9", path.replace("%3A", ":"), headers, body)
+    changed = CIMultiDict(headers)
+    changed["Content-Type"] = "application/json; charset=utf-8"
+    assert not verify_sigv4("POST", "127.0.0.1:9", path, changed, body)
+    unsigned = CIMultiDict(headers)
+    del unsigned["Authorization"]
+    assert not verify_sigv4("POST", "127.0.0.1:9", path, unsigned, body)

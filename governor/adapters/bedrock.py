@@ -61,7 +61,7 @@ from governor.adapters.bedrock_answers import (
 )
 from governor.adapters.endpoints import GOVERNED, REFUSED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
-from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, Decision, Step
+from governor.policy.steps import ON_BUDGET_EXHAUSTED, Decision, Step
 
 MODEL = "/model/"
 _MODEL = re.compile("/model/", re.IGNORECASE)
@@ -92,9 +92,11 @@ ERRORS = {
     504: ("ModelTimeoutException", 408),
 }
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
-SIGNED = ("Bedrock requests are signed (SigV4, over the body), so the governor cannot lower the "
-          "output limit as it does for other providers: lower it (inferenceConfig.maxTokens, max_tokens, "
-          "max_gen_len or textGenerationConfig.maxTokenCount) to fit what the budget leaves")
+_FIELDS = "inferenceConfig.maxTokens, max_tokens, max_gen_len or textGenerationConfig.maxTokenCount"
+SIGNED = ("Bedrock requests are signed (SigV4, over the body), so the governor cannot lower the output limit "
+          f"as it does for other providers: lower it ({_FIELDS}) to fit what the budget leaves")
+UNSIGNED = ("Bedrock requests are signed (SigV4, over the body), so the governor cannot set a smaller one as it "
+            f"does for other providers: name one ({_FIELDS}) that fits what the budget leaves")
 
 
 def model_id_of(route: str) -> tuple[str, str]:
@@ -251,9 +253,13 @@ class BedrockAdapter(Adapter):
                        exchange: Exchange | None = None) -> Reply:
         code, sent = ERRORS.get(status, ("ValidationException" if status < 500 else "InternalServerException",
                                          status))
-        if governor is not None and governor.get("cause") in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT):
-            if exchange is not None and exchange.state.get("declared_output") and "limit" in governor:
+        if (governor is not None and governor.get("cause") == ON_BUDGET_EXHAUSTED and exchange is not None
+                and "limit" in governor):
+            if exchange.state.get("declared_output"):
                 message = f"{message}; {SIGNED}"
+            else:
+                message = (f"{message}; the call names no output limit, so {exchange.state['expected_output']} "
+                           f"tokens were reserved for its answer, and {UNSIGNED}")
         body: dict[str, Any] = {"message": message}
         if governor is not None:
             body["governor"] = dict(governor)
