@@ -341,3 +341,34 @@ async def test_the_mock_refuses_a_request_changed_after_signing():
     unsigned = CIMultiDict(headers)
     del unsigned["Authorization"]
     assert not verify_sigv4("POST", "127.0.0.1:9", path, unsigned, body)
+
+
+async def test_a_tool_call_the_model_makes_outside_the_passport_is_refused_plain_and_streamed(env):
+    running, mock, sdk_env = env
+    mock.script(Answer(text="running it", tool=("run_shell", {"cmd": "rm -rf /"})),
+                Answer(text="running it streamed", chunks=3, tool=("run_shell", {"cmd": "ls"}), chunk_delay=0.01))
+    code = prelude(mock.endpoint, "denied-plain") + f"""
+record("plain", lambda: client.converse(modelId={HAIKU!r}, messages=msgs(), inferenceConfig={{"maxTokens": 64}}))
+def tag2(request, **kwargs):
+    request.headers["ADL-Session"] = "denied-stream"
+client.meta.events.unregister("before-send.bedrock-runtime.*", tag)
+client.meta.events.register("before-send.bedrock-runtime.*", tag2)
+def streamed():
+    r = client.converse_stream(modelId={HAIKU!r}, messages=msgs(), inferenceConfig={{"maxTokens": 64}})
+    kinds = []
+    try:
+        for event in r["stream"]:
+            kinds.append(list(event)[0])
+    except botocore.exceptions.ClientError as e:
+        return {{"raised": type(e).__name__, "code": e.response["Error"]["Code"],
+                "message": e.response["Error"]["Message"], "kinds": kinds}}
+    return {{"completed": True, "kinds": kinds}}
+record("streamed", streamed)
+print(json.dumps(out))
+"""
+    out = await run_python(code, sdk_env)
+    assert out["plain"]["code"] == "AccessDeniedException" and "run_shell" in out["plain"]["message"], out
+    streamed = out["streamed"]
+    assert streamed.get("raised") == "EventStreamError" and streamed["code"] == "modelStreamErrorException", out
+    assert "run_shell" in streamed["message"]
+    assert "messageStop" not in streamed["kinds"]  # the call's output was held, then cut, never delivered whole

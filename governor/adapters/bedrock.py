@@ -57,6 +57,7 @@ from governor.adapters.bedrock_answers import (
     FramedWatcher,
     fallback_reply,
     observe,
+    readable,
     watcher_for,
 )
 from governor.adapters.endpoints import GOVERNED, REFUSED, Endpoint, Probe
@@ -260,7 +261,7 @@ class BedrockAdapter(Adapter):
             else:
                 message = (f"{message}; the call names no output limit, so {exchange.state['expected_output']} "
                            f"tokens were reserved for its answer, and {UNSIGNED}")
-        body: dict[str, Any] = {"message": message}
+        body: dict[str, Any] = {"message": readable(message, governor)}
         if governor is not None:
             body["governor"] = dict(governor)
         return Reply(sent, {"content-type": "application/json", ERROR_TYPE_HEADER: code,

@@ -269,6 +269,7 @@ class FramedWatcher(StreamWatcher):
 
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
         budget = governor.get("cause") in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT)
+        message = readable(message, governor)
         body: dict[str, Any] = {"message": message, "governor": dict(governor)}
         if not budget:
             body.update(originalStatusCode=403, originalMessage=message)
@@ -366,6 +367,15 @@ def _anthropic_chunks(exchange: Exchange, text: str) -> list[dict[str, Any]]:
     ]
 
 
+def readable(message: str, governor: Mapping[str, Any] | None) -> str:
+    """The message boto3 shows (a ClientError carries only Bedrock's `message`, not the governor
+    object the body also holds), with the tool a refusal is about when it does not say it."""
+    tool = governor.get("tool") if governor is not None else None
+    if isinstance(tool, str) and tool and tool not in message:
+        message = f"{message}; tool {tool[:128]!r}"
+    return message
+
+
 def fallback_reply(exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
     text = fallback_text(decision)
     state = exchange.state
@@ -396,5 +406,5 @@ def fallback_reply(exchange: Exchange, decision: Decision, governor: Mapping[str
     return Reply(200, {"content-type": eventstream.CONTENT_TYPE}, b"".join(frames))
 
 
-__all__ = ["observe", "watcher_for", "fallback_reply", "FramedWatcher", "ConverseStreamWatcher",
+__all__ = ["observe", "watcher_for", "fallback_reply", "readable", "FramedWatcher", "ConverseStreamWatcher",
            "InvokeStreamWatcher", "Tally"]
