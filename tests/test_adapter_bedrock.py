@@ -12,6 +12,8 @@ import zlib
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from botocore.eventstream import EventStreamBuffer
 from botocore.model import ServiceModel
 from botocore.loaders import Loader
@@ -463,3 +465,42 @@ def test_fallbacks_are_answers_boto3_parses(bedrock_model):
             assert b"the declared fallback" in text
         else:
             assert b"the declared fallback" in reply.body
+
+
+STREAM_PATHS = (f"{HAIKU}/converse-stream", f"{HAIKU}/invoke-with-response-stream",
+                "/model/meta.llama3-8b-instruct-v1:0/invoke-with-response-stream",
+                "/model/amazon.titan-text-express-v1/invoke-with-response-stream")
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=20),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                       max_leaves=12)
+EVENT_TYPES = st.sampled_from(["chunk", "metadata", "contentBlockDelta", "contentBlockStart", "contentBlockStop",
+                               "messageStop", "x"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(EVENT_TYPES, JSONISH, st.booleans()), max_size=8), st.lists(st.integers(0, 4000), max_size=8),
+       st.integers(-1, 3000), st.sampled_from(STREAM_PATHS))
+def test_any_event_stream_in_any_chunking_is_read_or_refused_as_malformed(events, cuts, flip, path):
+    """Arbitrary event payloads (and, for the chunk events, arbitrary decoded bytes), cut
+    anywhere, a byte flipped somewhere: the watcher reports steps and usage, or raises
+    MalformedStream (the relay cuts the stream), nothing else."""
+    frames = []
+    for kind, value, wrap in events:
+        payload = orjson.dumps({"bytes": base64.b64encode(orjson.dumps(value)).decode()} if wrap else value)
+        frames.append(eventstream.event(kind, payload))
+    stream = bytearray(b"".join(frames))
+    if 0 <= flip < len(stream):
+        stream[flip] ^= 0x40
+    adapter, exchange = opened(path, {"messages": [], "prompt": "x", "inputText": "x"})
+    watcher = adapter.stream_watcher(exchange, 200, {"content-type": eventstream.CONTENT_TYPE})
+    points = sorted({c for c in cuts if c < len(stream)} | {0, len(stream)})
+    out = []
+    try:
+        for start, end in zip(points, points[1:]):
+            out += watcher.feed(bytes(stream[start:end]))
+    except eventstream.MalformedStream:
+        assert 0 <= flip < len(stream)  # only the flipped byte can make it malformed
+        return
+    out += watcher.close()
+    assert isinstance(out[-1], UsageReport) and out[-1].final
+    assert all(isinstance(e, (UsageReport, ToolCall)) for e in out)

@@ -66,7 +66,7 @@ from governor.policy.steps import ON_BUDGET_EXHAUSTED, Decision, Step
 
 MODEL = "/model/"
 _MODEL = re.compile("/model/", re.IGNORECASE)
-OPERATIONS = (CONVERSE_STREAM, CONVERSE, INVOKE_STREAM, INVOKE)  # longest first where one ends another
+OPERATIONS = (CONVERSE_STREAM, CONVERSE, INVOKE_STREAM, INVOKE)
 STREAMED = frozenset({CONVERSE_STREAM, INVOKE_STREAM})
 # Bedrock Runtime operations on a model that spend and that the governor does not govern:
 # refused, never forwarded (the endpoint table lists them)
