@@ -16,7 +16,7 @@ cut never follows half a frame. `encode` writes one frame (the governor's own: f
 the terminal exception frame).
 
 The governor parses this itself rather than depend on botocore at run time (botocore is a
-large client library; this is the 150 lines of it the proxy needs). The tests check both
+large client library; this is the small part of it the proxy needs). The tests check both
 against botocore's own parser (tests/test_adapter_bedrock.py).
 """
 
