@@ -37,6 +37,7 @@ ADAPTER_MODULES = (
     "governor.adapters.openai_media",
     "governor.adapters.free_calls",
     "governor.adapters.gemini",
+    "governor.adapters.bedrock",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
     "governor.adapters.compatible",  # no adapter: the endpoint rows of OpenAI-compatible servers

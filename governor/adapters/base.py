@@ -352,6 +352,13 @@ class StreamWatcher(abc.ABC):
     def usage(self) -> UsageReport | None:
         """The latest cumulative usage seen so far (final=False), or None."""
 
+    def framer(self) -> Any:
+        """The framing the relay forwards whole units of: None for SSE (sse.EventFramer, and
+        SSE keep-alive comments on a held stream); a watcher of another framing (Bedrock's
+        binary event stream) returns its own framer (`feed`, `pending`, `take`, `clear`),
+        and the relay then sends no keep-alive lines into it."""
+        return None
+
 
 class Adapter(abc.ABC):
     """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange."""
