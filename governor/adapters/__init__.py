@@ -31,6 +31,7 @@ from governor.adapters.base import Adapter, AdapterConfig, RequestView
 ADAPTER_MODULES = (
     "governor.adapters.openai",
     "governor.adapters.anthropic",
+    "governor.adapters.realtime",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
 )
