@@ -10,89 +10,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import pytest_asyncio
 
-from tests.proxy_harness import AGENT_NAMED, run_python
-from tests.realtime_upstream import RealtimeMock, Turn
-from tests.upstreams import make_tls
+from tests.proxy_harness import run_python
+from tests.realtime_harness import PRELUDE, events_of, iterations, realtime_env, tokens_used, verified
+from tests.realtime_upstream import Turn
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-PRELUDE = """
-import asyncio, json, openai
-client = openai.AsyncOpenAI(max_retries=0)
-out = {"events": []}
-def plain(event):
-    return event.to_dict() if hasattr(event, "to_dict") else event
-async def talk(session, steps, model="gpt-realtime"):
-    try:
-        async with client.realtime.connect(model=model, extra_headers={"ADL-Session": session}) as conn:
-            await steps(conn)
-    except Exception as e:
-        status = getattr(getattr(e, "response", None), "status_code", None)
-        body = getattr(getattr(e, "response", None), "body", None)
-        out["raised"] = {"type": type(e).__name__, "status": status,
-                         "body": json.loads(body) if body else None,
-                         "code": getattr(getattr(e, "rcvd", None), "code", None),
-                         "reason": getattr(getattr(e, "rcvd", None), "reason", None)}
-async def until(conn, last):
-    async for event in conn:
-        out["events"].append(plain(event))
-        if event.type in last:
-            return event
-"""
-
-
-PRICING = """currency: USD
-unit: per_million_tokens
-as_of: "2025-11-15"
-models:
-  gpt-realtime: {input: 4.00, cached_input: 0.40, output: 16.00}
-"""
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(tmp_path_factory):
-    from governor.proxy.server import Settings, serve
-
-    tmp = tmp_path_factory.mktemp("realtime")
-    tls = make_tls(tmp / "tls")
-    mock = RealtimeMock(tls)
-    await mock.start()
-    pricing = tmp / "pricing.yaml"  # the bundled table has no Realtime model: priced here (its text rates)
-    pricing.write_text(PRICING)
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                        tick_interval=0, pricing=pricing, **AGENT_NAMED)
-    running = await serve(settings)
-    sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file), "OPENAI_API_KEY": "sk-test",
-               "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
-    try:
-        yield running, mock, sdk_env
-    finally:
-        await running.stop()
-        await mock.stop()
+env = realtime_env("realtime-sdk")
 
 
 @pytest.fixture(autouse=True)
 def fresh(env):
     env[1].reset()
-
-
-async def tokens_used(running, session: str) -> float:
-    view = await running.runtime.session_view(session)
-    return next(b["used"] for b in view["budgets"]
-                if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
-
-
-async def iterations(running, session: str) -> int:
-    return (await running.runtime.session_view(session))["iterations"]
-
-
-def verified(running, record) -> bool:
-    from governor.evidence import load_public_key, verify_record
-
-    keys = running.settings.data_dir / "keys"
-    return verify_record(record, public_key=load_public_key(keys / "governor-pub.pem")).ok
 
 
 async def test_a_response_is_admitted_and_charged_from_response_done(env):
@@ -246,3 +176,74 @@ print(json.dumps(out))
     assert await tokens_used(running, "rt-vad") == 350
     assert await iterations(running, "rt-vad") == 2
     assert [e["type"] for e in mock.events].count("response.create") == 0
+
+
+async def test_tools_the_passport_denies_are_withheld_from_session_update_and_response_create(env):
+    running, mock, sdk_env = env
+    tools = [{"type": "function", "name": "search_papers", "parameters": {"type": "object"}},
+             {"type": "function", "name": "run_shell", "parameters": {"type": "object"}}]
+    code = PRELUDE + f"""
+async def steps(conn):
+    await conn.session.update(session={{"type": "realtime", "tools": {tools!r}, "tool_choice": "auto"}})
+    updated = await until(conn, ("session.updated",))
+    out["session_tools"] = [t["name"] for t in updated.session.to_dict().get("tools", [])]
+    await conn.response.create(response={{"max_output_tokens": 100, "tools": {tools!r},
+                                          "tool_choice": {{"type": "function", "name": "run_shell"}}}})
+    await until(conn, ("response.done",))
+asyncio.run(talk("rt-withhold", steps))
+print(json.dumps(out))
+"""
+    out = await run_python(code, sdk_env)
+    assert "raised" not in out, out
+    assert out["session_tools"] == ["search_papers"]
+    update, create = [e for e in mock.events if e["type"] in ("session.update", "response.create")]
+    assert [t["name"] for t in update["session"]["tools"]] == ["search_papers"]
+    assert [t["name"] for t in create["response"]["tools"]] == ["search_papers"]
+    assert "tool_choice" not in create["response"]  # it named the withheld tool
+    record = await running.runtime.end_session("rt-withhold")
+    withheld = events_of(record, "on_tools_withheld")
+    assert len(withheld) == 2 and all(e["detail"]["tools"] == ["run_shell"] for e in withheld)
+    assert verified(running, record)
+
+
+async def test_a_tool_call_is_a_step_and_a_denied_one_is_not_delivered(env):
+    running, mock, sdk_env = env
+    mock.script(Turn(tool=("search_papers", {"query": "agents"})), Turn(tool=("run_shell", {"cmd": "rm -rf /"})))
+    code = PRELUDE + """
+async def steps(conn):
+    await conn.response.create(response={"max_output_tokens": 100})
+    done = await until(conn, ("response.done",))
+    out["first"] = [o["name"] for o in done.response.to_dict()["output"] if o["type"] == "function_call"]
+    out["events"] = []
+    await conn.response.create(response={"max_output_tokens": 100})
+    await until(conn, ("response.done",))
+asyncio.run(talk("rt-tools", steps))
+print(json.dumps(out))
+"""
+    out = await run_python(code, sdk_env)
+    assert out["first"] == ["search_papers"]
+    kinds = [e["type"] for e in out["events"]]
+    # the undeclared tool: its completed call never reached the client; the socket was cut
+    assert "response.function_call_arguments.done" not in kinds and "response.done" not in kinds
+    assert kinds[-1] == "error" and out["events"][-1]["error"]["code"] == "on_tool_denied", out
+    assert out["raised"]["code"] == 1008
+    record = await running.runtime.end_session("rt-tools")
+    assert events_of(record, "on_tool_denied") and verified(running, record)
+
+
+async def test_the_beta_realtime_client_is_governed_alike(env):
+    running, mock, sdk_env = env
+    mock.script(Turn(text="Hi there.", input_tokens=20, output_tokens=5))
+    code = PRELUDE + """
+async def main():
+    async with client.beta.realtime.connect(model="gpt-realtime", extra_headers={"ADL-Session": "rt-beta"}) as conn:
+        await conn.response.create(response={"max_response_output_tokens": 50})
+        done = await until(conn, ("response.done",))
+        out["usage"] = done.response.usage.total_tokens
+asyncio.run(main())
+print(json.dumps(out))
+"""
+    out = await run_python(code, sdk_env)
+    assert out["usage"] == 25
+    assert await tokens_used(running, "rt-beta") == 25
+    assert mock.upgrades[0].get("OpenAI-Beta") == "realtime=v1"
