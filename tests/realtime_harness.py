@@ -62,9 +62,12 @@ def realtime_env(name: str, **overrides: Any) -> Any:
 async def realtime_governor(tmp: Path, **overrides: Any) -> AsyncIterator[tuple[Any, RealtimeMock, dict[str, str]]]:
     from governor.proxy.server import Settings, serve
 
+    reverse = overrides.pop("reverse", False)  # reverse mode: the agent's base URL is the governor
     tls = make_tls(tmp / "tls")
     mock = RealtimeMock(tls)
     await mock.start()
+    if reverse:
+        overrides["mode"] = f"reverse:{mock.base_url}"
     pricing = tmp / "pricing.yaml"  # the bundled table has no Realtime model: priced here (its text rates)
     pricing.write_text(PRICING)
     settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,

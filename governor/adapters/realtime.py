@@ -194,4 +194,4 @@ ENDPOINTS = (
              "refused, as every other /realtime/... path"),
 )
 
-__all__ = ["RealtimeAdapter", "ADAPTERS", "ENDPOINTS", "CLIENT_SECRETS"]
+__all__ = ["RealtimeAdapter", "ADAPTERS", "ENDPOINTS", "CLIENT_SECRETS", "SOCKET", "MINT", "CALLS", "OTHER"]

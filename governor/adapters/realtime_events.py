@@ -302,6 +302,15 @@ class RealtimeConversation:
         self.calls_seen.add(key)
         out.append(step)
 
+    def unfinished(self, response: Response) -> UsageReport:
+        """The final usage of a response that never reached its response.done (the socket
+        closed or was cut): what it reserved, or the text relayed if more, since what it
+        consumed cannot be read."""
+        step = response.step
+        estimate = estimate_tokens(response.generated_bytes, self.config.bytes_per_token)
+        return UsageReport(model=step.model, input_tokens=step.expected_input_tokens,
+                           output_tokens=max(step.expected_output_tokens, estimate), persona=self.persona, final=True)
+
     def outstanding(self) -> list[Response]:
         """Every admission still holding a ticket (the socket ends: released)."""
         held = self.pending + list(self.responses.values())

@@ -35,7 +35,7 @@ from mitmproxy import http
 
 from governor.adapters import withhold
 from governor.adapters.base import describe
-from governor.adapters.realtime import RealtimeAdapter
+from governor.adapters.realtime import MINT, RealtimeAdapter
 from governor.adapters.realtime_events import (ClientVerdict, RealtimeConversation, Refused, Response, ServerVerdict,
                                                encode, error_event)
 from governor.policy.reasons import governor_object
@@ -82,6 +82,30 @@ class RealtimeSockets:
 
     # --- mitmproxy hooks ---------------------------------------------------------------
 
+    async def request(self, flow: http.HTTPFlow) -> None:
+        """An ephemeral key the operator allows to be minted (admitted by the admission addon):
+        recorded before it is forwarded; not recorded, not forwarded."""
+        state: FlowState | None = flow.metadata.get(STATE_KEY)
+        flight = state.flight if state is not None else None
+        if flight is None or flow.response is not None or not isinstance(flight.exchange.adapter, RealtimeAdapter) \
+                or flight.exchange.state.get("kind") != MINT:
+            return
+        exchange = flight.exchange
+        recorder = getattr(self.runtime, "record_minted", None)
+        detail = {"decision": "permit", "route": flow.request.path.split("?", 1)[0][:300],
+                  "model": exchange.model[:128], "note": "what the minted key spends is not governed"}
+        try:
+            recorded = recorder is None or await recorder(exchange.session, detail)
+        except Exception:
+            log.exception("governor: the minting of a Realtime key could not be recorded in session %s",
+                          exchange.session)
+            recorded = False
+        if not recorded:
+            self.refuser.fail_closed(flow, exchange.session, "the minting of a Realtime key could not be recorded")
+        else:
+            log.info("governor: a Realtime ephemeral key minted in session %s (%s): what it spends is not governed",
+                     exchange.session, flow.request.pretty_url)
+
     def response(self, flow: http.HTTPFlow) -> None:
         if flow.websocket is None:
             return
@@ -112,6 +136,11 @@ class RealtimeSockets:
         try:
             if socket.cut:
                 message.drop()
+            elif ws_transit.oversize(flow, message.from_client, len(message.content)):
+                message.drop()
+                gov = {"cause": None, "action": "deny", "session": socket.session,
+                       "reason": f"a WebSocket message of {len(message.content)} bytes is past the governor's limit"}
+                self._cut(flow, socket, gov, 1009, error_type="invalid_request_error")
             elif message.from_client:
                 await self._client(flow, socket, message)
             else:
@@ -138,10 +167,17 @@ class RealtimeSockets:
             side = "client" if from_client else "upstream"
             await self._record(flow, socket, refusals.EVENT_TOO_LARGE, 1009,
                                f"a {side} WebSocket message passed {held} bytes; the socket was closed")
-        error = None if flow.websocket is None or flow.websocket.close_code in (1000, None) \
-            else f"socket closed ({flow.websocket.close_code})"
+        code = flow.websocket.close_code if flow.websocket is not None else None
         for response in socket.conversation.outstanding():
-            await self.calls.release(socket.session, response.ticket, error=error or "socket closed")
+            # forwarded, never settled by a response.done: charged what it reserved (its usage never came)
+            if response.ticket is None:
+                continue
+            try:
+                await self.runtime.usage(socket.session, response.ticket, socket.conversation.unfinished(response))
+            except Exception:
+                log.exception("governor: the usage of an unfinished response could not be charged in session %s",
+                              socket.session)
+            await self.calls.release(socket.session, response.ticket, error=f"socket closed ({code})")
 
     # --- client events -----------------------------------------------------------------
 

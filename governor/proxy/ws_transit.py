@@ -16,7 +16,9 @@ The wrapper also bounds what the layer holds of one message: mitmproxy reassembl
 fragmented message in memory without a limit before any hook sees it. Past
 `max_message_bytes` (the addon sets it; default MAX_MESSAGE_BYTES) the socket is cut at
 once with close code 1009 (message too big) and the flow is marked (OVERSIZE_KEY in its
-metadata) for the addon to record at websocket_end.
+metadata) for the addon to record at websocket_end. A message that arrives whole within one
+read (a compressed one inflates at once) is not held across reads: `oversize(flow, size)`
+is the addon's check of it in its hook, with the same verdict.
 """
 
 from __future__ import annotations
@@ -118,6 +120,15 @@ def _bounded(original: Any) -> Any:
     return relay_messages
 
 
+def oversize(flow: http.HTTPFlow, from_client: bool, size: int) -> bool:
+    """Whether a whole message of `size` bytes is past the bound; if so the flow is marked
+    for the record, as a message cut while it was still arriving is."""
+    if size <= _limits["max_message_bytes"]:
+        return False
+    flow.metadata[OVERSIZE_KEY] = (from_client, size)
+    return True
+
+
 def install(max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Wrap the WebSocket layer (idempotent); `max_message_bytes` bounds one message."""
     _limits["max_message_bytes"] = max_message_bytes
@@ -140,4 +151,4 @@ def send(proxyserver: Any, flow: http.HTTPFlow, event: bytes, close: tuple[int, 
     return True
 
 
-__all__ = ["GovernorSend", "install", "send", "close_reason", "MAX_MESSAGE_BYTES", "OVERSIZE_KEY"]
+__all__ = ["GovernorSend", "install", "send", "oversize", "close_reason", "MAX_MESSAGE_BYTES", "OVERSIZE_KEY"]
