@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Coroutine
 
 from mitmproxy import http
 
@@ -42,7 +42,7 @@ from governor.policy.reasons import governor_object
 from governor.policy.steps import Decision, Step
 from governor.proxy import refusals, withheld, ws_transit
 from governor.proxy.flow_state import STATE_KEY, FlowState
-from governor.proxy.refusing import Refuser
+from governor.proxy.refusing import ACTION_HEADER, Refuser
 from governor.proxy.runtime_calls import RuntimeCalls
 from governor.runtime.api import Admission
 from governor.sessions.book import halted_reason
@@ -82,38 +82,23 @@ class RealtimeSockets:
 
     # --- mitmproxy hooks ---------------------------------------------------------------
 
-    async def request(self, flow: http.HTTPFlow) -> None:
-        """An ephemeral key the operator allows to be minted (admitted by the admission addon):
-        recorded before it is forwarded; not recorded, not forwarded."""
+    def response(self, flow: http.HTTPFlow) -> Coroutine[Any, Any, None] | None:
+        """A governed Realtime upgrade answered 101: the socket is taken over. A minted key
+        (allowed by the operator): recorded before the client gets it (a coroutine for
+        mitmproxy to await; any other answer costs a dictionary lookup)."""
         state: FlowState | None = flow.metadata.get(STATE_KEY)
         flight = state.flight if state is not None else None
-        if flight is None or flow.response is not None or not isinstance(flight.exchange.adapter, RealtimeAdapter) \
-                or flight.exchange.state.get("kind") != MINT:
-            return
+        if flight is None or type(flight.exchange.adapter) is not RealtimeAdapter:
+            return None
         exchange = flight.exchange
-        recorder = getattr(self.runtime, "record_minted", None)
-        detail = {"decision": "permit", "route": flow.request.path.split("?", 1)[0][:300],
-                  "model": exchange.model[:128], "note": "what the minted key spends is not governed"}
-        try:
-            recorded = recorder is None or await recorder(exchange.session, detail)
-        except Exception:
-            log.exception("governor: the minting of a Realtime key could not be recorded in session %s",
-                          exchange.session)
-            recorded = False
-        if not recorded:
-            self.refuser.fail_closed(flow, exchange.session, "the minting of a Realtime key could not be recorded")
-        else:
-            log.info("governor: a Realtime ephemeral key minted in session %s (%s): what it spends is not governed",
-                     exchange.session, flow.request.pretty_url)
+        if flow.websocket is not None:
+            self._take_over(flow, exchange)
+        elif exchange.state.get("kind") == MINT and flow.response is not None and flow.response.status_code == 200 \
+                and ACTION_HEADER not in flow.response.headers:
+            return self._minted(flow, exchange)
+        return None
 
-    def response(self, flow: http.HTTPFlow) -> None:
-        if flow.websocket is None:
-            return
-        state: FlowState | None = flow.metadata.get(STATE_KEY)
-        flight = state.flight if state is not None else None
-        if flight is None or not isinstance(flight.exchange.adapter, RealtimeAdapter):
-            return
-        exchange = flight.exchange
+    def _take_over(self, flow: http.HTTPFlow, exchange: Any) -> None:
         adapter = exchange.adapter
         try:
             conversation = adapter.conversation(exchange)
@@ -124,6 +109,25 @@ class RealtimeSockets:
             return
         flow.metadata[SOCKET_KEY] = Socket(exchange.session, exchange.persona, conversation, adapter,
                                            flow.request.path.split("?", 1)[0])
+
+    async def _minted(self, flow: http.HTTPFlow, exchange: Any) -> None:
+        """A key minted through the governor, recorded in its session before the client gets
+        it; one that cannot be recorded is not delivered (the answer replaced: 503)."""
+        recorder = getattr(self.runtime, "record_minted", None)
+        detail = {"decision": "permit", "route": flow.request.path.split("?", 1)[0][:300],
+                  "model": exchange.model[:128], "note": "what the minted key spends is not governed"}
+        try:
+            recorded = recorder is None or await recorder(exchange.session, detail)
+        except Exception:
+            log.exception("governor: the minting of a Realtime key could not be recorded in session %s",
+                          exchange.session)
+            recorded = False
+        if not recorded:
+            self.refuser.fail_closed(flow, exchange.session, "the minting of a Realtime key could not be recorded; "
+                                                             "the key is not delivered")
+            return
+        log.info("governor: a Realtime ephemeral key was minted in session %s (%s): what it spends is not governed",
+                 exchange.session, flow.request.pretty_url)
 
     async def websocket_message(self, flow: http.HTTPFlow) -> None:
         socket: Socket | None = flow.metadata.get(SOCKET_KEY)
