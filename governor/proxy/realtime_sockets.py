@@ -91,10 +91,12 @@ class RealtimeSockets:
         if flight is None or type(flight.exchange.adapter) is not RealtimeAdapter:
             return None
         exchange = flight.exchange
-        if flow.websocket is not None:
+        response = flow.response
+        if flow.websocket is not None and response is not None and response.status_code == 101 \
+                and ACTION_HEADER not in response.headers:  # (not a refusal put in place of the 101)
             self._take_over(flow, exchange)
-        elif exchange.state.get("kind") == MINT and flow.response is not None and flow.response.status_code == 200 \
-                and ACTION_HEADER not in flow.response.headers:
+        elif exchange.state.get("kind") == MINT and response is not None and response.status_code == 200 \
+                and ACTION_HEADER not in response.headers:
             return self._minted(flow, exchange)
         return None
 
