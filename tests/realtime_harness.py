@@ -70,8 +70,9 @@ async def realtime_governor(tmp: Path, **overrides: Any) -> AsyncIterator[tuple[
         overrides["mode"] = f"reverse:{mock.base_url}"
     pricing = tmp / "pricing.yaml"  # the bundled table has no Realtime model: priced here (its text rates)
     pricing.write_text(PRICING)
-    settings = Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
-                        tick_interval=0, pricing=pricing, **{**AGENT_NAMED, **overrides})
+    options = dict(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data", upstream_ca=tls.ca_file,
+                   tick_interval=0, pricing=pricing, **AGENT_NAMED)
+    settings = Settings(**{**options, **overrides})
     running = await serve(settings)
     if settings.mode.startswith("reverse:"):  # the agent's base URL is the governor
         sdk_env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{running.proxy_url}/v1"}

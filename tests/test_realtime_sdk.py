@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from tests.proxy_harness import run_python
-from tests.realtime_harness import PRELUDE, events_of, iterations, realtime_env, tokens_used, verified
+from tests.realtime_harness import PRELUDE, events_of, iterations, realtime_env, realtime_governor, tokens_used, \
+    verified
 from tests.realtime_upstream import Turn
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -247,3 +248,24 @@ print(json.dumps(out))
     assert out["usage"] == 25
     assert await tokens_used(running, "rt-beta") == 25
     assert mock.upgrades[0].get("OpenAI-Beta") == "realtime=v1"
+
+
+async def test_an_open_socket_is_charged_wall_clock_and_cut_at_its_cap(tmp_path):
+    from tests.restartable_governor import write_passport
+
+    def one_second(document):
+        document["permissions"]["resource_limits"]["budget"]["wall_clock_sec"]["per_session"] = 1
+
+    passport = write_passport(tmp_path / "passport.json", mutate=one_second)
+    async with realtime_governor(tmp_path, passport=passport, tick_interval=0.25) as (running, mock, sdk_env):
+        code = PRELUDE + """
+async def steps(conn):
+    await until(conn, ("never",))  # an idle socket: the user has not spoken yet
+asyncio.run(talk("rt-clock", steps))
+print(json.dumps(out))
+"""
+        out = await run_python(code, sdk_env)
+        assert out["raised"]["code"] == 1008, out
+        error = out["events"][-1]["error"]
+        assert error["governor"]["dimension"] == "wall_clock_sec" and error["code"] == "on_budget_exhausted"
+        assert mock.closes  # the upstream's socket was closed too

@@ -101,7 +101,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
-        RealtimeSockets(calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade
+        RealtimeSockets(policy, calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade
         InFlight(policy, calls, enforcer, exchanges, metrics=metrics),
     ]
     return Chain(addons, registry, held, recorded, unknown, policy)

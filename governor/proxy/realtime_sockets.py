@@ -18,6 +18,9 @@ before the upstream (or the client) sees it:
           response.done     the final usage charged, the call's ticket released
           unreadable        the socket is cut
 
+While the socket is open it is ticked (wall-clock charged, limits checked) every
+tick_interval; a refusal cuts it.
+
 A cut (governor.proxy.ws_transit): the client gets an `error` event carrying the governor's
 reason, then a close frame (1008 for a refusal, 1011 when the governor failed, 1003 for a
 message it does not read, 1009 for one too large); the upstream gets a close frame and its
@@ -27,6 +30,7 @@ at websocket_end.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Coroutine
@@ -39,10 +43,11 @@ from governor.adapters.realtime import MINT, RealtimeAdapter
 from governor.adapters.realtime_events import (ClientVerdict, RealtimeConversation, Refused, Response, ServerVerdict,
                                                encode, error_event)
 from governor.policy.reasons import governor_object
-from governor.policy.steps import Decision, Step
+from governor.policy.steps import Decision, Step, Tick
 from governor.proxy import refusals, withheld, ws_transit
 from governor.proxy.flow_state import STATE_KEY, FlowState
-from governor.proxy.refusing import ACTION_HEADER, Refuser
+from governor.proxy.policy import ProxyPolicy
+from governor.proxy.refusing import ACTION_HEADER, Refuser, governor_error_object
 from governor.proxy.runtime_calls import RuntimeCalls
 from governor.runtime.api import Admission
 from governor.sessions.book import halted_reason
@@ -65,14 +70,16 @@ class Socket:
     adapter: RealtimeAdapter
     route: str
     cut: bool = False  # the governor ended it: nothing more is forwarded
+    ticker: asyncio.Task | None = None  # its wall-clock ticks, while it is open
 
 
 class RealtimeSockets:
     """The mitmproxy addon for governed Realtime WebSockets (`response`, `websocket_message`,
     `websocket_end`)."""
 
-    def __init__(self, calls: RuntimeCalls, refuser: Refuser, *, proxyserver: Any = None, metrics: Any = None,
-                 max_message_bytes: int = ws_transit.MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, policy: ProxyPolicy, calls: RuntimeCalls, refuser: Refuser, *, proxyserver: Any = None,
+                 metrics: Any = None, max_message_bytes: int = ws_transit.MAX_MESSAGE_BYTES) -> None:
+        self.policy = policy  # tick_interval: an open socket's wall-clock ticks
         self.calls = calls
         self.runtime = calls.runtime
         self.refuser = refuser
@@ -109,8 +116,35 @@ class RealtimeSockets:
             flow.websocket = None
             self.refuser.fail_closed(flow, exchange.session, "internal error while governing the WebSocket")
             return
-        flow.metadata[SOCKET_KEY] = Socket(exchange.session, exchange.persona, conversation, adapter,
-                                           flow.request.path.split("?", 1)[0])
+        socket = Socket(exchange.session, exchange.persona, conversation, adapter, flow.request.path.split("?", 1)[0])
+        flow.metadata[SOCKET_KEY] = socket
+        if self.policy.tick_interval > 0:
+            socket.ticker = self.calls.tasks.spawn(self._tick(flow, socket))
+
+    async def _tick(self, flow: http.HTTPFlow, socket: Socket) -> None:
+        """While the socket is open (the provider may answer at any moment: server VAD), a Tick
+        every tick_interval: the runtime charges wall-clock and checks its limits; a refusal
+        cuts the socket. Ticks of an HTTP exchange of the same session meanwhile charge
+        nothing twice (each charges the time since the session's last)."""
+        try:
+            while not socket.cut:
+                await asyncio.sleep(self.policy.tick_interval)
+                if socket.cut:
+                    return
+                try:
+                    with self.calls.tasks.recording:
+                        admission = await self.runtime.admit(socket.session, Tick())
+                    await self.calls.release(socket.session, admission.ticket)
+                except Exception:
+                    log.exception("governor: wall-clock check failed on a WebSocket of session %s", socket.session)
+                    self._cut(flow, socket, governor_error_object(socket.session), ERROR_CLOSE,
+                              error_type="governor_unavailable")
+                    return
+                if admission.decision.blocks:
+                    self._refused(flow, socket, admission)
+                    return
+        except asyncio.CancelledError:
+            pass
 
     async def _minted(self, flow: http.HTTPFlow, exchange: Any) -> None:
         """A key minted through the governor, recorded in its session before the client gets
@@ -167,6 +201,8 @@ class RealtimeSockets:
         if socket is None:
             return
         socket.cut = True
+        if socket.ticker is not None:
+            socket.ticker.cancel()
         oversize = flow.metadata.pop(ws_transit.OVERSIZE_KEY, None)
         if oversize is not None:
             from_client, held = oversize
