@@ -44,6 +44,7 @@ unit: per_million_tokens
 as_of: "2025-11-15"
 models:
   gpt-realtime: {input: 4.00, cached_input: 0.40, output: 16.00}
+  gpt-4o-transcribe: {input: 2.50, output: 10.00}
 """
 
 

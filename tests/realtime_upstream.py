@@ -10,8 +10,10 @@ event protocol as the API reference and the openai SDK's types describe it:
                        [a function call: response.output_item.added, response.function_call_arguments.delta,
                         response.function_call_arguments.done, response.output_item.done],
                        response.done (response.usage with input/output token details)
-    input_audio_buffer.commit -> input_audio_buffer.committed, then a response the server
-                       starts on its own (as server VAD does), without any response.create
+    input_audio_buffer.commit -> input_audio_buffer.committed, [its transcription:
+                       conversation.item.input_audio_transcription.completed with usage], then a
+                       response the server starts on its own (as server VAD does), without any
+                       response.create
 
 What each response looks like is a `Turn` (queued with `script`, else `default`). Every
 client event that arrived is kept (`events`), and each response's log says how many deltas
@@ -46,6 +48,7 @@ class Turn:
     tool: tuple[str, dict[str, Any]] | None = None  # a function call the model makes
     raw_after_created: bytes | None = None  # a raw message sent right after response.created (hostile tests)
     binary_after_created: bool = False
+    transcription: tuple[str, int, int] | None = None  # on a commit: (transcript, input, output tokens) of the ASR
 
 
 @dataclass
@@ -140,9 +143,18 @@ class RealtimeMock:
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                     elif kind == "input_audio_buffer.commit":
+                        item_id = self._id("item")
                         await send({"type": "input_audio_buffer.committed", "previous_item_id": None,
-                                    "item_id": self._id("item")})
+                                    "item_id": item_id})
                         turn = self._queue.pop(0) if self._queue else self.default
+                        if turn.transcription is not None:
+                            text, used_in, used_out = turn.transcription
+                            await send({"type": "conversation.item.input_audio_transcription.completed",
+                                        "item_id": item_id, "content_index": 0, "transcript": text,
+                                        "usage": {"type": "tokens", "input_tokens": used_in,
+                                                  "output_tokens": used_out, "total_tokens": used_in + used_out,
+                                                  "input_token_details": {"audio_tokens": used_in,
+                                                                          "text_tokens": 0}}})
                         task = asyncio.ensure_future(self._respond(send, turn, model))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)

@@ -112,3 +112,18 @@ def test_a_response_without_response_done_is_charged_what_it_reserved():
     report = c.unfinished(response)
     assert report.final and report.output_tokens == 50 and report.input_tokens == verdict.step.expected_input_tokens
     assert c.outstanding() == [response] and c.outstanding() == []
+
+
+def test_an_input_transcription_is_a_call_of_the_session_transcription_model():
+    c = conversation(bytes_per_token=4.0)
+    c.client(event(type="session.update", session={"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}),
+             True)
+    tokens = c.server(event(type="conversation.item.input_audio_transcription.completed", transcript="hello there",
+                            usage={"type": "tokens", "input_tokens": 30, "output_tokens": 1}), True)
+    assert tokens.admit.model == "gpt-4o-transcribe" and tokens.admit.expected_output_tokens == 0
+    assert (tokens.usage.input_tokens, tokens.usage.output_tokens) == (30, 3)  # at least the transcript's count
+    beta = conversation()
+    beta.server(event(type="session.created", session={"input_audio_transcription": {"model": "whisper-1"}}), True)
+    duration = beta.server(event(type="conversation.item.input_audio_transcription.completed", transcript="x" * 40,
+                                 usage={"type": "duration", "seconds": 2.5}), True)
+    assert duration.admit.model == "whisper-1" and duration.usage.output_tokens == 10

@@ -159,12 +159,14 @@ print(json.dumps(out))
     assert [e["type"] for e in mock.events].count("conversation.item.create") == 0
 
 
-async def test_a_response_the_server_starts_itself_is_admitted_and_charged(env):
+async def test_a_response_the_server_starts_itself_and_the_input_transcription_are_admitted_and_charged(env):
     running, mock, sdk_env = env
-    mock.script(Turn(input_tokens=300, output_tokens=50, audio_in=250, audio_out=40))
+    mock.script(Turn(input_tokens=300, output_tokens=50, audio_in=250, audio_out=40,
+                     transcription=("what is the weather", 25, 6)))
     code = PRELUDE + """
 async def steps(conn):
-    await conn.session.update(session={"type": "realtime", "max_output_tokens": 500})
+    await conn.session.update(session={"type": "realtime", "max_output_tokens": 500,
+        "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}})
     await conn.input_audio_buffer.append(audio="AAAA")
     await conn.input_audio_buffer.commit()  # server VAD: the server answers on its own
     done = await until(conn, ("response.done",))
@@ -174,8 +176,8 @@ print(json.dumps(out))
 """
     out = await run_python(code, sdk_env)
     assert out["usage"] == 350, out
-    assert await tokens_used(running, "rt-vad") == 350
-    assert await iterations(running, "rt-vad") == 2
+    assert await tokens_used(running, "rt-vad") == 350 + 31  # the response, and its input's transcription
+    assert await iterations(running, "rt-vad") == 3  # the upgrade, the transcription, the response
     assert [e["type"] for e in mock.events].count("response.create") == 0
 
 

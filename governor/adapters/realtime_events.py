@@ -25,6 +25,9 @@ returns; it decides nothing and does no I/O:
                           once per call_id
       response.done       the final UsageReport: response.usage (input_tokens, output_tokens,
                           input_token_details.cached_tokens; text and audio tokens alike)
+      input audio transcription completed
+                          a model call of the session's transcription model, admitted and
+                          settled at once from its usage
       error               naming the client event of a pending admission: that admission is
                           released (the server refused the response.create)
       not text, not JSON  refused (the socket is cut: the governor does not deliver what it
@@ -116,6 +119,7 @@ class RealtimeConversation:
         self.model = model
         self.persona = persona
         self.session_limit = 0  # the session's output limit per response (0: none named)
+        self.transcription_model = ""  # the session's input transcription model (a separate ASR model call)
         self.context_tokens = 0  # the last response's input + output: what the next one re-reads
         self.pending_bytes = 0  # text the client added since
         self.pending: list[Response] = []  # admitted on response.create, awaiting response.created
@@ -143,6 +147,7 @@ class RealtimeConversation:
             limit = _limit(session, kind)
             if limit is not None:
                 self.session_limit = limit
+            self._transcription(session)
             if isinstance(session.get("model"), str) and session["model"]:
                 self.model = session["model"][:256]
             return ClientVerdict(kind, data, tools=tools)
@@ -207,11 +212,44 @@ class RealtimeConversation:
             return self._done(data)
         if kind == "error":
             return self._error(data)
-        if kind in ("session.created", "session.updated"):
-            limit = _limit(as_dict(data.get("session")), None)
+        if kind == "conversation.item.input_audio_transcription.completed":
+            return self._transcribed(data)
+        if kind in ("session.created", "session.updated", "transcription_session.updated"):
+            session = as_dict(data.get("session"))
+            limit = _limit(session, None)
             if limit is not None and not self.session_limit:
                 self.session_limit = limit
+            self._transcription(session)
         return ServerVerdict(kind)
+
+    def _transcription(self, session: dict[str, Any]) -> None:
+        """The input transcription model a session names (GA audio.input.transcription, beta
+        input_audio_transcription)."""
+        holder = as_dict(as_dict(as_dict(session.get("audio")).get("input")).get("transcription")) \
+            or as_dict(session.get("input_audio_transcription"))
+        model = holder.get("model")
+        if isinstance(model, str) and model:
+            self.transcription_model = model[:256]
+
+    def _transcribed(self, data: dict[str, Any]) -> ServerVerdict:
+        """The user's audio transcribed by the session's ASR model: a model call of its own,
+        billed at that model's prices, admitted (counted, refused when the session may not
+        act) and settled at once from its usage ("tokens"), at least the transcript's own
+        count; usage by "duration" (whisper-1) or none: the transcript's count."""
+        verdict = ServerVerdict("conversation.item.input_audio_transcription.completed")
+        model = self.transcription_model
+        verdict.admit = ModelCall(model=model, expected_input_tokens=0, expected_output_tokens=0,
+                                  persona=self.persona, provider="openai")
+        transcript = data.get("transcript")
+        estimate = estimate_tokens(len(transcript.encode()) if isinstance(transcript, str) else 0,
+                                   self.config.bytes_per_token)
+        usage = as_dict(data.get("usage"))
+        tokens = usage.get("type") == "tokens"
+        verdict.usage = UsageReport(model=model, input_tokens=positive_int(usage.get("input_tokens")) if tokens else 0,
+                                    output_tokens=max(positive_int(usage.get("output_tokens")) if tokens else 0,
+                                                      estimate),
+                                    persona=self.persona, final=True)
+        return verdict
 
     def _delta(self, kind: str, data: dict[str, Any]) -> ServerVerdict:
         response_id = _text(data.get("response_id"))
