@@ -402,7 +402,7 @@ def _limit(holder: dict[str, Any], kind: str | None) -> int | None:
 def error_event(message: str, governor: dict[str, Any], *, error_type: str, event_id: str | None = None) -> bytes:
     """A Realtime server `error` event carrying the governor's reason (what the openai SDK
     parses as RealtimeErrorEvent: event.error.message, event.error.code, ...)."""
-    error: dict[str, Any] = {"type": error_type, "code": governor.get("cause") or governor.get("reason_code"),
+    error: dict[str, Any] = {"type": error_type, "code": governor.get("cause"),
                              "message": message, "param": None, "event_id": event_id, "governor": governor}
     return orjson.dumps({"type": "error", "event_id": "event_governor_error", "error": error})
 

@@ -68,7 +68,6 @@ class Socket:
     persona: str | None
     conversation: RealtimeConversation
     adapter: RealtimeAdapter
-    route: str
     cut: bool = False  # the governor ended it: nothing more is forwarded
     ticker: asyncio.Task | None = None  # its wall-clock ticks, while it is open
 
@@ -116,7 +115,7 @@ class RealtimeSockets:
             flow.websocket = None
             self.refuser.fail_closed(flow, exchange.session, "internal error while governing the WebSocket")
             return
-        socket = Socket(exchange.session, exchange.persona, conversation, adapter, flow.request.path.split("?", 1)[0])
+        socket = Socket(exchange.session, exchange.persona, conversation, adapter)
         flow.metadata[SOCKET_KEY] = socket
         if self.policy.tick_interval > 0:
             socket.ticker = self.calls.tasks.spawn(self._tick(flow, socket))
