@@ -127,3 +127,29 @@ def test_an_input_transcription_is_a_call_of_the_session_transcription_model():
     duration = beta.server(event(type="conversation.item.input_audio_transcription.completed", transcript="x" * 40,
                                  usage={"type": "duration", "seconds": 2.5}), True)
     assert duration.admit.model == "whisper-1" and duration.usage.output_tokens == 10
+
+
+def test_the_adapter_opens_the_upgrade_and_refuses_the_rest():
+    from governor.adapters.base import BadRequest, RequestView
+
+    adapter = RealtimeAdapter()
+    upgrade = {"upgrade": "websocket", "connection": "Upgrade"}
+    azure = adapter.open(RequestView("GET", "x.openai.azure.com", "/openai/realtime?api-version=2025-04-01-preview"
+                                     "&deployment=gpt-realtime", upgrade, b""), session="s", persona=None)
+    assert azure.model == "gpt-realtime" and azure.state["kind"] == "socket"
+    for method, path, headers, body, status in (
+            ("GET", "/v1/realtime?model=m", {}, b"", 400),  # no upgrade
+            ("GET", "/v1/realtime?model=m", upgrade, b"{}", 400),  # a body
+            ("POST", "/v1/realtime/client_secrets", {}, b"{}", 403),  # not allowed by default
+            ("POST", "/v1/realtime/calls", {}, b"v=0", 403),
+            ("DELETE", "/v1/realtime/whatever", {}, b"", 403)):
+        with pytest.raises(BadRequest) as refused:
+            adapter.open(RequestView(method, "api.openai.com", path, headers, body), session="s", persona=None)
+        assert refused.value.status == status, path
+    allowing = RealtimeAdapter(AdapterConfig(extra={"realtime_client_secrets": "allow"}))
+    minted = allowing.open(RequestView("POST", "api.openai.com", "/v1/realtime/transcription_sessions", {},
+                                       b'{"input_audio_transcription": {"model": "gpt-4o-transcribe"}}'),
+                           session="s", persona=None)
+    assert minted.model == "gpt-4o-transcribe" and minted.state["kind"] == "mint"
+    with pytest.raises(BadRequest):
+        allowing.open(RequestView("GET", "api.openai.com", "/v1/realtime/sessions", {}, b""), session="s", persona=None)
