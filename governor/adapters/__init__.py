@@ -38,6 +38,7 @@ ADAPTER_MODULES = (
     "governor.adapters.free_calls",
     "governor.adapters.gemini",
     "governor.adapters.bedrock",
+    "governor.adapters.realtime",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
     "governor.adapters.compatible",  # no adapter: the endpoint rows of OpenAI-compatible servers

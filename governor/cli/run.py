@@ -59,6 +59,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
                    "...) to what its budgets leave, and give a call naming none its reservation's (docs/fitting.md)"),
     "fit_floor": ("GOVERNOR_FIT_FLOOR", "the smallest output limit, in tokens per answer, a call is fitted to; "
                   "a call that fits only below it is refused as budget-exhausted (default 256)"),
+    "realtime_client_secrets": ("GOVERNOR_REALTIME_CLIENT_SECRETS", "refuse (default) or allow: minting an ephemeral "
+                                "OpenAI Realtime key (POST /v1/realtime/client_secrets, /sessions, ...), which lets a "
+                                "client talk to the provider directly, ungoverned (docs/realtime.md)"),
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
@@ -266,6 +269,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
+    if (secrets := value("realtime_client_secrets")) is not None:
+        if secrets not in ("refuse", "allow"):
+            raise UsageError(f"--realtime-client-secrets: expected refuse or allow, got {secrets!r}")
+        import dataclasses
+
+        settings.adapters = dataclasses.replace(
+            settings.adapters, extra={**settings.adapters.extra, "realtime_client_secrets": secrets})
     settings.webhooks = _webhooks(value, file, environ, config_path)
     from governor.control.auth import TokenConfigError, load_control_token, load_reviewer_tokens
 
