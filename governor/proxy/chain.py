@@ -9,7 +9,8 @@ one did to the flow, so each looks at the flow's state (and `flow.response`) fir
   OriginGuard      server connections reported to the control plane's origin (with one)
   SessionBinding   request: the session, ADL-* headers stripped; the FlowState put on
   Admission        request: adapter, passport, steps admitted (holds); the Flight put on
-  UnknownTraffic   request: what no adapter claims, forwarded (counted) or refused
+  UnknownTraffic   request: what no adapter claims: allowed by the operator, else refused
+                   (default deny) or forwarded (counted); tcp_start: a raw stream, likewise
   Answers          responseheaders / response / error: the answer and the stream relay
   InFlight         request: tracked; response / error: the exchange ends; ticks, timeouts
 
@@ -32,6 +33,7 @@ from governor.proxy import holds, recording
 from governor.proxy.admission import Admission
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
+from governor.proxy.egress import EgressHosts
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.exchanges import Exchanges
 from governor.proxy.held_steps import HeldSteps
@@ -58,6 +60,7 @@ class Chain:
         self.holds = holds_
         self.recording = recording_  # events recorded from tasks: a stop awaits them
         self.unknown_seen = unknown.unknown_seen  # host -> requests forwarded ungoverned
+        self.allowed_seen = unknown.allowed_seen  # host -> requests the allow-list let through
         self._policy = policy
 
     @property
@@ -79,10 +82,12 @@ class Chain:
 
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
-                origin: Any = None, sessions: Any = None, proxyserver: Any = None) -> Chain:
+                origin: Any = None, sessions: Any = None, proxyserver: Any = None,
+                egress: EgressHosts | None = None) -> Chain:
     """The addons over `runtime`: `sessions` the session book (governor.sessions.book.SessionBook),
     `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
-    master's Proxyserver addon (transit works on its connections; None without a master)."""
+    master's Proxyserver addon (transit works on its connections; None without a master),
+    `egress` the passport's allowed_hosts (None: it declares none)."""
     recorded = recording.Recording()  # events recorded from tasks: a stop awaits them
     calls = RuntimeCalls(runtime, Tasks(recorded))
     refuser = Refuser(runtime, metrics)
@@ -94,7 +99,8 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     unknown = UnknownTraffic(runtime, policy, refuser)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
-        SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics),
+        SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,
+                       egress=egress),
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
