@@ -481,6 +481,11 @@ def instructions(running: Any) -> str:
 
         lines.append("  webhooks:       " + ", ".join(redacted(u) for u in settings.webhooks.urls)
                      + " (signed; reviews waiting, halts, locks, budget warnings)")
+    if settings.unknown_traffic == "forward":
+        lines.append("  other traffic:  FORWARDED UNGOVERNED (--unknown-traffic forward): uncounted, unrecorded")
+    else:
+        allowed = ", ".join(entry.describe() for entry in settings.allow[:4]) + (", ..." if len(settings.allow) > 4 else "")
+        lines.append("  other traffic:  refused (default deny), unless allowed: " + (allowed or "no --allow entry"))
     lines.append(f"  data:           {data}")
     if getattr(runtime, "governor_id", None):
         lines.append(f"  governor id:    {runtime.governor_id}")
