@@ -287,6 +287,11 @@ async def test_a_tunnel_that_is_not_http_is_closed_by_default(tmp_path):
             assert await _through_tunnel(world.running.proxy_url, port) == b""  # closed, nothing echoed
         async with world_of(tmp_path / "fwd", unknown_traffic="forward") as world:
             assert await _through_tunnel(world.running.proxy_url, port) == b"SSH-2.0-agent\r\n"
+        # the opt-out forwards streams, but not to a host outside the passport's allowed_hosts
+        passport = write_passport(tmp_path / "passport.json", mutate=lambda doc: doc["permissions"]["network"].update(
+            allowed_hosts=["api.openai.com"]))
+        async with world_of(tmp_path / "hosts", passport=passport, unknown_traffic="forward") as world:
+            assert await _through_tunnel(world.running.proxy_url, port) == b""
     finally:
         server.close()
         await server.wait_closed()

@@ -96,7 +96,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
                        on_count=metrics.review_hold if metrics is not None else None)
     held_steps = HeldSteps(calls, held, refuser)
     exchanges = Exchanges(calls)  # in flight: tracked by InFlight, ended by it (or by Answers, cancelled)
-    unknown = UnknownTraffic(runtime, policy, refuser)
+    unknown = UnknownTraffic(runtime, policy, refuser, egress)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
         SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,

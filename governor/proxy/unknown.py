@@ -22,6 +22,7 @@ from typing import Any, Coroutine
 from mitmproxy import http
 
 from governor.proxy import refusals
+from governor.proxy.egress import EgressHosts
 from governor.proxy.flow_state import STATE_KEY, FlowState
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import Refuser
@@ -39,8 +40,10 @@ HOW_TO_ALLOW = ("no adapter governs it, and traffic no adapter governs is refuse
 class UnknownTraffic:
     """The mitmproxy addon for traffic no adapter claims (the `request` and `tcp_start` hooks)."""
 
-    def __init__(self, runtime: RuntimeAPI, policy: ProxyPolicy, refuser: Refuser) -> None:
+    def __init__(self, runtime: RuntimeAPI, policy: ProxyPolicy, refuser: Refuser,
+                 egress: EgressHosts | None = None) -> None:
         self.runtime = runtime
+        self.egress = egress  # the passport's allowed_hosts: a raw stream outside it is refused even forwarding
         self.policy = policy
         self.refuser = refuser
         self.unknown_seen: dict[str, int] = {}  # host -> requests forwarded ungoverned (unknown_traffic: forward)
@@ -91,11 +94,15 @@ class UnknownTraffic:
 
     def tcp_start(self, flow: Any) -> None:
         """A tunnel that is not HTTP (after CONNECT, or redirected): no adapter reads it."""
-        if self.policy.unknown_traffic == "forward":
-            return
-        message = ("traffic no adapter governs (a TCP stream that is not HTTP) is refused by default; "
-                   "--unknown-traffic forward lets it through")
         server = flow.server_conn
+        host = server.address[0] if server.address else ""
+        if self.egress is not None and not self.egress.allows(host):
+            message = self.egress.message(host)
+        elif self.policy.unknown_traffic == "forward":
+            return
+        else:
+            message = ("traffic no adapter governs (a TCP stream that is not HTTP) is refused by default; "
+                       "--unknown-traffic forward lets it through")
         log.info("governor: refused a raw TCP stream to %s: %s", server.address, message)
         # the TCP layer opens the upstream after this hook: mitmproxy refuses to open a server
         # connection that has an error (its `server_connect` path), and closes the client's
