@@ -206,7 +206,18 @@ class AdapterRegistry:
                                 "(a JSON body with 'model' and 'messages', 'prompt' or 'input') to a path no "
                                 "adapter governs; it is refused, not forwarded ungoverned (a 'routes' entry can "
                                 "name the adapter that governs this path)")
-        return matched if matched is not None else self.allowed(request, target)
+        if matched is not None:
+            return matched
+        allowed = self.allowed(request, target)
+        if allowed is not None and request.content and not route.endswith(FREE_SUFFIXES) \
+                and shapes.model_shaped(request.content.lower()):
+            # a server that folds the case of keys (Go's encoding/json) reads {"Model":…,"Messages":…}
+            # as a model call: on a path the allow-list lets through, the sniff folds case too
+            return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call (JSON "
+                                "keys 'model' and 'messages', 'prompt' or 'input' in some letter case, which "
+                                "servers that fold case read) to a path the allow-list lets through ungoverned; "
+                                "it is refused (a 'routes' entry can name the adapter that governs this path)")
+        return allowed
 
     @staticmethod
     def _model_shaped(request: RequestView) -> bool:
