@@ -281,6 +281,25 @@ async def test_a_host_outside_the_passports_allowed_hosts_is_refused_and_recorde
         assert 'governor_proxy_refusals_total{reason="host_not_allowed",recorded="false"} 1.0' in metrics
 
 
+async def test_a_host_header_naming_an_allowed_host_does_not_open_another(tmp_path):
+    """The host checked is the one the governor connects to (the request's target), not
+    what the agent's Host header claims."""
+    passport = write_passport(tmp_path / "passport.json", mutate=lambda doc: doc["permissions"]["network"].update(
+        allowed_hosts=["api.openai.com"]))
+    async with world_of(tmp_path, passport=passport) as world:
+        host, port = world.running.proxy_url.rsplit("//", 1)[1].rsplit(":", 1)
+        body = json.dumps(CHAT).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(f"POST {world.mock.base_url}/v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+        assert head.startswith(b"HTTP/1.1 403"), head
+        assert world.mock.requests == []
+
+
 # --- raw TCP ---------------------------------------------------------------------------------------
 
 
