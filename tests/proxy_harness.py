@@ -402,7 +402,7 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     """One test on a module-wide `scripted_governor`: it starts with the mock and the scripted
     runtime reset, and whatever it changed of the addon's policy and routes is put back; no
     admitted step may be left without its ticket finished."""
-    policy, routes = running.chain.policy, list(running.chain.registry.routes)
+    policy, routes, allow = running.chain.policy, list(running.chain.registry.routes), list(running.chain.registry.allow)
     mock.reset()
     runtime.token_cap = None
     runtime.allowed_tools = None
@@ -412,6 +412,7 @@ def fresh_scripted(running: Any, mock: Any, runtime: ScriptedRuntime) -> Iterato
     yield
     running.chain.policy = policy
     running.chain.registry.routes = routes
+    running.chain.registry.allow = allow
     assert not runtime.open_tickets, "every admitted step's ticket is finished"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.restartable_governor import write_passport
 
 SCRIPT = REPO / "helm" / "governor" / "files" / "intercept.sh"
 AGENT = REPO / "tests" / "netns_agent.py"
@@ -160,8 +161,12 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         assert escapes["icmp"] == "answered: exfiltrated", escapes
 
         data = tmp_path / "data"
+        # the bundled passport, its egress allow-list (permissions.network.allowed_hosts) naming
+        # the upstream's address: the governor refuses hosts outside it
+        passport = write_passport(tmp_path / "passport.json", mutate=lambda doc: doc["permissions"]["network"][
+            "allowed_hosts"].append(UPSTREAM_ADDRESS))
         governor = subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-m", "governor", "run",
-                                     "--listen", "127.0.0.1:8080", "--control", "127.0.0.1:8081",
+                                     "--passport", str(passport), "--listen", "127.0.0.1:8080", "--control", "127.0.0.1:8081",
                                      "--transparent", f"127.0.0.1:{TRANSPARENT_PORT}", "--data-dir", str(data),
                                      "--session", "intercepted", "--sessions", "agent-named", "--lock-on", "none"], cwd=REPO, stdout=subprocess.PIPE,
                                     env={**os.environ, "GOVERNOR_CONTROL_TOKEN": CONTROL_TOKEN},

@@ -189,24 +189,30 @@ async def test_a_tool_call_the_model_asks_for_can_be_refused(env):
 # --- unknown traffic -------------------------------------------------------------------
 
 
-async def test_unknown_traffic_is_forwarded_by_default_or_denied(env):
+async def test_unknown_traffic_is_refused_by_default_or_forwarded_when_the_operator_opts_out(env):
     running, mock, runtime = env
+    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
+    error = orjson.loads(body)["error"]
+    assert status == 403 and "unknown traffic" in error["governor"]["reason"]
+    assert "--allow" in error["message"] and "--unknown-traffic forward" in error["message"]  # what allows it
+    assert error["governor"]["refusal"] == "unknown_traffic" and mock.requests == []
+    running.chain.policy = dataclasses.replace(running.chain.policy, unknown_traffic="forward")
     status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
     assert status == 200 and orjson.loads(body)["path"] == "/v1/vector_stores"
     assert runtime.steps == []
     assert running.chain.unknown_seen["127.0.0.1"] >= 1
-    running.chain.policy = dataclasses.replace(running.chain.policy, unknown_traffic="deny")
-    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
-    assert status == 403 and "unknown traffic" in orjson.loads(body)["error"]["governor"]["reason"]
     assert len(mock.requests) == 1
 
 
-async def test_route_mapping_can_ignore_a_path(env):
+async def test_an_ignore_route_lets_through_only_what_no_adapter_governs(env):
     running, mock, runtime = env
-    running.chain.registry.routes = [Route("127.0.0.1", "/v1/chat/**", "ignore")]
+    running.chain.registry.routes = [Route("127.0.0.1", "/v1/chat/**", "ignore"), Route("127.0.0.1", "/x/**", "ignore")]
+    # a chat path stays governed: an ignore route is an allow-list entry, not an exemption
     status, _, _ = await exchange(running, mock, CHAT, b"not even json", {"ADL-Session": "ign"})
+    assert status == 400 and mock.requests == []
+    status, _, _ = await exchange(running, mock, "/x/anything", b"not even json", {"ADL-Session": "ign"})
     assert status == 200  # passed through untouched: the mock parsed nothing and answered
-    assert not any(s == "ign" for s, _ in runtime.steps)
+    assert not any(s == "ign" for s, _ in runtime.steps) and len(mock.requests) == 1
 
 
 # --- bad input -------------------------------------------------------------------------
@@ -466,7 +472,7 @@ async def test_an_exchange_that_fails_upstream_is_released_and_leaves_nothing_on
 
 @pytest.mark.parametrize("url,body,status", [
     ("https://api.openai.com/v1/chat/completions", b'{"model": "gpt-4o-mini", "messages": [', 400),  # refused
-    ("https://unknown.example/v1/things", b'{"a": 1}', None),  # not the governor's: forwarded
+    ("https://unknown.example/v1/things", b'{"a": 1}', 403),  # no adapter's: refused (default deny)
 ], ids=["refused", "unclaimed"])
 async def test_a_flow_the_governor_does_not_forward_as_governed_keeps_nothing_of_ours(addon_on_test_flows, url,
                                                                                       body, status):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from governor.adapters import AllowEntry
 from tests.proxy_harness import agent_named_world
 from tests.upstreams import Behaviour
 
@@ -22,14 +23,16 @@ CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", 
 
 @pytest.fixture
 async def world(tmp_path):
-    async with agent_named_world(tmp_path, max_body_bytes=1 * MIB, max_response_bytes=2 * MIB) as world:
+    # the uploads path spends nothing: the operator's allow-list lets it through (default deny)
+    async with agent_named_world(tmp_path, max_body_bytes=1 * MIB, max_response_bytes=2 * MIB,
+                                 allow=(AllowEntry.parse("127.0.0.1/uploads/**"),)) as world:
         yield world
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_a_request_body_past_the_bound_is_refused_and_never_forwarded(world, chunked):
     running, mock, agent = world
-    body = b"u" * (3 * MIB)  # an upload to a path no adapter governs: forwarded when small enough
+    body = b"u" * (3 * MIB)  # an upload to an allowed path no adapter governs: forwarded when small enough
 
     async def pieces():
         for start in range(0, len(body), 64 * 1024):
@@ -41,7 +44,7 @@ async def test_a_request_body_past_the_bound_is_refused_and_never_forwarded(worl
     assert not any(r.path == "/uploads/blob" for r in mock.requests)
     small = await agent.post(f"{mock.base_url}/uploads/blob", content=b"u" * MIB,
                              headers={"content-type": "application/octet-stream", "ADL-Session": "big"})
-    assert small.status_code == 200  # within the bound: ungoverned traffic passes as before
+    assert small.status_code == 200  # within the bound: allowed traffic passes
 
 
 async def test_a_plain_answer_past_the_bound_is_refused_with_a_502(world):

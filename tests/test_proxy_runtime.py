@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 
 from governor.control.origin import MARKER_HEADER
+from governor.adapters import AllowEntry
 from tests.proxy_harness import RawClient, real_governor, run_python, sdk_environment
 from tests.upstreams import Behaviour
 
@@ -155,14 +156,23 @@ print(json.dumps({"plain": r.usage.total_tokens, "streamed": s[-1].usage.total_t
 
 async def test_a_halted_session_refuses_ungoverned_traffic_too(env):
     running, mock = env
-    # ungoverned (no adapter matches) while the session runs: forwarded
-    before, _, _ = await send(running, mock, "/health", None, "ungoverned", method="GET")
-    assert before != 403
-    status, _, _ = await send(running, mock, CHAT, chat(**UNFITTABLE), "ungoverned")
-    assert status == 429 and (await running.runtime.session_view("ungoverned"))["state"] == "halted"
-    status, _, body = await send(running, mock, "/health", None, "ungoverned", method="GET")
-    assert status == 403
-    assert orjson.loads(body)["error"]["governor"]["cause"] == "on_budget_exhausted"
+    registry = running.chain.registry
+    registry.allow = [AllowEntry.parse("GET 127.0.0.1/health")]
+    try:
+        # allowed (no adapter matches, the allow-list names it) while the session runs: forwarded
+        before, _, _ = await send(running, mock, "/health", None, "ungoverned", method="GET")
+        assert before == 200
+        status, _, _ = await send(running, mock, CHAT, chat(**UNFITTABLE), "ungoverned")
+        assert status == 429 and (await running.runtime.session_view("ungoverned"))["state"] == "halted"
+        served = len(mock.requests)
+        for path in ("/health", "/elsewhere"):  # allowed, and unknown
+            status, _, body = await send(running, mock, path, None, "ungoverned", method="GET")
+            assert status == 403, path
+            gov = orjson.loads(body)["error"]["governor"]
+            assert gov["cause"] == "on_budget_exhausted" and gov["refusal"] == "session_halted", path
+        assert len(mock.requests) == served
+    finally:
+        registry.allow = []
 
 
 async def test_run_keeps_the_governor_key_where_auditors_find_it(env):

@@ -19,7 +19,7 @@ import brotli
 import orjson
 import pytest
 
-from governor.adapters import Route
+from governor.adapters import AllowEntry, Route
 from governor.policy.steps import ModelCall, ToolCall
 from tests.proxy_harness import RawClient, fresh_scripted, scripted_env
 from tests.upstreams import Behaviour
@@ -131,10 +131,17 @@ async def test_another_method_with_a_body_to_a_model_endpoint_is_refused(env, me
 
 
 async def test_a_bodiless_read_of_a_model_endpoint_is_not_a_model_call(env):
-    """GET /v1/chat/completions lists stored completions: unknown traffic, forwarded."""
+    """GET /v1/chat/completions lists stored completions: unknown traffic, refused by default,
+    forwarded when the allow-list names it (and not a model call either way)."""
     running, mock, runtime = env
+    status, _, body = await send(running, mock, "GET", "/v1/chat/completions", b"", {"ADL-Session": "read"})
+    assert status == 403 and orjson.loads(body)["error"]["governor"]["refusal"] == "unknown_traffic"
+    assert mock.requests == []
+    running.chain.registry.allow = [AllowEntry.parse("GET 127.0.0.1/v1/chat/completions")]
     status, _, _ = await send(running, mock, "GET", "/v1/chat/completions", b"", {"ADL-Session": "read"})
     assert status == 200 and [r.method for r in mock.requests] == ["GET"]
+    status, _, _ = await send(running, mock, "DELETE", "/v1/chat/completions", b"", {"ADL-Session": "read"})
+    assert status == 403 and len(mock.requests) == 1  # the entry names GET only
     assert runtime.steps == []
 
 
@@ -219,8 +226,11 @@ async def test_a_route_entry_decides_for_a_model_call_on_its_path(env):
     # a chat path, so the call is governed and forwarded, and answers without usage
     status, _, _ = await send(running, mock, "POST", "/gateway/llm", CHAT, {"ADL-Session": "routed"})
     assert status == 200 and len(runtime.steps_of("routed", ModelCall)) == 1 and len(mock.requests) == 1
+    # an ignore route is an allow-list entry: it never lets a model call through ungoverned
     running.chain.registry.routes = [Route("127.0.0.1", "/Gateway/**", "ignore")]  # any case: paths fold
     status, _, _ = await send(running, mock, "POST", "/gateway/llm", CHAT, {"ADL-Session": "ignored"})
+    assert status == 403 and runtime.steps_of("ignored", ModelCall) == [] and len(mock.requests) == 1
+    status, _, _ = await send(running, mock, "POST", "/gateway/status", b'{"ok": 1}', {"ADL-Session": "ignored"})
     assert status == 200 and runtime.steps_of("ignored", ModelCall) == [] and len(mock.requests) == 2
 
 
@@ -232,9 +242,11 @@ async def test_an_ignore_route_cannot_be_reached_by_dot_segments(env):
 
 
 async def test_free_endpoints_are_governed_steps_and_other_bodies_forwarded(env):
-    # moderation and token counting cost nothing but are each a model call of the session
-    # (counted, refused after a halt: governor.adapters.free_calls); the rest goes on
+    """Moderation and token counting cost nothing but are each a model call of the session
+    (counted, refused after a halt: governor.adapters.free_calls); the rest goes on where the
+    allow-list (here, the whole mock) lets it through."""
     running, mock, runtime = env
+    running.chain.registry.allow = [AllowEntry.parse("127.0.0.1")]
     for path, body in (("/v1/messages/count_tokens", orjson.dumps({"model": "claude-test", "messages": []})),
                        ("/v1/moderations", orjson.dumps({"model": "omni-moderation-latest", "input": "x"})),
                        ("/v1/vector_stores", orjson.dumps({"name": "docs", "description": "model input"}))):
@@ -391,8 +403,10 @@ async def test_a_stream_the_upstream_compresses_anyway_is_read_whole_and_charged
 
 async def test_an_upload_that_mentions_model_calls_is_not_one(env):
     """A multipart upload of a JSONL file of chat bodies (a batch input file) is a file, not a
-    model call: forwarded as unknown traffic. The same lines sent raw are a model call."""
+    model call: forwarded when the allow-list names the path. The same lines sent raw are a
+    model call, refused there too."""
     running, mock, runtime = env
+    running.chain.registry.allow = [AllowEntry.parse("127.0.0.1")]
     line = orjson.dumps({"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}})
     jsonl = line + b"\n" + line + b"\n"

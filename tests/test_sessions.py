@@ -220,8 +220,12 @@ async def test_token_less_traffic_uses_the_default_session_and_off_refuses_it(tm
         served = llm.served
         assert refusal(await world.chat(None))["refusal"] == "session_token_required"
         assert llm.served == served
-        # traffic no adapter governs (a web page, a package index) carries no token and meters
-        # nothing: it is forwarded as before; a bad token on it is refused all the same
+        # traffic no adapter governs needs a session too (default deny): token-less, it is refused
+        page = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt")
+        assert page.status_code == 403 and page.json()["error"]["governor"]["refusal"] == "session_token_required"
+    async with served_world(llm, tmp_path, tmp_path / "fwd", default_session="off", unknown_traffic="forward") as world:
+        # the opt-out: token-less traffic no adapter governs (a web page, a package index: no
+        # library adds the header) is forwarded as before; a bad token on it is refused all the same
         page = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt")
         assert page.status_code == 404 and "ADL-Governor-Action" not in page.headers
         named = await world.agent.get(f"{llm.url.rsplit('/v1', 1)[0]}/robots.txt", headers={"ADL-Session": "mine"})

@@ -4,14 +4,17 @@ Each protocol module defines `ADAPTERS`, a tuple of Adapter classes; this module
 loads the known modules (skipping any not written yet), then picks the adapter
 for a request, on its normalized path (shapes.normalize_path, case folded):
 
-1. the configured route mapping (host/path pattern -> adapter name or "ignore");
+1. the configured route mapping (host/path pattern -> adapter name);
 2. the adapters that claim model endpoints by path (OpenAI, Anthropic): a POST is
    theirs; any other method with a body, or a PUT/PATCH, is refused (405), never
    forwarded ungoverned; a bodiless read (GET, HEAD, OPTIONS, DELETE) is not a model call;
 3. a body shaped like a model call (shapes.model_shaped) on a path no adapter claims:
    refused (403); the free endpoints (moderation, token counting) are governed by their own
    adapters (governor.adapters.free_calls), claimed by path like the model endpoints;
-4. the adapters that match by body (MCP, A2A: JSON-RPC), in order.
+4. the adapters that match by body (MCP, A2A: JSON-RPC), in order;
+5. what none of these governs: IGNORE when the operator's allow-list (governor.adapters.allow,
+   and the `routes` entries whose adapter is "ignore") names it, else None (unknown traffic,
+   refused by default). An allow-list entry never lets through what steps 2-4 govern or refuse.
 
 The rule is documented in docs/wire-protocols.md.
 """
@@ -25,6 +28,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from governor.adapters import shapes
+from governor.adapters.allow import AllowEntry
 from governor.adapters.base import Adapter, AdapterConfig, RequestView
 
 # In match order: the LLM adapters decide on the path alone, so they go first and
@@ -84,7 +88,8 @@ def _glob(pattern: str, separator: str) -> re.Pattern[str]:
 class Route:
     """An exception to matching: requests to `host` (glob, `*` within a label) whose
     path matches `path` (glob, `*` within a segment, `**` across) go to `adapter`
-    (a registered name) or are passed through unrecorded when adapter == "ignore"."""
+    (a registered name); adapter == "ignore" makes the route an allow-list entry
+    (governor.adapters.allow): what no adapter governs there passes unrecorded."""
 
     host: str
     path: str
@@ -126,8 +131,10 @@ def available_adapter_classes() -> list[type[Adapter]]:
 class AdapterRegistry:
     """Selects the adapter for a request. Built once at start-up."""
 
-    def __init__(self, adapters: Sequence[Adapter], routes: Iterable[Route] = ()) -> None:
+    def __init__(self, adapters: Sequence[Adapter], routes: Iterable[Route] = (),
+                 allow: Iterable[AllowEntry] = ()) -> None:
         self.adapters = list(adapters)
+        self.allow = list(allow)  # the operator's allow-list: what no adapter governs, let through
         self.by_name = {a.name: a for a in self.adapters}
         # adapters that claim model endpoints by path, and those that match by body
         self.path_adapters = [a for a in self.adapters if type(a).claims is not Adapter.claims]
@@ -141,12 +148,14 @@ class AdapterRegistry:
                 )
 
     @classmethod
-    def default(cls, config: AdapterConfig | None = None, routes: Iterable[Route] = ()) -> "AdapterRegistry":
+    def default(cls, config: AdapterConfig | None = None, routes: Iterable[Route] = (),
+                allow: Iterable[AllowEntry] = ()) -> "AdapterRegistry":
         config = config or AdapterConfig()
-        return cls([klass(config) for klass in available_adapter_classes()], routes)
+        return cls([klass(config) for klass in available_adapter_classes()], routes, allow)
 
     def routed(self, request: RequestView) -> Adapter | str | None:
-        """What the route mapping says of this request: an adapter, IGNORE, or None."""
+        """What the route mapping says of this request: an adapter, IGNORE (an allow-list
+        entry: it applies only to what no adapter governs), or None."""
         route_path = request.match_route
         for route in self.routes:
             if route.matches(request.host, route_path):
@@ -161,11 +170,25 @@ class AdapterRegistry:
                 return adapter
         return None
 
+    def allowed(self, request: RequestView, routed: Adapter | str | None = None) -> str | None:
+        """IGNORE when the allow-list (or an `ignore` route) names this request, else None:
+        asked only of what no adapter governs."""
+        if routed == IGNORE:
+            return IGNORE
+        if self.allow:
+            method, host, route = request.method, request.host, request.match_route
+            for entry in self.allow:
+                if entry.matches(method, host, route):
+                    return IGNORE
+        return None
+
     def select(self, request: RequestView) -> Adapter | Refusal | str | None:
-        """The adapter for this request, IGNORE, a Refusal, or None (unknown traffic)."""
+        """The adapter for this request, a Refusal, IGNORE (nothing governs it and the
+        allow-list names it), or None (unknown traffic)."""
+        target = None
         if self.routes:
             target = self.routed(request)
-            if target is not None:
+            if target is not None and target != IGNORE:
                 return target
         route = request.match_route
         for adapter in self.path_adapters:
@@ -173,7 +196,7 @@ class AdapterRegistry:
                 if adapter.match(request):
                     return adapter
                 if request.method in READ_METHODS and not request.content:
-                    return None
+                    return self.allowed(request, target)
                 return Refusal(405, f"{request.method} {request.normal_route} is a model endpoint; the governor "
                                     "governs model calls sent with POST and refuses other methods there (a body, "
                                     "or PUT/PATCH) rather than forward them ungoverned", adapter)
@@ -188,8 +211,19 @@ class AdapterRegistry:
             return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call "
                                 "(a JSON body with 'model' and 'messages', 'prompt' or 'input') to a path no "
                                 "adapter governs; it is refused, not forwarded ungoverned (a 'routes' entry can "
-                                "name the adapter that governs this path, or 'ignore')")
-        return matched
+                                "name the adapter that governs this path)")
+        if matched is not None:
+            return matched
+        allowed = self.allowed(request, target)
+        if allowed is not None and request.content \
+                and shapes.model_shaped(request.content.lower()):
+            # a server that folds the case of keys (Go's encoding/json) reads {"Model":…,"Messages":…}
+            # as a model call: on a path the allow-list lets through, the sniff folds case too
+            return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call (JSON "
+                                "keys 'model' and 'messages', 'prompt' or 'input' in some letter case, which "
+                                "servers that fold case read) to a path the allow-list lets through ungoverned; "
+                                "it is refused (a 'routes' entry can name the adapter that governs this path)")
+        return allowed
 
     @staticmethod
     def _model_shaped(request: RequestView) -> bool:
@@ -205,5 +239,5 @@ class AdapterRegistry:
         return request.unparseable and shapes.model_shaped(content)
 
 
-__all__ = ["AdapterRegistry", "Route", "Refusal", "IGNORE", "READ_METHODS", "ADAPTER_MODULES",
+__all__ = ["AdapterRegistry", "AllowEntry", "Route", "Refusal", "IGNORE", "READ_METHODS", "ADAPTER_MODULES",
            "available_adapter_classes"]

@@ -21,7 +21,9 @@ headers (the GET event stream, DELETE, the client's replies to server requests).
 - JSON-RPC batches (MCP 2025-03-26) pass when they hold no tools/call or tools/list;
   a batch that does is refused (400): the protocol dropped batching in 2025-06-18
   and a refusal inside a batch could not name the call it refuses. So is a
-  tools/call without a string name or with non-object arguments.
+  tools/call without a string name or with non-object arguments, a batch holding
+  anything but message objects (`[[...]]`), and a request only a server sends to its
+  client (`sampling/createMessage`, `elicitation/create`, `roots/list`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ MCP_METHODS = frozenset({
     "sampling/createMessage", "elicitation/create", "roots/list",
 })
 GOVERNED = frozenset({"tools/call", "tools/list"})
+# Requests a server sends to its client (MCP 2025-06-18): a client never sends them to a
+# server, so one that does is refused, not forwarded (a relay that ran sampling/createMessage
+# would be a model call outside any budget)
+SERVER_TO_CLIENT = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 SESSION_HEADERS = ("mcp-session-id", "mcp-protocol-version")
 PATH_ARGUMENTS = ("path", "file_path", "filepath", "file", "filename", "target_path", "target", "uri", "url",
                   "directory", "dir")
@@ -119,13 +125,21 @@ class MCPAdapter(Adapter):
         body = request.json() if request.content else None
         exchange = Exchange(self, request.method, request.host, request.path, body, session, persona)
         if isinstance(body, list):
+            if not all(isinstance(m, dict) for m in body):  # a nested batch [[...]]: no JSON-RPC message
+                raise BadRequest("a JSON-RPC batch holds only message objects; this one holds something else "
+                                 "(a nested batch?), which the governor does not forward unread")
             governed = [m["method"] for m in body
-                        if isinstance(m, dict) and isinstance(m.get("method"), str) and m["method"] in GOVERNED]
+                        if isinstance(m.get("method"), str) and m["method"] in GOVERNED | SERVER_TO_CLIENT]
             if governed:
                 raise BadRequest(f"a JSON-RPC batch holding {', '.join(governed)} is not governed; send each "
                                  "call in its own request (MCP 2025-06-18 removed batching)")
             return exchange
-        if not isinstance(body, dict) or not isinstance(body.get("method"), str) or body["method"] not in GOVERNED:
+        method = body.get("method") if isinstance(body, dict) else None
+        if isinstance(method, str) and method in SERVER_TO_CLIENT:
+            raise BadRequest(f"{method} is a request an MCP server sends to its client; a client does not send "
+                             "it to a server, and the governor refuses it rather than forward a model call "
+                             "ungoverned")
+        if not isinstance(method, str) or method not in GOVERNED:
             return exchange
         exchange.state["method"] = body["method"]
         exchange.state["rpc_id"] = body.get("id")

@@ -31,7 +31,12 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "data_dir": ("GOVERNOR_DATA_DIR", "state, journals, records, the governor key and the CA (default ./.governor)"),
     "tier": ("GOVERNOR_TIER", "R1 observe, R2 enforce (default), R3 enforce + anomaly monitoring"),
     "session_idle": ("GOVERNOR_SESSION_IDLE", "end a session idle this many seconds (default 900)"),
-    "unknown_traffic": ("GOVERNOR_UNKNOWN_TRAFFIC", "traffic no adapter governs: forward (default, logged) or deny"),
+    "unknown_traffic": ("GOVERNOR_UNKNOWN_TRAFFIC", "traffic no adapter governs and no --allow entry names: deny "
+                        "(default: refused 403, recorded) or forward (ungoverned: uncounted, unrecorded, logged)"),
+    "allow": ("GOVERNOR_ALLOW", "a destination that spends nothing, let through although no adapter governs it: "
+              "[METHODS ]HOST[/PATH] (globs: * within a label or segment, ** across segments), e.g. pypi.org or "
+              "'GET api.internal/status/**'; repeat the option, or comma-separate in the variable; a list in "
+              "the config file (allow:)"),
     "session": ("GOVERNOR_SESSION", "the name of the default session (requests without an ADL-Session token; "
                 "default: generated, one per process)"),
     "sessions": ("GOVERNOR_SESSIONS", "who opens sessions: principal (default: `governor sessions open` / POST "
@@ -85,7 +90,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                    "logger, message and the call's extras such as session and cause)"),
 }
 
-REPEATABLE = {"webhook"}
+REPEATABLE = {"webhook", "allow"}
 WEBHOOK_SECRET_ENV = "GOVERNOR_WEBHOOK_SECRET"
 WEBHOOK_FILE_SETTINGS = ("webhook_timeout", "webhook_attempts", "webhook_backoff", "webhook_queue")
 LOG_FORMATS = ("text", "json")
@@ -258,6 +263,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise UsageError(f"config {config_path}: delegation_depth must be a whole number >= 0")
         settings.delegation_depth = depth
+    settings.allow = _allow_list(value, config_path)
     try:
         settings.routes = tuple(Route.parse(r) for r in file.get("routes") or ())
         settings.adapters = AdapterConfig(
@@ -295,6 +301,34 @@ def _deployments(value: Any) -> dict[str, str]:
                                               for k, v in value.items()):
         raise ValueError("deployments must map Azure deployment names to model names (non-empty strings)")
     return dict(value)
+
+
+def _allow_list(value: Any, config_path: Any) -> tuple[Any, ...]:
+    """--allow (repeated), $GOVERNOR_ALLOW (comma-separated) or the config file's `allow` list:
+    the operator's allow-list (governor.adapters.allow)."""
+    from governor.adapters.allow import AllowEntry
+
+    from governor.adapters.allow import HTTP_METHODS
+
+    entries = value("allow")
+    if entries is None:
+        return ()
+    if isinstance(entries, str):  # the variable: comma-separated, "GET,HEAD host/path" kept whole
+        entries, pieces = [], [piece.strip() for piece in entries.split(",") if piece.strip()]
+        pending = ""
+        for piece in pieces:
+            if piece.upper() in HTTP_METHODS:  # a method of the next entry's list
+                pending += piece + ","
+                continue
+            entries.append(pending + piece)
+            pending = ""
+    if not isinstance(entries, list):
+        raise UsageError(f"config {config_path}: allow must be a list of entries (HOST[/PATH] or "
+                         "{host, path, methods})")
+    try:
+        return tuple(AllowEntry.parse(entry) for entry in entries)
+    except ValueError as exc:
+        raise UsageError(f"--allow: {exc}") from None
 
 
 def _fitting(value: Any) -> dict[str, Any]:
@@ -484,6 +518,11 @@ def instructions(running: Any) -> str:
 
         lines.append("  webhooks:       " + ", ".join(redacted(u) for u in settings.webhooks.urls)
                      + " (signed; reviews waiting, halts, locks, budget warnings)")
+    if settings.unknown_traffic == "forward":
+        lines.append("  other traffic:  FORWARDED UNGOVERNED (--unknown-traffic forward): uncounted, unrecorded")
+    else:
+        allowed = ", ".join(entry.describe() for entry in settings.allow[:4]) + (", ..." if len(settings.allow) > 4 else "")
+        lines.append("  other traffic:  refused (default deny), unless allowed: " + (allowed or "no --allow entry"))
     lines.append(f"  data:           {data}")
     if getattr(runtime, "governor_id", None):
         lines.append(f"  governor id:    {runtime.governor_id}")

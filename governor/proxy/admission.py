@@ -97,13 +97,13 @@ class Admission:
                 self.refuser.refuse(flow, adapter, admission, session)
                 return
 
-        if selected == IGNORE:
-            return
         if isinstance(selected, Refusal):
             await self.refuser.refuse_unselected(flow, selected, session)
             return
         if adapter is None:
-            state.unclaimed = True  # the unknown-traffic addon's (governor.proxy.unknown)
+            # the unknown-traffic addon's (governor.proxy.unknown): allowed by the operator, or not
+            state.unclaimed = True
+            state.allowed = selected == IGNORE
             return
         activity = None
         if persona is not None:  # `name` or `name; instance=id` (governor.runtime.personas)
@@ -172,10 +172,8 @@ class Admission:
 
     def _decode_request(self, view: RequestView, fields: tuple[tuple[bytes, bytes], ...]) -> Refusal | None:
         """Undo the body's Content-Encoding (bounded: governor.proxy.bodies) before anything
-        reads it, selection included; a Refusal when it cannot be. Traffic a route ignores is
-        left as it is."""
-        if self.registry.routes and self.registry.routed(view) == IGNORE:
-            return None
+        reads it, selection included (allowed traffic too: an allow-list entry never lets a
+        model call through); a Refusal when it cannot be."""
         policy = self.policy
         try:
             view.content = bodies.decode(view.content, bodies.encodings(fields),

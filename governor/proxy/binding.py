@@ -4,7 +4,9 @@ the agent's ADL-* headers (plus the control plane's origin marker).
 
 It runs first in the chain (governor.proxy.chain): it puts the flow's `FlowState`
 (governor.proxy.flow_state) on the flow, with the request as the agent sent it, for the
-addons after it. A request that names no session it may act in is refused here.
+addons after it. A request that names no session it may act in is refused here, and so is
+one to a host outside the passport's `permissions.network.allowed_hosts`
+(governor.proxy.egress), recorded in its session.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mitmproxy import http
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters.base import Adapter, RawHeaders, RequestView
 from governor.proxy import refusals
+from governor.proxy.egress import EgressHosts
 from governor.proxy.fields import (GOVERNOR_PREFIX, PASSPORT_FIELD, PERSONA_FIELD, SESSION_FIELD, SESSION_HEADER,
                                    scan_headers)
 from governor.proxy.flow_state import STATE_KEY, FlowState
@@ -32,8 +35,10 @@ class SessionBinding:
     """The mitmproxy addon that binds each request to its session (the `request` hook)."""
 
     def __init__(self, runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, refuser: Refuser, *,
-                 sessions: Any = None, origin: Any = None, metrics: Any = None) -> None:
+                 sessions: Any = None, origin: Any = None, metrics: Any = None,
+                 egress: EgressHosts | None = None) -> None:
         self.runtime = runtime
+        self.egress = egress  # the passport's allowed_hosts; None: it declares none
         self.registry = registry
         self.policy = policy
         self.refuser = refuser
@@ -108,25 +113,41 @@ class SessionBinding:
             headers.fields = forwarded
         if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
             flow.response = plain_error(403, "the governor does not forward requests to its own control plane")
+        elif self.egress is not None and not self.egress.allows(request.host):
+            return self._refuse_host(flow, session)
         return None
+
+    async def _refuse_host(self, flow: http.HTTPFlow, session: str) -> None:
+        """A host outside the passport's allowed_hosts: recorded in the session (or, in none,
+        counted), answered 403 in the format of the adapter whose endpoint the path is."""
+        try:
+            request = flow.request
+            view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields), b"")
+            await self.refuser.refuse_traffic(flow, session, refusals.HOST_NOT_ALLOWED,
+                                              self.egress.message(request.host) if self.egress else "",
+                                              adapter=self.registry.claimant(view))
+        except Exception:  # fail closed: never forward what could not be governed
+            self._failed(flow)
 
     async def _refuse_session(self, flow: http.HTTPFlow, refusal: Any) -> None:
         """A request that names no session it may act in: answered 403 in its protocol's
-        error shape (an IGNORE route passes, as it always does), counted and logged."""
+        error shape, counted and logged. Only under `unknown_traffic: forward` (the opt-out)
+        does token-less traffic no adapter governs pass, in no session, as it did before
+        sessions; allowed traffic, like every request, needs a session it may act in."""
         request = flow.request
         view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields),
                            request.raw_content, port=request.port, scheme=request.scheme)
         selected = self.registry.select(view)
-        ungoverned = selected is None and refusal.code == "session_token_required" \
-            and self.policy.unknown_traffic == "forward"
-        if selected == IGNORE or ungoverned:
-            # an IGNORE route, or token-less traffic no adapter governs (a package download, a
-            # web page: nothing a session meters, and no library adds ADL-Session to it) passes
-            # as it would without sessions; a lock or a bad token still refuses it
+        if (selected is None or selected == IGNORE) and refusal.code == "session_token_required" \
+                and self.policy.unknown_traffic == "forward":
+            # token-less traffic no adapter governs (a package download, a web page: no library
+            # adds ADL-Session to it) passes ungoverned, as the operator chose; a lock or a bad
+            # token still refuses it, and so does the passport's allowed_hosts
             flow.request.headers.fields = tuple(
                 f for f in request.headers.fields if f[0][:4].lower() != GOVERNOR_PREFIX)
-            if ungoverned:  # in no session: the unknown-traffic addon's (governor.proxy.unknown)
-                flow.metadata[STATE_KEY] = FlowState("", unclaimed=True)
+            flow.metadata[STATE_KEY] = FlowState("", unclaimed=True, allowed=selected == IGNORE)
+            if self.egress is not None and not self.egress.allows(request.host):
+                await self._refuse_host(flow, "")
             return
         if isinstance(selected, Refusal):  # refused at selection too; it belongs to no session
             await refusals.record(self.runtime, self.metrics, None, refusals.reason_for(selected.status), {})

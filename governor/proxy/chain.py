@@ -9,7 +9,8 @@ one did to the flow, so each looks at the flow's state (and `flow.response`) fir
   OriginGuard      server connections reported to the control plane's origin (with one)
   SessionBinding   request: the session, ADL-* headers stripped; the FlowState put on
   Admission        request: adapter, passport, steps admitted (holds); the Flight put on
-  UnknownTraffic   request: what no adapter claims, forwarded (counted) or refused
+  UnknownTraffic   request: what no adapter claims: allowed by the operator, else refused
+                   (default deny) or forwarded (counted); tcp_start: a raw stream, likewise
   Answers          responseheaders / response / error: the answer and the stream relay
   RealtimeSockets  response (a governed 101) / websocket_message / websocket_end: a Realtime
                    WebSocket governed event by event
@@ -34,6 +35,7 @@ from governor.proxy import holds, recording
 from governor.proxy.admission import Admission
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
+from governor.proxy.egress import EgressHosts
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.exchanges import Exchanges
 from governor.proxy.held_steps import HeldSteps
@@ -61,6 +63,7 @@ class Chain:
         self.holds = holds_
         self.recording = recording_  # events recorded from tasks: a stop awaits them
         self.unknown_seen = unknown.unknown_seen  # host -> requests forwarded ungoverned
+        self.allowed_seen = unknown.allowed_seen  # host -> requests the allow-list let through
         self._policy = policy
 
     @property
@@ -82,10 +85,12 @@ class Chain:
 
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
-                origin: Any = None, sessions: Any = None, proxyserver: Any = None) -> Chain:
+                origin: Any = None, sessions: Any = None, proxyserver: Any = None,
+                egress: EgressHosts | None = None) -> Chain:
     """The addons over `runtime`: `sessions` the session book (governor.sessions.book.SessionBook),
     `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
-    master's Proxyserver addon (transit works on its connections; None without a master)."""
+    master's Proxyserver addon (transit works on its connections; None without a master),
+    `egress` the passport's allowed_hosts (None: it declares none)."""
     recorded = recording.Recording()  # events recorded from tasks: a stop awaits them
     calls = RuntimeCalls(runtime, Tasks(recorded))
     refuser = Refuser(runtime, metrics)
@@ -94,10 +99,11 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
                        on_count=metrics.review_hold if metrics is not None else None)
     held_steps = HeldSteps(calls, held, refuser)
     exchanges = Exchanges(calls)  # in flight: tracked by InFlight, ended by it (or by Answers, cancelled)
-    unknown = UnknownTraffic(runtime, policy, refuser)
+    unknown = UnknownTraffic(runtime, policy, refuser, egress)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
-        SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics),
+        SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,
+                       egress=egress),
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),

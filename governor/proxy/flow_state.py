@@ -47,11 +47,12 @@ def live_flight(flow: Any) -> Flight | None:
 class FlowState:
     """One flow, as the governor's addons see it (one allocation per request)."""
 
-    session: str  # the session the request acts in ("": none, token-less traffic no adapter governs)
+    session: str  # the session the request acts in ("": none, token-less traffic under `unknown_traffic: forward`)
     view: RequestView | None = None  # the request as the agent sent it (its ADL-* headers too), for admission
     persona: str | None = None  # its ADL-Persona header
     presented: str | None = None  # its ADL-Passport header
     encoded: bool = False  # whether its body has a Content-Encoding
     agent_fields: tuple[tuple[bytes, bytes], ...] = ()  # its header fields as the agent sent them
     unclaimed: bool = False  # no adapter governs it: the unknown-traffic addon decides what becomes of it
+    allowed: bool = False  # unclaimed, and the operator's allow-list names it (governor.adapters.allow)
     flight: Flight | None = None  # the exchange, once admitted and forwarded

@@ -12,7 +12,7 @@ class ProxyPolicy:
     """How the enforcement point behaves (the `governor run` options)."""
 
     default_session: str | None = None  # None: the runtime's (one per process), else one generated here
-    unknown_traffic: str = "forward"  # "forward" (logged and counted) | "deny"
+    unknown_traffic: str = "deny"  # "deny" (refused unless allowed) | "forward" (ungoverned: logged and counted)
     upstream_timeout: float = 300.0  # seconds without response headers, or between stream chunks
     tick_interval: float = 1.0  # wall-clock Tick steps while an exchange is in flight (0: never)
     max_body_bytes: int = 64 * 1024 * 1024  # governed request bodies larger than this (decoded): 413

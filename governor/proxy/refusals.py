@@ -2,7 +2,9 @@
 
 Selection and the body bounds refuse some requests outright (a model call on a path no
 adapter claims: 403; another method at a model endpoint: 405; a body too large: 413; an
-encoding the governor cannot read: 415; an unreadable or malformed body: 400), and a
+encoding the governor cannot read: 415; an unreadable or malformed body: 400), so do
+default deny (traffic no adapter governs and no allow-list entry names: 403), the
+passport's `allowed_hosts` (403) and a halted session (its ungoverned traffic: 403), and a
 relay cuts a stream whose output, kept back while a step awaits admission, outgrows its
 bound. None of these reach the decision point, so none would be in a record: here each is
 
@@ -36,6 +38,9 @@ EVENT_TOO_LARGE = "event_too_large"  # an upstream event (or a line without a bo
 UNREADABLE_ANSWER = "unreadable_answer"  # a stream event an adapter cannot read (adapters.base.UnreadableAnswer)
 UPSTREAM_EVENT_UNREADABLE = "upstream_event_unreadable"  # a Realtime upstream sent a message the governor cannot read
 UNGOVERNED_ENDPOINT = "ungoverned_endpoint"  # an endpoint its adapter refuses outright (Realtime keys, WebRTC calls)
+UNKNOWN_TRAFFIC = "unknown_traffic"  # no adapter governs it and no allow-list entry names it (default deny)
+HOST_NOT_ALLOWED = "host_not_allowed"  # outside the passport's permissions.network.allowed_hosts
+SESSION_HALTED = "session_halted"  # traffic no adapter governs (allowed or not), in a halted session
 
 _BY_STATUS = {403: UNCLAIMED_MODEL_CALL, 405: METHOD_NOT_ALLOWED, 413: BODY_TOO_LARGE, 415: ENCODING_UNSUPPORTED}
 _TEXT = 300  # characters of agent- or upstream-controlled text kept in a detail

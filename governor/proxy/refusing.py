@@ -117,6 +117,26 @@ class Refuser:
         flow.response = as_response(reply, "deny")
         log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, refusal.message)
 
+    async def refuse_traffic(self, flow: http.HTTPFlow, session: str, reason: str, message: str,
+                             gov: Mapping[str, Any] | None = None, adapter: Adapter | None = None) -> None:
+        """403 for traffic refused before any adapter opened it (default deny, a host outside
+        the passport's allowed_hosts, a halted session's ungoverned traffic): recorded in its
+        session ("" or None: it belongs to none, counted only), answered in `adapter`'s error
+        format when the path is its endpoint, else the generic one."""
+        await refusals.record(self.runtime, self.metrics, session or None, reason,
+                              refusals.detail(reason, 403, flow.request, message))
+        gov = {"cause": None, "action": "deny", "reason": message, "session": session or None, "refusal": reason,
+               **(gov or {})}
+        reply = None
+        if adapter is not None:
+            try:
+                reply = adapter.error_response(403, f"governor: {message}", gov)
+            except Exception:
+                log.exception("governor: adapter %s could not build a refusal", adapter.name)
+        flow.response = as_response(reply or generic_error(403, f"governor: {message}", gov), gov["action"])
+        log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message,
+                 extra={"session": session, "cause": gov["cause"], "action": gov["action"]})
+
     def fail_closed(self, flow: http.HTTPFlow, session: str, message: str) -> None:
         gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
                "session": session}

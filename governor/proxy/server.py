@@ -26,6 +26,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from mitmproxy.master import Master
 
 from governor.adapters import AdapterRegistry, Route
+from governor.adapters.allow import AllowEntry
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
 from governor.proxy import heads
@@ -33,6 +34,7 @@ from governor.proxy.chain import Chain, assemble
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
 )
+from governor.proxy.egress import EgressHosts
 from governor.proxy.policy import ProxyPolicy
 from governor.runtime.api import RuntimeAPI
 
@@ -103,7 +105,8 @@ class Settings:
     default_session: str = "auto"  # token-less traffic: "auto" (until a principal opens one), "on", "off"
     agent_sessions_per_day: int = 100  # agent-named mode: new names per rolling day
     lock_on: tuple[str, ...] = ("on_session_integrity",)  # halt causes that lock every session
-    unknown_traffic: str = "forward"  # "forward" | "deny"
+    unknown_traffic: str = "deny"  # "deny" (unless the allow-list names it) | "forward" (ungoverned, logged)
+    allow: tuple[AllowEntry, ...] = ()  # the operator's allow-list: destinations that spend nothing
     upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
     upstream_insecure: bool = False  # do not verify upstream certificates (tests only)
     upstream_timeout: float = 300.0
@@ -394,12 +397,27 @@ def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         peers = PeerResolver(verifier, static=settings.peers)
         adapter_config = dataclasses.replace(adapter_config, extra={
             **adapter_config.extra, "a2a_peers": peers, "delegation_depth": settings.delegation_depth})
-    registry = AdapterRegistry.default(adapter_config, settings.routes)
+    registry = AdapterRegistry.default(adapter_config, settings.routes, settings.allow)
     if sessions is None:
         sessions = session_book(settings, runtime, metrics)
     chain = assemble(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions,
-                        proxyserver=proxyserver)
+                        proxyserver=proxyserver, egress=egress_hosts(runtime))
+    if settings.unknown_traffic == "forward":
+        log.warning("governor: --unknown-traffic forward: traffic no adapter governs is forwarded ungoverned "
+                    "(uncounted, unrecorded); the default refuses it unless the allow-list names it")
     return chain, peers
+
+
+def egress_hosts(runtime: Any) -> EgressHosts | None:
+    """The pinned passport's permissions.network.allowed_hosts (None: it declares none, or
+    the runtime pins no passport, as scripted test runtimes do)."""
+    pinned = getattr(runtime, "pinned", None)
+    if pinned is None:
+        return None
+    try:
+        return EgressHosts.of_passport(pinned.document)
+    except ValueError as exc:
+        raise StartupError(f"passport: {exc}") from None
 
 
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
