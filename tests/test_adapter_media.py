@@ -72,6 +72,10 @@ def test_a_gpt_image_call_reserves_tokens_by_size_quality_and_partial_images():
     assert call.units == () and call.expected_output_tokens == 2 * (1568 + 3 * 100)
     _, auto = opened(json_view("/v1/images/generations", {"prompt": "x", "model": "gpt-image-1"}))
     assert auto.expected_output_tokens == media_charges.LARGEST_IMAGE_TOKENS
+    # the size left to the provider (auto) is reserved as the dearest size of the quality asked
+    _, low = opened(json_view("/v1/images/generations", {"prompt": "x", "model": "gpt-image-1", "quality": "low"}))
+    assert low.expected_output_tokens == 408
+    assert media_charges.image_output_tokens(None, "medium", floor=True) == 1056
 
 
 @pytest.mark.parametrize("body", [

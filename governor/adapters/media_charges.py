@@ -83,8 +83,10 @@ def image_output_tokens(size: str | None, quality: str | None, *, floor: bool = 
     table = IMAGE_TOKENS.get(size)
     if table is None:
         match = _SIZE.match(size)
-        if match is None:  # auto, or a size the governor does not know
-            return IMAGE_TOKENS["1024x1024"]["low"] if floor else LARGEST_IMAGE_TOKENS
+        if match is None:  # auto, or a size the governor does not know: any size of that quality
+            column = quality if quality in IMAGE_TOKENS["1024x1024"] else "low" if floor else "high"
+            counts = [sizes[column] for sizes in IMAGE_TOKENS.values()]
+            return min(counts) if floor else max(counts)
         pixels = int(match.group(1)) * int(match.group(2))
         scale = pixels / (1024 * 1536)
         table = {key: math.ceil(value * scale) for key, value in IMAGE_TOKENS["1024x1536"].items()}
