@@ -156,3 +156,14 @@ def test_azure_deployments_come_from_the_config_file(tmp_path):
         config.write_text(f"deployments: {bad}\n")
         with pytest.raises(UsageError, match="deployments must map Azure deployment names"):
             resolve(args, {})
+
+
+@pytest.mark.parametrize("body", [
+    {"Model": "llama3", "messages": []},
+    {"model": "llama3", "messages": [], "STREAM": False},
+    {"model": "llama3", "messages": [], "options": {"Num_Predict": 100000}},
+])
+def test_an_ollama_key_in_another_letter_case_is_refused(body):
+    """Go's encoding/json (Ollama) reads keys in any case: one the governor would not read is refused."""
+    with pytest.raises(BadRequest, match="letter case"):
+        opened(OllamaAdapter(), "/api/chat", body)

@@ -176,8 +176,10 @@ async def test_the_allow_list_lets_through_only_what_no_adapter_governs(tmp_path
         assert answer.status_code == 403 and "carries a model call" in answer.json()["error"]["message"]
         # in any letter case (Go's encoding/json folds the case of keys: Ollama reads this one)
         upper = {"Model": "llama3", "MESSAGES": CHAT["messages"]}
-        answer = await world.send("POST", "/pkgs/api/chat", token, upper)
+        answer = await world.send("POST", "/pkgs/llm", token, upper)
         assert answer.status_code == 403 and "letter case" in answer.json()["error"]["message"]
+        answer = await world.send("POST", "/pkgs/api/chat", token, upper)  # Ollama's path: its adapter refuses it
+        assert answer.status_code == 400 and "letter case" in answer.json()["error"], answer.text
         # nor does a model endpoint on an allowed path stop being governed
         assert (await world.send("POST", "/pkgs/v1/chat/completions", token, CHAT)).status_code == 200
         answer = await world.send("POST", "/pkgs/mcp", token, MCP_CALL, accept="application/json, text/event-stream")
@@ -189,7 +191,7 @@ async def test_the_allow_list_lets_through_only_what_no_adapter_governs(tmp_path
         record = await world.record(opened["session"])
         verified(world.running, record, tmp_path, capsys)
         assert refusals_in(record) == ["unknown_traffic", "unknown_traffic", "unclaimed_model_call",
-                                       "unclaimed_model_call"]
+                                       "unclaimed_model_call", "bad_request"]
 
 
 async def test_an_ignore_route_is_an_allow_list_entry(tmp_path):

@@ -127,7 +127,8 @@ DISGUISES = {
                                     {**JSON, "content-encoding": "gzip"}, "unknown_traffic"),
     "gzip-to-chat": ("/v1/chat/completions", gzip.compress(CHAT_BYTES), {**JSON, "content-encoding": "gzip"}, None),
     "upper-case-keys-to-a-gateway": ("/gateway/llm", UPPER, JSON, "unknown_traffic"),
-    "upper-case-keys-to-ollama": ("/api/chat", UPPER, JSON, "unknown_traffic"),
+    # Ollama's adapter (Go folds the case of keys: Ollama would read it): refused, not misread
+    "upper-case-keys-to-ollama": ("/api/chat", UPPER, JSON, "bad_request"),
     "upper-case-keys-to-chat": ("/v1/chat/completions", UPPER, JSON, None),
 }
 

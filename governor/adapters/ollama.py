@@ -89,6 +89,17 @@ def _num_predict(options: dict[str, Any]) -> int:
     return max(value, 0)
 
 
+def _refuse_folded_keys(fields: dict[str, Any], where: str) -> None:
+    """Ollama decodes with Go's encoding/json, which matches keys without regard to case
+    (`"Model"`, `"NUM_PREDICT"`): a key that is not lower case would be read by Ollama but not
+    by the governor (a model or an output limit it never saw), so it is refused."""
+    for key in fields:
+        if isinstance(key, str) and key != key.lower():
+            raise BadRequest(f"'{where}{key[:40]}': Ollama reads JSON keys in any letter case, the governor only "
+                             "in lower case; send it as '{}' (refused rather than read differently)".format(
+                                 where + key.lower()[:40]))
+
+
 class OllamaAdapter(Adapter):
     name = "ollama"
     provider = "ollama"
@@ -104,6 +115,9 @@ class OllamaAdapter(Adapter):
         body = request.json()
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        _refuse_folded_keys(body, "")
+        if isinstance(body.get("options"), dict):
+            _refuse_folded_keys(body["options"], "options.")
         if kind is None:  # a path a `routes` entry gave this adapter: the body says which endpoint
             kind = CHAT if "messages" in body else GENERATE if "prompt" in body else EMBED if "input" in body else None
             if kind is None:
