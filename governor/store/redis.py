@@ -229,8 +229,8 @@ class RedisStore:
             return
         try:
             self._run(self._release, rid)
-        except StoreUnavailable:
-            log.warning("Redis store: could not drop unacknowledged reservation %s (it keeps counting)", rid)
+        except StoreUnavailable:  # it keeps counting: the store errs on counting
+            log.warning("Redis store: could not drop unacknowledged reservation %s", rid)
         raise self._unavailable(f"Redis store: the reservation was acknowledged by {acked} of "
                                 f"{self.options.wait_replicas} replica(s) within {self.options.wait_timeout:g}s")
 
@@ -281,7 +281,14 @@ class RedisStore:
         args.append(len(capped))
         for c in capped:
             args += (index[counter_key(c)], repr(cap_limit(c.cap)))
-        result, acked = self._run_acknowledged(self._reserve, *args)
+        try:
+            result, acked = self._run_acknowledged(self._reserve, *args)
+        except StoreIntegrityError:
+            raise
+        except StoreUnavailable:
+            if self.options.wait_replicas:  # it may have run unacknowledged: drop it if it did
+                self._short(0, rid)
+            raise
         if int(result[0]) == 1:
             self._short(acked, rid)
             return Reservation(id=rid, ok=True)

@@ -15,7 +15,7 @@ Options the governor reads (in the query string, any scheme):
                         the step goes ahead; fewer within wait_timeout refuses it (retryable).
                         Not on Cluster (WAIT answers for one connection, Cluster pipelines
                         span nodes).
-  wait_timeout=SECONDS  how long WAIT waits (default 0.5)
+  wait_timeout=SECONDS  how long WAIT waits (default 0.5; added to timeout for the reply)
   sentinel_password=P   the Sentinels' own password (the userinfo one is the primary's)
   prefix=PREFIX         key prefix (default governor:; on Cluster wrapped in a hash tag,
                         {governor}:, so every key of the store shares one slot and the
@@ -85,8 +85,9 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
 def make_client(url: str, options: RedisOptions, extra: dict[str, str],
                 on_connect: Callable[[Any], None] | None = None) -> Any:
     """The redis-py client for `url` (stripped of the governor's options)."""
-    common: dict[str, Any] = dict(socket_timeout=options.timeout, socket_connect_timeout=options.timeout,
-                                  decode_responses=True)
+    # a reservation waits for its replicas on top of the command itself
+    common: dict[str, Any] = dict(socket_timeout=options.timeout + (options.wait_timeout if options.wait_replicas else 0),
+                                  socket_connect_timeout=options.timeout, decode_responses=True)
     if options.kind == "redis":
         return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), redis_connect_func=on_connect, **common)
     scheme, _, rest = url.partition("://")
