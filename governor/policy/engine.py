@@ -223,8 +223,10 @@ def store_unreachable(limits: Limits, state: SessionState, step: Any, error: str
         "retryable": True,
         "retry_after": seconds,
         "reason": "the state store is unreachable: the step is refused, retry after a short wait",
+        "refused_step": "not_executed",
     }
-    event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.DENY.value, detail)
+    # recorded as §6's continue (the record has no "deny"): the session goes on, the step does not
+    event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail)
     return Decision(action=Action.DENY, cause=ON_GOVERNOR_ERROR, fail_closed=True, details=detail, event=event)
 
 
