@@ -373,7 +373,8 @@ class Runtime:
             if isinstance(exc, StoreError):
                 self.metrics.store_error()
             if transient(exc):  # refused as retryable: the session goes on once the store answers
-                log.warning("session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
+                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING,  # ticks retry each pass
+                        "session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
                 decision = store_unreachable(live.limits, live.state, step, str(exc), exc.retry_after)  # type: ignore[attr-defined]
                 if type(step) is UsageReport and ticket is not None:
                     # not settled: what it reserved keeps counting (the store errs on counting),
