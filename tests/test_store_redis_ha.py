@@ -189,9 +189,10 @@ def test_a_primary_killed_under_load_with_wait_is_replaced_within_15s_and_the_ca
 @needs_redis
 def test_a_failover_without_wait_is_detected_and_fails_closed_until_acknowledged(tmp_path):
     with sentinel_set(tmp_path) as s:
-        store = open_store(s.url("timeout=0.5"))
+        store, other = open_store(s.url("timeout=0.5")), open_store(s.url("timeout=0.5"))
         try:
             assert store.reserve(AGENT, "a", cost(0.001, 1.0), time.time()).ok
+            assert other.reserve(AGENT, "b", cost(0.001, 1.0), time.time()).ok
             old = s.primary.port
             s.primary.kill()
             wait_until(lambda: s.primary_port() != old, 15, "Sentinel did not fail over")
@@ -209,7 +210,11 @@ def test_a_failover_without_wait_is_detected_and_fails_closed_until_acknowledged
             assert "primary changed" in store.integrity
             with pytest.raises(StoreIntegrityError):  # for good, not once
                 store.snapshot(AGENT, "a", time.time())
+            with pytest.raises(StoreIntegrityError):  # the other replica's store finds it too
+                other.snapshot(AGENT, "b", time.time())
             assert store.acknowledge()["acknowledged"] is True
             assert store.reserve(AGENT, "a", cost(0.001, 1.0), time.time()).ok
+            assert other.reserve(AGENT, "b", cost(0.001, 1.0), time.time()).ok  # one acknowledgement for all
         finally:
             store.close()
+            other.close()

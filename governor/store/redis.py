@@ -93,6 +93,8 @@ from governor.store.redis_scripts import (
 
 log = logging.getLogger("governor.store")
 
+ACKNOWLEDGED = "ack-"  # how a fence an operator's acknowledgement wrote begins
+
 _SCOPE_CODE = {"per_session": "s", "per_day": "d"}
 _SCOPE_NAME = {"s": "per_session", "d": "per_day"}
 
@@ -134,6 +136,7 @@ class RedisStore:
         self._settle = register(PRELUDE + SETTLE)
         self._delete_session = register(PRELUDE + DELETE_SESSION)
         self._lost: str | None = None  # why the store fails closed after losing its data
+        self._fence_at_loss: str | None = None  # the fence as it stood when the loss was found
         self.epoch = ""
         with self._guard():
             self._client.ping()
@@ -147,7 +150,7 @@ class RedisStore:
         """Turn any backend failure into StoreUnavailable, so the caller fails closed."""
         if self._closed:
             raise self._unavailable("Redis store is closed")
-        if self._lost is not None:
+        if self._lost is not None and not self._acknowledged_elsewhere():
             raise StoreIntegrityError(self._lost)
         try:
             yield
@@ -179,6 +182,11 @@ class RedisStore:
                             "reservations were acknowledged by %d replica(s)", replid, known,
                             self.options.wait_replicas)
                 return
+            try:  # an acknowledgement anywhere clears the loss: it writes a new fence after this
+                connection.send_command("GET", self._keys[0])
+                self._fence_at_loss = connection.read_response()
+            except redis.RedisError:
+                self._fence_at_loss = None
             self._lost = self._loss(
                 f"on a new primary (replication id {replid}, was {known}), and reservations were not "
                 "acknowledged by replicas (wait=0) or it is not a replica of the old one",
@@ -187,40 +195,66 @@ class RedisStore:
         raise redis.ConnectionError("Redis store: the primary changed; writes may have been lost")
 
     def _run(self, script: Any, *args: Any) -> Any:
-        with self._guard():
-            try:
-                return script(keys=self._keys, args=(self.prefix, self.epoch, *args))
-            except redis.ResponseError as exc:
-                self._fence_error(exc)
-                raise
+        for attempt in (1, 2):
+            with self._guard():
+                try:
+                    return script(keys=self._keys, args=(self.prefix, self.epoch, *args))
+                except redis.ResponseError as exc:
+                    if not (self._fence_error(exc) and attempt == 1):
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
     def _run_acknowledged(self, script: Any, *args: Any) -> tuple[Any, int | None]:
         """`_run`, then WAIT for `wait` replicas on the same connection (one round trip): the
         result and how many replicas acknowledged it (None: no wait configured)."""
         if not self.options.wait_replicas:
             return self._run(script, *args), None
-        with self._guard():
-            pipe = self._client.pipeline(transaction=False)
-            script(keys=self._keys, args=(self.prefix, self.epoch, *args), client=pipe)
-            pipe.execute_command("WAIT", self.options.wait_replicas, math.ceil(self.options.wait_timeout * 1000))
-            result, acked = pipe.execute(raise_on_error=False)
-            for answer in (result, acked):
-                if isinstance(answer, redis.ResponseError):
-                    self._fence_error(answer)
-                if isinstance(answer, Exception):
-                    raise answer
-            return result, int(acked)
+        for attempt in (1, 2):
+            with self._guard():
+                pipe = self._client.pipeline(transaction=False)
+                script(keys=self._keys, args=(self.prefix, self.epoch, *args), client=pipe)
+                pipe.execute_command("WAIT", self.options.wait_replicas, math.ceil(self.options.wait_timeout * 1000))
+                result, acked = pipe.execute(raise_on_error=False)
+                if isinstance(result, redis.ResponseError) and self._fence_error(result) and attempt == 1:
+                    continue
+                for answer in (result, acked):
+                    if isinstance(answer, Exception):
+                        raise answer
+                return result, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
-    def _fence_error(self, exc: Exception) -> None:
-        """A script found the fence gone or replaced: fail closed from now on."""
+    def _fence_error(self, exc: Exception) -> bool:
+        """A script found the fence gone or replaced: fail closed from now on. True (the
+        script did nothing and may run again): the fence is one an operator's acknowledgement
+        wrote, after the loss that replaced this store's (acknowledged on another replica)."""
         text = str(exc)
         at = text.find(FENCE_ERROR)
         if at < 0:
-            return
+            return False
         found = text[at + len(FENCE_ERROR):].strip()
+        if found.startswith(ACKNOWLEDGED):
+            self._adopt(found)
+            return True
+        self._fence_at_loss = None if found == "false" else found
         self._lost = self._loss("gone" if found == "false" else "another epoch")
         log.error("%s", self._lost)
         raise StoreIntegrityError(self._lost) from None
+
+    def _acknowledged_elsewhere(self) -> bool:
+        """While lost: whether an acknowledgement on any replica wrote a new fence since."""
+        try:
+            fence = self._client.get(self._keys[0])
+        except redis.RedisError:
+            return False
+        if fence and fence.startswith(ACKNOWLEDGED) and fence != self._fence_at_loss:
+            self._adopt(fence)
+            return True
+        return False
+
+    def _adopt(self, fence: str) -> None:
+        self.epoch, self._lost, self._fence_at_loss = fence, None, None
+        log.warning("Redis store: the loss of its data was acknowledged (fence %s); budgets count from what it "
+                    "holds now", fence)
 
     def _short(self, acked: int | None, rid: str) -> None:
         """A reservation fewer replicas acknowledged than `wait` asks: dropped (best effort)
@@ -251,22 +285,24 @@ class RedisStore:
         return self._lost
 
     def acknowledge(self) -> dict[str, Any]:
-        """An operator accepts that the counters were lost: adopt the fence as it now stands
-        (written afresh when missing) and serve again from what Redis holds. Each replica
-        acknowledges for itself (the first one writes the new fence, the others adopt it)."""
+        """An operator accepts that the counters were lost: write a new fence (an
+        acknowledged one, "ack-…") and serve again from what Redis holds. One acknowledgement
+        clears the loss for every store on this Redis: each adopts an acknowledged fence
+        written after it found the loss."""
         if self._closed:
             raise self._unavailable("Redis store is closed")
         try:
             was = self._lost
-            if was is None and self._client.get(f"{self.prefix}fence") != self.epoch:
+            if was is None and self._client.get(self._keys[0]) != self.epoch:
                 was = self._loss("gone or another epoch")  # lost, not noticed yet: acknowledged all the same
-            epoch = self._open_fence(keys=self._keys, args=(self.prefix, uuid.uuid4().hex))
+            if was is None:
+                return {"acknowledged": False, "lost": None}
+            epoch = ACKNOWLEDGED + uuid.uuid4().hex
+            self._client.set(self._keys[0], epoch)
         except redis.RedisError as exc:
             raise self._unavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
-        self.epoch, self._lost = epoch, None
-        if was is not None:
-            log.warning("Redis store: the loss of its data was acknowledged; budgets count from what it holds now")
-        return {"acknowledged": was is not None, "lost": was}
+        self._adopt(epoch)
+        return {"acknowledged": True, "lost": was}
 
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
