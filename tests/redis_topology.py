@@ -29,9 +29,10 @@ def free_port() -> int:
 class RedisProcess:
     """One redis-server (or sentinel) with `args`, without persistence, in `directory`."""
 
-    def __init__(self, directory: Path, *args: str, config: str | None = None) -> None:
+    def __init__(self, directory: Path, *args: str, config: str | None = None, password: str | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+        self.password = password
         self.port = free_port()
         command = [REDIS_SERVER or "redis-server"]
         if config is not None:  # Sentinel needs a writable config file of its own
@@ -41,12 +42,15 @@ class RedisProcess:
         else:
             command += ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                         "--dir", str(directory), *args]
+            if password:
+                command += ["--requirepass", password, "--masterauth", password]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         cwd=directory)
         self.wait_ready()
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True)
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True,
+                           password=self.password)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -91,12 +95,14 @@ class SentinelSet:
 
     SERVICE = "governor-primary"
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, password: str | None = None, sentinel_password: str | None = None) -> None:
         self.processes: list[RedisProcess] = []
+        auth = f"sentinel auth-pass {self.SERVICE} {password}\n" if password else ""
+        own = f"requirepass {sentinel_password}\n" if sentinel_password else ""
         try:
-            self.primary = self._add(RedisProcess(directory / "primary"))
+            self.primary = self._add(RedisProcess(directory / "primary", password=password))
             self.replica = self._add(RedisProcess(directory / "replica", "--replicaof", "127.0.0.1",
-                                                  str(self.primary.port)))
+                                                  str(self.primary.port), password=password))
             with self.replica.client() as c:
                 wait_until(lambda: c.info("replication").get("master_link_status") == "up", 10,
                            "the replica did not sync")
@@ -105,7 +111,8 @@ class SentinelSet:
                 config=(f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 1\n"
                         f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
                         f"sentinel failover-timeout {self.SERVICE} 5000\n"
-                        f"sentinel parallel-syncs {self.SERVICE} 1\n")))
+                        f"sentinel parallel-syncs {self.SERVICE} 1\n" + auth + own),
+                password=sentinel_password))
             with self.sentinel.client() as c:  # the Sentinel has found the replica
                 wait_until(lambda: len(c.sentinel_slaves(self.SERVICE)) == 1, 15, "the sentinel found no replica")
         except BaseException:
@@ -158,8 +165,8 @@ class Cluster:
 
 
 @contextmanager
-def sentinel_set(directory: Path) -> Iterator[SentinelSet]:
-    s = SentinelSet(directory)
+def sentinel_set(directory: Path, **passwords: str) -> Iterator[SentinelSet]:
+    s = SentinelSet(directory, **passwords)
     try:
         yield s
     finally:

@@ -218,3 +218,20 @@ def test_a_failover_without_wait_is_detected_and_fails_closed_until_acknowledged
         finally:
             store.close()
             other.close()
+
+
+@needs_redis
+def test_through_sentinel_with_passwords_and_never_showing_them(tmp_path):
+    with sentinel_set(tmp_path, password="primary-secret", sentinel_password="sentinel-secret") as s:
+        url = (f"redis+sentinel://:primary-secret@127.0.0.1:{s.sentinel.port}/{s.SERVICE}/0"
+               "?sentinel_password=sentinel-secret&timeout=1")
+        store = open_store(url)
+        try:
+            assert store.reserve(AGENT, "a", cost(0.001, 1.0), time.time()).ok
+        finally:
+            store.close()
+        for wrong in (url.replace(":primary-secret@", ":wrong-secret@"),
+                      url.replace("sentinel_password=sentinel-secret", "sentinel_password=wrong-secret")):
+            with pytest.raises(StoreUnavailable) as refused:
+                open_store(wrong)
+            assert "secret" not in str(refused.value)
