@@ -60,7 +60,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "fit_floor": ("GOVERNOR_FIT_FLOOR", "the smallest output limit, in tokens per answer, a call is fitted to; "
                   "a call that fits only below it is refused as budget-exhausted (default 256)"),
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
-    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
+    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB, redis+sentinel://HOST:PORT[,...]/SERVICE[/DB], redis+cluster://HOST:PORT[,...] (?timeout=, ?wait=N replicas: docs/reference/stores.md) or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "review_hold_seconds": ("GOVERNOR_REVIEW_HOLD_SECONDS", "hold a connection whose step awaits a reviewer at most "
                             "this long, less when the client's X-Stainless-Read-Timeout is shorter, then answer 429 "
