@@ -230,7 +230,6 @@ def store_unreachable(limits: Limits, state: SessionState, step: Any, error: str
     return Decision(action=Action.DENY, cause=ON_GOVERNOR_ERROR, fail_closed=True, details=detail, event=event)
 
 
-
 def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:
     """The PDP's decision for `step` at time `now` (seconds since the epoch)."""
     try:

@@ -49,7 +49,8 @@ class Refuser:
             reply = generic_error(status, describe(gov), gov)
         else:
             reply = adapter.error_response(status, describe(gov), gov, exchange)
-        retry_after = (decision.details or {}).get("retry_after") if decision.details.get("retryable") else None
+        details = decision.details
+        retry_after = details.get("retry_after") if details.get("retryable") else None
         if retry_after is not None:  # a transient refusal (the store unreachable): the client may retry
             reply = Reply(reply.status, {**reply.headers, "Retry-After": str(retry_after)}, reply.body)
         return reply
