@@ -31,6 +31,8 @@ from governor.adapters.base import Adapter, AdapterConfig, RequestView
 ADAPTER_MODULES = (
     "governor.adapters.openai",
     "governor.adapters.anthropic",
+    "governor.adapters.openai_async",  # batches, files, runs, fine-tuning, vector stores, reads (after openai)
+    "governor.adapters.anthropic_batches",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
 )

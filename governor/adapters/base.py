@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
+from governor.adapters.deferred import DeferredWork
 from governor.adapters.shapes import LENIENT_PARSE_LIMIT, charset_conflict, json_encoding, json_text, route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
@@ -76,6 +77,10 @@ class AdapterConfig:
     fit_floor: int = 256
     # Free-form settings for other adapters (e.g. A2A peer resolution).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # What the adapters built from this config remember across exchanges (files uploaded for
+    # batches, submissions charged at once: governor.adapters.deferred). Not a knob: one per
+    # registry, shared by its adapters.
+    memory: DeferredWork = field(default_factory=DeferredWork, compare=False, repr=False)
 
 
 class RawHeaders(Mapping[str, str]):

@@ -46,6 +46,7 @@ CHAT = "chat"
 RESPONSES = "responses"
 COMPLETIONS = "completions"  # the legacy text completions endpoint
 EMBEDDINGS = "embeddings"
+RESPONSE_USAGE = ("input_tokens", "output_tokens")  # a Responses object's usage fields
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -164,6 +165,8 @@ class OpenAIAdapter(Adapter):
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
             expected_output = requested_limit(body, "max_output_tokens") or self.config.default_output_tokens
+            if body.get("background") is True:  # answered `queued`: charged at once (adapters/deferred.py)
+                state["background"] = True
         elif kind == COMPLETIONS:
             prompt = body.get("prompt")
             if not isinstance(prompt, (str, list)):
@@ -234,6 +237,10 @@ class OpenAIAdapter(Adapter):
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
+        if usage is None and "background" in exchange.state and isinstance(data.get("id"), str):
+            state = exchange.state
+            usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
+                                                 state["expected_output"], RESPONSE_USAGE, exchange.persona)
         steps: list[Step] = []
         if kind == CHAT:
             for choice in as_list(data.get("choices")):

@@ -85,7 +85,10 @@ class PricingTable:
         return price
 
     def cost(self, model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float | None:
-        """USD for this usage, or None when the model has no price."""
+        """USD for this usage, or None when the model has no price. No usage costs nothing,
+        priced or not (a free step: a read of a batch, a file upload)."""
+        if input_tokens <= 0 and output_tokens <= 0:
+            return 0.0
         price = self.price_for(model)
         if price is None:
             return None
