@@ -17,6 +17,8 @@ recorded (`requests`: method, path, body bytes), the proof of what reached the u
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
 import itertools
 import time
 from dataclasses import dataclass
@@ -101,13 +103,17 @@ class AsyncMock:
     # --- OpenAI ---
 
     async def _file(self, request: web.Request) -> web.Response:
-        form = await request.post()
-        upload = form["file"]
-        data = upload.file.read()  # type: ignore[union-attr]
+        # the form as a server's multipart reader reads it (the stdlib's MIME parser, not the governor's)
+        raw = await request.read()
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode() + raw)
+        fields = {part.get_param("name", header="content-disposition"): part for part in message.iter_parts()}
+        purpose = fields["purpose"].get_content().strip()
+        data = fields["file"].get_payload(decode=True)
         file_id = self._id("file-")
-        self.files[file_id] = (str(form["purpose"]), data)
+        self.files[file_id] = (purpose, data)
         return web.json_response({"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-                                  "filename": upload.filename, "purpose": str(form["purpose"]),  # type: ignore[union-attr]
+                                  "filename": fields["file"].get_filename(), "purpose": purpose,
                                   "status": "processed", "expires_at": None, "status_details": None})
 
     def _batch_object(self, batch_id: str, body: dict[str, Any], status: str) -> dict[str, Any]:
