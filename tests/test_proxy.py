@@ -191,12 +191,12 @@ async def test_a_tool_call_the_model_asks_for_can_be_refused(env):
 
 async def test_unknown_traffic_is_forwarded_by_default_or_denied(env):
     running, mock, runtime = env
-    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
-    assert status == 200 and orjson.loads(body)["path"] == "/v1/vector_stores"
+    status, _, body = await exchange(running, mock, "/v1/widgets", b'{"name": "x"}', {"ADL-Session": "u"})
+    assert status == 200 and orjson.loads(body)["path"] == "/v1/widgets"
     assert runtime.steps == []
     assert running.chain.unknown_seen["127.0.0.1"] >= 1
     running.chain.policy = dataclasses.replace(running.chain.policy, unknown_traffic="deny")
-    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
+    status, _, body = await exchange(running, mock, "/v1/widgets", b'{"name": "x"}', {"ADL-Session": "u"})
     assert status == 403 and "unknown traffic" in orjson.loads(body)["error"]["governor"]["reason"]
     assert len(mock.requests) == 1
 

@@ -348,7 +348,9 @@ class StreamWatcher(abc.ABC):
 
 
 class Adapter(abc.ABC):
-    """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange."""
+    """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange
+    (what must outlive an exchange, the asynchronous endpoints' files and charges, lives in
+    the registry's one `config.memory`: governor.adapters.deferred)."""
 
     name: ClassVar[str]  # registry key and mapping target: "openai", "anthropic", "mcp", "a2a"
     provider: ClassVar[str] = ""  # ModelCall.provider for LLM adapters
