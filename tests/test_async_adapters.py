@@ -407,3 +407,56 @@ def test_each_rows_probe_is_governed_or_refused_by_its_adapter():
             assert row.verdict == "governed" and refused.status == 403, row
         else:
             assert len(asyncio.run(adapter.steps(exchange))) == 1, row
+
+
+# --- background Responses (governor.adapters.openai) -------------------------------------------
+
+
+def background(body: dict | None = None):
+    from governor.adapters.openai import OpenAIAdapter
+
+    adapter = OpenAIAdapter(AdapterConfig())
+    payload = {"model": "gpt-4o-mini", "input": "essay", "background": True, "max_output_tokens": 500, **(body or {})}
+    return adapter, adapter.open(post("/v1/responses", payload), session="s", persona=None)
+
+
+def test_a_queued_background_response_is_charged_its_reservation_whatever_usage_it_claims():
+    adapter, exchange = background()
+    for claimed in (None, {"input_tokens": 0, "output_tokens": 0}, "junk"):
+        answer = orjson.dumps({"id": "resp_Q", "status": "queued", "usage": claimed})
+        report = adapter.observe_response(exchange, 200, {}, answer).usage
+        assert (report.input_tokens, report.output_tokens) == (exchange.state["expected_input"], 500)
+    done = orjson.dumps({"id": "resp_D", "status": "completed", "usage": {"input_tokens": 7, "output_tokens": 9}})
+    assert adapter.observe_response(exchange, 200, {}, done).usage.output_tokens == 9  # done at once: its usage
+    assert adapter.config.memory.charged(HOST, "resp_D") is None
+    assert adapter.observe_response(exchange, 200, {}, b'{"status": "queued"}').usage is None  # no id: not accepted
+    _, plain = background({"background": False})
+    assert adapter.observe_response(plain, 200, {}, orjson.dumps({"id": "r", "status": "queued"})).usage is None
+
+
+def test_a_background_stream_left_before_its_end_is_charged_its_reservation_and_settled_when_read():
+    adapter, exchange = background({"stream": True})
+    watcher = adapter.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
+    created = orjson.dumps({"type": "response.created", "sequence_number": 0,
+                            "response": {"id": "resp_S", "status": "queued"}})
+    delta = orjson.dumps({"type": "response.output_text.delta", "sequence_number": 1, "delta": "word " * 20})
+    watcher.feed(b"event: response.created\ndata: " + created + b"\n\nevent: response.output_text.delta\ndata: "
+                 + delta + b"\n\n")
+    final = watcher.close()[-1]  # the client left: the work goes on upstream
+    assert final.final and (final.input_tokens, final.output_tokens) == (exchange.state["expected_input"], 500)
+    reads = OpenAIAsyncAdapter(adapter.config)
+    read = reads.open(get("/v1/responses/resp_S"), session="s", persona=None)
+    answer = orjson.dumps({"id": "resp_S", "status": "completed", "usage": {"input_tokens": 4000, "output_tokens": 500}})
+    extra = reads.observe_response(read, 200, {}, answer).usage
+    assert (extra.input_tokens, extra.output_tokens) == (4000 - exchange.state["expected_input"], 0)
+
+
+def test_a_background_stream_that_completes_is_charged_its_usage():
+    adapter, exchange = background({"stream": True})
+    watcher = adapter.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
+    completed = orjson.dumps({"type": "response.completed", "sequence_number": 2, "response": {
+        "id": "resp_C", "model": "gpt-4o-mini", "usage": {"input_tokens": 12, "output_tokens": 30}}})
+    watcher.feed(b"event: response.completed\ndata: " + completed + b"\n\n")
+    final = watcher.close()[-1]
+    assert (final.input_tokens, final.output_tokens) == (12, 30)
+    assert adapter.config.memory.charged(HOST, "resp_C") is None

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.deferred import TERMINAL
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
@@ -237,8 +238,8 @@ class OpenAIAdapter(Adapter):
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
-        if usage is None and "background" in exchange.state and isinstance(data.get("id"), str):
-            state = exchange.state
+        if "background" in exchange.state and isinstance(data.get("id"), str) and data.get("status") not in TERMINAL:
+            state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
             usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
                                                  state["expected_output"], RESPONSE_USAGE, exchange.persona)
         steps: list[Step] = []
@@ -267,7 +268,8 @@ class OpenAIAdapter(Adapter):
         if kind == COMPLETIONS:
             return CompletionsStreamWatcher(exchange, self.config.bytes_per_token)
         if kind == RESPONSES:
-            return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+            watcher = BackgroundStreamWatcher if "background" in exchange.state else ResponsesStreamWatcher
+            return watcher(exchange, self.config.bytes_per_token)
         return None  # embeddings are never streamed: a stream is buffered and read whole
 
     def error_response(
@@ -576,6 +578,31 @@ class ResponsesStreamWatcher(_Watcher):
                  "code": governor.get("cause"), "governor": dict(governor)}
         return sse.encode({"type": "error", "sequence_number": self.sequence + 1, "code": governor.get("cause"),
                            "message": message, "param": None, "error": error}, "error")
+
+
+class BackgroundStreamWatcher(ResponsesStreamWatcher):
+    """A background response's stream: its work goes on upstream when the stream ends before
+    the response does (the client left, a cut), so its final figure is then at least what it
+    reserved, and the response is remembered for the read that settles it (adapters/deferred.py)."""
+
+    def _estimate(self, final: bool) -> UsageReport:
+        report = super()._estimate(final)
+        if not final or self.completed:
+            return report
+        state, exchange = self.exchange.state, self.exchange
+        report = UsageReport(report.model, max(report.input_tokens, state["expected_input"]),
+                             max(report.output_tokens, state["expected_output"]), persona=exchange.persona)
+        if isinstance(state.get("response_id"), str):
+            exchange.adapter.config.memory.charge(exchange.host, state["response_id"], report.model,
+                                                  report.input_tokens, report.output_tokens, RESPONSE_USAGE)
+        return report
+
+    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
+        if "response_id" not in self.exchange.state and "response.created" in (event.event or event.data):
+            data = event.json()
+            response = as_dict(data.get("response")) if isinstance(data, dict) else {}
+            self.exchange.state["response_id"] = response.get("id")
+        super()._event(event, out)
 
 
 ADAPTERS = (OpenAIAdapter,)
