@@ -7,6 +7,7 @@ answering as the providers' API references describe and as the official SDKs par
     POST /v1/assistants                 an assistant
     POST /v1/threads/{id}/runs, /v1/threads/runs, .../submit_tool_outputs   a `queued` run
     GET  /v1/threads/{id}/runs/{run}    the run `completed`, with usage
+    GET  /v1/files/{id}/content         the bytes uploaded
     POST /v1/fine_tuning/jobs           a job `validating_files`
     POST /v1/vector_stores/{id}/file_batches, .../files   a file batch / a vector store file
     POST /v1/messages/batches           an Anthropic message batch `in_progress`
@@ -66,6 +67,7 @@ class AsyncMock:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._record])
         r = app.router
         r.add_post("/v1/files", self._file)
+        r.add_get("/v1/files/{id}/content", self._file_content)
         r.add_post("/v1/batches", self._batch)
         r.add_get("/v1/batches/{id}", self._batch_read)
         r.add_post("/v1/responses", self._response)
@@ -115,6 +117,18 @@ class AsyncMock:
         return web.json_response({"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
                                   "filename": fields["file"].get_filename(), "purpose": purpose,
                                   "status": "processed", "expires_at": None, "status_details": None})
+
+    async def _file_content(self, request: web.Request) -> web.StreamResponse:
+        file_id = request.match_info["id"]
+        # a file this mock did not take in: its results, of the size its id names (file-big-<bytes>)
+        data = self.files[file_id][1] if file_id in self.files else bytes(range(256)) * (int(file_id[9:]) // 256)
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.enable_chunked_encoding()  # as a large download comes: its size is known only at its end
+        await response.prepare(request)
+        for start in range(0, len(data), 64 * 1024):
+            await response.write(data[start:start + 64 * 1024])
+        await response.write_eof()
+        return response
 
     def _batch_object(self, batch_id: str, body: dict[str, Any], status: str) -> dict[str, Any]:
         now = int(time.time())

@@ -52,7 +52,7 @@ def chat_line(i, max_tokens, model="gpt-4o-mini"):
 
 
 @contextlib.asynccontextmanager
-async def async_governor(tmp: Path) -> AsyncIterator[tuple[Any, AsyncMock]]:
+async def async_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Any, AsyncMock]]:
     from governor.proxy.server import Settings, serve
 
     tls = make_tls(tmp / "tls")
@@ -63,7 +63,8 @@ async def async_governor(tmp: Path) -> AsyncIterator[tuple[Any, AsyncMock]]:
     pricing.write_text(bundled.replace("\nmodels:\n", "\nmodels:\n" + EXTRA_PRICES, 1))
     try:
         running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
-                                       upstream_ca=tls.ca_file, tick_interval=0, pricing=pricing, **AGENT_NAMED))
+                                       upstream_ca=tls.ca_file, tick_interval=0, pricing=pricing,
+                                       **{**AGENT_NAMED, **settings}))
     except BaseException:
         await mock.stop()
         raise
@@ -342,3 +343,19 @@ out["size"] = len(doc)
     figures = await used(running, "vector-store")
     assert figures["tokens"] == 2 * estimate_tokens(out["size"], 4.0), figures
     verified(running, "vector-store")
+
+
+
+async def test_a_files_content_is_relayed_unread_however_large_and_still_a_governed_step(tmp_path):
+    # a governor that buffers at most 1 MiB of an answer: the 3 MiB results pass only if relayed unread
+    async with async_governor(tmp_path, max_body_bytes=1 << 20, max_response_bytes=1 << 20) as (running, mock):
+        sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
+                   "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
+        code = """
+size = 3 << 20
+record("same", lambda: client.files.content(f"file-big-{size}").content == bytes(range(256)) * (size // 256))
+"""
+        out = await run_python(session(code, "content"), sdk_env)
+        assert out["same"] is True, out
+        assert (await used(running, "content"))["iterations"] == 1  # a free step all the same
+        verified(running, "content")

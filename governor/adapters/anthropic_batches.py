@@ -23,6 +23,7 @@ from governor.adapters.base import (
     Observation,
     Reply,
     RequestView,
+    UNREAD_ANSWER,
     answered_object,
     describe,
     model_call,
@@ -60,8 +61,10 @@ class AnthropicBatchesAdapter(Adapter):
         state: dict[str, Any] = {"creates": creates, "expected_input": 0, "expected_output": 0}
         exchange = Exchange(adapter=self, method=request.method, host=request.host, path=request.path, body=None,
                             session=session, persona=persona, state=state)
-        if not creates:
-            return exchange  # a free step: a read, the results, a cancel
+        if not creates:  # a free step: a read, the results (relayed unread: JSONL of any size), a cancel
+            if route.endswith("/results"):
+                state[UNREAD_ANSWER] = True
+            return exchange
         body = request.json()
         requests = body.get("requests") if isinstance(body, dict) else None
         if not isinstance(requests, list) or not requests:

@@ -49,6 +49,9 @@ from governor.policy.steps import (
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
+# Exchange.state key an adapter sets when the answer carries nothing it reads (a file's
+# content, a batch's results): the proxy relays it as it comes instead of buffering it.
+UNREAD_ANSWER = "unread_answer"
 
 
 class BadRequest(Exception):

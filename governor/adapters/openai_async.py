@@ -28,6 +28,7 @@ from governor.adapters.base import (
     Observation,
     Reply,
     RequestView,
+    UNREAD_ANSWER,
     answered_object,
     as_dict,
     as_list,
@@ -213,6 +214,8 @@ class OpenAIAsyncAdapter(Adapter):
         exchange = Exchange(adapter=self, method=request.method, host=request.host, path=request.path, body=None,
                             session=session, persona=persona, state=state)
         if request.method != "POST":
+            if request.match_route.endswith("/content"):  # a file's bytes (a batch's results): relayed unread
+                state[UNREAD_ANSWER] = True
             charged = self.memory.charged(request.host, resource) if resource else None
             exchange.model = charged.model if charged is not None else ""
             return exchange
