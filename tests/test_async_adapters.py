@@ -460,3 +460,13 @@ def test_a_background_stream_that_completes_is_charged_its_usage():
     final = watcher.close()[-1]
     assert (final.input_tokens, final.output_tokens) == (12, 30)
     assert adapter.config.memory.charged(HOST, "resp_C") is None
+
+
+def test_batch_work_is_priced_at_half_unless_the_table_names_its_batch_price():
+    table = PricingTable({"gpt-4o-mini": ModelPrice("gpt-4o-mini", 0.15, 0.60, 0.075),
+                          "gpt-4o": ModelPrice("gpt-4o", 2.5, 10, 1.25),
+                          "gpt-4o@batch": ModelPrice("gpt-4o@batch", 2.0, 8.0, 1.0)})
+    assert table.cost("gpt-4o-mini-2024-07-18@batch", 1_000_000, 1_000_000) == pytest.approx(0.375)
+    assert table.cost("gpt-4o-mini", 1_000_000, 1_000_000) == pytest.approx(0.75)
+    assert table.cost("gpt-4o@batch", 1_000_000, 0) == pytest.approx(2.0)  # named: its own price
+    assert table.cost("unknown@batch", 1, 1) is None

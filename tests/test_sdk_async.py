@@ -140,7 +140,7 @@ record("again", lambda: client.batches.retrieve(out["batch"]).status)
     # charged at once: the declared work; at the read: the input past it (output stayed within)
     figures = await used(running, "batch-ok")
     assert figures["tokens"] == 2000 + 300, figures
-    assert figures["cost"] == pytest.approx((2000 * 0.15 + 300 * 0.60) / 1e6), figures  # gpt-4o-mini@batch
+    assert figures["cost"] == pytest.approx((2000 * 0.15 + 300 * 0.60) / 2 / 1e6), figures  # at half price
     assert figures["iterations"] == 4  # upload, batch, two reads
     assert declared_in < 2000
     assert mock.posted("/v1/batches")[0].json()["input_file_id"] == out["file"]

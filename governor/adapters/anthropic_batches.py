@@ -1,7 +1,7 @@
 """Anthropic's Message Batches (`POST /v1/messages/batches`): every request's `params` is a
 Messages call, estimated as the Anthropic adapter estimates one; the batch is one model call
-reserved up front at their sum (priced as `<model>@batch`: the model's own price unless the
-pricing table names a batch price), refused when it cannot fit the session's caps, and
+reserved up front at their sum (priced as `<model>@batch`: half the model's price, as
+Anthropic bills batches, unless the pricing table names a batch price), refused when it cannot fit the session's caps, and
 charged that whole reservation when the answer accepts the batch (its results, read later,
 are not charged again and not credited back). A batch mixing models is refused: its work
 cannot be priced as one call. Reads, lists, results, cancels and deletes of batches are free
@@ -29,10 +29,10 @@ from governor.adapters.base import (
     model_call,
 )
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
+from governor.policy.pricing import BATCH_TIER
 from governor.policy.steps import Decision, Step, UsageReport
 
 MAX_REQUESTS = 100_000  # Anthropic's limit per batch
-BATCH_SUFFIX = "@batch"
 READS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 
 
@@ -90,7 +90,7 @@ class AnthropicBatchesAdapter(Adapter):
             total_in += call.state["expected_input"]
             total_out += call.state["expected_output"]
         exchange.body = body
-        exchange.model = f"{model}{BATCH_SUFFIX}"
+        exchange.model = f"{model}{BATCH_TIER}"
         state.update(expected_input=total_in, expected_output=total_out)
         return exchange
 
@@ -125,8 +125,8 @@ ENDPOINTS = (
              Probe("POST", "/v1/messages/batches",
                    b'{"requests":[{"custom_id":"1","params":{"model":"claude-3-5-haiku-latest","max_tokens":64,'
                    b'"messages":[{"role":"user","content":"hi"}]}}]}'),
-             "every request's params estimated as a Messages call, the sum reserved up front (priced as "
-             "`<model>@batch`) and charged at once; refused when it cannot fit"),
+             "every request's params estimated as a Messages call, the sum reserved up front (at the batch "
+             "price, `<model>@batch`) and charged at once; refused when it cannot fit"),
     Endpoint("Anthropic", "message batches (read, results, cancel, delete)", "GET",
              "/v1/messages/batches/{batch_id}", FREE, "anthropic-batches",
              Probe("GET", "/v1/messages/batches/msgbatch_abc"), "free step"),

@@ -40,6 +40,7 @@ from governor.adapters.deferred import DeclaredFile, TERMINAL, count
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.openai import OpenAIAdapter
+from governor.policy.pricing import BATCH_TIER  # a batch's step: `<model>@batch`, at the batch price
 from governor.policy.steps import Decision, Step, UsageReport
 
 UPLOAD = "upload"
@@ -56,7 +57,6 @@ SPENDING = frozenset({BATCH, RUN, TOOL_OUTPUTS, FINE_TUNE, EMBED})
 READS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 # The model vector stores embed files with (OpenAI's file search: text-embedding-3-large).
 EMBEDDING_MODEL = "text-embedding-3-large"
-BATCH_SUFFIX = "@batch"  # a batch's step prices as `<model>@batch`: the model's own price unless the table names one
 TRAINING_PREFIX = "training:"  # a fine-tuning job's step: `training:<model>`, unpriced unless the table names it
 RUN_USAGE = ("prompt_tokens", "completion_tokens")
 BATCH_USAGE = ("input_tokens", "output_tokens")
@@ -280,7 +280,7 @@ class OpenAIAsyncAdapter(Adapter):
         endpoint = body.get("endpoint")
         if not isinstance(endpoint, str) or uploads.request_view("", endpoint, b"").match_route != declared.endpoint:
             raise BadRequest(f"'endpoint' {endpoint!r} is not the endpoint the file's requests name ({declared.endpoint})")
-        exchange.model = declared.model + BATCH_SUFFIX
+        exchange.model = declared.model + BATCH_TIER
         exchange.state.update(expected_input=declared.input_tokens, expected_output=declared.output_tokens)
 
     def _run(self, exchange: Exchange, body: dict[str, Any], request: RequestView) -> None:
@@ -447,7 +447,7 @@ ENDPOINTS = (
     Endpoint("OpenAI", "batches", "POST", "/v1/batches", GOVERNED, "openai-async",
              Probe("POST", "/v1/batches", b'{"input_file_id":"file-never-uploaded","endpoint":"/v1/chat/completions",'
                                           b'"completion_window":"24h"}'),
-             "the file's declared requests reserved up front (priced as `<model>@batch`), charged at once; a file "
+             "the file's declared requests reserved up front (at the batch price, `<model>@batch`), charged at once; a file "
              "the governor never saw uploaded is refused"),
     Endpoint("OpenAI", "batches (read, list, cancel)", "GET", "/v1/batches/{batch_id}", FREE, "openai-async",
              Probe("GET", "/v1/batches/batch_abc"), "free step; a completed batch's usage past its charge is charged"),
