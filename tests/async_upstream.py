@@ -48,6 +48,7 @@ class AsyncMock:
         self.requests: list[Seen] = []
         self.files: dict[str, tuple[str, bytes]] = {}  # id -> (purpose, bytes)
         self.finished_usage = (100, 50)  # (input, output) a finished response, run or batch reports
+        self.asks_tool: str | None = None  # a run read is `requires_action`, asking for this tool
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -55,6 +56,7 @@ class AsyncMock:
     def reset(self) -> None:
         self.requests.clear()
         self.finished_usage = (100, 50)
+        self.asks_tool = None
 
     @property
     def base_url(self) -> str:
@@ -207,8 +209,14 @@ class AsyncMock:
                                                   body.get("model") or "gpt-4o-mini", "queued"))
 
     async def _run_read(self, request: web.Request) -> web.Response:
-        return web.json_response(self._run_object(request.match_info["run"], request.match_info["thread"],
-                                                  "gpt-4o-mini", "completed"))
+        if self.asks_tool is None:
+            return web.json_response(self._run_object(request.match_info["run"], request.match_info["thread"],
+                                                      "gpt-4o-mini", "completed"))
+        run = self._run_object(request.match_info["run"], request.match_info["thread"], "gpt-4o-mini",
+                               "requires_action")
+        run["required_action"] = {"type": "submit_tool_outputs", "submit_tool_outputs": {"tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": self.asks_tool, "arguments": "{}"}}]}}
+        return web.json_response(run)
 
     async def _job(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -301,6 +301,26 @@ record("stray", lambda: client.beta.threads.runs.submit_tool_outputs(run_id="run
     verified(running, "runs")
 
 
+
+async def test_a_runs_tools_are_withheld_and_the_tool_calls_it_asks_for_are_governed(env):
+    running, mock, sdk_env = env
+    mock.asks_tool = "run_shell"  # not among the passport's tools
+    code = """
+tools = [{"type": "function", "function": {"name": "search_papers", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}]
+record("run", lambda: client.beta.threads.runs.create(thread_id="thread_T", assistant_id="asst_x",
+                                                      model="gpt-4o-mini", tools=tools).id)
+record("read", lambda: client.beta.threads.runs.retrieve(run_id=out["run"], thread_id="thread_T").status)
+"""
+    out = await run_python(session(code, "run-tools"), sdk_env)
+    sent = mock.posted("/runs")[0].json()
+    assert [t["function"]["name"] for t in sent["tools"]] == ["search_papers"]  # the model never sees run_shell
+    refused = out["read"]
+    assert refused["status"] == 403 and refused["body"]["governor"]["tool"] == "run_shell", refused
+    assert (await used(running, "run-tools"))["state"] == "halted"
+    record = verified(running, "run-tools")
+    assert any(e["detail"].get("tool") == "run_shell" for e in record["events"])
+
 async def test_a_fine_tuning_job_is_charged_its_training_tokens_times_epochs_or_refused_unpriced(env):
     running, mock, sdk_env = env
     code = """

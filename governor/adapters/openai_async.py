@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from governor.adapters import uploads
+from governor.adapters import uploads, withhold
 from governor.adapters.base import (
     Adapter,
     BadRequest,
@@ -35,6 +35,7 @@ from governor.adapters.base import (
     describe,
     estimate_tokens,
     model_call,
+    requested_tool_call,
 )
 from governor.adapters.deferred import DeclaredFile, TERMINAL, count
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
@@ -295,6 +296,8 @@ class OpenAIAsyncAdapter(Adapter):
         if _embedded_files(body):
             raise BadRequest("a run whose new thread creates vector stores is not governed: create the vector store "
                              "first (POST /v1/vector_stores), then name it")
+        if body.get("tools") is not None:  # the run's own tools (those set on its assistant cannot be cut)
+            exchange.state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.openai_names)
         exchange.model = model
         exchange.stream = False  # a streamed run is read whole: its last run object carries the usage
         prompt = requested_limit(body, "max_prompt_tokens")
@@ -339,10 +342,18 @@ class OpenAIAsyncAdapter(Adapter):
         return ("max_completion_tokens",) if exchange.state["kind"] == RUN else ()
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        return [model_call(self, exchange, ())]
+        tools = exchange.state.get("tools")
+        return [model_call(self, exchange, withhold.flat(tools) if tools else ())]
 
     def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
-        return None
+        state, body = exchange.state, exchange.body
+        if decision.allowed_tools is None or state["kind"] != RUN or ("tools" not in state and "tool_choice" not in body):
+            return None
+        withheld = withhold.withhold_openai(body, decision.allowed_tools, state.get("tools"), None)
+        if withheld is None:
+            return None
+        state["withheld"] = withheld  # offered tools the run may not use: the model never sees them
+        return orjson.dumps(body)
 
     # --- the answer ----------------------------------------------------------------------
 
@@ -351,7 +362,8 @@ class OpenAIAsyncAdapter(Adapter):
         state = exchange.state
         kind = state["kind"]
         if kind in (RUN, TOOL_OUTPUTS):
-            return Observation(usage=self._run_answer(exchange, status, body))
+            run = _run_object(body) if status == 200 else None
+            return Observation(usage=self._run_answer(exchange, status, run), steps=self._asked(exchange, run))
         data = answered_object(status, body)
         if data is None:
             return Observation()
@@ -369,8 +381,9 @@ class OpenAIAsyncAdapter(Adapter):
                 if self.memory.charged(host, resource).usage_names == TRAINED:  # type: ignore[union-attr]
                     data = {**data, "status": "completed" if data.get("status") == "succeeded" else data.get("status"),
                             "usage": {"trained_tokens": data.get("trained_tokens")}}
-                return Observation(usage=self.memory.settle(host, resource, data, persona))
-            return Observation()
+                return Observation(usage=self.memory.settle(host, resource, data, persona),
+                                   steps=self._asked(exchange, data))
+            return Observation(steps=self._asked(exchange, data))
         expected_in, expected_out = state["expected_input"], state["expected_output"]
         if not expected_in and not expected_out:
             return Observation()  # a free step (a thread, an assistant, an empty vector store)
@@ -380,14 +393,26 @@ class OpenAIAsyncAdapter(Adapter):
                                                            names, persona))
         return Observation(usage=UsageReport(exchange.model, expected_in, expected_out, persona=persona, final=True))
 
-    def _run_answer(self, exchange: Exchange, status: int, body: bytes) -> UsageReport | None:
+    def _asked(self, exchange: Exchange, run: dict[str, Any] | None) -> list[Step]:
+        """The tool calls a run waiting for tool outputs asks the agent to run (admitted as a
+        chat answer's are: an undeclared tool is refused there)."""
+        if not isinstance(run, dict) or run.get("object") != "thread.run" or run.get("status") != "requires_action":
+            return []
+        calls = as_dict(as_dict(run.get("required_action")).get("submit_tool_outputs")).get("tool_calls")
+        steps: list[Step] = []
+        for call in as_list(calls)[:128]:
+            function = as_dict(as_dict(call).get("function"))
+            if step := requested_tool_call(function.get("name"), function.get("arguments"), exchange.persona):
+                steps.append(step)
+        return steps
+
+    def _run_answer(self, exchange: Exchange, status: int, run: dict[str, Any] | None) -> UsageReport | None:
         """A run's (or its tool outputs') answer: its reservation charged, the run remembered;
         a run already finished in the answer (a streamed one) also charged its usage past all
         that was charged for it."""
         if status != 200:
             return None
         state, host, persona = exchange.state, exchange.host, exchange.persona
-        run = _run_object(body)
         run_id = run.get("id") if isinstance(run, dict) and isinstance(run.get("id"), str) else None
         if run_id is None:  # accepted but unreadable: the reservation is what it may have cost
             return UsageReport(exchange.model, state["expected_input"], state["expected_output"], persona=persona)
