@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.background import RESPONSE_USAGE, BackgroundStream
 from governor.adapters.deferred import TERMINAL
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
@@ -47,7 +48,6 @@ CHAT = "chat"
 RESPONSES = "responses"
 COMPLETIONS = "completions"  # the legacy text completions endpoint
 EMBEDDINGS = "embeddings"
-RESPONSE_USAGE = ("input_tokens", "output_tokens")  # a Responses object's usage fields
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -268,8 +268,10 @@ class OpenAIAdapter(Adapter):
         if kind == COMPLETIONS:
             return CompletionsStreamWatcher(exchange, self.config.bytes_per_token)
         if kind == RESPONSES:
-            watcher = BackgroundStreamWatcher if "background" in exchange.state else ResponsesStreamWatcher
-            return watcher(exchange, self.config.bytes_per_token)
+            watcher = ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+            if "background" in exchange.state:  # work that goes on upstream if the stream ends early
+                return BackgroundStream(watcher, exchange, self.config.memory)
+            return watcher
         return None  # embeddings are never streamed: a stream is buffered and read whole
 
     def error_response(
@@ -578,31 +580,6 @@ class ResponsesStreamWatcher(_Watcher):
                  "code": governor.get("cause"), "governor": dict(governor)}
         return sse.encode({"type": "error", "sequence_number": self.sequence + 1, "code": governor.get("cause"),
                            "message": message, "param": None, "error": error}, "error")
-
-
-class BackgroundStreamWatcher(ResponsesStreamWatcher):
-    """A background response's stream: its work goes on upstream when the stream ends before
-    the response does (the client left, a cut), so its final figure is then at least what it
-    reserved, and the response is remembered for the read that settles it (adapters/deferred.py)."""
-
-    def _estimate(self, final: bool) -> UsageReport:
-        report = super()._estimate(final)
-        if not final or self.completed:
-            return report
-        state, exchange = self.exchange.state, self.exchange
-        report = UsageReport(report.model, max(report.input_tokens, state["expected_input"]),
-                             max(report.output_tokens, state["expected_output"]), persona=exchange.persona)
-        if isinstance(state.get("response_id"), str):
-            exchange.adapter.config.memory.charge(exchange.host, state["response_id"], report.model,
-                                                  report.input_tokens, report.output_tokens, RESPONSE_USAGE)
-        return report
-
-    def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
-        if "response_id" not in self.exchange.state and "response.created" in (event.event or event.data):
-            data = event.json()
-            response = as_dict(data.get("response")) if isinstance(data, dict) else {}
-            self.exchange.state["response_id"] = response.get("id")
-        super()._event(event, out)
 
 
 ADAPTERS = (OpenAIAdapter,)
