@@ -379,3 +379,30 @@ record("same", lambda: client.files.content(f"file-big-{size}").content == bytes
         assert out["same"] is True, out
         assert (await used(running, "content"))["iterations"] == 1  # a free step all the same
         verified(running, "content")
+
+
+async def test_64_parallel_background_responses_are_charged_and_stay_within_the_cap(env):
+    running, mock, sdk_env = env
+    code = """
+import asyncio
+async def main():
+    aclient = openai.AsyncOpenAI(max_retries=0, default_headers={"ADL-Session": "background-64"})
+    async def one(i):
+        try:
+            r = await aclient.responses.create(model="gpt-4o-mini", input=f"essay {i}", background=True)
+            return r.status
+        except openai.APIStatusError as e:
+            return e.status_code
+    return await asyncio.gather(*(one(i) for i in range(64)))
+out["statuses"] = asyncio.run(main())
+"""
+    out = await run_python(session(code, "background-64"), sdk_env)
+    accepted = out["statuses"].count("queued")
+    # refused at the cap (429), or past max_iterations the passport's fallback (a `completed` stand-in)
+    assert accepted >= 1 and set(out["statuses"]) <= {"queued", 429, "completed"}, out
+    assert len(mock.posted("/v1/responses")) == accepted
+    figures = await used(running, "background-64")
+    # every accepted submission was charged at once (its fitted output limit and estimated input): never 0
+    sent = sum(r.json()["max_output_tokens"] for r in mock.posted("/v1/responses"))
+    assert sent <= figures["tokens"] <= 20000, (figures, sent)
+    verified(running, "background-64")
