@@ -470,3 +470,21 @@ def test_batch_work_is_priced_at_half_unless_the_table_names_its_batch_price():
     assert table.cost("gpt-4o-mini", 1_000_000, 1_000_000) == pytest.approx(0.75)
     assert table.cost("gpt-4o@batch", 1_000_000, 0) == pytest.approx(2.0)  # named: its own price
     assert table.cost("unknown@batch", 1, 1) is None
+
+
+def test_a_message_batchs_tools_are_cut_to_what_the_session_may_use():
+    from governor.policy.steps import Decision
+
+    adapter = AnthropicBatchesAdapter(AdapterConfig())
+    tool = lambda name: {"name": name, "input_schema": {"type": "object"}}  # noqa: E731
+    body = {"requests": [{"custom_id": "1", "params": {**params(), "tools": [tool("search_papers"), tool("run_shell")],
+                                                        "tool_choice": {"type": "tool", "name": "run_shell"}}},
+                         {"custom_id": "2", "params": params()}]}
+    exchange = adapter.open(post("/v1/messages/batches", body, "api.anthropic.com"), session="s", persona=None)
+    [step] = asyncio.run(adapter.steps(exchange))
+    assert step.tools_offered == ("search_papers", "run_shell")
+    assert adapter.rewrite_request(exchange, Decision(allowed_tools=None)) is None  # nothing declared: all stay
+    sent = orjson.loads(adapter.rewrite_request(exchange, Decision(allowed_tools=frozenset({"search_papers"}))))
+    first = sent["requests"][0]["params"]
+    assert [t["name"] for t in first["tools"]] == ["search_papers"] and "tool_choice" not in first
+    assert sent["requests"][1]["params"] == params() and exchange.state["withheld"] == ["run_shell"]

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from governor.adapters import uploads
+from governor.adapters import uploads, withhold
 from governor.adapters.anthropic import AnthropicAdapter
 from governor.adapters.base import (
     Adapter,
@@ -73,6 +73,7 @@ class AnthropicBatchesAdapter(Adapter):
             raise BadRequest(f"a message batch holds at most {MAX_REQUESTS} requests")
         model = None
         total_in = total_out = 0
+        offered: list[tuple[int, Any, Any]] = []  # (index, tools, mcp_servers) of requests offering tools
         for index, item in enumerate(requests):
             params = item.get("params") if isinstance(item, dict) else None
             if not isinstance(params, dict):
@@ -89,13 +90,31 @@ class AnthropicBatchesAdapter(Adapter):
                                  "governor reserves a batch of one model (send one batch per model)")
             total_in += call.state["expected_input"]
             total_out += call.state["expected_output"]
+            if "tools" in call.state or "mcp_servers" in call.state or "tool_choice" in params:
+                offered.append((index, call.state.get("tools"), call.state.get("mcp_servers")))
         exchange.body = body
         exchange.model = f"{model}{BATCH_TIER}"
-        state.update(expected_input=total_in, expected_output=total_out)
+        state.update(expected_input=total_in, expected_output=total_out, offered=offered)
         return exchange
 
     async def steps(self, exchange: Exchange) -> list[Step]:
-        return [model_call(self, exchange, ())]
+        names = [n for _, tools, servers in exchange.state.get("offered", ()) for n in (tools or ()) + (servers or ())]
+        return [model_call(self, exchange, withhold.flat(names) if names else ())]
+
+    def rewrite_request(self, exchange: Exchange, decision: Decision) -> bytes | None:
+        """Each request's offered tools cut to what the session may use, as for one Messages call."""
+        allowed, offered = decision.allowed_tools, exchange.state.get("offered")
+        if allowed is None or not offered:
+            return None
+        requests = exchange.body["requests"]
+        withheld: dict[str, None] = {}
+        for index, tools, servers in offered:
+            cut = withhold.withhold_anthropic(requests[index]["params"], allowed, tools, servers)
+            withheld.update(dict.fromkeys(cut or ()))
+        if not withheld:
+            return None
+        exchange.state["withheld"] = list(withheld)  # offered tools the batch may not use: the model never sees them
+        return orjson.dumps(exchange.body)
 
     def observe_response(self, exchange: Exchange, status: int, headers: Mapping[str, str],
                          body: bytes) -> Observation:
