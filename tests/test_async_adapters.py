@@ -488,3 +488,21 @@ def test_a_message_batchs_tools_are_cut_to_what_the_session_may_use():
     first = sent["requests"][0]["params"]
     assert [t["name"] for t in first["tools"]] == ["search_papers"] and "tool_choice" not in first
     assert sent["requests"][1]["params"] == params() and exchange.state["withheld"] == ["run_shell"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.binary(max_size=40) | st.sampled_from([
+    b"\r\n", b"--b", b"--b--", b"\r\n\r\n", b'Content-Disposition: form-data; name="purpose"', b"batch",
+    b'Content-Disposition: form-data; name="file"; filename="x"', b"Content-Transfer-Encoding: base64",
+    line(), b"\n", b"{", b'"method":"POST"']), max_size=14))
+def test_any_upload_is_read_or_refused_clearly(parts):
+    adapter = OpenAIAsyncAdapter(AdapterConfig())
+    view = RequestView("POST", HOST, "/v1/files", {"content-type": "multipart/form-data; boundary=b"}, b"".join(parts))
+    try:
+        exchange = adapter.open(view, session="s", persona=None)
+    except BadRequest as exc:
+        assert "batch file" in exc.message
+        return
+    adapter.observe_response(exchange, 200, {}, b'{"id": "file-F"}')
+    declared = adapter.memory.file(HOST, "file-F")
+    assert declared is None or declared.size >= 0 and declared.input_tokens >= 0

@@ -38,6 +38,13 @@ MAX_ENTRIES = 20_000
 # fine-tuning jobs): its usage, when it carries one, is its final figure.
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired", "incomplete", "succeeded"})
 
+
+
+def finished(status: object) -> bool:
+    """A resource's `status` says it does no more work (an upstream's JSON: any type)."""
+    return isinstance(status, str) and status in TERMINAL
+
+
 Key = tuple[str, str]
 V = TypeVar("V")
 
@@ -145,7 +152,7 @@ class DeferredWork:
         finished, no usage, never charged here, or within the charge (nothing is credited)."""
         key = (host.lower(), resource_id)
         charged = self.charges.get(key)
-        if charged is None or resource.get("status") not in TERMINAL:
+        if charged is None or not finished(resource.get("status")):
             return None
         usage = resource.get("usage")
         if not isinstance(usage, dict):
@@ -171,4 +178,4 @@ def charged_report(model: str, input_tokens: int, output_tokens: int, persona: s
                        final=True)
 
 
-__all__ = ["Charged", "DeclaredFile", "DeferredWork", "MAX_ENTRIES", "TERMINAL", "charged_report", "count"]
+__all__ = ["Charged", "DeclaredFile", "DeferredWork", "MAX_ENTRIES", "TERMINAL", "charged_report", "count", "finished"]

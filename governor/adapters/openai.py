@@ -19,7 +19,7 @@ import orjson
 
 from governor.adapters import sse, withhold
 from governor.adapters.background import RESPONSE_USAGE, BackgroundStream
-from governor.adapters.deferred import TERMINAL
+from governor.adapters.deferred import finished
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
@@ -238,7 +238,7 @@ class OpenAIAdapter(Adapter):
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
-        if "background" in exchange.state and isinstance(data.get("id"), str) and data.get("status") not in TERMINAL:
+        if "background" in exchange.state and isinstance(data.get("id"), str) and not finished(data.get("status")):
             state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
             usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
                                                  state["expected_output"], RESPONSE_USAGE, exchange.persona)

@@ -38,7 +38,7 @@ from governor.adapters.base import (
     model_call,
     requested_tool_call,
 )
-from governor.adapters.deferred import DeclaredFile, TERMINAL, count
+from governor.adapters.deferred import DeclaredFile, count, finished
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.openai import OpenAIAdapter
@@ -420,7 +420,7 @@ class OpenAIAsyncAdapter(Adapter):
             return UsageReport(exchange.model, state["expected_input"], state["expected_output"], persona=persona)
         report = self.memory.submitted(host, run_id, exchange.model, state["expected_input"],
                                        state["expected_output"], RUN_USAGE, persona)
-        extra = self.memory.settle(host, run_id, run, persona) if run.get("status") in TERMINAL else None  # type: ignore[union-attr]
+        extra = self.memory.settle(host, run_id, run, persona) if finished(run.get("status")) else None  # type: ignore[union-attr]
         if extra is None:
             return report
         return UsageReport(report.model, report.input_tokens + extra.input_tokens,
