@@ -366,21 +366,6 @@ out["size"] = len(doc)
 
 
 
-async def test_a_files_content_is_relayed_unread_however_large_and_still_a_governed_step(tmp_path):
-    # a governor that buffers at most 1 MiB of an answer: the 3 MiB results pass only if relayed unread
-    async with async_governor(tmp_path, max_body_bytes=1 << 20, max_response_bytes=1 << 20) as (running, mock):
-        sdk_env = {"HTTPS_PROXY": running.proxy_url, "SSL_CERT_FILE": str(running.ca_file),
-                   "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": f"{mock.base_url}/v1"}
-        code = """
-size = 3 << 20
-record("same", lambda: client.files.content(f"file-big-{size}").content == bytes(range(256)) * (size // 256))
-"""
-        out = await run_python(session(code, "content"), sdk_env)
-        assert out["same"] is True, out
-        assert (await used(running, "content"))["iterations"] == 1  # a free step all the same
-        verified(running, "content")
-
-
 async def test_64_parallel_background_responses_are_charged_and_stay_within_the_cap(env):
     running, mock, sdk_env = env
     code = """
