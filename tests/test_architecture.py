@@ -226,7 +226,7 @@ def test_every_room_is_in_the_map(room):
 
 # the proxy's addons (governor/proxy/chain.py) and the control plane's route modules
 # (governor/control/app.py's create_app): each gets its collaborators from its assembler
-PROXY_ADDONS = ("binding", "admission", "unknown", "answers", "in_flight", "origin_guard")
+PROXY_ADDONS = ("binding", "admission", "unknown", "answers", "in_flight", "origin_guard", "realtime_sockets")
 CONTROL_ROUTES = ("probes", "runtime_routes", "sessions_api", "personas", "store_ack", "reviewer_console")
 
 

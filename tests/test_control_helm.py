@@ -209,6 +209,7 @@ def test_the_interception_init_container_is_the_one_documented_exception(rendere
         "capabilities add ['NET_ADMIN', 'NET_RAW']", "runAsNonRoot is not true", "runAsUser is 0"]
     env = {e["name"]: e["value"] for e in intercept["env"]}
     assert env["GOVERNOR_UID"] == "10001" and env["INTERCEPT_PORTS"] == "80,443" and env["TRANSPARENT_PORT"] == "15001"
+    assert env["DNS_SERVERS"] == ""  # the script reads the pod's resolv.conf (tests/test_control_helm.py below)
     governor = next(c for c in pod["initContainers"] if c["name"] == "governor")
     assert governor["args"][governor["args"].index("--transparent") + 1] == "127.0.0.1:15001"
     (script,) = [d for d in rendered["interception"] if d["kind"] == "ConfigMap" and "intercept.sh" in d["data"]]
@@ -264,6 +265,40 @@ def test_the_interception_script_refuses_bad_settings_before_touching_iptables(t
                               capture_output=True, text=True, timeout=30)
         assert done.returncode != 0, env
         assert not called.exists(), env
+
+
+def test_the_interception_script_lets_dns_reach_only_the_pods_resolvers(tmp_path):
+    """DNS_SERVERS unset: the nameservers of resolv.conf (the cluster's resolver in a pod), each
+    family's to its own command; port 53 gets no rule for any other address. A hostile value
+    stops the script before any rule is written."""
+    called = tmp_path / "called"
+    fake = tmp_path / "iptables"
+    fake.write_text(f"#!/bin/sh\necho \"$(basename $0) $@\" >> {called}\n")
+    fake.chmod(0o755)
+    (tmp_path / "ip6tables").write_bytes(fake.read_bytes())
+    (tmp_path / "ip6tables").chmod(0o755)
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("search svc.cluster.local\nnameserver 10.96.0.10\nnameserver fd00::a\noptions ndots:5\n")
+    script = str(CHART / "files" / "intercept.sh")
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "GOVERNOR_UID": "10001", "IPTABLES": str(fake),
+            "IP6TABLES": str(tmp_path / "ip6tables"), "RESOLV_CONF": str(resolv)}
+    done = subprocess.run(["sh", script], env=base, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    rules = called.read_text().splitlines()
+    dns = [r for r in rules if "--dport 53" in r]
+    assert dns == [
+        "iptables -w -t filter -A GOVERNOR_OUTPUT -d 10.96.0.10 -p udp --dport 53 -j RETURN",
+        "iptables -w -t filter -A GOVERNOR_OUTPUT -d 10.96.0.10 -p tcp --dport 53 -j RETURN",
+        "ip6tables -w -t filter -A GOVERNOR_OUTPUT -d fd00::a -p udp --dport 53 -j RETURN",
+        "ip6tables -w -t filter -A GOVERNOR_OUTPUT -d fd00::a -p tcp --dport 53 -j RETURN"], rules
+    # the last rule of each family drops whatever else a process sends (ICMP, SCTP, raw)
+    assert [r for r in rules if "filter" in r][-1].endswith("-m owner --socket-exists -j DROP")
+    called.unlink()
+    for bad in ("10.96.0.10 -j ACCEPT", "10.96.0.10,", "$(reboot)"):
+        done = subprocess.run(["sh", script], env={**base, "DNS_SERVERS": bad}, capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 2 and "DNS_SERVERS" in done.stderr, bad
+        assert not called.exists(), bad
 
 
 def test_the_session_settings_reach_governor_run(rendered, values):

@@ -27,6 +27,7 @@ from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters import sse
 from governor.adapters.anthropic import AnthropicAdapter
 from governor.adapters.base import Adapter, BadRequest, Observation, RequestView
+from governor.adapters.bedrock import BedrockAdapter
 from governor.adapters.mcp import MCPAdapter
 from governor.adapters.a2a import A2AAdapter
 from governor.adapters.openai import OpenAIAdapter
@@ -67,6 +68,10 @@ ADAPTERS: list[tuple[Adapter, list[str]]] = [
     (AnthropicAdapter(), ["/v1/messages"]),
     (MCPAdapter(), ["/mcp"]),
     (A2AAdapter(), ["/a2a"]),
+    (BedrockAdapter(), ["/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/converse",
+                        "/model/us.anthropic.claude-3-5-haiku-20241022-v1%3A0/invoke",
+                        "/model/meta.llama3-8b-instruct-v1:0/invoke-with-response-stream",
+                        "/model/amazon.titan-text-express-v1/invoke", "/model/x.unknown/invoke"]),
 ]
 
 
@@ -102,7 +107,8 @@ def test_every_adapter_reads_any_answer_without_raising(adapter, status, answer)
     valid = {OpenAIAdapter: {"model": "m", "messages": [], "max_tokens": 5},
              AnthropicAdapter: {"model": "m", "messages": [], "max_tokens": 5},
              MCPAdapter: {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}},
-             A2AAdapter: {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {}}}[type(adapter)]
+             A2AAdapter: {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {}},
+             BedrockAdapter: {"messages": [], "inferenceConfig": {"maxTokens": 5}}}[type(adapter)]
     exchange = adapter.open(view("POST", paths[0], orjson.dumps(valid)), session="s", persona=None)
     observation = adapter.observe_response(exchange, status, {"content-type": "application/json"}, answer)
     assert isinstance(observation, Observation)

@@ -33,6 +33,7 @@ AGENT = REPO / "tests" / "netns_agent.py"
 AGENT_PYTHON = "/usr/bin/python3"  # readable by any user (the agent is not root)
 AGENT_UID = 10002
 POD_ADDRESS, UPSTREAM_ADDRESS = "10.213.0.1", "10.213.0.2"
+RESOLVER_ADDRESS = "10.213.0.3"  # the pod's DNS server (the upstream's namespace holds it too)
 OTHER_PORT = 8443  # listened on by the upstream, not in the rules' ports (80, 443)
 TRANSPARENT_PORT = 15001
 MAX_ITERATIONS = 12  # the bundled passport's max_iterations: the agent makes one call more
@@ -89,6 +90,9 @@ def namespaces():
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", device)
             _run("ip", "-n", ns, "link", "set", device, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+        _run("ip", "-n", upstream, "addr", "add", f"{RESOLVER_ADDRESS}/24", "dev", f"gvu{suffix}")
+        # ping sockets for every group in the pod, as many nodes allow: the ICMP escape is open
+        _run("ip", "netns", "exec", pod, "sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647")
         yield pod, upstream
     finally:
         for ns in (pod, upstream):  # deleting a namespace deletes its end of the veth pair
@@ -101,7 +105,8 @@ def _agent(pod: str) -> dict:
     env = {"PATH": "/usr/bin:/bin", "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
            "http_proxy": dead, "https_proxy": dead, "NO_PROXY": ""}
     done = _run("ip", "netns", "exec", pod, "setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}",
-                "--clear-groups", AGENT_PYTHON, str(AGENT), UPSTREAM_ADDRESS, str(OTHER_PORT), str(CALLS), env=env)
+                "--clear-groups", AGENT_PYTHON, str(AGENT), UPSTREAM_ADDRESS, str(OTHER_PORT), str(CALLS),
+                RESOLVER_ADDRESS, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -138,7 +143,7 @@ def _inbound_answer(pod: str, upstream_ns: str) -> str:
 def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
     pod, upstream_ns = namespaces
     upstream = subprocess.Popen(["ip", "netns", "exec", upstream_ns, sys.executable, "-m", "tests.netns_upstream",
-                                 UPSTREAM_ADDRESS, str(OTHER_PORT)], cwd=REPO, stdin=subprocess.PIPE,
+                                 UPSTREAM_ADDRESS, str(OTHER_PORT), RESOLVER_ADDRESS], cwd=REPO, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     governor = None
     try:
@@ -149,6 +154,10 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         assert [c.get("status") for c in before["calls"]] == [200] * CALLS, before
         assert all(c["governor"] is None for c in before["calls"])
         assert before["other_port"] == "connected: open", before
+        escapes = before["escapes"]
+        assert escapes["llm_on_53"].get("status") == 200 and escapes["llm_on_53"]["governor"] is None, escapes
+        assert escapes["udp_53"] == escapes["resolver"] == "answered: echo exfiltrated", escapes
+        assert escapes["icmp"] == "answered: exfiltrated", escapes
 
         data = tmp_path / "data"
         governor = subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-m", "governor", "run",
@@ -159,8 +168,9 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
                                     stderr=subprocess.STDOUT, text=True)
         _readline(governor, "governor running")
         installed = _run("ip", "netns", "exec", pod, "sh", str(SCRIPT),
-                         env={"PATH": os.environ["PATH"], "GOVERNOR_UID": "0", "TRANSPARENT_PORT": str(TRANSPARENT_PORT)})
-        assert "other outbound refused" in installed.stdout
+                         env={"PATH": os.environ["PATH"], "GOVERNOR_UID": "0", "TRANSPARENT_PORT": str(TRANSPARENT_PORT),
+                              "DNS_SERVERS": RESOLVER_ADDRESS})
+        assert "other outbound refused" in installed.stdout and f"DNS to {RESOLVER_ADDRESS}" in installed.stdout
 
         after = _agent(pod)
         permitted, refused = after["calls"][:MAX_ITERATIONS], after["calls"][MAX_ITERATIONS]
@@ -169,6 +179,12 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         # the limit held: the governor answered in the model's place (never forwarded: see the upstream's count)
         assert refused.get("governor") == "fallback" and "iteration limit" in refused["body"], refused
         assert after["other_port"].startswith("ConnectionRefusedError"), after
+        # port 53 leaves only to the pod's resolver; an LLM on port 53 and ICMP with a payload do not
+        escapes = after["escapes"]
+        assert escapes["llm_on_53"].get("error", "").startswith(("ConnectionRefusedError", "ConnectionResetError")), escapes
+        assert escapes["udp_53"].startswith(("ConnectionRefusedError", "PermissionError")), escapes
+        assert escapes["resolver"] == "answered: echo exfiltrated", escapes
+        assert escapes["icmp"].startswith(("TimeoutError", "PermissionError")), escapes
 
         # what reaches the pod still gets its answers (a kubelet probe, a port the agent serves)
         assert _inbound_answer(pod, upstream_ns) == "agent here"
@@ -189,8 +205,9 @@ def test_the_agent_cannot_bypass_the_governor(namespaces, tmp_path):
         upstream.wait(timeout=GUARD_SEC)
 
     paths = json.loads(served.strip().splitlines()[-1])
-    # CALLS direct before the rules, then the MAX_ITERATIONS the governor let through
-    assert paths == ["/v1/chat/completions"] * (CALLS + MAX_ITERATIONS)
+    # CALLS direct before the rules, then the MAX_ITERATIONS the governor let through; the one
+    # call to port 53 before the rules (none after)
+    assert paths == ["/v1/chat/completions"] * (CALLS + MAX_ITERATIONS + 1)
 
     record_file = data / "records" / "intercepted.json"
     record = json.loads(record_file.read_text())

@@ -358,7 +358,7 @@ def test_a_usage_report_with_its_reservation_keeps_every_other_field():
 
     from governor.policy.steps import CounterCharge
 
-    report = UsageReport("m", 1, 2, cached_input_tokens=3, persona="p", final=False)
+    report = UsageReport("m", 1, 2, cached_input_tokens=3, persona="p", final=False, units=(("character", 9),))
     charges = (CounterCharge("per_session", "tokens", 3.0, None),)
     assert report.with_reserved(charges) == dataclasses.replace(report, reserved=charges)
     assert report.with_reserved(charges, ends_call=True) == dataclasses.replace(report, reserved=charges)  # not final
@@ -366,7 +366,7 @@ def test_a_usage_report_with_its_reservation_keeps_every_other_field():
     assert final.with_reserved(charges, ends_call=True) == dataclasses.replace(final, reserved=charges, ends_call=True)
     # with_reserved names every field: a new one must be added there too
     assert [f.name for f in dataclasses.fields(UsageReport)] == [
-        "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved", "ends_call"]
+        "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved", "ends_call", "units"]
 
 
 def test_charges_are_built_in_counter_charge_field_order():

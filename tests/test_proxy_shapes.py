@@ -231,7 +231,9 @@ async def test_an_ignore_route_cannot_be_reached_by_dot_segments(env):
     assert status == 200 and len(runtime.steps_of("dots", ModelCall)) == 1  # governed, not ignored
 
 
-async def test_free_endpoints_and_other_bodies_are_still_forwarded(env):
+async def test_free_endpoints_are_governed_steps_and_other_bodies_forwarded(env):
+    # moderation and token counting cost nothing but are each a model call of the session
+    # (counted, refused after a halt: governor.adapters.free_calls); the rest goes on
     running, mock, runtime = env
     for path, body in (("/v1/messages/count_tokens", orjson.dumps({"model": "claude-test", "messages": []})),
                        ("/v1/moderations", orjson.dumps({"model": "omni-moderation-latest", "input": "x"})),
@@ -239,7 +241,9 @@ async def test_free_endpoints_and_other_bodies_are_still_forwarded(env):
         status, _, _ = await send(running, mock, "POST", path, body, {"ADL-Session": "free"})
         assert status == 200, path
     assert [r.path for r in mock.requests] == ["/v1/messages/count_tokens", "/v1/moderations", "/v1/widgets"]
-    assert runtime.steps == []
+    calls = runtime.steps_of("free", ModelCall)
+    assert [(c.model, c.expected_input_tokens, c.expected_output_tokens) for c in calls] == [
+        ("claude-test", 0, 0), ("omni-moderation-latest", 0, 0)]
 
 
 # --- compressed request bodies -----------------------------------------------------------

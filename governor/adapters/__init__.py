@@ -9,7 +9,8 @@ for a request, on its normalized path (shapes.normalize_path, case folded):
    theirs; any other method with a body, or a PUT/PATCH, is refused (405), never
    forwarded ungoverned; a bodiless read (GET, HEAD, OPTIONS, DELETE) is not a model call;
 3. a body shaped like a model call (shapes.model_shaped) on a path no adapter claims:
-   refused (403), unless the path is a free endpoint (FREE_SUFFIXES);
+   refused (403); the free endpoints (moderation, token counting) are governed by their own
+   adapters (governor.adapters.free_calls), claimed by path like the model endpoints;
 4. the adapters that match by body (MCP, A2A: JSON-RPC), in order.
 
 The rule is documented in docs/wire-protocols.md.
@@ -31,10 +32,18 @@ from governor.adapters.base import Adapter, AdapterConfig, RequestView
 ADAPTER_MODULES = (
     "governor.adapters.openai",
     "governor.adapters.anthropic",
-    "governor.adapters.openai_async",  # batches, files, runs, fine-tuning, vector stores, reads (after openai)
+    "governor.adapters.ollama",  # after openai: Ollama's /api/embeddings is excluded there
+    "governor.adapters.tgi",  # after ollama: /api/generate is Ollama's, not TGI's /generate
+    "governor.adapters.openai_media",
+    "governor.adapters.free_calls",
+    "governor.adapters.openai_async",  # batches, files, runs, fine-tuning, vector stores, reads
     "governor.adapters.anthropic_batches",
+    "governor.adapters.gemini",
+    "governor.adapters.bedrock",
+    "governor.adapters.realtime",
     "governor.adapters.mcp",
     "governor.adapters.a2a",
+    "governor.adapters.compatible",  # no adapter: the endpoint rows of OpenAI-compatible servers
 )
 
 IGNORE = "ignore"
@@ -42,9 +51,6 @@ IGNORE = "ignore"
 # Bodiless requests with these methods to a model endpoint read or delete what is stored
 # there (GET /v1/chat/completions lists stored completions): not model calls.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
-# Endpoints whose bodies look like model calls but generate nothing and cost nothing:
-# token counting and moderation. Matched as suffixes of the normalized, lower-case route.
-FREE_SUFFIXES = ("/messages/count_tokens", "/responses/input_tokens", "/moderations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +186,7 @@ class AdapterRegistry:
                 break
         # after them, as they parse the body anyway; but before their verdict counts: MCP also
         # matches on a session header alone, whatever the body
-        if request.content and not route.endswith(FREE_SUFFIXES) and self._model_shaped(request):
+        if request.content and self._model_shaped(request):
             return Refusal(403, f"{request.method} {request.host}{request.normal_route} carries a model call "
                                 "(a JSON body with 'model' and 'messages', 'prompt' or 'input') to a path no "
                                 "adapter governs; it is refused, not forwarded ungoverned (a 'routes' entry can "
@@ -201,5 +207,5 @@ class AdapterRegistry:
         return request.unparseable and shapes.model_shaped(content)
 
 
-__all__ = ["AdapterRegistry", "Route", "Refusal", "IGNORE", "READ_METHODS", "FREE_SUFFIXES", "ADAPTER_MODULES",
+__all__ = ["AdapterRegistry", "Route", "Refusal", "IGNORE", "READ_METHODS", "ADAPTER_MODULES",
            "available_adapter_classes"]

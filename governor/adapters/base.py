@@ -63,6 +63,13 @@ class BadRequest(Exception):
         self.status = status
 
 
+class UnreadableAnswer(ValueError):
+    """A 200 answer (or a stream's event) the adapter cannot read where its protocol sends
+    JSON: raised by `observe_response` or a watcher's `feed`, so the proxy refuses it (a plain
+    answer: 502, charged its reservation; a stream: cut, recorded) rather than deliver what a
+    lenient client parser might read as tool calls the governor never saw."""
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterConfig:
     """Knobs shared by the adapters (documented in the README)."""
@@ -330,6 +337,10 @@ class StreamWatcher(abc.ABC):
     else, so the terminal bytes always start on an event boundary.
     """
 
+    # Events end at each newline (NDJSON: Ollama) rather than at a blank line (SSE): the relay
+    # frames what it forwards by lines, and sends no keep-alive comment (NDJSON has none).
+    line_framed: ClassVar[bool] = False
+
     @abc.abstractmethod
     def feed(self, chunk: bytes) -> list[StreamEvent]:
         """Parse a chunk; return usage updates (final=False) and tool calls seen in it."""
@@ -348,6 +359,13 @@ class StreamWatcher(abc.ABC):
     @abc.abstractmethod
     def usage(self) -> UsageReport | None:
         """The latest cumulative usage seen so far (final=False), or None."""
+
+    def framer(self) -> Any:
+        """The framing the relay forwards whole units of: None for SSE (sse.EventFramer, and
+        SSE keep-alive comments on a held stream); a watcher of another framing (Bedrock's
+        binary event stream) returns its own framer (`feed`, `pending`, `take`, `clear`),
+        and the relay then sends no keep-alive lines into it."""
+        return None
 
 
 class Adapter(abc.ABC):
@@ -392,6 +410,12 @@ class Adapter(abc.ABC):
         insert first (governor.adapters.fitting); () when it has no output limit."""
         return ()
 
+    def output_limit_holder(self, exchange: Exchange, create: bool = False) -> dict[str, Any] | None:
+        """The object whose keys are `output_limit_fields` (governor.adapters.fitting): the body
+        itself, unless the protocol nests them (Gemini's generationConfig, Ollama's options, TGI's
+        parameters); with `create`, made when absent. None: absent, and not created."""
+        return exchange.body
+
     def edit_request(self, exchange: Exchange, arguments: Mapping[str, Any]) -> bool:
         """Plan editing (governor.runtime.edit): make the request carry the tool arguments a
         reviewer approved instead of the agent's. False: this protocol cannot (the proxy then
@@ -403,7 +427,8 @@ class Adapter(abc.ABC):
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
         """Read a complete (non-streamed) upstream response. Never raises on bad bodies:
-        unparseable upstream output yields an Observation without usage."""
+        unparseable upstream output yields an Observation without usage (an adapter may
+        instead raise UnreadableAnswer, refused by the proxy)."""
 
     def stream_watcher(
         self, exchange: Exchange, status: int, headers: Mapping[str, str]
@@ -461,11 +486,17 @@ def describe(governor: Mapping[str, Any]) -> str:
     if "dimension" in governor:
         scope = governor.get("scope")
         parts.append(f"{governor['dimension']}{' ' + scope if scope else ''}")
-    unpriced = governor.get("reason") == "unpriced_model"
+    unpriced = governor.get("reason") in ("unpriced_model", "unpriced_unit")
     if governor.get("loop") is True:
         parts.append(f"loop: {governor.get('tool')} called again with the same arguments after "
                      f"{governor.get('repeats_in_window')} identical calls in the last {governor.get('window')} "
                      f"tool calls (loop threshold {governor.get('threshold')})")
+    elif unpriced and governor.get("reason") == "unpriced_unit":
+        limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
+        parts.append(f"model {governor.get('model')!r} has no price for {governor.get('unit')!r}, so the cost of "
+                     f"this call cannot be checked{limit}: price it in the pricing file, under the model's "
+                     f"family: units: {{{governor.get('unit')}: USD per unit}} (governor run --pricing FILE; "
+                     f"default policies/pricing.yaml; docs/reference/pricing.md)")
     elif unpriced:
         limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
         parts.append(f"model {governor.get('model')!r} has no price, so its cost cannot be checked{limit}: "

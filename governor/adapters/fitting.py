@@ -4,7 +4,9 @@ for, read strictly, and the admitted limit written into the body that goes upstr
 The decision is the policy's (governor.policy.fitting); each adapter names its endpoint's
 output-limit fields (`Adapter.output_limit_fields`: OpenAI chat `max_completion_tokens` /
 `max_tokens`, Responses `max_output_tokens`, legacy completions `max_tokens`, Anthropic
-`max_tokens`), and this module only rewrites those fields, in the already parsed body.
+`max_tokens`, Gemini `generationConfig.maxOutputTokens`, in the object
+`Adapter.output_limit_holder` names), and this module only rewrites those fields, in the
+already parsed body.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def _capped(decision: Decision) -> bool:
 def fit_request(exchange: Exchange, decision: Decision) -> bool:
     """Write the admitted output limit into `exchange.body`; True when it changed.
 
+    The fields are in the adapter's `output_limit_holder` (the body, or the object in it that
+    holds them: Ollama's `options`, TGI's `parameters`).
     Lowered (the decision's details name the fitted value): every output-limit field the
     request names above it is lowered to it, or, naming none, the first field is set to it;
     the exchange's expected output becomes the fitted reservation. Not lowered: a request
@@ -55,8 +59,10 @@ def fit_request(exchange: Exchange, decision: Decision) -> bool:
     fields = adapter.output_limit_fields(exchange)
     if not fields:
         return False
-    body = exchange.body
-    named = [name for name in fields if body.get(name) is not None]
+    body = adapter.output_limit_holder(exchange)  # the body, or the object in it holding the fields
+    # a named limit is a positive integer (adapters refuse others at open); one that is not
+    # means "no limit" where a protocol allows it (Ollama's num_predict -1): set, not kept
+    named = [name for name in fields if type(body.get(name)) is int and body[name] > 0] if body is not None else []
     state = exchange.state
     choices = state.get("choices", 1)
     fitted = decision.details.get(FITTED_KEY) if decision.details else None
@@ -71,6 +77,8 @@ def fit_request(exchange: Exchange, decision: Decision) -> bool:
         if body[name] > value:
             body[name] = value
     if not named:
+        body = adapter.output_limit_holder(exchange, create=True)
+        assert body is not None
         body[fields[0]] = value
     state[FITTED_STATE] = value
     return True

@@ -24,6 +24,7 @@ from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter,
+    AdapterConfig,
     BadRequest,
     answered_object,
     as_dict,
@@ -67,7 +68,7 @@ def _kind(route: str) -> str | None:
         return RESPONSES
     if route.endswith("/completions"):
         return COMPLETIONS
-    if route.endswith("/embeddings"):
+    if route.endswith("/embeddings") and not route.endswith("/api/embeddings"):  # that one is Ollama's
         return EMBEDDINGS
     return None
 
@@ -121,6 +122,12 @@ class OpenAIAdapter(Adapter):
     name = "openai"
     provider = "openai"
 
+    def __init__(self, config: AdapterConfig | None = None) -> None:
+        super().__init__(config)
+        # Azure OpenAI deployment name -> the model it serves (the config file's `deployments`):
+        # a deployment is admitted and priced as that model (docs/reference/compat.md)
+        self.deployments: Mapping[str, str] = self.config.extra.get("deployments") or {}
+
     def claims(self, route: str) -> bool:
         return _kind(route) is not None
 
@@ -145,6 +152,9 @@ class OpenAIAdapter(Adapter):
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string")
         state: dict[str, Any] = {"kind": kind}
+        if self.deployments and model in self.deployments:  # an Azure deployment priced as its model
+            state["deployment"] = model
+            model = self.deployments[model]
         # each offered tool's names (withhold.py): read once here, a 400 for one without a name
         if body.get("tools") is not None:
             state["tools"] = withhold.read_tools(body["tools"], "tools", withhold.openai_names)
@@ -152,7 +162,10 @@ class OpenAIAdapter(Adapter):
             state["functions"] = withhold.read_tools(body["functions"], "functions", withhold.named_only)
         if kind == CHAT and body.get("web_search_options") is not None:  # provider-run search, no tools entry
             state["web_search"] = withhold.web_search_options(body["web_search_options"])
-        stream = body.get("stream") is True
+        stream = body.get("stream")
+        if stream is not None and type(stream) is not bool:  # vLLM's pydantic reads "true" as true
+            raise BadRequest(f"'stream' must be a boolean, got {repr(stream)[:40]}")
+        stream = stream is True
         expected_input = estimate_tokens(len(request.content), self.config.bytes_per_token)
         choices = 1
         if kind == CHAT:
@@ -236,7 +249,7 @@ class OpenAIAdapter(Adapter):
         if data is None:
             return Observation()
         kind = exchange.state["kind"]
-        model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
+        model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else exchange.model
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
         if "background" in exchange.state and isinstance(data.get("id"), str) and not finished(data.get("status")):
             state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
@@ -277,6 +290,10 @@ class OpenAIAdapter(Adapter):
     def error_response(
         self, status: int, message: str, governor: Mapping[str, Any] | None, exchange: Exchange | None = None
     ) -> Reply:
+        if exchange is not None and governor and governor.get("reason") == "unpriced_model" \
+                and "/openai/" in exchange.path.lower():
+            message += (f"; {exchange.model!r} is an Azure OpenAI deployment name: map it to the model it serves in "
+                        f"the config file's `deployments` ({exchange.model}: gpt-4o), or price the name itself")
         error: dict[str, Any] = {
             "message": message,
             "type": ERROR_TYPES.get(status, "governor_error"),
@@ -469,9 +486,10 @@ class ChatStreamWatcher(_Watcher):
             self._chunk(data, out)
 
     def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
-        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
+        # (Azure's first chunk, its prompt_filter_results, has an empty id and model: not taken)
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str) and data["id"]:
             self.chunk_id = data["id"]
-            self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
+            self.model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else self.model
             self.created = data.get("created") if isinstance(data.get("created"), int) else self.created
         if data.get("usage"):
             if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
@@ -521,9 +539,9 @@ class CompletionsStreamWatcher(ChatStreamWatcher):
         return _Watcher.feed(self, chunk)  # chat's single-event fast path reads deltas
 
     def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
-        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str):
+        if self.chunk_id == _NO_ID and isinstance(data.get("id"), str) and data["id"]:
             self.chunk_id = data["id"]
-            self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
+            self.model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else self.model
         if data.get("usage"):
             if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
                 self.reported = usage
@@ -570,7 +588,8 @@ class ResponsesStreamWatcher(_Watcher):
         elif kind in self.FINAL_EVENTS:
             self.completed = True
             response = as_dict(data.get("response"))
-            model = response.get("model") if isinstance(response.get("model"), str) else self.exchange.model
+            model = response.get("model") if isinstance(response.get("model"), str) and response["model"] \
+                else self.exchange.model
             if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
                 self.reported = usage
         self._progress(out)

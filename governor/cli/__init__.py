@@ -1,7 +1,7 @@
 """The `governor` command line, apart from the library it drives.
 
 Each command is a module of this package with `register(subparsers)` (`evidence`: keygen and
-verify; `passport`; `run`; `sessions` and locks; `approvals`; `demo`) over the library
+verify; `passport`; `run`; `sessions` and locks; `approvals`; `demo`; `exec`) over the library
 rooms it calls; this module only assembles them, lazily, so that an auditor's `governor
 verify` imports nothing but `governor.evidence` (and `governor.common`).
 
@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "governor.cli.sessions",  # sessions open|list|show|end, locks list|lift
     "governor.cli.approvals",  # approvals list|show|approve|reject
     "governor.cli.demo",  # demo
+    "governor.cli.exec",  # exec -- COMMAND (an agent that ignores proxy variables)
 )
 
 

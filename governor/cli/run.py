@@ -59,6 +59,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
                    "...) to what its budgets leave, and give a call naming none its reservation's (docs/fitting.md)"),
     "fit_floor": ("GOVERNOR_FIT_FLOOR", "the smallest output limit, in tokens per answer, a call is fitted to; "
                   "a call that fits only below it is refused as budget-exhausted (default 256)"),
+    "realtime_client_secrets": ("GOVERNOR_REALTIME_CLIENT_SECRETS", "refuse (default) or allow: minting an ephemeral "
+                                "OpenAI Realtime key (POST /v1/realtime/client_secrets, /sessions, ...), which lets a "
+                                "client talk to the provider directly, ungoverned (docs/realtime.md)"),
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
     "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
@@ -152,7 +155,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                             "peers", "delegation_depth"}
     known |= {"max_response_bytes", "max_decoded_ratio"}  # bounds of compressed bodies (docs/wire-protocols.md)
     known |= {"max_held_stream_bytes"}  # a stream's output kept back during an admission (docs/wire-protocols.md)
+    known |= {"audio_bytes_per_second"}  # transcriptions reserved by upload size (docs/reference/pricing.md)
     known |= set(WEBHOOK_FILE_SETTINGS)  # docs/notifications.md
+    known |= {"deployments"}  # Azure OpenAI deployment -> model it is priced as (docs/reference/compat.md)
     unknown = set(file) - known
     if unknown:
         raise UsageError(f"config {config_path}: unknown settings {', '.join(sorted(unknown))}")
@@ -260,9 +265,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             default_output_tokens=int(file.get("default_output_tokens", 4096)),
             inject_stream_usage=bool(file.get("inject_stream_usage", True)),
             **_fitting(value),
+            extra={"deployments": _deployments(file.get("deployments")), **_audio_floor(file)},
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"config {config_path}: {exc}") from None
+    if (secrets := value("realtime_client_secrets")) is not None:
+        if secrets not in ("refuse", "allow"):
+            raise UsageError(f"--realtime-client-secrets: expected refuse or allow, got {secrets!r}")
+        import dataclasses
+
+        settings.adapters = dataclasses.replace(
+            settings.adapters, extra={**settings.adapters.extra, "realtime_client_secrets": secrets})
     settings.webhooks = _webhooks(value, file, environ, config_path)
     from governor.control.auth import TokenConfigError, load_control_token, load_reviewer_tokens
 
@@ -272,6 +285,16 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     except TokenConfigError as exc:
         raise UsageError(str(exc)) from None
     return settings
+
+
+def _deployments(value: Any) -> dict[str, str]:
+    """The config file's `deployments`: Azure OpenAI deployment names to the models they serve."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                              for k, v in value.items()):
+        raise ValueError("deployments must map Azure deployment names to model names (non-empty strings)")
+    return dict(value)
 
 
 def _fitting(value: Any) -> dict[str, Any]:
@@ -287,6 +310,17 @@ def _fitting(value: Any) -> dict[str, Any]:
             raise UsageError(f"--fit-floor: expected a whole number of tokens >= 1, got {floor!r}")
         fields["fit_floor"] = int(floor)
     return fields
+
+
+def _audio_floor(file: dict) -> dict:
+    """`audio_bytes_per_second`: the most bytes a second of uploaded audio is assumed to take
+    (docs/reference/pricing.md); the media adapter reserves transcriptions by it."""
+    if "audio_bytes_per_second" not in file:
+        return {}
+    floor = file["audio_bytes_per_second"]
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < float("inf"):
+        raise ValueError("audio_bytes_per_second must be a positive number of bytes")
+    return {"audio_bytes_per_second": float(floor)}
 
 
 def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], config_path: Any) -> Any:
@@ -403,14 +437,17 @@ def _token_file(path: Path, what: str) -> str:
 
 
 def write_control_file(running: Any) -> None:
-    """<data-dir>/control.json: where this governor's control plane listens (for `governor sessions`)."""
+    """<data-dir>/control.json: where this governor's control plane listens (for `governor sessions`)
+    and its explicit proxy (for `governor exec`)."""
     import json
 
     if not running.control_url:
         return
     path = running.settings.data_dir / CONTROL_FILE
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"url": running.control_url, "pid": os.getpid()}) + "\n", encoding="utf-8")
+    # the explicit proxy too, for `governor exec` (not in reverse mode: no CONNECT there)
+    proxy = {"proxy": running.proxy_url} if running.settings.mode == "regular" else {}
+    tmp.write_text(json.dumps({"url": running.control_url, "pid": os.getpid(), **proxy}) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -458,6 +495,9 @@ def instructions(running: Any) -> str:
     lines += session_lines(settings, running)
     lines.append("Set in the agent's environment:")
     lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
+    if not settings.mode.startswith("reverse:"):
+        lines.append(f"An agent that ignores those (Node 20's fetch, the npm openai client): governor exec --data-dir {settings.data_dir} "
+                     "-- node agent.js")
     lines.append("Ctrl-C stops.")
     return "\n".join(lines)
 

@@ -97,11 +97,8 @@ def budget_check(
         held = reserved.get(m.key, 0.0) if reserved else 0.0
         current = counters.get(m.key, 0.0) - held
         amount = tokens if m.dimension == TOKENS else cost
-        if amount is None:  # unpriced model: unknown cost counts as unbounded
-            detail = {
-                "dimension": COST, "scope": m.scope, "reason": "unpriced_model", "model": model,
-                "observed": current, "limit": cap,
-            }
+        if amount is None:  # unpriced model (or modality): unknown cost counts as unbounded
+            detail = {"dimension": COST, "scope": m.scope, **_unpriced(run, model), "observed": current, "limit": cap}
             return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
         projected = current + amount
         # usage within its reservation was admitted already; only an overshoot is news
@@ -123,9 +120,18 @@ def budget_check(
             _warn(run, m, projected, warnings)
     if cost is None and run.limits.cost_governed:
         # cost is governed elsewhere (an oversight trigger, the anomaly cost range)
-        detail = {"dimension": COST, "scope": "per_session", "reason": "unpriced_model", "model": model}
+        detail = {"dimension": COST, "scope": "per_session", **_unpriced(run, model)}
         return run.fire(ON_BUDGET_EXHAUSTED, detail, enforce), warnings
     return None, warnings
+
+
+def _unpriced(run: Run, model: str) -> dict[str, Any]:
+    """Why a step has no cost: its model has no price (`unpriced_model`), or a unit it
+    consumes (an image size, audio seconds: ModelCall.units) has none (`unpriced_unit`)."""
+    unit = run.limits.pricing.unpriced_unit(model, getattr(run.step, "units", ()))
+    if unit is not None:
+        return {"reason": "unpriced_unit", "model": model, "unit": unit}
+    return {"reason": "unpriced_model", "model": model}
 
 
 def projected_session_cost(run: Run, cost: float | None, reserved: Mapping[Any, float] | None) -> float:

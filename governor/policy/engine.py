@@ -153,7 +153,8 @@ def _after_halt(limits: Limits, state: SessionState, step: Step, now: float) -> 
     kind = type(step)
     delivered = False
     if kind is UsageReport:
-        cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)  # type: ignore[union-attr]
+        cost = limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens,  # type: ignore[union-attr]
+                                    step.units)  # type: ignore[union-attr]
         delivered = limits.within_reservation(step, cost)  # type: ignore[arg-type]
         if step.final:  # type: ignore[union-attr]
             meters = limits.meters.get(step.persona, limits.meters[None])  # type: ignore[union-attr]

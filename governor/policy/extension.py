@@ -46,7 +46,7 @@ def extension(limits: Limits, step: UsageReport, reserved: tuple[CounterCharge, 
     meters = limits.meters.get(step.persona, limits.meters[None])
     output = step.output_tokens + extra_output
     tokens = step.input_tokens + output
-    cost = limits.pricing.cost(step.model, step.input_tokens, output, step.cached_input_tokens)
+    cost = limits.pricing.cost(step.model, step.input_tokens, output, step.cached_input_tokens, step.units)
     held: Mapping[CounterKey, CounterCharge] = {(c.scope, c.persona, c.dimension): c for c in reserved}
     out = []
     for m in meters:

@@ -145,7 +145,7 @@ def fit_output(limits: Limits, counters: Mapping[Any, float], meters: tuple[Mete
     requested = output // choices
     fitted = max(room, 0) // choices
     total = (fitted if fitted >= floor else min(requested, floor)) * choices  # Fit.limit, all answers
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, total)
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, total, 0, step.units)
     return Fit(requested, fitted, floor, choices, binding, counters.get(binding.key, 0.0),
                step.expected_input_tokens + total, cost)
 

@@ -186,7 +186,8 @@ class Limits:
         if not step.reserved:
             return False
         if cost is ...:  # not priced by the caller yet
-            cost = self.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+            cost = self.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens,
+                                     step.units)
         if cost is None:
             return False
         tokens = step.input_tokens + step.output_tokens

@@ -34,7 +34,7 @@ def decide_model_call(run: Run, step: ModelCall) -> Decision:
     if d is not None:
         return d
     tokens = step.expected_input_tokens + step.expected_output_tokens
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens, 0, step.units)
     meters = limits.meters.get(step.persona, limits.meters[None])
     # an output limit that does not fit is lowered to what does (or projected at the floor)
     fit = fitting.fit_output(limits, state.counters, meters, step, run.budget_open) \

@@ -10,6 +10,12 @@ So `gpt-4o-2024-08-06` is gpt-4o, `gpt-4o-mini-2024-07-18` is gpt-4o-mini (the
 longer family wins) and `claude-sonnet-4-20250514` is claude-sonnet-4, while
 `gpt-4.5` is not gpt-4.
 
+Besides tokens a family may price units (`units`: USD per unit): images of a size and
+quality (`image/1024x1024/standard`), seconds of audio (`audio_second`), characters spoken
+(`character`). A step's units (ModelCall.units, UsageReport.units) add count * price; a
+unit its family does not price makes the whole cost unknown (None), as an unpriced model
+does. A family priced only per unit needs no token prices (its tokens then cost nothing).
+
 A model that matches no family has no price. The table may declare a `default`
 price to cover such models; that is an explicit opt-in. Without it an unpriced
 model's cost is unknown, which the decision point treats as unbounded wherever
@@ -26,7 +32,7 @@ Loading the table is I/O and happens once, in `load_pricing`, never while decidi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,11 +56,22 @@ class ModelPrice:
     input: float
     output: float
     cached_input: float
+    units: Mapping[str, float] = field(default_factory=dict)  # USD per unit (images, audio seconds, ...)
 
     def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
         cached = min(max(cached_input_tokens, 0), max(input_tokens, 0))
         fresh = max(input_tokens, 0) - cached
         return (fresh * self.input + cached * self.cached_input + max(output_tokens, 0) * self.output) / PER
+
+    def units_cost(self, units: tuple[tuple[str, float], ...]) -> float | None:
+        """USD for these units, or None when one of them has no price here."""
+        total = 0.0
+        for unit, count in units:
+            price = self.units.get(unit)
+            if price is None:
+                return None
+            total += max(count, 0) * price
+        return total
 
 
 class PricingTable:
@@ -89,41 +106,76 @@ class PricingTable:
         price = self._families[family] if family is not None else self.default
         if price is not None and model.lower().endswith(BATCH_TIER) and not (family or "").endswith(BATCH_TIER):
             price = ModelPrice(price.family + BATCH_TIER, price.input * BATCH_DISCOUNT, price.output * BATCH_DISCOUNT,
-                               price.cached_input * BATCH_DISCOUNT)
+                               price.cached_input * BATCH_DISCOUNT, price.units)
         if len(self._memo) < 4096:
             self._memo[model] = price
         return price
 
-    def cost(self, model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float | None:
-        """USD for this usage, or None when the model has no price. No usage costs nothing,
-        priced or not (a free step: a read of a batch, a file upload)."""
-        if input_tokens <= 0 and output_tokens <= 0:
-            return 0.0
+    def cost(self, model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0,
+             units: tuple[tuple[str, float], ...] = ()) -> float | None:
+        """USD for this usage, or None when the model (or one of its units) has no price.
+        Nothing consumed costs nothing, priced or not (a free step: moderation, token counting)."""
+        price = self.price_for(model)
+        if price is None:
+            return None if input_tokens or output_tokens or units else 0.0
+        cost = price.cost(input_tokens, output_tokens, cached_input_tokens)
+        if units:
+            extra = price.units_cost(units)
+            return None if extra is None else cost + extra
+        return cost
+
+    def unpriced_unit(self, model: str, units: tuple[tuple[str, float], ...]) -> str | None:
+        """The first of `units` the model's price lacks (None: all priced, or the model has no
+        price at all): what the refusal of an unpriced modality names."""
         price = self.price_for(model)
         if price is None:
             return None
-        return price.cost(input_tokens, output_tokens, cached_input_tokens)
+        return next((unit for unit, _ in units if unit not in price.units), None)
 
 
 def _price(where: str, family: str, entry: Any) -> ModelPrice:
     if not isinstance(entry, Mapping):
         raise PricingError(f"{where}: expected a mapping with input, output (and cached_input), got {entry!r}")
-    unknown = set(entry) - {"input", "output", "cached_input"}
+    unknown = set(entry) - {"input", "output", "cached_input", "units"}
     if unknown:
-        raise PricingError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: input, output, cached_input")
+        raise PricingError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: input, output, cached_input, units")
+    units = _units(where, entry.get("units"))
     values = {}
     for key in ("input", "output", "cached_input"):
         if key not in entry:
             if key == "cached_input":
                 continue
+            if units:  # priced per unit only: its tokens (if any are reported) cost nothing
+                values[key] = 0.0
+                continue
             raise PricingError(f"{where}: missing {key!r} (USD per million tokens)")
         value = entry[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if not _amount(value):
             raise PricingError(f"{where}.{key}: must be a non-negative number, got {value!r}")
         values[key] = float(value)
     # no declared cache discount: cached tokens cost the full input price (never under-counts)
     values.setdefault("cached_input", values["input"])
-    return ModelPrice(family, **values)
+    return ModelPrice(family, units=units, **values)
+
+
+def _amount(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+def _units(where: str, entry: Any) -> dict[str, float]:
+    """A family's unit prices: {unit: USD per unit}, e.g. {"image/1024x1024/hd": 0.08}."""
+    if entry is None:
+        return {}
+    if not isinstance(entry, Mapping) or not entry:
+        raise PricingError(f"{where}.units: expected a non-empty mapping of unit -> USD per unit, got {entry!r}")
+    units = {}
+    for unit, value in entry.items():
+        if not isinstance(unit, str) or not unit.strip() or unit != unit.strip().lower():
+            raise PricingError(f"{where}.units: unit {unit!r} must be a lower-case name")
+        if not _amount(value):
+            raise PricingError(f"{where}.units.{unit}: must be a non-negative number (USD per unit), got {value!r}")
+        units[unit] = float(value)
+    return units
 
 
 def pricing_from_mapping(data: Any, source: str = "pricing") -> PricingTable:

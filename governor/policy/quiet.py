@@ -52,7 +52,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
                                      and (m.dimension, m.scope) not in warned):
                 return None
     tokens = step.expected_input_tokens + step.expected_output_tokens
-    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens)
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens, 0, step.units)
     meters = limits.meters[None]
     for m in meters:  # budget_check, with nothing reserved
         cap = m.cap
@@ -115,7 +115,7 @@ def quiet_settlement(limits: Limits, state: SessionState, step: UsageReport) -> 
 
 
 def report_cost(limits: Limits, step: UsageReport) -> float | None:
-    return limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens)
+    return limits.pricing.cost(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens, step.units)
 
 
 def settle_within_reservation(limits: Limits, step: UsageReport, cost: float | None) -> Decision | None:

@@ -14,7 +14,7 @@ from governor.policy.steps import Action, Decision
 # Keys of Decision.details that clients and the record's readers care about.
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
                 "tool", "peer", "rule", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause",
-                "model", "loop", "repeats_in_window", "window", "threshold", "call_used", "call_reserved", "final",
+                "model", "unit", "loop", "repeats_in_window", "window", "threshold", "call_used", "call_reserved", "final",
                 "fit_floor", "fit_room")
 
 

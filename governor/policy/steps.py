@@ -97,6 +97,10 @@ class ModelCall:
     # governor may lower this call's to when it does not fit its caps; None: never lowered.
     output_floor: int | None = None
     output_choices: int = 1  # answers generated (`n`): expected_output_tokens is per answer times this
+    # What the call consumes besides tokens, priced per unit by the pricing table (images of a
+    # size and quality, seconds of audio, characters spoken): ((unit, count), ...), e.g.
+    # (("image/1024x1024/standard", 2),). Units are cost only: token caps count tokens.
+    units: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,9 @@ class UsageReport:
     `ends_call` (final reports only, set by the runtime): the report is also the end of
     its model call, whose in-flight slot it frees, as StepDone("model") would after it;
     one step instead of two on every model call.
+
+    `units`: what the call consumed besides tokens (images, audio seconds, characters:
+    ModelCall.units), priced per unit; token caps count only the tokens.
     """
 
     model: str
@@ -126,12 +133,13 @@ class UsageReport:
     final: bool = True
     reserved: tuple[CounterCharge, ...] = ()
     ends_call: bool = False
+    units: tuple[tuple[str, float], ...] = ()  # what was consumed besides tokens (ModelCall.units)
 
     def with_reserved(self, reserved: tuple[CounterCharge, ...], ends_call: bool = False) -> "UsageReport":
         """This report with `reserved` (and `ends_call`) set (dataclasses.replace, without its
         field walk: the runtime does this once per model call)."""
         return UsageReport(self.model, self.input_tokens, self.output_tokens, self.cached_input_tokens,
-                           self.persona, self.final, reserved, ends_call and self.final)
+                           self.persona, self.final, reserved, ends_call and self.final, self.units)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 from mitmproxy import http
 
 from governor.adapters import sse, withhold
-from governor.adapters.base import UNREAD_ANSWER, observe_stream_whole
+from governor.adapters.base import UNREAD_ANSWER, UnreadableAnswer, observe_stream_whole
 from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE
 from governor.policy.reasons import governor_object
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
@@ -154,7 +154,7 @@ class Answers:
                 observation = observe_stream_whole(adapter, exchange, response.status_code, response.headers, body)
             if observation is None:
                 observation = adapter.observe_response(exchange, response.status_code, response.headers, body)
-        except (bodies.BodyError, sse.EventTooLarge) as exc:
+        except (bodies.BodyError, sse.EventTooLarge, UnreadableAnswer) as exc:
             await self._unreadable_response(flow, flight, getattr(exc, "message", str(exc)))
             return
         if observation.usage is not None and flight.usage_ticket is not None:

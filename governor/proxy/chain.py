@@ -11,6 +11,8 @@ one did to the flow, so each looks at the flow's state (and `flow.response`) fir
   Admission        request: adapter, passport, steps admitted (holds); the Flight put on
   UnknownTraffic   request: what no adapter claims, forwarded (counted) or refused
   Answers          responseheaders / response / error: the answer and the stream relay
+  RealtimeSockets  response (a governed 101) / websocket_message / websocket_end: a Realtime
+                   WebSocket governed event by event
   InFlight         request: tracked; response / error: the exchange ends; ticks, timeouts
 
 The `Chain` is added to the master as one addon whose sub-addons are these (mitmproxy's
@@ -38,6 +40,7 @@ from governor.proxy.held_steps import HeldSteps
 from governor.proxy.in_flight import InFlight
 from governor.proxy.origin_guard import OriginGuard
 from governor.proxy.policy import ProxyPolicy
+from governor.proxy.realtime_sockets import RealtimeSockets
 from governor.proxy.refusing import Refuser
 from governor.proxy.runtime_calls import RuntimeCalls, Tasks
 from governor.proxy.unknown import UnknownTraffic
@@ -98,6 +101,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
+        RealtimeSockets(policy, calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade
         InFlight(policy, calls, enforcer, exchanges, metrics=metrics),
     ]
     return Chain(addons, registry, held, recorded, unknown, policy)

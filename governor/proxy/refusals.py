@@ -33,6 +33,9 @@ ENCODING_UNSUPPORTED = "encoding_unsupported"
 BAD_REQUEST = "bad_request"
 HELD_OUTPUT_EXCEEDED = "held_output_exceeded"  # a stream's kept-back output outgrew max_held_stream_bytes
 EVENT_TOO_LARGE = "event_too_large"  # an upstream event (or a line without a boundary) outgrew sse.MAX_EVENT_BYTES
+UNREADABLE_ANSWER = "unreadable_answer"  # a stream event an adapter cannot read (adapters.base.UnreadableAnswer)
+UPSTREAM_EVENT_UNREADABLE = "upstream_event_unreadable"  # a Realtime upstream sent a message the governor cannot read
+UNGOVERNED_ENDPOINT = "ungoverned_endpoint"  # an endpoint its adapter refuses outright (Realtime keys, WebRTC calls)
 
 _BY_STATUS = {403: UNCLAIMED_MODEL_CALL, 405: METHOD_NOT_ALLOWED, 413: BODY_TOO_LARGE, 415: ENCODING_UNSUPPORTED}
 _TEXT = 300  # characters of agent- or upstream-controlled text kept in a detail

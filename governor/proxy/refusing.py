@@ -94,7 +94,8 @@ class Refuser:
                           status: int = 400) -> None:
         """A request its adapter cannot open (malformed, too large, a bad ADL-Persona): recorded
         in its session (governor.proxy.refusals), then answered in its protocol's format."""
-        reason = refusals.BODY_TOO_LARGE if status == 413 else refusals.BAD_REQUEST
+        reason = refusals.BODY_TOO_LARGE if status == 413 else refusals.UNGOVERNED_ENDPOINT if status == 403 \
+            else refusals.BAD_REQUEST
         await refusals.record(self.runtime, self.metrics, session, reason,
                               refusals.detail(reason, status, flow.request, message))
         gov = {"cause": None, "action": "deny", "reason": message, "session": session}

@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 from mitmproxy import http
 
-from governor.adapters import sse
-from governor.adapters.base import StreamWatcher
+from governor.adapters import ndjson, sse
+from governor.adapters.base import StreamWatcher, UnreadableAnswer
 from governor.policy.steps import Action, Decision, Step, UsageReport
 from governor.proxy import holds, refusals, transit
 from governor.proxy.enforcing import Enforcer
@@ -45,7 +45,15 @@ class StreamRelay:
         self.flow = flow
         self.flight = flight
         self.watcher = watcher
-        self.held = sse.EventFramer()  # the incomplete tail of the last event, forwarded once complete
+        # the incomplete tail of the last event, forwarded once whole: an SSE event ends at a blank
+        # line, an NDJSON one (Ollama) at each newline, a binary frame (Bedrock's event stream) at
+        # the length its prelude says (the watcher's own framer)
+        framer = watcher.framer()
+        line_framed = framer is None and watcher.line_framed
+        self.sse = framer is None and not line_framed  # SSE: a comment line fits between events
+        self.held: Any = framer if framer is not None else ndjson.LineFramer() if line_framed else sse.EventFramer()
+        # a chunk ending here is whole events (None: binary framing, every chunk is framed)
+        self.boundary: bytes | None = None if framer is not None else b"\n" if line_framed else b"\n\n"
         self.terminal: bytes | None = None
         self.ended = False
         self.final_events: list[Any] = []
@@ -75,6 +83,8 @@ class StreamRelay:
             events = self.watcher.feed(data)
         except sse.EventTooLarge as exc:
             return self._overflow(str(exc))
+        except UnreadableAnswer as exc:  # not JSON where the protocol sends JSON: cut, not relayed unread
+            return self._overflow(str(exc), refusals.UNREADABLE_ANSWER)
         except Exception:  # a watcher bug must not break the relay: log, keep counting nothing
             log.exception("governor: stream watcher failed on %s", self.flow.request.url)
             events = []
@@ -83,7 +93,8 @@ class StreamRelay:
             if self.terminal is not None:  # cut synchronously (eager tasks): not even this chunk
                 return []
         held = self.held
-        if not held.pending and not self.holds and not self.kept and data.endswith(b"\n\n"):
+        boundary = self.boundary
+        if not held.pending and not self.holds and not self.kept and boundary is not None and data.endswith(boundary):
             return [data]  # whole events, nothing kept back: the usual chunk, as it came
         out = held.feed(data)
         if held.pending > sse.MAX_EVENT_BYTES:  # e.g. comment lines without a blank line, forever
@@ -120,8 +131,8 @@ class StreamRelay:
         """Send an SSE comment line to the client while the stream is held for a reviewer.
         Whole events only were forwarded so far, so a comment line fits between them.
         False when it could not be sent (the stream over, or not in a state to take it)."""
-        if self.terminal is not None or self.ended:
-            return False
+        if self.terminal is not None or self.ended or not self.sse:
+            return False  # (NDJSON and binary framing have no comment line: a client would fail on one)
         self.pings += 1
         try:
             return await self.enforcer.ping(self.flow, data)

@@ -183,6 +183,9 @@ class Running:
             "SSL_CERT_FILE": ca,
             "REQUESTS_CA_BUNDLE": ca,
             "NODE_EXTRA_CA_CERTS": ca,
+            # Node honours the proxy variables only when asked (Node 24+, 22.21+); older Node
+            # ignores them: `governor exec` (docs/clients.md)
+            "NODE_USE_ENV_PROXY": "1",
         }
 
     async def stop(self) -> None:

@@ -13,7 +13,9 @@
     path no adapter claims, a stream whose held-back output outgrew its bound: cause
     on_request_refused, action fallback), in the record of the session it belongs to;
   * the tools the proxy withheld from a request or a tools/list answer (cause
-    on_tools_withheld, action fallback), likewise.
+    on_tools_withheld, action fallback), likewise;
+  * an ephemeral Realtime key the operator allowed to be minted (cause on_key_minted,
+    action continue: the step went ahead; what the key spends is not governed), likewise.
 
 The audit journal is a session journal like any other (`governor.evidence.Journal`),
 `<data-dir>/audit/audit-<digest>.jsonl`, one per admitted passport digest; after each
@@ -38,6 +40,8 @@ from governor.runtime.settings import RuntimeSettings
 from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
 
 log = logging.getLogger("governor.runtime")
+
+ON_KEY_MINTED = "on_key_minted"  # an ephemeral key minted through the governor (docs/realtime.md)
 
 
 def audit_paths(data_dir: Path, passport_digest: str) -> tuple[Path, Path, str]:
@@ -119,11 +123,17 @@ class AuditTrail:
         (governor/proxy/withheld.py), in `session`'s record; as `record_refusal`."""
         return await self._record_proxy_event(session, ON_TOOLS_WITHHELD, detail)
 
-    async def _record_proxy_event(self, session: str, cause: str, detail: dict[str, Any]) -> bool:
+    async def record_minted(self, session: str, detail: dict[str, Any]) -> bool:
+        """Journal an ephemeral key minted through the governor (governor/proxy/realtime_sockets.py):
+        action continue, the minting went ahead; as `record_refusal`."""
+        return await self._record_proxy_event(session, ON_KEY_MINTED, detail, "continue")
+
+    async def _record_proxy_event(self, session: str, cause: str, detail: dict[str, Any],
+                                  action: str = "fallback") -> bool:
         live = self.sessions.get(session) or await self.open_session(session)
         if live.ended or live.journal.ending is not None:
             return False
-        await asyncio.to_thread(live.journal.append, cause, "fallback", self.clock(), detail)
+        await asyncio.to_thread(live.journal.append, cause, action, self.clock(), detail)
         return True
 
     # --- the audit journal -------------------------------------------------------------

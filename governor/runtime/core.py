@@ -537,6 +537,9 @@ class Runtime:
     async def record_withheld(self, session: str, detail: dict[str, Any]) -> bool:
         return await self.audit.record_withheld(session, detail)
 
+    async def record_minted(self, session: str, detail: dict[str, Any]) -> bool:
+        return await self.audit.record_minted(session, detail)
+
     def audit_record(self, nonce: str | None = None) -> dict[str, Any] | None:
         return self.audit.audit_record(nonce)
 

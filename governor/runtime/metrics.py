@@ -265,7 +265,8 @@ class Metrics:
         self.proxy_refusals = Counter(
             "governor_proxy_refusals", "Requests (or streams) the proxy refused on its own before any step "
             "was decided: reason = unclaimed_model_call, method_not_allowed, body_too_large, "
-            "encoding_unsupported, bad_request, held_output_exceeded, event_too_large; recorded = whether "
+            "encoding_unsupported, bad_request, held_output_exceeded, event_too_large, unreadable_answer, "
+            "ungoverned_endpoint, upstream_event_unreadable; recorded = whether "
             "the refusal is in a session's record (false: it belongs to no session, or the record had ended)",
             ["reason", "recorded"], registry=r)
         self.sessions_opened = Counter(

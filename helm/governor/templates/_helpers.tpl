@@ -180,6 +180,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       value: {{ join "," .Values.interception.ports | quote }}
     - name: ALLOW_DNS
       value: {{ ternary "1" "0" .Values.interception.allowDNS | quote }}
+    - name: DNS_SERVERS
+      value: {{ join "," .Values.interception.dnsServers | quote }}
     - name: IPTABLES
       value: {{ .Values.interception.iptables | quote }}
     - name: IP6TABLES
