@@ -5,8 +5,7 @@ mock of the providers' APIs (tests/async_upstream.py): files uploaded for batche
 Anthropic message batches, background Responses, Assistants runs, fine-tuning jobs and
 vector-store file batches are charged (reserved up front, charged at once, the excess at the
 read), refused with a readable SDK error when they cannot fit, and each session's signed record
-verifies. The pricing table is the bundled one plus a training price for gpt-4o-mini and an
-embedding price (neither is bundled)."""
+verifies. The pricing table is the bundled one (it prices training and embeddings)."""
 
 from __future__ import annotations
 
@@ -27,11 +26,7 @@ from tests.upstreams import make_tls
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TRAINING_PRICE = 3.00  # USD per million training tokens: training:gpt-4o-mini (tests only)
-EXTRA_PRICES = f"""
-  training:gpt-4o-mini: {{input: {TRAINING_PRICE}, output: 0}}
-  text-embedding-3-large: {{input: 0.13, output: 0}}
-"""
+TRAINING_PRICE = 3.00  # USD per million training tokens: training:gpt-4o-mini, as the bundled table says
 
 PRELUDE = """
 import json, openai, anthropic
@@ -58,9 +53,7 @@ async def async_governor(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Any,
     tls = make_tls(tmp / "tls")
     mock = AsyncMock(tls)
     await mock.start()
-    pricing = tmp / "pricing.yaml"
-    bundled = (REPO / "policies" / "pricing.yaml").read_text()
-    pricing.write_text(bundled.replace("\nmodels:\n", "\nmodels:\n" + EXTRA_PRICES, 1))
+    pricing = REPO / "policies" / "pricing.yaml"  # the bundled table: training and embeddings priced
     try:
         running = await serve(Settings(listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
                                        upstream_ca=tls.ca_file, tick_interval=0, pricing=pricing,
@@ -330,7 +323,7 @@ record("file", lambda: client.files.create(file=("train.jsonl", examples), purpo
 record("job", lambda: client.fine_tuning.jobs.create(model="gpt-4o-mini-2024-07-18", training_file=out["file"],
     method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}).id)
 record("unseen", lambda: client.fine_tuning.jobs.create(model="gpt-4o-mini-2024-07-18", training_file="file-other"))
-record("unpriced", lambda: client.fine_tuning.jobs.create(model="gpt-4o-2024-08-06", training_file=out["file"],
+record("unpriced", lambda: client.fine_tuning.jobs.create(model="davinci-002", training_file=out["file"],
     method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}))
 out["size"] = len(examples)
 """
@@ -338,7 +331,7 @@ out["size"] = len(examples)
     assert out["job"].startswith("ftjob-"), out
     assert out["unseen"]["status"] == 403 and "not uploaded through this governor" in out["unseen"]["message"]
     unpriced = out["unpriced"]
-    assert unpriced["status"] == 429 and "model 'training:gpt-4o-2024-08-06' has no price" in unpriced["message"]
+    assert unpriced["status"] == 429 and "model 'training:davinci-002' has no price" in unpriced["message"]
     assert len(mock.posted("/fine_tuning/jobs")) == 1
     tokens = estimate_tokens(out["size"], 4.0) * 2
     figures = await used(running, "fine-tune")
