@@ -72,6 +72,13 @@ def test_probes_and_scrape_path_are_routes_the_control_plane_serves():
     assert {"/healthz", "/readyz", "/metrics"} <= served
 
 
+def test_the_control_service_reaches_a_pod_that_is_not_ready(rendered):
+    # /readyz fails while the store's loss waits for its acknowledgement, which comes through this Service
+    for name in MATRIX:
+        services = [d for d in rendered[name] if d["kind"] == "Service"]
+        assert services and all(s["spec"]["publishNotReadyAddresses"] is True for s in services), name
+
+
 def test_token_variables_are_the_ones_the_control_plane_reads():
     text = _template_text()
     assert f"name: {REVIEWER_TOKENS_ENV}\n" in text and f"name: {CONTROL_TOKEN_ENV}\n" in text

@@ -54,9 +54,11 @@ def test_repository_table_covers_the_current_families():
     assert PRICING.default is None  # unpriced models are refused unless a default is opted into
     for family, price in PRICING.families.items():
         # generating models price their output; embeddings have none, moderation is free,
-        # and DALL-E, tts-1 and whisper-1 are priced per unit (image, character, audio second)
+        # and DALL-E, tts-1 and whisper-1 are priced per unit (image, character, audio second);
+        # fine-tuning is priced per training token (its input)
         assert 0 <= price.cached_input <= price.input
-        assert price.output > 0 or "embedding" in family or "moderation" in family or price.units, family
+        assert (price.output > 0 or "embedding" in family or "moderation" in family or price.units
+                or (family.startswith("training:") and price.input > 0)), family
 
 
 def test_cost_arithmetic():

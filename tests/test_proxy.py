@@ -191,14 +191,14 @@ async def test_a_tool_call_the_model_asks_for_can_be_refused(env):
 
 async def test_unknown_traffic_is_refused_by_default_or_forwarded_when_the_operator_opts_out(env):
     running, mock, runtime = env
-    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
+    status, _, body = await exchange(running, mock, "/v1/widgets", b'{"name": "x"}', {"ADL-Session": "u"})
     error = orjson.loads(body)["error"]
     assert status == 403 and "unknown traffic" in error["governor"]["reason"]
     assert "--allow" in error["message"] and "--unknown-traffic forward" in error["message"]  # what allows it
     assert error["governor"]["refusal"] == "unknown_traffic" and mock.requests == []
     running.chain.policy = dataclasses.replace(running.chain.policy, unknown_traffic="forward")
-    status, _, body = await exchange(running, mock, "/v1/vector_stores", b'{"name": "x"}', {"ADL-Session": "u"})
-    assert status == 200 and orjson.loads(body)["path"] == "/v1/vector_stores"
+    status, _, body = await exchange(running, mock, "/v1/widgets", b'{"name": "x"}', {"ADL-Session": "u"})
+    assert status == 200 and orjson.loads(body)["path"] == "/v1/widgets"
     assert runtime.steps == []
     assert running.chain.unknown_seen["127.0.0.1"] >= 1
     assert len(mock.requests) == 1

@@ -249,10 +249,10 @@ async def test_free_endpoints_are_governed_steps_and_other_bodies_forwarded(env)
     running.chain.registry.allow = [AllowEntry.parse("127.0.0.1")]
     for path, body in (("/v1/messages/count_tokens", orjson.dumps({"model": "claude-test", "messages": []})),
                        ("/v1/moderations", orjson.dumps({"model": "omni-moderation-latest", "input": "x"})),
-                       ("/v1/vector_stores", orjson.dumps({"name": "docs", "description": "model input"}))):
+                       ("/v1/widgets", orjson.dumps({"name": "docs", "description": "model input"}))):
         status, _, _ = await send(running, mock, "POST", path, body, {"ADL-Session": "free"})
         assert status == 200, path
-    assert [r.path for r in mock.requests] == ["/v1/messages/count_tokens", "/v1/moderations", "/v1/vector_stores"]
+    assert [r.path for r in mock.requests] == ["/v1/messages/count_tokens", "/v1/moderations", "/v1/widgets"]
     calls = runtime.steps_of("free", ModelCall)
     assert [(c.model, c.expected_input_tokens, c.expected_output_tokens) for c in calls] == [
         ("claude-test", 0, 0), ("omni-moderation-latest", 0, 0)]
@@ -403,10 +403,9 @@ async def test_a_stream_the_upstream_compresses_anyway_is_read_whole_and_charged
 
 async def test_an_upload_that_mentions_model_calls_is_not_one(env):
     """A multipart upload of a JSONL file of chat bodies (a batch input file) is a file, not a
-    model call: forwarded when the allow-list names the path. The same lines sent raw are a
-    model call, refused there too."""
+    model call: forwarded as a free step (governor.adapters.openai_async). The same lines sent
+    raw are a model call."""
     running, mock, runtime = env
-    running.chain.registry.allow = [AllowEntry.parse("127.0.0.1")]
     line = orjson.dumps({"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}})
     jsonl = line + b"\n" + line + b"\n"

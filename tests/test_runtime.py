@@ -24,7 +24,7 @@ from governor.policy import (
 )
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR, ON_OVERSIGHT_TIMEOUT, ON_SESSION_INTEGRITY
 from governor.runtime.core import Runtime
-from governor.store import Reservation, SQLiteStore, StoreUnavailable
+from governor.store import Reservation, SQLiteStore, StoreIntegrityError, StoreUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = 1_796_000_000.0  # 2026-11-30: inside the example passport's validity, after its issued_at
@@ -185,11 +185,29 @@ async def test_store_down_fails_closed_and_is_recorded(runtime):
     with pytest.raises(StoreUnavailable):
         runtime.store.snapshot("a", "s", NOW, ())
     admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10, expected_output_tokens=10))
-    assert admission.decision.halts and admission.decision.fail_closed
+    # refused as retryable, not halted: the session goes on once the store answers (issue #30)
+    assert admission.decision.blocks and admission.decision.fail_closed and not admission.decision.halts
     assert admission.governor_object["cause"] == ON_GOVERNOR_ERROR
+    assert admission.governor_object["retryable"] is True and admission.governor_object["retry_after"] == 1
     assert metric(runtime, "governor_store_errors_total") >= 1
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
-    assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "halt"
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "continue"
+    assert events[-1]["detail"]["refused_step"] == "not_executed"
+    assert not runtime._sessions["s"].state.halted
+
+
+async def test_a_store_that_lost_its_data_halts_the_session(runtime, monkeypatch):
+    await model_step(runtime, "s", 10, 10)
+
+    def lost(*args, **kwargs):
+        raise StoreIntegrityError("the fence is gone")
+
+    monkeypatch.setattr(runtime.store, "snapshot", lost)
+    admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                   expected_output_tokens=10))
+    assert admission.decision.halts and admission.decision.fail_closed
+    assert "retryable" not in admission.governor_object
+    assert runtime._sessions["s"].state.halted
 
 
 async def test_passport_swap_is_a_session_integrity_fault(runtime, pinned):
@@ -491,7 +509,7 @@ async def test_a_store_down_at_admission_is_decided_in_full_and_fails_closed(run
     monkeypatch.setattr(runtime.store, "snapshot", down)
     admission = await runtime.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
                                                    expected_output_tokens=10))
-    assert admission.decision.halts and admission.decision.fail_closed
+    assert admission.decision.blocks and admission.decision.fail_closed and not admission.decision.halts
     assert admission.decision.cause == ON_GOVERNOR_ERROR and admission.ticket is None
     assert runtime._sessions["s"].state.in_flight == 0
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
@@ -545,7 +563,8 @@ async def test_a_commit_that_fails_at_once_is_decided_in_full_and_fails_closed(r
     monkeypatch.setattr(runtime.store, "commit", down)
     decision = await runtime.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=10,
                                                                       output_tokens=5))
-    assert decision.halts and decision.fail_closed and decision.cause == ON_GOVERNOR_ERROR
+    assert decision.blocks and decision.fail_closed and decision.cause == ON_GOVERNOR_ERROR
+    assert not decision.halts and admission.ticket.reservation is None  # left counting, never released
     assert runtime._sessions["s"].state.in_flight == 0
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
     assert events[-1]["cause"] == ON_GOVERNOR_ERROR

@@ -152,10 +152,10 @@ def test_an_emptied_redis_fails_closed_until_acknowledged(own_server: RedisServe
         assert a.integrity is None
         r = a.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 50, 10_000)], T0)
         assert r.ok  # budgets count from what the store holds now: the counters were lost
-        with pytest.raises(StoreIntegrityError):  # b has not been acknowledged: a new epoch is not its own
-            b.snapshot("agent", "s1", T0)
-        assert b.acknowledge()["acknowledged"] is True
-        assert b.epoch == a.epoch
+        # one acknowledgement anywhere clears it for every replica (issue #30): b adopts a's
+        assert b.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == {("per_session", None, "tokens"): 50}
+        assert b.integrity is None and b.epoch == a.epoch
+        assert b.acknowledge()["acknowledged"] is False
         assert b.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == {("per_session", None, "tokens"): 50}
 
 
@@ -178,3 +178,26 @@ def test_acknowledging_a_loss_not_noticed_yet_says_it_was_lost(own_server: Redis
         answer = store.acknowledge()  # before any operation noticed
         assert answer["acknowledged"] is True and "FLUSHALL" in answer["lost"]
         assert store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 100)], T0).ok
+
+
+def test_a_fence_written_by_a_new_store_is_not_an_acknowledgement(own_server: RedisServer):
+    """A governor that starts on the emptied Redis writes a fresh fence: that clears nobody
+    (it cannot tell a loss from a new Redis); only an acknowledgement does, and it also
+    clears a replica that had not noticed the loss yet."""
+    from governor.store import StoreIntegrityError
+
+    p = prefix()
+    with RedisStore(own_server.url, prefix=p) as a, RedisStore(own_server.url, prefix=p) as b:
+        redis.Redis.from_url(own_server.url).flushall()
+        with pytest.raises(StoreIntegrityError):
+            a.snapshot("agent", "s1", T0)
+        with RedisStore(own_server.url, prefix=p) as newcomer:
+            assert newcomer.epoch != a.epoch
+            with pytest.raises(StoreIntegrityError):  # another epoch, not an acknowledged one
+                a.snapshot("agent", "s1", T0)
+            assert newcomer.acknowledge() == {"acknowledged": False, "lost": None}  # it lost nothing
+            assert a.acknowledge()["acknowledged"] is True
+            for store in (a, b, newcomer):  # b had not noticed; the newcomer's fence was replaced
+                assert store.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == \
+                    {("per_session", None, "tokens"): 0}
+                assert store.epoch.startswith("ack-")

@@ -40,6 +40,8 @@ ADAPTER_MODULES = (
     "governor.adapters.tgi",  # after ollama: /api/generate is Ollama's, not TGI's /generate
     "governor.adapters.openai_media",
     "governor.adapters.free_calls",
+    "governor.adapters.openai_async",  # batches, files, runs, fine-tuning, vector stores, reads
+    "governor.adapters.anthropic_batches",
     "governor.adapters.gemini",
     "governor.adapters.bedrock",
     "governor.adapters.realtime",

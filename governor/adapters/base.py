@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import orjson
 
+from governor.adapters.deferred import DeferredWork
 from governor.adapters.shapes import LENIENT_PARSE_LIMIT, charset_conflict, json_encoding, json_text, route_forms
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
@@ -48,6 +49,9 @@ from governor.policy.steps import (
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
+# Exchange.state key an adapter sets when the answer carries nothing it reads (a file's
+# content, a batch's results): the proxy relays it as it comes instead of buffering it.
+UNREAD_ANSWER = "unread_answer"
 
 
 class BadRequest(Exception):
@@ -83,6 +87,10 @@ class AdapterConfig:
     fit_floor: int = 256
     # Free-form settings for other adapters (e.g. A2A peer resolution).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # What the adapters built from this config remember across exchanges (files uploaded for
+    # batches, submissions charged at once: governor.adapters.deferred). Not a knob: one per
+    # registry, shared by its adapters.
+    memory: DeferredWork = field(default_factory=DeferredWork, compare=False, repr=False)
 
 
 class RawHeaders(Mapping[str, str]):
@@ -361,7 +369,9 @@ class StreamWatcher(abc.ABC):
 
 
 class Adapter(abc.ABC):
-    """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange."""
+    """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange
+    (what must outlive an exchange, the asynchronous endpoints' files and charges, lives in
+    the registry's one `config.memory`: governor.adapters.deferred)."""
 
     name: ClassVar[str]  # registry key and mapping target: "openai", "anthropic", "mcp", "a2a"
     provider: ClassVar[str] = ""  # ModelCall.provider for LLM adapters

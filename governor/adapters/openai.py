@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.background import RESPONSE_USAGE, BackgroundStream
+from governor.adapters.deferred import finished
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
@@ -177,6 +179,8 @@ class OpenAIAdapter(Adapter):
             if body.get("input") is None and body.get("previous_response_id") is None:
                 raise BadRequest("'input' is required")
             expected_output = requested_limit(body, "max_output_tokens") or self.config.default_output_tokens
+            if body.get("background") is True:  # answered `queued`: charged at once (adapters/deferred.py)
+                state["background"] = True
         elif kind == COMPLETIONS:
             prompt = body.get("prompt")
             if not isinstance(prompt, (str, list)):
@@ -247,6 +251,10 @@ class OpenAIAdapter(Adapter):
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else exchange.model
         usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
+        if "background" in exchange.state and isinstance(data.get("id"), str) and not finished(data.get("status")):
+            state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
+            usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
+                                                 state["expected_output"], RESPONSE_USAGE, exchange.persona)
         steps: list[Step] = []
         if kind == CHAT:
             for choice in as_list(data.get("choices")):
@@ -273,7 +281,10 @@ class OpenAIAdapter(Adapter):
         if kind == COMPLETIONS:
             return CompletionsStreamWatcher(exchange, self.config.bytes_per_token)
         if kind == RESPONSES:
-            return ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+            watcher = ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
+            if "background" in exchange.state:  # work that goes on upstream if the stream ends early
+                return BackgroundStream(watcher, exchange, self.config.memory)
+            return watcher
         return None  # embeddings are never streamed: a stream is buffered and read whole
 
     def error_response(

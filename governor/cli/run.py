@@ -68,7 +68,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                                 "OpenAI Realtime key (POST /v1/realtime/client_secrets, /sessions, ...), which lets a "
                                 "client talk to the provider directly, ungoverned (docs/realtime.md)"),
     "persona_idle": ("GOVERNOR_PERSONA_IDLE", "end a persona instance idle this many seconds (default 60)"),
-    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB or memory:"),
+    "store": ("GOVERNOR_STORE", "state store: a path or sqlite://PATH (SQLite, counters written behind; ?shared=true: several processes share the file), redis://HOST:PORT/DB, redis+sentinel://HOST:PORT[,...]/SERVICE[/DB], redis+cluster://HOST:PORT[,...] (?timeout=, ?wait=N replicas: docs/reference/stores.md) or memory:"),
     "reviewer_tokens": ("GOVERNOR_REVIEWER_TOKENS_FILE", "file of reviewer tokens (one a line) for approvals"),
     "review_hold_seconds": ("GOVERNOR_REVIEW_HOLD_SECONDS", "hold a connection whose step awaits a reviewer at most "
                             "this long, less when the client's X-Stainless-Read-Timeout is shorter, then answer 429 "

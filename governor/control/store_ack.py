@@ -3,8 +3,9 @@
 A store that detects the loss of what it wrote (a Redis emptied by FLUSHALL, failed over to
 an empty replica, restarted without persistence) refuses every step until then: budgets
 would otherwise start again from zero unnoticed. Acknowledging adopts the store as it now
-stands (its counters were lost; they count from what it holds). Each governor replica is
-acknowledged on its own control plane.
+stands (its counters were lost; they count from what it holds). For Redis, one
+acknowledgement on any replica's control plane clears the loss for every replica on that
+Redis (it writes an acknowledged fence the others adopt).
 
 Always needs the control token (a reviewer token is not enough; without a control token
 configured the endpoint refuses), and a JSON object body (`{"reason": "..."}`, logged).

@@ -56,6 +56,7 @@ Where the pieces live (this module keeps the door and the dispatcher; split to s
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from governor.policy import degradation as _degradation
@@ -85,6 +86,7 @@ __all__ = [
     "advance",
     "decide",
     "governor_error",
+    "store_unreachable",
     "quiet_model_call",
     "quiet_settlement",
     "settlement",
@@ -202,6 +204,31 @@ def governor_error(limits: Limits, state: SessionState, step: Any, exc: BaseExce
 
 
 _governor_error = governor_error  # the name governor.runtime imported first
+
+
+def store_unreachable(limits: Limits, state: SessionState, step: Any, error: str, retry_after: float) -> Decision:
+    """The state store could not be reached (or answered too late): transient, not a loss.
+    Under the default fail-closed resolution of on_governor_error the step is refused as
+    retryable (deny, not halt: the session goes on once the store answers again), its
+    event recorded; a Tick refused so is not recorded (the next one tries again). A declared
+    non-halting resolution (continue, fallback) and observe-only tiers resolve as any
+    governor error does."""
+    resolution = limits.degradation.get(ON_GOVERNOR_ERROR, _degradation.FAIL_CLOSED)
+    if not limits.enforce_hard or resolution.action not in (Action.HALT, Action.PAUSE):
+        return governor_error(limits, state, step, ConnectionError(error))
+    seconds = max(1, math.ceil(retry_after))
+    detail: dict[str, Any] = {
+        "step": STEP_KINDS.get(type(step), type(step).__name__),
+        "error": f"StoreUnavailable: {error}"[:500],
+        "fail_closed": True,
+        "retryable": True,
+        "retry_after": seconds,
+        "reason": "the state store is unreachable: the step is refused, retry after a short wait",
+        "refused_step": "not_executed",
+    }
+    # recorded as §6's continue (the record has no "deny"): the session goes on, the step does not
+    event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail)
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_ERROR, fail_closed=True, details=detail, event=event)
 
 
 def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decision:

@@ -21,6 +21,11 @@ price to cover such models; that is an explicit opt-in. Without it an unpriced
 model's cost is unknown, which the decision point treats as unbounded wherever
 cost is governed (see governor.policy.engine).
 
+Batch work (the OpenAI Batch API, Anthropic Message Batches) is priced as `<model>@batch`:
+at the family's price times BATCH_DISCOUNT (both providers bill batches at half price),
+unless the table names that exact batch family (`gpt-4o-mini@batch: {...}`), which wins as
+the longer match.
+
 Loading the table is I/O and happens once, in `load_pricing`, never while deciding.
 """
 
@@ -35,6 +40,8 @@ import yaml
 
 _SEPARATORS = ("-", "@", ":")
 PER = 1_000_000.0
+BATCH_TIER = "@batch"  # the suffix of a batch's model name (governor.adapters.openai_async, anthropic_batches)
+BATCH_DISCOUNT = 0.5
 
 
 class PricingError(ValueError):
@@ -97,6 +104,9 @@ class PricingTable:
             pass
         family = self.family_of(model)
         price = self._families[family] if family is not None else self.default
+        if price is not None and model.lower().endswith(BATCH_TIER) and not (family or "").endswith(BATCH_TIER):
+            price = ModelPrice(price.family + BATCH_TIER, price.input * BATCH_DISCOUNT, price.output * BATCH_DISCOUNT,
+                               price.cached_input * BATCH_DISCOUNT, price.units)
         if len(self._memo) < 4096:
             self._memo[model] = price
         return price

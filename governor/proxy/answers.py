@@ -19,7 +19,7 @@ from typing import Any
 from mitmproxy import http
 
 from governor.adapters import sse, withhold
-from governor.adapters.base import UnreadableAnswer, observe_stream_whole
+from governor.adapters.base import UNREAD_ANSWER, UnreadableAnswer, observe_stream_whole
 from governor.adapters.fitting import FITTED_HEADER, FITTED_STATE
 from governor.policy.reasons import governor_object
 from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
@@ -82,7 +82,9 @@ class Answers:
             watcher = None
         if watcher is not None and has_content_encoding(response.headers.fields):
             watcher = None  # compressed although we asked for identity: buffered, read whole once decoded
-        if watcher is not None:
+        if watcher is None and UNREAD_ANSWER in exchange.state:
+            response.stream = True  # nothing in it the governor reads (a file's content): relayed as it comes
+        elif watcher is not None:
             flight.relay = StreamRelay(flow, flight, watcher, self.stream_events, self.enforcer,
                                        self.policy.max_held_stream_bytes)
             response.stream = flight.relay
@@ -142,6 +144,8 @@ class Answers:
             if ACTION_HEADER not in response.headers:  # the upstream answered before our refusal landed
                 decision, gov = flight.refusal
                 self.refuser.replace(flow, flight, adapter, decision, session, gov, exchange)
+            return
+        if response.stream is True:  # relayed unread (UNREAD_ANSWER): nothing to observe
             return
         try:
             body = decoded_body(response, bodies.Bounds(self.policy.max_response_bytes, self.policy.max_decoded_ratio))

@@ -46,8 +46,14 @@ class Refuser:
             return adapter.fallback_response(exchange, decision, gov)
         status = status_for(decision)
         if adapter is None:
-            return generic_error(status, describe(gov), gov)
-        return adapter.error_response(status, describe(gov), gov, exchange)
+            reply = generic_error(status, describe(gov), gov)
+        else:
+            reply = adapter.error_response(status, describe(gov), gov, exchange)
+        details = decision.details
+        retry_after = details.get("retry_after") if details.get("retryable") else None
+        if retry_after is not None:  # a transient refusal (the store unreachable): the client may retry
+            reply = Reply(reply.status, {**reply.headers, "Retry-After": str(retry_after)}, reply.body)
+        return reply
 
     def refuse(self, flow: http.HTTPFlow, adapter: Adapter | None, admission: Admission, session: str,
                 exchange: Exchange | None = None) -> None:
@@ -165,7 +171,8 @@ def plain_error(status: int, message: str) -> http.Response:
 def as_response(reply: Reply, action: str) -> http.Response:
     headers = {**reply.headers, ACTION_HEADER: action}
     if reply.status >= 400:
-        headers["x-should-retry"] = "false"  # SDKs would otherwise retry a refusal (429, 503)
+        # SDKs would otherwise retry a refusal (429, 503); a retryable one says when
+        headers["x-should-retry"] = "true" if "Retry-After" in reply.headers else "false"
     return http.Response.make(reply.status, reply.body, headers)
 
 
@@ -174,6 +181,6 @@ def as_raw(reply: Reply, action: str) -> bytes:
     head = [f"HTTP/1.1 {reply.status} {STATUS_TEXT.get(reply.status, 'Error')}"]
     headers = {**reply.headers, ACTION_HEADER: action, "content-length": str(len(reply.body))}
     if reply.status >= 400:
-        headers["x-should-retry"] = "false"
+        headers["x-should-retry"] = "true" if "Retry-After" in reply.headers else "false"
     head += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + reply.body

@@ -59,6 +59,7 @@ from governor.policy import (
     quiet_model_call,
     step_tools,
     quiet_settlement,
+    store_unreachable,
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
@@ -68,7 +69,7 @@ from governor.runtime.api import Admission, admission_for
 from governor.runtime.approvals import Approvals
 from governor.runtime.audit import AuditTrail
 from governor.runtime.records import Records
-from governor.runtime.refusals import ended_refusal, unrecorded_failure
+from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
@@ -369,10 +370,19 @@ class Runtime:
             else:  # a local store answers in microseconds: no thread hop on the per-request path
                 state, decision, reservation = self._decide(live, step, ticket, now)
         except Exception as exc:  # store down, internal error: fail closed and say why
-            log.exception("session %s: could not decide %s", live.id, type(step).__name__)
             if isinstance(exc, StoreError):
                 self.metrics.store_error()
-            decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
+            if transient(exc):  # refused as retryable: the session goes on once the store answers
+                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING,  # ticks retry each pass
+                        "session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
+                decision = store_unreachable(live.limits, live.state, step, str(exc), exc.retry_after)  # type: ignore[attr-defined]
+                if type(step) is UsageReport and ticket is not None:
+                    # not settled: what it reserved keeps counting (the store errs on counting),
+                    # never released as if unused
+                    ticket.reservation = None
+            else:
+                log.exception("session %s: could not decide %s", live.id, type(step).__name__)
+                decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
         try:
             for event in decision.events:

@@ -8,11 +8,13 @@ can refuse the same way without importing the Runtime class.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from governor.policy import Action, Decision, Step
 from governor.sessions.book import HOW_TO_OPEN
 from governor.policy.steps import ON_GOVERNOR_ERROR
+from governor.store import StoreIntegrityError, StoreUnavailable
 
 if TYPE_CHECKING:
     from governor.runtime.session import LiveSession
@@ -24,8 +26,20 @@ def ended_refusal(live: LiveSession) -> Decision:
                              "halt_cause": live.state.halt_cause})
 
 
+def transient(exc: BaseException) -> bool:
+    """A store that is unreachable or slow, not one that lost its data: the step is refused
+    as retryable and the session goes on (a loss fails closed until acknowledged)."""
+    return isinstance(exc, StoreUnavailable) and not isinstance(exc, StoreIntegrityError)
+
+
 def unrecorded_failure(step: Step, exc: BaseException) -> Decision:
-    """Fail closed when not even the journal can be trusted: refuse, say why."""
+    """Fail closed when not even the journal can be trusted: refuse, say why (as retryable
+    when the store is only unreachable: nothing was halted)."""
+    if transient(exc):
+        seconds = max(1, math.ceil(exc.retry_after))  # type: ignore[attr-defined]
+        return Decision(action=Action.DENY, cause=ON_GOVERNOR_ERROR, fail_closed=True,
+                        details={"reason": f"the state store is unreachable: {exc}"[:500], "retryable": True,
+                                 "retry_after": seconds, "step": type(step).__name__})
     return Decision(action=Action.HALT, cause=ON_GOVERNOR_ERROR, fail_closed=True,
                     details={"reason": f"governor could not decide or record this step: {type(exc).__name__}: {exc}"[:500],
                              "step": type(step).__name__})

@@ -11,6 +11,11 @@
                                    Both SQLite stores take ?synchronous=NORMAL (default) or FULL
                                    (fsync every commit).
   redis://host:port/db             RedisStore, for replicas sharing budgets (also rediss://)
+  redis+sentinel://h:p[,h:p]/SERVICE[/DB]
+                                   RedisStore on the primary Sentinel names, through failovers
+  redis+cluster://h:p[,h:p]        RedisStore on Redis Cluster (one hash slot per store prefix)
+                                   Redis options (timeout, retry_after, wait, ...):
+                                   governor.store.redis_client
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def open_store(location: str | os.PathLike[str], *, window: RollingWindow = DAY)
     location = os.fspath(location)
     if location == "memory:":
         return MemoryStore(window=window)
-    if location.startswith(("redis://", "rediss://")):
+    if location.startswith(("redis://", "rediss://", "redis+", "rediss+")):
         try:
             from governor.store.redis import RedisStore
         except ModuleNotFoundError as exc:  # the client is an optional dependency
@@ -76,7 +81,7 @@ def open_store(location: str | os.PathLike[str], *, window: RollingWindow = DAY)
         flush = _seconds(location, options["flush"]) if "flush" in options else FLUSH_INTERVAL
         return WriteBehindStore(path, window=window, synchronous=synchronous, flush_interval=flush)
     if "://" in location:
-        raise ValueError(f"{location}: unknown store scheme (expected memory:, sqlite://, redis:// or a path)")
+        raise ValueError(f"{location}: unknown store scheme (expected memory:, sqlite://, redis://, redis+sentinel://, redis+cluster:// or a path)")
     return WriteBehindStore(location, window=window)
 
 

@@ -45,7 +45,13 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The backend failed or cannot be reached: the caller must fail closed."""
+    """The backend failed or cannot be reached: the caller must fail closed. Transient: the
+    step is refused as retryable (after `retry_after` seconds), the session goes on once the
+    backend answers again. (Its subclass StoreIntegrityError is not transient.)"""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StoreIntegrityError(StoreUnavailable):

@@ -18,8 +18,10 @@ Layout, under a key prefix (default "governor:"):
   fence                            the epoch written by the first store opened on this Redis
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
 so no two names collide.) Per-day keys expire two buckets past the window after
-their last write. The scripts derive key names from their arguments, so this
-runs on a single Redis primary (with replicas or Sentinel), not on Redis Cluster.
+their last write. The scripts derive key names from their arguments and name the fence
+as their one declared key (KEYS[1]): on Redis Cluster the prefix is a hash tag
+({governor}:), so every key the store writes lives in the fence's slot and each script
+runs atomically on the one node that owns it. URLs and options: governor.store.redis_client.
 
 Integrity: every counter script first checks that `fence` still holds the epoch this
 store adopted when it opened. A Redis that lost its data (FLUSHALL, a failover to an
@@ -31,24 +33,34 @@ plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redi
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
 fence reads as a loss.
 
+Failover (Sentinel, or any primary whose replication id changes): replication is
+asynchronous, so a promoted replica may miss the last reservations. Every new connection
+reads the primary's replication id (INFO replication); when it changed, the store fails
+closed as after a loss (StoreIntegrityError until acknowledged), unless reservations are
+acknowledged by replicas (`wait=N`: each reserve and extend is followed by WAIT on the
+same connection, and a step whose reservation fewer replicas acknowledged is refused as
+retryable) and the new primary is a replica of the old one (its second replication id is
+the old one): what this store admitted is then on it.
+
 No command is retried: a retried reserve or add could count twice. Any failure
-raises StoreUnavailable within the socket timeout. A reserve that timed out may
+raises StoreUnavailable (transient: the step is refused as retryable, the session goes
+on) within the socket timeout. A reserve that timed out may
 still have run on the server: its reservation is then orphaned and keeps
 counting until `settle_reservations` forgets it (the store errs on counting).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import threading
 import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import orjson
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import (
@@ -64,286 +76,31 @@ from governor.store.base import (
     counter_key,
     totals_by_key,
 )
-
-# ARGV[1] is always the key prefix, ARGV[2] the store's fence epoch (taken off ARGV here,
-# so each script reads its own arguments from ARGV[2] on). Numbers cross into Redis as
-# "%.17g" strings so that no precision is lost (Lua's own tostring keeps 14 digits).
-_FENCE_ERROR = "GOVERNOR_FENCE"
-_PRELUDE = r"""
-local P = ARGV[1]
-local E = table.remove(ARGV, 2)
--- the fence written when the store was opened: missing or another epoch, the data this
--- store wrote may be gone (FLUSHALL, an empty replica promoted): touch nothing
-local fence = redis.call('GET', P .. 'fence')
-if fence ~= E then return redis.error_reply('GOVERNOR_FENCE ' .. tostring(fence)) end
-local function fmt(x) return string.format('%.17g', x) end
-local function int(x) return string.format('%d', x) end
-local function day_key(agent, sub) return P .. 'd:' .. #agent .. ':' .. agent .. ':' .. sub end
-local function session_key(session) return P .. 'sc:' .. session end
-
--- the key's live total at first_live, evicting buckets that left the window
-local function day_total(key, first_live)
-  local h = redis.call('HMGET', key, 'lo', 'hi', 't')
-  if not h[1] then return 0 end
-  local lo, hi, t = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
-  if hi < first_live then
-    redis.call('DEL', key)
-    return 0
-  end
-  if lo < first_live then
-    for b = lo, first_live - 1 do
-      local v = redis.call('HGET', key, int(b))
-      if v then
-        t = t - tonumber(v)
-        redis.call('HDEL', key, int(b))
-      end
-    end
-    redis.call('HSET', key, 'lo', int(first_live), 't', fmt(t))
-  end
-  return t
-end
-
-local function day_add(key, b, amount, first_live, ttl)
-  if b < first_live then return end  -- dated before the window: no longer counts
-  day_total(key, first_live)
-  local fb = int(b)
-  local h = redis.call('HMGET', key, 'lo', 'hi', 't', fb)
-  if not h[1] then
-    redis.call('HSET', key, 'lo', fb, 'hi', fb, 't', fmt(amount), fb, fmt(amount))
-  else
-    redis.call('HSET', key, fb, fmt((tonumber(h[4]) or 0) + amount), 't', fmt(tonumber(h[3]) + amount))
-    if b < tonumber(h[1]) then redis.call('HSET', key, 'lo', fb) end
-    if b > tonumber(h[2]) then redis.call('HSET', key, 'hi', fb) end
-  end
-  redis.call('PEXPIRE', key, ttl)
-end
-
-local function day_take(key, b, amount)
-  local fb = int(b)
-  local h = redis.call('HMGET', key, fb, 't')
-  if h[1] then  -- absent: evicted, it no longer counts
-    redis.call('HSET', key, fb, fmt(tonumber(h[1]) - amount), 't', fmt(tonumber(h[2]) - amount))
-  end
-end
-
-local function session_add(skey, sub, amount)
-  local v = redis.call('HGET', skey, sub)
-  redis.call('HSET', skey, sub, fmt((tonumber(v) or 0) + amount))
-end
-
-local function session_take(skey, sub, amount)
-  local v = redis.call('HGET', skey, sub)
-  if v then redis.call('HSET', skey, sub, fmt(tonumber(v) - amount)) end
-end
-
-local function apply(agent, session, scope, sub, b, amount, first_live, ttl)
-  if scope == 's' then
-    session_add(session_key(session), sub, amount)
-  else
-    day_add(day_key(agent, sub), b, amount, first_live, ttl)
-    redis.call('SADD', P .. 'dk:' .. agent, sub)
-    redis.call('PEXPIRE', P .. 'dk:' .. agent, ttl)
-  end
-end
-
--- the charges ARGV lists from `at` ((scope, sub, amount) * n, then m, (index, limit) * m),
--- each counter's current value, and the first capped one the charges would overshoot:
--- scopes, subs, amounts, nil on success; else nil, {0, k, current} (reserve and extend)
-local function charges_within_caps(agent, session, first_live, at)
-  local n = tonumber(ARGV[at])
-  local scopes, subs, amounts, current = {}, {}, {}, {}
-  for i = 1, n do
-    local j = at + 3 * (i - 1)
-    scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
-    if scopes[i] == 's' then
-      current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
-    else
-      current[i] = day_total(day_key(agent, subs[i]), first_live)
-    end
-  end
-  local c = at + 1 + 3 * n
-  for k = 1, tonumber(ARGV[c]) do
-    local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
-    if current[i] + amounts[i] > limit then
-      return nil, {0, k, fmt(current[i])}
-    end
-  end
-  return {scopes, subs, amounts, n}
-end
-
--- take a reservation off its counters and forget it; false when not outstanding
-local function unhold(rid, take)
-  local rkey = P .. 'r:' .. rid
-  local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
-  if not h[1] then return false end
-  local agent, session, b, n = h[1], h[2], tonumber(h[3]), tonumber(h[4])
-  if take then
-    for i = 1, n do
-      local e = redis.call('HMGET', rkey, 'k' .. i, 'v' .. i)
-      local scope, sub, amount = string.sub(e[1], 1, 1), string.sub(e[1], 2), tonumber(e[2])
-      if scope == 's' then
-        session_take(session_key(session), sub, amount)
-      else
-        day_take(day_key(agent, sub), b, amount)
-      end
-    end
-  end
-  redis.call('DEL', rkey)
-  redis.call('SREM', P .. 'sr:' .. session, rid)
-  redis.call('ZREM', P .. 'rt', rid)
-  return {agent, session, b}
-end
-"""
-
-# ARGV: P, agent, session, rid, bucket, first_live, ttl_ms, created,
-#       n, (scope, sub, amount) * n, m, (counter index, limit) * m
-_RESERVE = r"""
-local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
-local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local ok, refused = charges_within_caps(agent, session, first_live, 9)
-if not ok then return refused end
-local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
-local rkey = P .. 'r:' .. rid
-redis.call('HSET', rkey, 'a', agent, 's', session, 'b', int(b), 'c', created, 'n', n)
-for i = 1, n do
-  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
-  redis.call('HSET', rkey, 'k' .. i, scopes[i] .. subs[i], 'v' .. i, fmt(amounts[i]))
-end
-redis.call('SADD', P .. 'sr:' .. session, rid)
-redis.call('ZADD', P .. 'rt', created, rid)
-return {1}
-"""
-
-# ARGV: P, rid, first_live, ttl_ms, mode ("held" | "actual"), n, (scope, sub, amount) * n
-_COMMIT = r"""
-local first_live, ttl, actual = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == 'actual'
-local held = unhold(ARGV[2], actual)
-if not held then return 0 end
-if actual then
-  local agent, session, b = held[1], held[2], held[3]
-  for i = 1, tonumber(ARGV[6]) do
-    local j = 6 + 3 * (i - 1)
-    apply(agent, session, ARGV[j + 1], ARGV[j + 2], b, tonumber(ARGV[j + 3]), first_live, ttl)
-  end
-end
-return 1
-"""
-
-# ARGV: P, rid, first_live, ttl_ms, n, (scope, sub, amount) * n, m, (counter index, limit) * m
-# returns {1} extended, {0, k, value} refused by capped charge k, {-1} not outstanding
-_EXTEND = r"""
-local rid, first_live, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local rkey = P .. 'r:' .. rid
-local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
-if not h[1] then return {-1} end
-local agent, session, b, held = h[1], h[2], tonumber(h[3]), tonumber(h[4])
-local ok, refused = charges_within_caps(agent, session, first_live, 5)
-if not ok then return refused end
-local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
-local index = {}
-for e = 1, held do index[redis.call('HGET', rkey, 'k' .. e)] = e end
-for i = 1, n do
-  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
-  local name = scopes[i] .. subs[i]
-  local e = index[name]
-  if e then
-    redis.call('HSET', rkey, 'v' .. e, fmt(tonumber(redis.call('HGET', rkey, 'v' .. e)) + amounts[i]))
-  else
-    held = held + 1
-    index[name] = held
-    redis.call('HSET', rkey, 'k' .. held, name, 'v' .. held, fmt(amounts[i]), 'n', held)
-  end
-end
-return {1}
-"""
-
-# ARGV: P, rid
-_RELEASE = r"""
-if unhold(ARGV[2], true) then return 1 end
-return 0
-"""
-
-# ARGV: P, agent, session, bucket, first_live, ttl_ms, n, (scope, sub, amount) * n
-_ADD = r"""
-local agent, session = ARGV[2], ARGV[3]
-local b, first_live, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-for i = 1, tonumber(ARGV[7]) do
-  local j = 7 + 3 * (i - 1)
-  apply(agent, session, ARGV[j + 1], ARGV[j + 2], b, tonumber(ARGV[j + 3]), first_live, ttl)
-end
-return 1
-"""
-
-# ARGV: P, agent, session, first_live, n (-1: every counter in use), (scope, sub) * n
-# returns a flat list (scope, sub, value) * k
-_SNAPSHOT = r"""
-local agent, session, first_live, n = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local out = {}
-local function day_value(sub) return fmt(day_total(day_key(agent, sub), first_live)) end
-if n >= 0 then
-  for i = 1, n do
-    local scope, sub = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-    local v
-    if scope == 's' then
-      v = redis.call('HGET', session_key(session), sub) or '0'
-    else
-      v = day_value(sub)
-    end
-    table.insert(out, scope); table.insert(out, sub); table.insert(out, v)
-  end
-  return out
-end
-local s = redis.call('HGETALL', session_key(session))
-for i = 1, #s, 2 do
-  table.insert(out, 's'); table.insert(out, s[i]); table.insert(out, s[i + 1])
-end
-local dk = P .. 'dk:' .. agent
-for _, sub in ipairs(redis.call('SMEMBERS', dk)) do
-  local v = day_value(sub)
-  if redis.call('EXISTS', day_key(agent, sub)) == 1 then
-    table.insert(out, 'd'); table.insert(out, sub); table.insert(out, v)
-  else
-    redis.call('SREM', dk, sub)
-  end
-end
-return out
-"""
-
-# ARGV: P, before
-_SETTLE = r"""
-local ids = redis.call('ZRANGEBYSCORE', P .. 'rt', '-inf', '(' .. ARGV[2])
-for _, rid in ipairs(ids) do unhold(rid, false) end
-return #ids
-"""
-
-# ARGV: P, candidate epoch: the fence as it stands, written with the candidate when missing
-_OPEN_FENCE = r"""
-local key = ARGV[1] .. 'fence'
-local epoch = redis.call('GET', key)
-if not epoch then
-  redis.call('SET', key, ARGV[2])
-  epoch = ARGV[2]
-end
-return epoch
-"""
-
-# ARGV: P, session
-_DELETE_SESSION = r"""
-local session = ARGV[2]
-for _, rid in ipairs(redis.call('SMEMBERS', P .. 'sr:' .. session)) do unhold(rid, false) end
-redis.call('DEL', P .. 'sr:' .. session, P .. 'sc:' .. session)
-redis.call('SREM', P .. 'sessions', session)
-return redis.call('DEL', P .. 'st:' .. session)
-"""
+from governor.store.redis_client import make_client, parse_options
+from governor.store.redis_scripts import (
+    ADD,
+    COMMIT,
+    DELETE_SESSION,
+    EXTEND,
+    FENCE_ERROR,
+    OPEN_FENCE,
+    PRELUDE,
+    RELEASE,
+    RESERVE,
+    SETTLE,
+    SNAPSHOT,
+)
 
 log = logging.getLogger("governor.store")
+
+ACKNOWLEDGED = "ack-"  # how a fence an operator's acknowledgement wrote begins
 
 _SCOPE_CODE = {"per_session": "s", "per_day": "d"}
 _SCOPE_NAME = {"s": "per_session", "d": "per_day"}
 
 
 class RedisStore:
-    """A store in the Redis at `url` (redis:// or rediss://); thread-safe (a connection pool)."""
+    """A store in the Redis at `url` (redis_client's URLs); thread-safe (a connection pool)."""
 
     remote = True
 
@@ -352,64 +109,175 @@ class RedisStore:
         url: str,
         *,
         window: RollingWindow = DAY,
-        prefix: str = "governor:",
-        timeout: float = 2.0,
+        prefix: str | None = None,
+        timeout: float | None = None,
     ) -> None:
+        rest, options, extra = parse_options(url)
+        if timeout is not None:
+            options = dataclasses.replace(options, timeout=timeout)
+        self.options = options
         self.window = window
-        self.prefix = prefix
+        self.prefix = prefix if prefix is not None else options.prefix
+        self._keys = [f"{self.prefix}fence"]  # each script's one declared key: its slot on Cluster
         self._closed = False
         self._ttl_ms = math.ceil((window.length + 2 * window.bucket) * 1000)
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
+        self._primary: str | None = None  # the replication id of the primary this store writes to
+        self._primary_lock = threading.Lock()
+        on_connect = None if options.kind == "cluster" else self._on_connect
+        self._client = make_client(rest, options, extra, on_connect)
         register = self._client.register_script
-        self._reserve = register(_PRELUDE + _RESERVE)
-        self._commit = register(_PRELUDE + _COMMIT)
-        self._release = register(_PRELUDE + _RELEASE)
-        self._extend = register(_PRELUDE + _EXTEND)
-        self._open_fence = register(_OPEN_FENCE)
-        self._add = register(_PRELUDE + _ADD)
-        self._snapshot = register(_PRELUDE + _SNAPSHOT)
-        self._settle = register(_PRELUDE + _SETTLE)
-        self._delete_session = register(_PRELUDE + _DELETE_SESSION)
+        self._reserve = register(PRELUDE + RESERVE)
+        self._commit = register(PRELUDE + COMMIT)
+        self._release = register(PRELUDE + RELEASE)
+        self._extend = register(PRELUDE + EXTEND)
+        self._open_fence = register(OPEN_FENCE)
+        self._add = register(PRELUDE + ADD)
+        self._snapshot = register(PRELUDE + SNAPSHOT)
+        self._settle = register(PRELUDE + SETTLE)
+        self._delete_session = register(PRELUDE + DELETE_SESSION)
         self._lost: str | None = None  # why the store fails closed after losing its data
+        self._fence_at_loss: str | None = None  # the fence as it stood when the loss was found
         self.epoch = ""
         with self._guard():
             self._client.ping()
-            self.epoch = self._open_fence(args=(self.prefix, uuid.uuid4().hex))
+            self.epoch = self._open_fence(keys=self._keys, args=(self.prefix, uuid.uuid4().hex))
+
+    def _unavailable(self, message: str) -> StoreUnavailable:
+        return StoreUnavailable(message, retry_after=self.options.retry_after)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """Turn any backend failure into StoreUnavailable, so the caller fails closed."""
         if self._closed:
-            raise StoreUnavailable("Redis store is closed")
-        if self._lost is not None:
+            raise self._unavailable("Redis store is closed")
+        if self._lost is not None and not self._acknowledged_elsewhere():
             raise StoreIntegrityError(self._lost)
         try:
             yield
         except redis.RedisError as exc:
-            raise StoreUnavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
+            if self._lost is not None:  # a connection found the primary changed
+                raise StoreIntegrityError(self._lost) from exc
+            raise self._unavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
+
+    def _on_connect(self, connection: Any) -> None:
+        """Each new connection: the usual handshake, then whether the primary is the one this
+        store wrote to (a failover or a restart gives it a new replication id)."""
+        connection.on_connect()
+        try:
+            connection.send_command("INFO", "replication")
+            info = connection.read_response()
+        except redis.ResponseError:  # INFO refused (a proxy in front of Redis): nothing to compare
+            return
+        fields = dict(line.split(":", 1) for line in str(info).splitlines() if ":" in line)
+        replid, previous = fields.get("master_replid"), fields.get("master_replid2")
+        if not replid:
+            return
+        with self._primary_lock:
+            known = self._primary
+            self._primary = replid
+            if known is None or known == replid:
+                return
+            if self.options.wait_replicas and previous == known:
+                log.warning("Redis store: a replica of the primary took over (replication id %s, was %s); "
+                            "reservations were acknowledged by %d replica(s)", replid, known,
+                            self.options.wait_replicas)
+                return
+            try:  # an acknowledgement anywhere clears the loss: it writes a new fence after this
+                connection.send_command("GET", self._keys[0])
+                self._fence_at_loss = connection.read_response()
+            except redis.RedisError:
+                self._fence_at_loss = None
+            self._lost = self._loss(
+                f"on a new primary (replication id {replid}, was {known}), and reservations were not "
+                "acknowledged by replicas (wait=0) or it is not a replica of the old one",
+                what="the primary changed and may have missed the last writes")
+        log.error("%s", self._lost)
+        raise redis.ConnectionError("Redis store: the primary changed; writes may have been lost")
 
     def _run(self, script: Any, *args: Any) -> Any:
-        with self._guard():
-            try:
-                return script(args=(self.prefix, self.epoch, *args))
-            except redis.ResponseError as exc:
-                if not str(exc).startswith(_FENCE_ERROR):
-                    raise
-                found = str(exc)[len(_FENCE_ERROR):].strip()
-                self._lost = self._loss("gone" if found == "false" else "another epoch")
-                log.error("%s", self._lost)
-                raise StoreIntegrityError(self._lost) from None
+        for attempt in (1, 2):
+            with self._guard():
+                try:
+                    return script(keys=self._keys, args=(self.prefix, self.epoch, *args))
+                except redis.ResponseError as exc:
+                    if not (self._fence_error(exc) and attempt == 1):
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
-    def _loss(self, fence: str) -> str:
-        return (f"Redis store: its data was lost (the fence {self.prefix}fence is {fence}: FLUSHALL, a failover "
-                "to an empty replica or a restart without persistence); budget counters cannot be trusted, every "
-                "step is refused until an operator acknowledges the loss (POST /v1/store/acknowledge)")
+    def _run_acknowledged(self, script: Any, *args: Any) -> tuple[Any, int | None]:
+        """`_run`, then WAIT for `wait` replicas on the same connection (one round trip): the
+        result and how many replicas acknowledged it (None: no wait configured)."""
+        if not self.options.wait_replicas:
+            return self._run(script, *args), None
+        for attempt in (1, 2):
+            with self._guard():
+                pipe = self._client.pipeline(transaction=False)
+                script(keys=self._keys, args=(self.prefix, self.epoch, *args), client=pipe)
+                pipe.execute_command("WAIT", self.options.wait_replicas, math.ceil(self.options.wait_timeout * 1000))
+                result, acked = pipe.execute(raise_on_error=False)
+                if isinstance(result, redis.ResponseError) and self._fence_error(result) and attempt == 1:
+                    continue
+                for answer in (result, acked):
+                    if isinstance(answer, Exception):
+                        raise answer
+                return result, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
+
+    def _fence_error(self, exc: Exception) -> bool:
+        """A script found the fence gone or replaced: fail closed from now on. True (the
+        script did nothing and may run again): the fence is one an operator's acknowledgement
+        wrote, after the loss that replaced this store's (acknowledged on another replica)."""
+        text = str(exc)
+        at = text.find(FENCE_ERROR)
+        if at < 0:
+            return False
+        found = text[at + len(FENCE_ERROR):].strip()
+        if found.startswith(ACKNOWLEDGED):
+            self._adopt(found)
+            return True
+        self._fence_at_loss = None if found == "false" else found
+        self._lost = self._loss("gone" if found == "false" else "another epoch")
+        log.error("%s", self._lost)
+        raise StoreIntegrityError(self._lost) from None
+
+    def _acknowledged_elsewhere(self) -> bool:
+        """While lost: whether an acknowledgement on any replica wrote a new fence since."""
+        try:
+            fence = self._client.get(self._keys[0])
+        except redis.RedisError:
+            return False
+        if fence and fence.startswith(ACKNOWLEDGED) and fence != self._fence_at_loss:
+            self._adopt(fence)
+            return True
+        return False
+
+    def _adopt(self, fence: str) -> None:
+        self.epoch, self._lost, self._fence_at_loss = fence, None, None
+        log.warning("Redis store: the loss of its data was acknowledged (fence %s); budgets count from what it "
+                    "holds now", fence)
+
+    def _short(self, acked: int | None, rid: str) -> None:
+        """A reservation fewer replicas acknowledged than `wait` asks: dropped (best effort)
+        and the step refused as retryable."""
+        if acked is None or acked >= self.options.wait_replicas:
+            return
+        try:
+            self._run(self._release, rid)
+        except StoreUnavailable:  # it keeps counting: the store errs on counting
+            log.warning("Redis store: could not drop unacknowledged reservation %s", rid)
+        raise self._unavailable(f"Redis store: the reservation was acknowledged by {acked} of "
+                                f"{self.options.wait_replicas} replica(s) within {self.options.wait_timeout:g}s")
+
+    def _noted(self, acked: int | None) -> None:
+        """Usage recorded after the step went ahead: a short acknowledgement cannot undo the
+        step; a failover losing it leaves the reservation counting (acknowledged before)."""
+        if acked is not None and acked < self.options.wait_replicas:
+            log.warning("Redis store: usage acknowledged by %d of %d replica(s)", acked, self.options.wait_replicas)
+
+    def _loss(self, fence: str, what: str = "its data was lost") -> str:
+        return (f"Redis store: {what} (the fence {self.prefix}fence is {fence}: FLUSHALL, a failover "
+                "to a replica that missed writes or a restart without persistence); budget counters cannot be "
+                "trusted, every step is refused until an operator acknowledges the loss (POST /v1/store/acknowledge)")
 
     @property
     def integrity(self) -> str | None:
@@ -417,22 +285,24 @@ class RedisStore:
         return self._lost
 
     def acknowledge(self) -> dict[str, Any]:
-        """An operator accepts that the counters were lost: adopt the fence as it now stands
-        (written afresh when missing) and serve again from what Redis holds. Each replica
-        acknowledges for itself (the first one writes the new fence, the others adopt it)."""
+        """An operator accepts that the counters were lost: write a new fence (an
+        acknowledged one, "ack-…") and serve again from what Redis holds. One acknowledgement
+        clears the loss for every store on this Redis: each adopts an acknowledged fence
+        written after it found the loss."""
         if self._closed:
-            raise StoreUnavailable("Redis store is closed")
+            raise self._unavailable("Redis store is closed")
         try:
             was = self._lost
-            if was is None and self._client.get(f"{self.prefix}fence") != self.epoch:
+            if was is None and self._client.get(self._keys[0]) != self.epoch:
                 was = self._loss("gone or another epoch")  # lost, not noticed yet: acknowledged all the same
-            epoch = self._open_fence(args=(self.prefix, uuid.uuid4().hex))
+            if was is None:
+                return {"acknowledged": False, "lost": None}
+            epoch = ACKNOWLEDGED + uuid.uuid4().hex
+            self._client.set(self._keys[0], epoch)
         except redis.RedisError as exc:
-            raise StoreUnavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
-        self.epoch, self._lost = epoch, None
-        if was is not None:
-            log.warning("Redis store: the loss of its data was acknowledged; budgets count from what it holds now")
-        return {"acknowledged": was is not None, "lost": was}
+            raise self._unavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
+        self._adopt(epoch)
+        return {"acknowledged": True, "lost": was}
 
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
@@ -447,8 +317,16 @@ class RedisStore:
         args.append(len(capped))
         for c in capped:
             args += (index[counter_key(c)], repr(cap_limit(c.cap)))
-        result = self._run(self._reserve, *args)
+        try:
+            result, acked = self._run_acknowledged(self._reserve, *args)
+        except StoreIntegrityError:
+            raise
+        except StoreUnavailable:
+            if self.options.wait_replicas:  # it may have run unacknowledged: drop it if it did
+                self._short(0, rid)
+            raise
         if int(result[0]) == 1:
+            self._short(acked, rid)
             return Reservation(id=rid, ok=True)
         return Reservation(id=None, ok=False, failed=capped[int(result[1]) - 1], observed=float(result[2]))
 
@@ -459,7 +337,9 @@ class RedisStore:
         else:
             args.append("actual")
             args += encode_totals(totals_by_key(actual))
-        if int(self._run(self._commit, *args)) != 1:
+        result, acked = self._run_acknowledged(self._commit, *args)
+        self._noted(acked)
+        if int(result) != 1:
             raise UnknownReservation(reservation_id)
 
     def release(self, reservation_id: str) -> bool:
@@ -474,17 +354,22 @@ class RedisStore:
         args.append(len(capped))
         for c in capped:
             args += (index[counter_key(c)], repr(cap_limit(c.cap)))
-        result = self._run(self._extend, *args)
+        result, acked = self._run_acknowledged(self._extend, *args)
         code = int(result[0])
         if code == -1:
             raise UnknownReservation(reservation_id)
         if code == 1:
+            if acked is not None and acked < self.options.wait_replicas:
+                # the grown part may be lost in a failover: refuse the step, keep what was held
+                raise self._unavailable(f"Redis store: the extension was acknowledged by {acked} of "
+                                        f"{self.options.wait_replicas} replica(s)")
             return Reservation(id=reservation_id, ok=True)
         return Reservation(id=None, ok=False, failed=capped[int(result[1]) - 1], observed=float(result[2]))
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]
-        self._run(self._add, *args, *encode_totals(totals_by_key(charges)))
+        _, acked = self._run_acknowledged(self._add, *args, *encode_totals(totals_by_key(charges)))
+        self._noted(acked)
 
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None

@@ -1,0 +1,144 @@
+"""The Redis store's URLs and the client each one opens.
+
+  redis://[user:password@]HOST:PORT/DB          one primary (rediss:// for TLS)
+  redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]
+                                                the primary that Sentinel names for SERVICE,
+                                                found again after a failover (rediss+sentinel://)
+  redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]
+                                                Redis Cluster (rediss+cluster://)
+
+Options the governor reads (in the query string, any scheme):
+  timeout=SECONDS       socket timeout of every command (default 2): past it the step is
+                        refused as retryable, never halted
+  retry_after=SECONDS   the Retry-After of that refusal (default 1)
+  wait=N                each reservation is acknowledged by N replicas (Redis WAIT) before
+                        the step goes ahead; fewer within wait_timeout refuses it (retryable).
+                        Not on Cluster (WAIT answers for one connection, Cluster pipelines
+                        span nodes).
+  wait_timeout=SECONDS  how long WAIT waits (default 0.5; added to timeout for the reply)
+  sentinel_password=P   the Sentinels' own password (the userinfo one is the primary's)
+  prefix=PREFIX         key prefix (default governor:; on Cluster wrapped in a hash tag,
+                        {governor}:, so every key of the store shares one slot and the
+                        atomic scripts run there)
+Any other query option is redis-py's own (redis://, rediss:// only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlencode
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+SCHEMES = ("redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://", "redis+cluster://",
+           "rediss+cluster://")
+_OURS = ("timeout", "retry_after", "wait", "wait_timeout", "sentinel_password", "prefix")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    kind: str = "redis"  # redis | sentinel | cluster
+    timeout: float = 2.0
+    retry_after: float = 1.0
+    wait_replicas: int = 0
+    wait_timeout: float = 0.5
+    prefix: str = "governor:"
+
+
+def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
+    """The URL without the governor's options, those options, and the redis-py ones left."""
+    base, _, query = url.partition("?")
+    if not base.startswith(SCHEMES):
+        raise ValueError(f"{_safe(url)}: unknown store scheme (expected one of {', '.join(SCHEMES)})")
+    scheme = base.partition("://")[0]
+    kind = "sentinel" if scheme.endswith("+sentinel") else "cluster" if scheme.endswith("+cluster") else "redis"
+    raw = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+    ours = {k: raw.pop(k) for k in _OURS if k in raw}
+    if kind != "redis" and raw:
+        raise ValueError(f"{_safe(url)}: unknown option(s) {', '.join(sorted(raw))}")
+    wait = ours.get("wait", "0")
+    if not wait.isdigit() or int(wait) > 64:
+        raise ValueError(f"{_safe(url)}: wait must be a number of replicas (0-64), got {wait!r}")
+    if int(wait) and kind == "cluster":
+        raise ValueError(f"{_safe(url)}: wait= is not supported on Redis Cluster")
+    prefix = ours.get("prefix", "governor:")
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise ValueError(f"{_safe(url)}: prefix must be non-empty and without braces, got {prefix!r}")
+    if kind == "cluster":
+        prefix = "{" + prefix.rstrip(":") + "}:"
+    options = RedisOptions(
+        kind=kind,
+        timeout=_seconds(url, "timeout", ours.get("timeout", "2")),
+        retry_after=_seconds(url, "retry_after", ours.get("retry_after", "1")),
+        wait_replicas=int(wait),
+        wait_timeout=_seconds(url, "wait_timeout", ours.get("wait_timeout", "0.5")),
+        prefix=prefix,
+    )
+    rest = base + ("?" + urlencode(raw) if raw else "")
+    return rest, options, {"sentinel_password": ours["sentinel_password"]} if "sentinel_password" in ours else {}
+
+
+def make_client(url: str, options: RedisOptions, extra: dict[str, str],
+                on_connect: Callable[[Any], None] | None = None) -> Any:
+    """The redis-py client for `url` (stripped of the governor's options)."""
+    # a reservation waits for its replicas on top of the command itself
+    common: dict[str, Any] = dict(socket_timeout=options.timeout + (options.wait_timeout if options.wait_replicas else 0),
+                                  socket_connect_timeout=options.timeout, decode_responses=True)
+    if options.kind == "redis":
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), redis_connect_func=on_connect, **common)
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    auth = {"username": unquote(username) or None, "password": unquote(password) or None}
+    nodes = [_host_port(url, h) for h in hosts.split(",") if h]
+    if not nodes:
+        raise ValueError(f"{_safe(url)}: no HOST:PORT")
+    tls = {"ssl": True} if scheme.startswith("rediss") else {}
+    if options.kind == "cluster":
+        from redis.cluster import ClusterNode, RedisCluster
+        if path.strip("/"):
+            raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
+        # no retries here either: a retried reservation could count twice (MOVED and ASK
+        # redirections are followed all the same)
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=Retry(NoBackoff(), 0),
+                            **auth, **tls, **common)
+    from redis.sentinel import Sentinel
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise ValueError(f"{_safe(url)}: expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
+    service, db = unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+    sentinel_kwargs = dict(socket_timeout=options.timeout, socket_connect_timeout=options.timeout, **tls)
+    if "sentinel_password" in extra:
+        sentinel_kwargs["password"] = extra["sentinel_password"]
+    sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(service, db=db, retry=Retry(NoBackoff(), 0), redis_connect_func=on_connect,
+                               **auth, **tls, **common)
+
+
+def _host_port(url: str, item: str) -> tuple[str, int]:
+    host, _, port = item.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{_safe(url)}: expected HOST:PORT, got {item!r}")
+    return host.strip("[]"), int(port)
+
+
+def _seconds(url: str, name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{_safe(url)}: {name} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _safe(url: str) -> str:
+    """The URL for an error message, without its password."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hosts = rest.partition("@")
+    return f"{scheme}{sep}***@{hosts}" if at else url

@@ -1,0 +1,277 @@
+"""The Redis store's Lua scripts (governor.store.redis runs them; the layout is described there).
+
+Each script derives its key names from the prefix in ARGV[1] and declares the fence as its
+one key (KEYS[1]), so on Redis Cluster, where the prefix is a hash tag, it runs on the node
+that owns the store's slot.
+"""
+
+# ARGV[1] is always the key prefix, ARGV[2] the store's fence epoch (taken off ARGV here,
+# so each script reads its own arguments from ARGV[2] on). Numbers cross into Redis as
+# "%.17g" strings so that no precision is lost (Lua's own tostring keeps 14 digits).
+FENCE_ERROR = "GOVERNOR_FENCE"
+PRELUDE = r"""
+local P = ARGV[1]
+local E = table.remove(ARGV, 2)
+-- the fence written when the store was opened: missing or another epoch, the data this
+-- store wrote may be gone (FLUSHALL, an empty replica promoted): touch nothing
+local fence = redis.call('GET', P .. 'fence')
+if fence ~= E then return redis.error_reply('GOVERNOR_FENCE ' .. tostring(fence)) end
+local function fmt(x) return string.format('%.17g', x) end
+local function int(x) return string.format('%d', x) end
+local function day_key(agent, sub) return P .. 'd:' .. #agent .. ':' .. agent .. ':' .. sub end
+local function session_key(session) return P .. 'sc:' .. session end
+
+-- the key's live total at first_live, evicting buckets that left the window
+local function day_total(key, first_live)
+  local h = redis.call('HMGET', key, 'lo', 'hi', 't')
+  if not h[1] then return 0 end
+  local lo, hi, t = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+  if hi < first_live then
+    redis.call('DEL', key)
+    return 0
+  end
+  if lo < first_live then
+    for b = lo, first_live - 1 do
+      local v = redis.call('HGET', key, int(b))
+      if v then
+        t = t - tonumber(v)
+        redis.call('HDEL', key, int(b))
+      end
+    end
+    redis.call('HSET', key, 'lo', int(first_live), 't', fmt(t))
+  end
+  return t
+end
+
+local function day_add(key, b, amount, first_live, ttl)
+  if b < first_live then return end  -- dated before the window: no longer counts
+  day_total(key, first_live)
+  local fb = int(b)
+  local h = redis.call('HMGET', key, 'lo', 'hi', 't', fb)
+  if not h[1] then
+    redis.call('HSET', key, 'lo', fb, 'hi', fb, 't', fmt(amount), fb, fmt(amount))
+  else
+    redis.call('HSET', key, fb, fmt((tonumber(h[4]) or 0) + amount), 't', fmt(tonumber(h[3]) + amount))
+    if b < tonumber(h[1]) then redis.call('HSET', key, 'lo', fb) end
+    if b > tonumber(h[2]) then redis.call('HSET', key, 'hi', fb) end
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+
+local function day_take(key, b, amount)
+  local fb = int(b)
+  local h = redis.call('HMGET', key, fb, 't')
+  if h[1] then  -- absent: evicted, it no longer counts
+    redis.call('HSET', key, fb, fmt(tonumber(h[1]) - amount), 't', fmt(tonumber(h[2]) - amount))
+  end
+end
+
+local function session_add(skey, sub, amount)
+  local v = redis.call('HGET', skey, sub)
+  redis.call('HSET', skey, sub, fmt((tonumber(v) or 0) + amount))
+end
+
+local function session_take(skey, sub, amount)
+  local v = redis.call('HGET', skey, sub)
+  if v then redis.call('HSET', skey, sub, fmt(tonumber(v) - amount)) end
+end
+
+local function apply(agent, session, scope, sub, b, amount, first_live, ttl)
+  if scope == 's' then
+    session_add(session_key(session), sub, amount)
+  else
+    day_add(day_key(agent, sub), b, amount, first_live, ttl)
+    redis.call('SADD', P .. 'dk:' .. agent, sub)
+    redis.call('PEXPIRE', P .. 'dk:' .. agent, ttl)
+  end
+end
+
+-- the charges ARGV lists from `at` ((scope, sub, amount) * n, then m, (index, limit) * m),
+-- each counter's current value, and the first capped one the charges would overshoot:
+-- scopes, subs, amounts, nil on success; else nil, {0, k, current} (reserve and extend)
+local function charges_within_caps(agent, session, first_live, at)
+  local n = tonumber(ARGV[at])
+  local scopes, subs, amounts, current = {}, {}, {}, {}
+  for i = 1, n do
+    local j = at + 3 * (i - 1)
+    scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
+    if scopes[i] == 's' then
+      current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
+    else
+      current[i] = day_total(day_key(agent, subs[i]), first_live)
+    end
+  end
+  local c = at + 1 + 3 * n
+  for k = 1, tonumber(ARGV[c]) do
+    local i, limit = tonumber(ARGV[c + 2 * k - 1]), tonumber(ARGV[c + 2 * k])
+    if current[i] + amounts[i] > limit then
+      return nil, {0, k, fmt(current[i])}
+    end
+  end
+  return {scopes, subs, amounts, n}
+end
+
+-- take a reservation off its counters and forget it; false when not outstanding
+local function unhold(rid, take)
+  local rkey = P .. 'r:' .. rid
+  local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
+  if not h[1] then return false end
+  local agent, session, b, n = h[1], h[2], tonumber(h[3]), tonumber(h[4])
+  if take then
+    for i = 1, n do
+      local e = redis.call('HMGET', rkey, 'k' .. i, 'v' .. i)
+      local scope, sub, amount = string.sub(e[1], 1, 1), string.sub(e[1], 2), tonumber(e[2])
+      if scope == 's' then
+        session_take(session_key(session), sub, amount)
+      else
+        day_take(day_key(agent, sub), b, amount)
+      end
+    end
+  end
+  redis.call('DEL', rkey)
+  redis.call('SREM', P .. 'sr:' .. session, rid)
+  redis.call('ZREM', P .. 'rt', rid)
+  return {agent, session, b}
+end
+"""
+
+# ARGV: P, agent, session, rid, bucket, first_live, ttl_ms, created,
+#       n, (scope, sub, amount) * n, m, (counter index, limit) * m
+RESERVE = r"""
+local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
+local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local ok, refused = charges_within_caps(agent, session, first_live, 9)
+if not ok then return refused end
+local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
+local rkey = P .. 'r:' .. rid
+redis.call('HSET', rkey, 'a', agent, 's', session, 'b', int(b), 'c', created, 'n', n)
+for i = 1, n do
+  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
+  redis.call('HSET', rkey, 'k' .. i, scopes[i] .. subs[i], 'v' .. i, fmt(amounts[i]))
+end
+redis.call('SADD', P .. 'sr:' .. session, rid)
+redis.call('ZADD', P .. 'rt', created, rid)
+return {1}
+"""
+
+# ARGV: P, rid, first_live, ttl_ms, mode ("held" | "actual"), n, (scope, sub, amount) * n
+COMMIT = r"""
+local first_live, ttl, actual = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == 'actual'
+local held = unhold(ARGV[2], actual)
+if not held then return 0 end
+if actual then
+  local agent, session, b = held[1], held[2], held[3]
+  for i = 1, tonumber(ARGV[6]) do
+    local j = 6 + 3 * (i - 1)
+    apply(agent, session, ARGV[j + 1], ARGV[j + 2], b, tonumber(ARGV[j + 3]), first_live, ttl)
+  end
+end
+return 1
+"""
+
+# ARGV: P, rid, first_live, ttl_ms, n, (scope, sub, amount) * n, m, (counter index, limit) * m
+# returns {1} extended, {0, k, value} refused by capped charge k, {-1} not outstanding
+EXTEND = r"""
+local rid, first_live, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local rkey = P .. 'r:' .. rid
+local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
+if not h[1] then return {-1} end
+local agent, session, b, held = h[1], h[2], tonumber(h[3]), tonumber(h[4])
+local ok, refused = charges_within_caps(agent, session, first_live, 5)
+if not ok then return refused end
+local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
+local index = {}
+for e = 1, held do index[redis.call('HGET', rkey, 'k' .. e)] = e end
+for i = 1, n do
+  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
+  local name = scopes[i] .. subs[i]
+  local e = index[name]
+  if e then
+    redis.call('HSET', rkey, 'v' .. e, fmt(tonumber(redis.call('HGET', rkey, 'v' .. e)) + amounts[i]))
+  else
+    held = held + 1
+    index[name] = held
+    redis.call('HSET', rkey, 'k' .. held, name, 'v' .. held, fmt(amounts[i]), 'n', held)
+  end
+end
+return {1}
+"""
+
+# ARGV: P, rid
+RELEASE = r"""
+if unhold(ARGV[2], true) then return 1 end
+return 0
+"""
+
+# ARGV: P, agent, session, bucket, first_live, ttl_ms, n, (scope, sub, amount) * n
+ADD = r"""
+local agent, session = ARGV[2], ARGV[3]
+local b, first_live, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+for i = 1, tonumber(ARGV[7]) do
+  local j = 7 + 3 * (i - 1)
+  apply(agent, session, ARGV[j + 1], ARGV[j + 2], b, tonumber(ARGV[j + 3]), first_live, ttl)
+end
+return 1
+"""
+
+# ARGV: P, agent, session, first_live, n (-1: every counter in use), (scope, sub) * n
+# returns a flat list (scope, sub, value) * k
+SNAPSHOT = r"""
+local agent, session, first_live, n = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local out = {}
+local function day_value(sub) return fmt(day_total(day_key(agent, sub), first_live)) end
+if n >= 0 then
+  for i = 1, n do
+    local scope, sub = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    local v
+    if scope == 's' then
+      v = redis.call('HGET', session_key(session), sub) or '0'
+    else
+      v = day_value(sub)
+    end
+    table.insert(out, scope); table.insert(out, sub); table.insert(out, v)
+  end
+  return out
+end
+local s = redis.call('HGETALL', session_key(session))
+for i = 1, #s, 2 do
+  table.insert(out, 's'); table.insert(out, s[i]); table.insert(out, s[i + 1])
+end
+local dk = P .. 'dk:' .. agent
+for _, sub in ipairs(redis.call('SMEMBERS', dk)) do
+  local v = day_value(sub)
+  if redis.call('EXISTS', day_key(agent, sub)) == 1 then
+    table.insert(out, 'd'); table.insert(out, sub); table.insert(out, v)
+  else
+    redis.call('SREM', dk, sub)
+  end
+end
+return out
+"""
+
+# ARGV: P, before
+SETTLE = r"""
+local ids = redis.call('ZRANGEBYSCORE', P .. 'rt', '-inf', '(' .. ARGV[2])
+for _, rid in ipairs(ids) do unhold(rid, false) end
+return #ids
+"""
+
+# ARGV: P, candidate epoch: the fence as it stands, written with the candidate when missing
+OPEN_FENCE = r"""
+local key = ARGV[1] .. 'fence'
+local epoch = redis.call('GET', key)
+if not epoch then
+  redis.call('SET', key, ARGV[2])
+  epoch = ARGV[2]
+end
+return epoch
+"""
+
+# ARGV: P, session
+DELETE_SESSION = r"""
+local session = ARGV[2]
+for _, rid in ipairs(redis.call('SMEMBERS', P .. 'sr:' .. session)) do unhold(rid, false) end
+redis.call('DEL', P .. 'sr:' .. session, P .. 'sc:' .. session)
+redis.call('SREM', P .. 'sessions', session)
+return redis.call('DEL', P .. 'st:' .. session)
+"""

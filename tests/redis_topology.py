@@ -1,0 +1,182 @@
+"""Throwaway Redis topologies on loopback for the HA tests: a primary with a replica watched
+by one Sentinel, and a Redis Cluster of three primaries. Each process lives in the test's
+directory on a free port and is stopped by the test (SIGKILL included: the failover tests
+kill the primary)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import redis
+
+from tests.redis_server import REDIS_SERVER
+
+REDIS_CLI = (REDIS_SERVER or "redis-server").replace("redis-server", "redis-cli")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisProcess:
+    """One redis-server (or sentinel) with `args`, without persistence, in `directory`."""
+
+    def __init__(self, directory: Path, *args: str, config: str | None = None, password: str | None = None) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.password = password
+        self.port = free_port()
+        command = [REDIS_SERVER or "redis-server"]
+        if config is not None:  # Sentinel needs a writable config file of its own
+            path = directory / "sentinel.conf"
+            path.write_text(f"port {self.port}\nbind 127.0.0.1\n{config}")
+            command += [str(path), "--sentinel"]
+        else:
+            command += ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                        "--dir", str(directory), *args]
+            if password:
+                command += ["--requirepass", password, "--masterauth", password]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        cwd=directory)
+        self.wait_ready()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True,
+                           password=self.password)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.client() as client:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis on port {self.port} exited with {self.process.returncode}")
+                try:
+                    if client.ping():
+                        return
+                except redis.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis on port {self.port} did not answer within {timeout}s")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(5)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout}s")
+        time.sleep(0.05)
+
+
+class SentinelSet:
+    """A primary, its replica and one Sentinel watching them as SERVICE."""
+
+    SERVICE = "governor-primary"
+
+    def __init__(self, directory: Path, password: str | None = None, sentinel_password: str | None = None) -> None:
+        self.processes: list[RedisProcess] = []
+        auth = f"sentinel auth-pass {self.SERVICE} {password}\n" if password else ""
+        own = f"requirepass {sentinel_password}\n" if sentinel_password else ""
+        try:
+            self.primary = self._add(RedisProcess(directory / "primary", password=password))
+            self.replica = self._add(RedisProcess(directory / "replica", "--replicaof", "127.0.0.1",
+                                                  str(self.primary.port), password=password))
+            with self.replica.client() as c:
+                wait_until(lambda: c.info("replication").get("master_link_status") == "up", 10,
+                           "the replica did not sync")
+            self.sentinel = self._add(RedisProcess(
+                directory / "sentinel",
+                config=(f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 1\n"
+                        f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                        f"sentinel failover-timeout {self.SERVICE} 5000\n"
+                        f"sentinel parallel-syncs {self.SERVICE} 1\n" + auth + own),
+                password=sentinel_password))
+            with self.sentinel.client() as c:  # the Sentinel has found the replica
+                wait_until(lambda: len(c.sentinel_slaves(self.SERVICE)) == 1, 15, "the sentinel found no replica")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _add(self, process: RedisProcess) -> RedisProcess:
+        self.processes.append(process)
+        return process
+
+    def url(self, query: str = "") -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.SERVICE}/0" + (f"?{query}" if query else "")
+
+    def primary_port(self) -> int:
+        with self.sentinel.client() as c:
+            return int(c.sentinel_get_master_addr_by_name(self.SERVICE)[1])
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+
+class Cluster:
+    """Three primaries in one Redis Cluster, every slot assigned."""
+
+    def __init__(self, directory: Path, size: int = 3) -> None:
+        self.nodes: list[RedisProcess] = []
+        try:
+            for i in range(size):
+                self.nodes.append(RedisProcess(directory / f"node-{i}", "--cluster-enabled", "yes",
+                                               "--cluster-config-file", "nodes.conf",
+                                               "--cluster-port", str(free_port()),  # not port + 10000
+                                               "--cluster-node-timeout", "2000"))
+            subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                            "--cluster-replicas", "0", "--cluster-yes"], check=True, timeout=30,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with self.nodes[0].client() as c:
+                wait_until(lambda: "cluster_state:ok" in str(c.execute_command("CLUSTER", "INFO")), 15, "the cluster is not ok")
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self, query: str = "") -> str:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"redis+cluster://{hosts}" + (f"?{query}" if query else "")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+@contextmanager
+def sentinel_set(directory: Path, **passwords: str) -> Iterator[SentinelSet]:
+    s = SentinelSet(directory, **passwords)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@contextmanager
+def cluster(directory: Path) -> Iterator[Cluster]:
+    c = Cluster(directory)
+    try:
+        yield c
+    finally:
+        c.stop()
