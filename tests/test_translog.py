@@ -115,3 +115,17 @@ def test_a_damaged_entry_in_the_middle_refuses_to_open(tmp_path, key):
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(LogError, match="entry 1"):
         open_log(tmp_path, key)
+
+
+def test_a_checkpoint_is_signed_every_n_entries_and_after_t_seconds(tmp_path, key):
+    now = [1000.0]
+    log = open_log(tmp_path, key, checkpoint_entries=4, checkpoint_seconds=10, clock=lambda: now[0])
+    sizes = []
+    for i in range(9):
+        log.append(record(i))
+        sizes.append(log.checkpoint_size)
+    assert sizes == [0, 0, 0, 4, 4, 4, 4, 8, 8]
+    assert log.checkpoint() and log.checkpoint_size == 8  # not yet T seconds since the last
+    now[0] += 10
+    log.checkpoint()
+    assert log.checkpoint_size == 9  # waited T seconds: a checkpoint without any append
