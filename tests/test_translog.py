@@ -129,3 +129,31 @@ def test_a_checkpoint_is_signed_every_n_entries_and_after_t_seconds(tmp_path, ke
     now[0] += 10
     log.checkpoint()
     assert log.checkpoint_size == 9  # waited T seconds: a checkpoint without any append
+
+
+def test_cosignatures_added_to_the_latest_checkpoint_reach_its_proofs(tmp_path, key):
+    from governor.evidence.tlog.note import CosignatureSigner, Signature, sign_note
+    from governor.evidence.translog import LogError
+
+    log = open_log(tmp_path, key)
+    for i in range(3):
+        log.write_record(tmp_path / "records" / f"s{i}.json", record(i))
+    log.make_checkpoint()
+    text = note.parse_note(log.checkpoint_note).text
+    witness = CosignatureSigner("witness.example/w1", Ed25519PrivateKey.generate(), clock=lambda: 1_800_000_000)
+    cosigned = note.add_signatures(note.parse_note(log.checkpoint_note),
+                                   Signature(witness.name, witness.key_id, witness.sign(text))).encode()
+    log.add_cosignatures(cosigned)
+    assert (tmp_path / "log" / "checkpoint").read_bytes() == cosigned
+    rec = json.loads((tmp_path / "records" / "s1.json").read_text())
+    verdict = verify_logged_record(rec, log.prove(rec), note.parse_vkey(log.signer.vkey()),
+                                   witnesses=[witness.verifier()], quorum=1)
+    assert verdict.witnesses == ("witness.example/w1",)
+    stale = sign_note("test.example/log\n1\n" + "A" * 43 + "=\n", log.signer).encode()
+    with pytest.raises(LogError, match="not the latest checkpoint"):
+        log.add_cosignatures(stale)
+    old = log.checkpoint_size
+    log.append(record(9))
+    log.make_checkpoint()
+    merkle.verify_consistency(old, log.checkpoint_size, log.consistency_proof(old), log.levels.root(old),
+                              log.levels.root())

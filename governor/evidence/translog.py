@@ -38,7 +38,7 @@ from governor.evidence._jcs import canonical
 from governor.evidence.record import fsync_directory, remove_stale_temp_files, write_durably
 from governor.evidence.tlog.checkpoint import Checkpoint
 from governor.evidence.tlog.merkle import HASH_SIZE, HashLevels, leaf_hash
-from governor.evidence.tlog.note import Ed25519Signer, sign_note
+from governor.evidence.tlog.note import Ed25519Signer, add_signatures, parse_note, sign_note
 from governor.evidence.tlog.proof import TlogProof
 from governor.evidence.tlog.tiles import TILE_WIDTH, Tile, encode_bundle, tile_hashes, tiles_for_size
 
@@ -278,6 +278,24 @@ class TransparencyLog:
             if self.checkpoint_size != self.size and self.clock() - self.checkpoint_at >= self.checkpoint_seconds:
                 self.make_checkpoint()
             return self.checkpoint_note
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> list[bytes]:
+        """RFC 6962 PROOF(old_size, new_size), for a witness's `add-checkpoint` (tlog-witness)."""
+        with self.lock:
+            return self.levels.consistency_proof(old_size, self.checkpoint_size if new_size is None else new_size)
+
+    def add_cosignatures(self, cosigned: bytes) -> bytes:
+        """Keeps the latest checkpoint with the signature lines of `cosigned` added (a witness's
+        answer): its text must be the latest checkpoint's. Served from then on, and carried by
+        the proofs made at this checkpoint."""
+        with self.lock:
+            theirs, ours = parse_note(cosigned), parse_note(self.checkpoint_note)
+            if theirs.text != ours.text:
+                raise LogError("the cosigned note is not the latest checkpoint")
+            merged = add_signatures(ours, *[s for s in theirs.signatures if s not in ours.signatures]).encode()
+            write_durably(self.dir / "checkpoint", merged, sync=self.sync)
+            self.checkpoint_note = merged
+            return merged
 
     def prove(self, record: Mapping[str, Any]) -> bytes:
         """A C2SP tlog-proof of `record` (its entry in `extra`), at a checkpoint that holds it
