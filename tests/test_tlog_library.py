@@ -336,6 +336,9 @@ def test_hostile_vkeys_are_refused():
         f"{name}+{kid}+{blob[:-2]}", f"{name}+{kid}+!!!!", f"a b+{kid}+{blob}",
         f"{name}+{kid}+" + base64.b64encode(b"\x02" + bytes(32)).decode(),
         f"{name}+{kid}+" + base64.b64encode(b"\x01" + bytes(31)).decode(),
+        # a small-order point (the identity): it would verify a forged signature
+        "a.example/k+" + f"{note.key_id('a.example/k', 1, bytes([1]) + bytes(31)):08x}+"
+        + base64.b64encode(b"\x01" + bytes([1]) + bytes(31)).decode(),
     ):
         with pytest.raises(note.NoteError):
             note.parse_vkey(bad)

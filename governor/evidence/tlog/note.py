@@ -20,6 +20,8 @@ from typing import Iterable, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from governor.common.ed25519_points import ed25519_key_problem
+
 ED25519 = 0x01
 COSIGNATURE_V1 = 0x04
 EM_DASH = "\u2014"
@@ -144,10 +146,15 @@ class Ed25519Verifier:
     def __init__(self, name: str, public_key: bytes) -> None:
         if len(public_key) != 32:
             raise NoteError("an Ed25519 public key is 32 bytes")
+        if problem := ed25519_key_problem(public_key):  # a small-order key verifies forged signatures
+            raise NoteError(f"the Ed25519 key of {name!r} cannot be trusted: {problem}")
         self.name = check_key_name(name)
         self.public_key = public_key
         self.key_id = key_id(name, self.signature_type, public_key)
-        self._key = Ed25519PublicKey.from_public_bytes(public_key)
+        try:
+            self._key = Ed25519PublicKey.from_public_bytes(public_key)
+        except ValueError as exc:
+            raise NoteError(f"the Ed25519 key of {name!r} is not a key: {exc}") from None
 
     def verify(self, text: str, signature: bytes) -> bool:
         if len(signature) != 64:
