@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from governor.cli import UsageError
+from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -70,16 +71,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                             "review_pending (default 300; docs/oversight.md)"),
     "review_retry_after": ("GOVERNOR_REVIEW_RETRY_AFTER", "the Retry-After seconds of a 429 review_pending "
                            "(default 10)"),
-    "log": ("GOVERNOR_LOG", "on (default) or off: append every final record's entry to the transparency log in "
-            "DATA_DIR/log, served at /log/ (docs/transparency-log.md)"),
-    "log_origin": ("GOVERNOR_LOG_ORIGIN", "the log's origin line and key name (default: derived from the governor's "
-                   "id, e.g. localhost/governor/log)"),
-    "log_checkpoint_entries": ("GOVERNOR_LOG_CHECKPOINT_ENTRIES", "sign a new checkpoint at least every this many "
-                               "entries (default 256)"),
-    "log_checkpoint_seconds": ("GOVERNOR_LOG_CHECKPOINT_SECONDS", "and at least every this many seconds while "
-                               "entries wait (default 10)"),
-    "log_require_token": ("GOVERNOR_LOG_REQUIRE_TOKEN", "yes: /log/ needs the control token (default no: anyone "
-                          "may read the log)"),
+    **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -256,7 +248,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.max_held_stream_bytes = held
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
-    _log_settings(settings, value)
+    apply_log_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")
@@ -369,34 +361,6 @@ def _webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], c
         return WebhookConfig(tuple(dict.fromkeys(urls)), secret, **tuning)
     except WebhookConfigError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _log_settings(settings: Any, value: Any) -> None:
-    """The transparency log's options (docs/transparency-log.md)."""
-    def switch(name: str) -> bool | None:
-        given = value(name)
-        if given is None or isinstance(given, bool):
-            return given
-        word = str(given).strip().lower()
-        if word not in ("on", "off", "yes", "no", "true", "false"):
-            raise UsageError(f"--{name.replace('_', '-')}: expected on or off, got {given!r}")
-        return word in ("on", "yes", "true")
-
-    if (enabled := switch("log")) is not None:
-        settings.log = enabled
-    if (require := switch("log_require_token")) is not None:
-        settings.log_require_token = require
-    if (origin := value("log_origin")) is not None:
-        origin = str(origin)
-        if not origin or any(c.isspace() or c == "+" or ord(c) < 0x21 for c in origin):
-            raise UsageError(f"--log-origin: a name without spaces or plus signs, got {origin!r}")
-        settings.log_origin = origin
-    if (entries := value("log_checkpoint_entries")) is not None:
-        if not str(entries).isdigit() or int(entries) < 1:
-            raise UsageError(f"--log-checkpoint-entries: expected a whole number >= 1, got {entries!r}")
-        settings.log_checkpoint_entries = int(entries)
-    if (seconds := value("log_checkpoint_seconds")) is not None:
-        settings.log_checkpoint_seconds = _number(seconds, "--log-checkpoint-seconds")
 
 
 def _session_settings(settings: Any, value: Any) -> None:

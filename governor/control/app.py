@@ -22,7 +22,7 @@ Access:
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
   POST /v1/store/acknowledge            the control token, always (store_ack)
   GET  /log/checkpoint, /log/tile/...   open (a log is for third parties), or the control
-                                        token with --log-require-token (log_routes)
+                                        token with --log-access token (log_routes)
 Every request, before any of that (`guard`): its Host must name this control plane
 (421), a browser's cross-origin request is refused (403), and a POST body must be JSON
 (415); bodies nested deeper than 64 levels are a 400.
