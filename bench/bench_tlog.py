@@ -11,13 +11,16 @@ Measures
   * what logging adds to ending a session: the final record written as today
     (temp file, fsync, rename, directory fsync) against the same through the log
     (pending file, entry appended + fsync, rename), p50 and p99 of --ends ends on the
-    disk of --dir.
+    disk of --dir,
+  * tiles served per second by the control plane's /log/tile/ route (aiohttp, loopback,
+    8 concurrent clients, random full tiles of the 100,000-entry log).
 Prints a table and writes bench/results/tlog.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -74,6 +77,41 @@ def seed_entries(log_dir: Path, count: int) -> list[dict]:
     return records
 
 
+async def tiles_per_second(log: TransparencyLog, requests: int = 2000, clients: int = 8) -> float:
+    import aiohttp
+    from aiohttp import web
+
+    from governor.control.app import create_app
+    from governor.control.context import ControlContext
+    from governor.evidence.tlog.tiles import tiles_for_size
+
+    class LogOnly:  # the control plane's log routes need only the runtime's log
+        transparency_log = log
+        session_book = None
+
+    app = create_app(ControlContext.build(LogOnly()))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    paths = ["/log/" + t.path() for t in tiles_for_size(log.size) if not t.partial]
+    rng = random.Random(7)
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            async def client(n: int) -> None:
+                for _ in range(n):
+                    async with http.get(rng.choice(paths)) as answer:
+                        assert answer.status == 200
+                        await answer.read()
+
+            began = time.perf_counter()
+            await asyncio.gather(*(client(requests // clients) for _ in range(clients)))
+            return (requests // clients * clients) / (time.perf_counter() - began)
+    finally:
+        await runner.cleanup()
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -108,6 +146,7 @@ def main() -> int:
             verify.append((t2 - t1) * 1000)
         results["proof_generation_ms"] = {"p50": statistics.median(generate), "p99": percentile(generate, 0.99)}
         results["proof_verification_ms"] = {"p50": statistics.median(verify), "p99": percentile(verify, 0.99)}
+        results["tiles_per_second"] = asyncio.run(tiles_per_second(log))
 
         # ending a session: the final record written as today, and through the log
         plain_dir, logged_dir = Path(tmp) / "plain", Path(tmp) / "logged"
@@ -134,6 +173,7 @@ def main() -> int:
         ("final record written, no log", f"{results['end_plain_ms']['p50']:.3f} ms", f"{results['end_plain_ms']['p99']:.3f} ms"),
         ("final record written through the log", f"{results['end_logged_ms']['p50']:.3f} ms",
          f"{results['end_logged_ms']['p99']:.3f} ms"),
+        ("tiles served per second (/log/tile/, 8 clients, loopback)", f"{results['tiles_per_second']:.0f}/s", ""),
         ("added to ending a session", f"{results['end_added_ms']['p50']:.3f} ms", f"{results['end_added_ms']['p99']:.3f} ms"),
     ]
     print(table(rows, ("transparency log", "p50", "p99")))
