@@ -40,7 +40,7 @@ from governor.evidence.tlog.checkpoint import Checkpoint
 from governor.evidence.tlog.merkle import HASH_SIZE, HashLevels, leaf_hash
 from governor.evidence.tlog.note import Ed25519Signer, add_signatures, parse_note, sign_note
 from governor.evidence.tlog.proof import TlogProof
-from governor.evidence.tlog.tiles import TILE_WIDTH, Tile, encode_bundle, tile_hashes, tiles_for_size
+from governor.evidence.tlog.tiles import TILE_WIDTH, encode_bundle, tile_hashes, tiles_for_size
 
 log = logging.getLogger("governor.evidence.translog")
 
@@ -334,9 +334,5 @@ class TransparencyLog:
             write_durably(path, data, sync=False)
 
 
-def tile_file(log_dir: Path, tile: Tile) -> Path:
-    return log_dir / tile.path()
-
-
 __all__ = ["DEFAULT_CHECKPOINT_ENTRIES", "DEFAULT_CHECKPOINT_SECONDS", "ENTRY_KIND", "LogError", "Logged", "NotLogged",
-           "TransparencyLog", "default_origin", "entry_statement", "record_sha256", "tile_file"]
+           "TransparencyLog", "default_origin", "entry_statement", "record_sha256"]
