@@ -26,6 +26,9 @@ from governor.evidence.keys import (
     write_key_files,
 )
 from governor.evidence.passport_file import load_passport
+from governor.evidence.logproof import verify_logged_record
+from governor.evidence.tlog.merkle import ProofError
+from governor.evidence.tlog.note import COSIGNATURE_V1, ED25519, NoteError, parse_vkey
 from governor.evidence.verify import VerificationReport, load_record, verify_record
 
 
@@ -61,6 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--nonce", metavar="VALUE", help="the nonce you issued (step 5)")
     verify.add_argument("--nonce-issued-at", metavar="ISO", help="when you issued it (ISO 8601 with a zone)")
     verify.add_argument("--nonce-ttl", type=float, metavar="SECONDS", help="its time to live")
+    verify.add_argument("--proof", type=Path, metavar="FILE",
+                        help="the record's transparency-log proof (C2SP tlog-proof, from ?proof=1 or "
+                        "`sessions end --proof`): checks that the record is in the governor's log")
+    verify.add_argument("--log-key", metavar="VKEY", help="the log's verifier key (a vkey, or a file holding one: "
+                        "DATA_DIR/log/log.vkey); needed with --proof")
+    verify.add_argument("--witness-key", action="append", default=[], metavar="VKEY",
+                        help="a witness's cosignature vkey (or a file holding one); repeat for each witness")
+    verify.add_argument("--quorum", type=int, metavar="K",
+                        help="cosignatures required from the --witness-key witnesses (default: all of them)")
     verify.add_argument("--json", action="store_true", help="print a machine-readable report")
     verify.add_argument(
         "--events", action="store_true",
@@ -103,6 +115,7 @@ def run_verify(args: argparse.Namespace) -> int:
         raise UsageError("--nonce-issued-at/--nonce-ttl need --nonce")
     if args.nonce_ttl is not None and not args.nonce_ttl >= 0:
         raise UsageError("--nonce-ttl must be a number of seconds >= 0")
+    proof = _log_proof_arguments(args)
     try:
         record = load_record(args.record)
         public_key = load_public_key(args.key) if args.key else None
@@ -121,14 +134,71 @@ def run_verify(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # inconsistent nonce arguments, a malformed --nonce-issued-at
         raise UsageError(str(exc)) from None
+    logged, log_problem = None, None
+    if proof is not None:
+        try:
+            logged = verify_logged_record(record, proof[0], proof[1], witnesses=proof[2], quorum=proof[3])
+        except ProofError as exc:
+            log_problem = str(exc)
     if args.json:
-        print(json.dumps({"record": str(args.record), **report.to_json()}, indent=2, ensure_ascii=False))
+        out = {"record": str(args.record), **report.to_json()}
+        if proof is not None:
+            out["log_proof"] = {"valid": logged is not None, "problem": log_problem,
+                                **(logged.to_json() if logged else {})}
+        print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         _print_report(args.record, record, report)
+        if proof is not None:
+            _print_log_proof(logged, log_problem)
         if args.events:
             for line in event_lines(record):
                 print(line)
-    return 0 if report.ok else 1
+    return 0 if report.ok and log_problem is None else 1
+
+
+def _vkey(text: str, what: str) -> Any:
+    path = Path(text)
+    try:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8").strip()
+        return parse_vkey(text)
+    except (OSError, UnicodeDecodeError, NoteError) as exc:
+        raise UsageError(f"{what} {text!r}: {exc}") from None
+
+
+def _log_proof_arguments(args: argparse.Namespace) -> tuple[bytes, Any, list[Any], int] | None:
+    """(proof bytes, log key, witness keys, quorum) from --proof and its companions, or None."""
+    if args.proof is None:
+        if args.log_key or args.witness_key or args.quorum is not None:
+            raise UsageError("--log-key, --witness-key and --quorum go with --proof")
+        return None
+    if not args.log_key:
+        raise UsageError("--proof needs --log-key (the log's vkey: DATA_DIR/log/log.vkey)")
+    log_key = _vkey(args.log_key, "--log-key")
+    if log_key.signature_type != ED25519:
+        raise UsageError("--log-key: a log signs its checkpoints with an Ed25519 (type 0x01) key")
+    witnesses = [_vkey(text, "--witness-key") for text in args.witness_key]
+    if any(w.signature_type != COSIGNATURE_V1 for w in witnesses):
+        raise UsageError("--witness-key: a witness's key is a cosignature/v1 (type 0x04) vkey")
+    quorum = len(witnesses) if args.quorum is None else args.quorum
+    if not 0 <= quorum <= len(witnesses):
+        raise UsageError(f"--quorum must be between 0 and the {len(witnesses)} witness keys given")
+    try:
+        data = args.proof.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--proof {args.proof}: {exc.strerror or exc}") from None
+    return data, log_key, witnesses, quorum
+
+
+def _print_log_proof(logged: Any, problem: str | None) -> None:
+    if logged is None:
+        print(f"LOG PROOF INVALID: {problem}")
+        return
+    cosigned = f", cosigned by {', '.join(logged.witnesses)}" if logged.witnesses else ""
+    print(f"LOG PROOF VALID: entry {logged.index} of {logged.origin} at tree size {logged.tree_size}{cosigned}; "
+          f"this agent's entry {logged.entry['seq']} in the log.")
+    print("The record is anchored in the append-only log: an auditor of the log sees every record of this "
+          "agent in sequence, so one left out is a gap there.")
 
 
 def _describe(record: Any) -> list[str]:

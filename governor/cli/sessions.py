@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shown.add_argument("session", metavar="ID")
     ended = actions.add_parser("end", help="end a session: its record is signed and its token refused from now on")
     ended.add_argument("session", metavar="ID")
+    ended.add_argument("--proof", type=Path, metavar="FILE",
+                       help="also fetch the final record's transparency-log proof (C2SP tlog-proof) and write it to "
+                       "FILE, the record beside it as FILE.record.json (docs/transparency-log.md)")
     _actions_run(run_sessions, opened, listed, shown, ended)
 
     lock_actions = _command(
@@ -109,9 +112,19 @@ def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
         answer = call(args, "GET", f"/v1/sessions/{quote(args.session)}")
         text = json.dumps(answer, indent=2)
     else:
-        answer = call(args, "POST", f"/v1/sessions/{quote(args.session)}/end")
+        proof_file = getattr(args, "proof", None)
+        if proof_file is None:
+            answer = call(args, "POST", f"/v1/sessions/{quote(args.session)}/end")
+        else:
+            answer = call(args, "POST", f"/v1/sessions/{quote(args.session)}/end?proof=1")
+            record_file = proof_file.with_name(proof_file.name + ".record.json")
+            proof_file.write_text(answer["tlog_proof"], encoding="utf-8")
+            record_file.write_text(json.dumps(answer["record"], indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            answer = answer["record"]
         text = (f"session {args.session} ended ({answer.get('outcome')}); its signed record has "
                 f"{len(answer.get('events', []))} event(s)")
+        if proof_file is not None:
+            text += f"\nits log proof is in {proof_file}, the record as logged in {record_file}"
     return answer, text
 
 

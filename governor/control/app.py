@@ -7,7 +7,7 @@ default), apart from the proxy, and refuses requests that came through the proxy
 
 `create_app(context)` assembles it: the guard middleware, then each route module's
 `add_routes(app, context)` (probes, runtime_routes, sessions_api, personas, store_ack,
-reviewer_console), which keeps what it needs of the `ControlContext`; `start_control`
+reviewer_console, log_routes), which keeps what it needs of the `ControlContext`; `start_control`
 serves it.
 
 Access:
@@ -21,6 +21,8 @@ Access:
   POST /v1/sessions                     the control token, always (sessions_api)
   POST /v1/locks/{id}/lift              a reviewer or the control token, always
   POST /v1/store/acknowledge            the control token, always (store_ack)
+  GET  /log/checkpoint, /log/tile/...   open (a log is for third parties), or the control
+                                        token with --log-access token (log_routes)
 Every request, before any of that (`guard`): its Host must name this control plane
 (421), a browser's cross-origin request is refused (403), and a POST body must be JSON
 (415); bodies nested deeper than 64 levels are a 400.
@@ -35,7 +37,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from governor.control import personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
+from governor.control import log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.context import ControlContext
 from governor.control.guard import ControlGuard, Refusal
@@ -99,6 +101,7 @@ def create_app(context: ControlContext) -> web.Application:
     personas.add_routes(app, context)
     store_ack.add_routes(app, context)
     reviewer_console.add_routes(app, context)
+    log_routes.add_routes(app, context)
     return app
 
 

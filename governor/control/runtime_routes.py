@@ -164,6 +164,8 @@ class RuntimeRoutes:
             return refusal
         runtime = self.runtime
         session = request.match_info["session"]
+        if wants_proof(request):
+            return await self._with_proof(session)
         # a session that ended before this process started is served from its ended journal
         earlier = None if runtime.has_session(session) else getattr(runtime, "ended_record", None)
         if earlier is None and not runtime.has_session(session):
@@ -195,7 +197,29 @@ class RuntimeRoutes:
         except KeyError:
             return unknown_session(session)
         log.info("session %s ended through the control plane", session)
+        if wants_proof(request):
+            return await self._with_proof(session)
         return ok(record)
+
+    async def _with_proof(self, session: str) -> web.Response:
+        """The final record as logged, with its C2SP tlog-proof (docs/transparency-log.md)."""
+        prove = getattr(self.runtime, "final_record_with_proof", None)
+        if prove is None or getattr(self.runtime, "transparency_log", None) is None:
+            return error(404, "no_log", "this governor keeps no transparency log, so it has no proofs (--log off)")
+        try:
+            record, proof = await prove(session)
+        except KeyError:
+            if self.runtime.has_session(session):
+                return error(409, "session_running", f"session {session!r} has not ended: only a final record "
+                             "is logged, so only a final record has a proof (end it first)")
+            return unknown_session(session)
+        except LookupError as exc:
+            return error(404, "not_logged", f"the final record of session {session!r} is not in the log: {exc}")
+        return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
+
+
+def wants_proof(request: web.Request) -> bool:
+    return request.query.get("proof", "").lower() in ("1", "true", "yes")
 
 
 def add_routes(app: web.Application, context: ControlContext) -> None:

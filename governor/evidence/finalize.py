@@ -125,8 +125,10 @@ def _session_of(path: Path) -> str:
 
 
 def finalize_journal(path: Path, *, data_dir: Path, key: Ed25519PrivateKey, now: float,
-                     pin: Pin | None = None, sync: bool = True) -> Finalized:
-    """End one unfinished journal as halted (see the module docstring) and write its record.
+                     pin: Pin | None = None, sync: bool = True,
+                     write: Callable[..., Path] = write_record) -> Finalized:
+    """End one unfinished journal as halted (see the module docstring) and write its record
+    (with `write`: the transparency log's, which logs it first, when there is one).
     A journal that ended without its record (the governor died in between) gets its record."""
     journal = Journal.open(path, repair_torn_tail=True, sync=False)  # one fsync below for all lines
     if journal.repaired is not None:
@@ -134,7 +136,7 @@ def finalize_journal(path: Path, *, data_dir: Path, key: Ed25519PrivateKey, now:
     header = journal.record.header
     if journal.ending is not None:
         record = sign_record(journal.record.build(outcome=journal.ending.outcome, end=journal.ending.at, iat=now), key)
-        write_record(record_path(data_dir, header.session), record, sync_directory=False)
+        write(record_path(data_dir, header.session), record, sync_directory=False)
         return Finalized(header.session, journal, record, False)
     events = journal.record.events()
     last = events[-1]["at"] if events else header.start
@@ -163,13 +165,13 @@ def finalize_journal(path: Path, *, data_dir: Path, key: Ed25519PrivateKey, now:
             os.close(fd)
     journal.close()
     record = sign_record(journal.record.build(outcome="halted", end=now, iat=now), key)
-    write_record(record_path(data_dir, header.session), record, sync_directory=False)
+    write(record_path(data_dir, header.session), record, sync_directory=False)
     return Finalized(header.session, journal, record, changed)
 
 
 def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: Pin | None = None,
                          clock: Callable[[], float] = time.time, sync: bool = True,
-                         workers: int = WORKERS) -> FinalizeReport:
+                         workers: int = WORKERS, write: Callable[..., Path] = write_record) -> FinalizeReport:
     """Finalize every journal in `data_dir` that has no end (blocking: run it off the event loop)."""
     started = time.perf_counter()
     data_dir = Path(data_dir)
@@ -199,7 +201,7 @@ def finalize_interrupted(data_dir: Path | str, *, key: Ed25519PrivateKey, pin: P
 
     def one(path: Path) -> Finalized | tuple[Path, str]:
         try:
-            return finalize_journal(path, data_dir=data_dir, key=key, now=now, pin=pin, sync=sync)
+            return finalize_journal(path, data_dir=data_dir, key=key, now=now, pin=pin, sync=sync, write=write)
         except (EvidenceError, OSError, ValueError) as exc:
             return path, str(exc)
         except Exception as exc:  # one journal must not stop the others, nor the start

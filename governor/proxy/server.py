@@ -128,6 +128,12 @@ class Settings:
     pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
     store: str | None = None  # state store URL/path; None: SQLite in the data directory
     governor_id: str | None = None  # the record's governor identifier; None: the key's did.json, else did:web:localhost:governor
+    # the transparency log (docs/transparency-log.md): every final record's entry, before the record
+    log: bool = True
+    log_origin: str | None = None  # None: derived from the governor's id
+    log_checkpoint_entries: int = 256
+    log_checkpoint_seconds: float = 10.0
+    log_require_token: bool = False  # /log/ readable without the control token unless set
     peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
@@ -281,7 +287,8 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         origin = ProxyOrigin()
         app = create_app(ControlContext.build(
             runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
-            metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book))
+            metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book,
+            log_require_token=settings.log_require_token))
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
@@ -462,10 +469,21 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         store = open_store(location)
     except Exception as exc:  # StoreError, a bad URL: nothing can be decided without state
         raise StartupError(f"state store {location}: {exc}") from None
+    transparency_log = None
+    if settings.log:
+        from governor.evidence.translog import LogError, TransparencyLog, default_origin
+
+        try:  # before the runtime finalizes what a stop left: a record logged but not in place is put there
+            transparency_log = TransparencyLog(
+                settings.data_dir, key, settings.log_origin or default_origin(governor_id),
+                checkpoint_entries=settings.log_checkpoint_entries,
+                checkpoint_seconds=settings.log_checkpoint_seconds)
+        except (LogError, EvidenceError, OSError, ValueError) as exc:
+            raise StartupError(f"transparency log in {settings.data_dir / 'log'}: {exc}") from None
     runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
                       governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
                       session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True,
-                      persona_idle_sec=settings.persona_idle)
+                      persona_idle_sec=settings.persona_idle, transparency_log=transparency_log)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
     return runtime

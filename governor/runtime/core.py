@@ -106,6 +106,7 @@ class Runtime:
         pinned: Any = None,
         owns_store: bool = False,
         persona_idle_sec: float = DEFAULT_IDLE_SEC,
+        transparency_log: Any = None,
     ) -> None:
         self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, tick_interval_sec=tick_interval_sec,
                                                    session_idle_sec=session_idle_sec)
@@ -124,8 +125,10 @@ class Runtime:
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
+        self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
-                                     governor_id=governor_id, agent_id=agent_id)
+                                     governor_id=governor_id, agent_id=agent_id,
+                                     **({"write_final": transparency_log.write_record} if transparency_log else {}))
         self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
@@ -135,7 +138,8 @@ class Runtime:
                                    settings=settings, apply=self._apply, admit=self.admit)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
-                               personas=self.personas, audit=self.audit, ended=self._session_over)
+                               personas=self.personas, audit=self.audit, ended=self._session_over,
+                               transparency_log=transparency_log)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight)
@@ -563,6 +567,9 @@ class Runtime:
 
     async def end_session_by_principal(self, session: str) -> dict[str, Any]:
         return await self.records.end_by_principal(session)
+
+    async def final_record_with_proof(self, session: str) -> tuple[dict[str, Any], bytes]:
+        return await self.records.final_record_with_proof(session)
 
 
 __all__ = ["Runtime"]

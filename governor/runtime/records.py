@@ -11,6 +11,7 @@ when a record is made and with which outcome.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -34,8 +35,12 @@ class Records:
     def __init__(self, *, sessions: dict[str, LiveSession], data_dir: Path, key: Any, metrics: Metrics,
                  clock: Callable[[], float], open_session: Callable[[str], Awaitable[LiveSession]], apply: Apply,
                  approvals: Approvals, personas: PersonaInstances, audit: AuditTrail,
-                 ended: Callable[[str, str | None], None]) -> None:
+                 ended: Callable[[str, str | None], None], transparency_log: Any = None) -> None:
         self.sessions = sessions
+        # the transparency log (governor.evidence.translog): each final record's entry is
+        # appended durably before the record is written; None: records are not logged
+        self.transparency_log = transparency_log
+        self.write_final = transparency_log.write_record if transparency_log is not None else write_record
         self.data_dir = data_dir
         self.key = key
         self.metrics = metrics
@@ -74,7 +79,7 @@ class Records:
                 self.approvals.answer(live, approval_id, False, admission_for(live.id, ended_refusal(live), None),
                                       "session_ended")
             record = self.signed(live, None, kind="final")
-            await asyncio.to_thread(write_record, record_path(self.data_dir, session), record)
+            await asyncio.to_thread(self.write_final, record_path(self.data_dir, session), record)
             live.final_record = record
         self.ended(session, live.state.halt_cause if live.state.halted else None)
         return record
@@ -90,6 +95,21 @@ class Records:
         if book is not None:
             book.ended_by_principal(session)
         return record
+
+    async def final_record_with_proof(self, session: str) -> tuple[dict[str, Any], bytes]:
+        """An ended session's final record as it was logged (read back from its file) and a
+        C2SP tlog-proof of it (a checkpoint made now when the latest does not hold it).
+        KeyError: no final record; LookupError: no transparency log, or the record is not in it."""
+        if self.transparency_log is None:
+            raise LookupError("this governor keeps no transparency log")
+        path = record_path(self.data_dir, session)
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            raise KeyError(session) from None
+        record = json.loads(data)
+        proof = await asyncio.to_thread(self.transparency_log.prove, record)
+        return record, proof
 
     def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
         live = self.sessions.get(session)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 
 from governor.common.canonical import canonicalize, sha256_b64url
 from governor.evidence.finalize import FinalizeReport, Pin, finalize_interrupted
-from governor.evidence.record import SessionHeader, write_durably
+from governor.evidence.record import SessionHeader, write_durably, write_record
 from governor.evidence import Journal, journal_path
 from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, SessionState, Tier, advance, compile_limits
 from governor.policy.integrity import pin_changed
@@ -103,8 +103,10 @@ class Resumption:
     process left without an end."""
 
     def __init__(self, *, store: Store, data_dir: Path, key: Any, clock: Callable[[], float],
-                 settings: RuntimeSettings, governor_id: str, agent_id: str) -> None:
+                 settings: RuntimeSettings, governor_id: str, agent_id: str,
+                 write_final: Callable[..., Path] = write_record) -> None:
         self.store = store
+        self.write_final = write_final  # how a final record is written (logged first, with a log)
         self.data_dir = data_dir
         self.key = key
         self.clock = clock
@@ -198,7 +200,7 @@ class Resumption:
         (`ended`)."""
         pin = Pin(self.settings.limits.passport_digest, self.settings.limits.tier.value)
         report = await asyncio.to_thread(finalize_interrupted, self.data_dir, key=self.key, pin=pin,
-                                         clock=self.clock, sync=self.settings.journal_sync)
+                                         clock=self.clock, sync=self.settings.journal_sync, write=self.write_final)
         if report.finalized:
             states = await asyncio.to_thread(self._halted_states, report)
             for finalized, state in zip(report.finalized, states):

@@ -111,6 +111,10 @@ class Sweeper:
         pass yields to the proxy every SWEEP_SLICE sessions: with thousands of sessions it must
         not hold the loop."""
         await self.personas.sweep()
+        transparency_log = self.records.transparency_log
+        if transparency_log is not None and transparency_log.checkpoint_size != transparency_log.size:
+            # entries that waited past --log-checkpoint-seconds get their checkpoint without an append
+            await asyncio.to_thread(transparency_log.checkpoint)
         now = self.clock()
         idle_budget = IDLE_SWEEPS_PER_PASS
         for n, live in enumerate(list(self.sessions.values()), 1):

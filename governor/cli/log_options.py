@@ -1,0 +1,61 @@
+"""`governor run`'s transparency-log options (docs/transparency-log.md): their help, and how
+their values (flags, environment, config file) become the Settings' log fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from governor.cli import UsageError
+
+LOG_OPTIONS: dict[str, tuple[str, str]] = {
+    "log": ("GOVERNOR_LOG", "on (default) or off: append every final record's entry to the transparency log in "
+            "DATA_DIR/log, served at /log/ (docs/transparency-log.md)"),
+    "log_origin": ("GOVERNOR_LOG_ORIGIN", "the log's origin line and key name (default: derived from the governor's "
+                   "id, e.g. localhost/governor/log)"),
+    "log_checkpoint_entries": ("GOVERNOR_LOG_CHECKPOINT_ENTRIES", "sign a new checkpoint at least every this many "
+                               "entries (default 256)"),
+    "log_checkpoint_seconds": ("GOVERNOR_LOG_CHECKPOINT_SECONDS", "and at least every this many seconds while "
+                               "entries wait (default 10)"),
+    "log_access": ("GOVERNOR_LOG_ACCESS", "open (default: anyone may read /log/) or token (/log/ needs the "
+                   "control token, like the /v1 reads)"),
+}
+
+
+def seconds_value(value: Any, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what}: expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise UsageError(f"{what}: must be positive")
+    return number
+
+
+def apply_log_settings(settings: Any, value: Any) -> None:
+    """The transparency log's options (docs/transparency-log.md)."""
+    def switch(name: str) -> bool | None:
+        given = value(name)
+        if given is None or isinstance(given, bool):
+            return given
+        word = str(given).strip().lower()
+        if word not in ("on", "off", "yes", "no", "true", "false"):
+            raise UsageError(f"--{name.replace('_', '-')}: expected on or off, got {given!r}")
+        return word in ("on", "yes", "true")
+
+    if (enabled := switch("log")) is not None:
+        settings.log = enabled
+    if (access := value("log_access")) is not None:
+        if str(access).strip().lower() not in ("open", "token"):
+            raise UsageError(f"--log-access: expected open or token, got {access!r}")
+        settings.log_require_token = str(access).strip().lower() == "token"
+    if (origin := value("log_origin")) is not None:
+        origin = str(origin)
+        if not origin or any(c.isspace() or c == "+" or ord(c) < 0x21 for c in origin):
+            raise UsageError(f"--log-origin: a name without spaces or plus signs, got {origin!r}")
+        settings.log_origin = origin
+    if (entries := value("log_checkpoint_entries")) is not None:
+        if not str(entries).isdigit() or int(entries) < 1:
+            raise UsageError(f"--log-checkpoint-entries: expected a whole number >= 1, got {entries!r}")
+        settings.log_checkpoint_entries = int(entries)
+    if (seconds := value("log_checkpoint_seconds")) is not None:
+        settings.log_checkpoint_seconds = seconds_value(seconds, "--log-checkpoint-seconds")
