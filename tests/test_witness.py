@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import re
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -255,10 +257,37 @@ def test_hostile_bodies_are_400(witness, log, body, why):
 
 
 def test_an_oversize_body_is_refused_without_reading_it(witness, log):
-    status, _, _ = witness.post(b"old 0\n\n" + b"x" * 300_000)
-    assert status in (400, 413)
+    status, _, answer = witness.post(b"old 0\n\n" + b"x" * 300_000)
+    assert status == 413 and b"over" in answer
     log.grow(1)
     assert submit(witness, log, 0)[0][0] == 200  # the witness is still serving
+
+
+def test_a_chunked_oversize_body_is_cut_at_the_limit(witness, log):
+    connection = http.client.HTTPConnection(witness.url.removeprefix("http://"), timeout=20)
+    try:
+        connection.request("POST", "/add-checkpoint", body=iter([b"old 0\n\n"] + [b"y" * 65536] * 8),
+                            encode_chunked=True, headers={"Content-Type": "text/plain"})
+        answer = connection.getresponse()
+        assert answer.status == 413 and b"over" in answer.read()
+    finally:
+        connection.close()
+    log.grow(1)
+    assert submit(witness, log, 0)[0][0] == 200
+
+
+def test_concurrent_submissions_from_the_same_old_size_cosign_once(witness, log):
+    log.grow(3)
+    assert submit(witness, log, 0)[0][0] == 200
+    log.grow(4)
+    body = add_body(3, log.levels.consistency_proof(3, 7), log.checkpoint())
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.append(witness.post(body)[0])) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(statuses) == [200] + [409] * 7
 
 
 def test_a_wrong_content_type_is_read_as_the_body_it_is(witness, log):
@@ -282,6 +311,11 @@ def test_usage_errors_exit_2(tmp_path):
                               text=True, timeout=60)
     done = run("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), "--log-key", "not+a+vkey")
     assert done.returncode == 2 and "--log-key" in done.stderr
+    witness_type = TestLog()
+    from governor.evidence.tlog.note import CosignatureSigner
+    cosigner = CosignatureSigner("log.test", witness_type.signer.private_key)
+    done = run("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), "--log-key", cosigner.vkey())
+    assert done.returncode == 2 and "Ed25519 (type 0x01)" in done.stderr
     done = run("--listen", "nowhere", "--data-dir", str(tmp_path), "--log-key", TestLog().signer.vkey())
     assert done.returncode == 2 and "HOST:PORT" in done.stderr
     (tmp_path / "state.json").write_text("{broken")

@@ -38,7 +38,9 @@ class WitnessRoutes:
         if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
             return refusal(WitnessRefusal(413, f"the request is over {MAX_REQUEST_BYTES} bytes"))
         try:
-            body = await request.content.read(MAX_REQUEST_BYTES + 1)
+            body = await request.read()  # the whole body, bounded by the app's client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            return refusal(WitnessRefusal(413, f"the request is over {MAX_REQUEST_BYTES} bytes"))
         except (ValueError, ConnectionError) as problem:
             return refusal(WitnessRefusal(400, f"unreadable body: {problem}"))
         try:
