@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from governor.evidence.tlog.note import cosignature_timestamp, open_note, parse_note, parse_vkey
+from governor.evidence.tlog.witness import AddCheckpoint, parse_add_checkpoint
+from governor.witness.state import load_or_create_signer
 from tests.tlog_fixtures import TestLog
 
 try:
@@ -78,7 +80,10 @@ class WitnessProcess:
 
 def add_body(old: int, proof, note: bytes) -> bytes:
     lines = [f"old {old}"] + [base64.b64encode(h).decode() for h in proof]
-    return ("\n".join(lines) + "\n\n").encode() + note
+    body = ("\n".join(lines) + "\n\n").encode() + note
+    assert AddCheckpoint(old, tuple(proof), note).encode() == body  # the library's client side agrees
+    assert parse_add_checkpoint(body) == AddCheckpoint(old, tuple(proof), note)
+    return body
 
 
 @pytest.fixture
@@ -318,6 +323,10 @@ def test_usage_errors_exit_2(tmp_path):
     assert done.returncode == 2 and "Ed25519 (type 0x01)" in done.stderr
     done = run("--listen", "nowhere", "--data-dir", str(tmp_path), "--log-key", TestLog().signer.vkey())
     assert done.returncode == 2 and "HOST:PORT" in done.stderr
+    load_or_create_signer(tmp_path / "named", None)
+    done = run("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "named"), "--name", "other.example/w",
+               "--log-key", TestLog().signer.vkey())
+    assert done.returncode == 2 and "is named 'governor-witness'" in done.stderr
     (tmp_path / "state.json").write_text("{broken")
     done = run("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), "--log-key", TestLog().signer.vkey())
     assert done.returncode == 2 and "state.json" in done.stderr

@@ -12,6 +12,7 @@ roll the state back.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
@@ -49,6 +50,11 @@ class AddCheckpoint:
     old_size: int
     proof: tuple[bytes, ...]
     note: bytes  # the signed checkpoint, verbatim
+
+    def encode(self) -> bytes:
+        """The request body a log sends (the client side of the protocol)."""
+        lines = [f"old {self.old_size}", *(base64.b64encode(h).decode("ascii") for h in self.proof)]
+        return ("\n".join(lines) + "\n\n").encode("ascii") + self.note
 
 
 @dataclass(frozen=True)
