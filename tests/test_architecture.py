@@ -139,6 +139,7 @@ MAY_IMPORT = {
     "store": (*_BASE, "policy"),
     "sessions": (*_BASE, "policy", "evidence"),
     "notify": (*_BASE, "evidence"),
+    "witness": (*_BASE, "evidence"),
     "adapters": (*_BASE, "passport", "policy"),
     "runtime": (*_BASE, "passport", "policy", "evidence", "store", "sessions", "notify", "adapters"),
     "control": (*_BASE, "passport", "policy", "evidence", "sessions", "runtime"),
@@ -146,7 +147,7 @@ MAY_IMPORT = {
               "control"),
     "demo": (*_BASE, "passport", "policy", "evidence", "store", "sessions", "notify", "adapters", "runtime",
              "control", "proxy"),
-    "cli": (*_BASE, "passport", "policy", "evidence", "store", "sessions", "notify", "adapters", "runtime",
+    "cli": (*_BASE, "passport", "policy", "evidence", "store", "sessions", "notify", "witness", "adapters", "runtime",
             "control", "proxy", "demo"),
 }
 

@@ -27,6 +27,8 @@ COMMAND_MODULES = (
     "governor.cli.approvals",  # approvals list|show|approve|reject
     "governor.cli.demo",  # demo
     "governor.cli.exec",  # exec -- COMMAND (an agent that ignores proxy variables)
+    "governor.cli.witness",  # witness (a C2SP tlog-witness)
+    "governor.cli.audit",  # audit (a transparency log, its agents' sequences)
 )
 
 
