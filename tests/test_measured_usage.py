@@ -7,7 +7,8 @@ no download), so an honest call is charged exactly its usage; answers without us
 lying usage, plain and streamed, are charged at least the count; hostile streams (escape
 floods, non-JSON lines, negative or string counts, a duplicated usage event, usage before
 text) neither crash the relay nor escape the count. Real proxy, real runtime (the example
-passport: 20,000 tokens a session), a raw loopback upstream that says what the test scripts.
+passport; a 10,000-token one for the parallel streams), a raw loopback upstream that says
+what the test scripts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
@@ -23,14 +23,18 @@ import pytest_asyncio
 from aiohttp import web
 
 from governor.adapters.counting import MAX_TOKEN_BYTES, OutputCounter, count_text
-from tests.proxy_harness import RawClient, real_governor
+from governor.adapters.base import AdapterConfig
+from governor.proxy.server import Settings, serve
+from tests.proxy_harness import AGENT_NAMED, RawClient, real_governor
+from tests.stream_budget_harness import CAP as STREAM_CAP, parallel_streams, write_passport
+from tests.upstreams import Behaviour, MockLLM
 
 aio = pytest.mark.asyncio(loop_scope="module")
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
-CAP = 20_000  # the example passport's tokens per session
+CAP = STREAM_CAP  # tests/stream_budget_harness.py's passport: 10,000 tokens a session
 
 _rng = random.Random(29)
 SHAPES = {
@@ -100,7 +104,7 @@ class RawUpstream:
         app.router.add_route("*", "/{tail:.*}", self.answer)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.tls.server_context())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.tls.server_context() if self.tls else None)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -330,45 +334,55 @@ async def test_non_json_lines_negative_and_string_counts_duplicates_and_early_us
     assert [d["kind"] for d in anomalies(running, "hostile")] == ["usage_below_count"]
 
 
-# --- many at once ----------------------------------------------------------------------------
+# --- many at once: 64 parallel streams against a 10,000-token cap ---------------------------
 
-CHUNK_WORDS = 50
-PARALLEL = 64
+async def capped_governor(tmp_path):
+    """The real proxy and runtime on the stream-budget test passport (10,000 tokens a session,
+    no iteration or concurrency limit), output fitting off, plain-HTTP upstreams."""
+    running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp_path / "passport.json"),
+                                   listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data", tick_interval=0,
+                                   adapters=AdapterConfig(default_output_tokens=4096, fit_output=False)))
+    return running
+
+
+async def used_tokens(running, session: str) -> float:
+    view = await running.runtime.session_view(session)
+    return next(b["used"] for b in view["budgets"]
+                if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
 
 
 @aio
-async def test_64_parallel_lying_streams_stay_within_the_cap_plus_one_chunk_each(env):
-    running, upstream = env
-    chunk_text = "abc " * CHUNK_WORDS  # 50 words, 200 bytes: 50 tokens by the count and by bytes/4
-    stream = chat_stream([chunk_text] * 40, {"prompt_tokens": 1, "completion_tokens": 1})  # 2,000 words each
-    upstream.default = ("text/event-stream", stream)
-    upstream.scripts.clear()
-    body = chat_body(stream=True, max_tokens=10)
+@pytest.mark.parametrize("usage", ["lying", "missing"])
+async def test_64_parallel_streams_stay_within_the_cap_plus_one_chunk_each(tmp_path, usage):
+    # 64 streams of 500 deltas "abc " (one word, one token by the count and by bytes / 4, and
+    # one at the client): each far past the max_tokens 20 it was admitted with; the final usage
+    # says 1 token ("lying") or nothing ("missing")
+    running = await capped_governor(tmp_path)
+    mock, upstream = MockLLM(), RawUpstream(None)
+    await mock.start()
+    await upstream.start()
+    try:
+        if usage == "lying":
+            mock.default = Behaviour(text=WORD * 500, chunks=500, input_tokens=11, output_tokens=1)
+            base = mock.base_url
+        else:
+            upstream.default = ("text/event-stream", chat_stream([WORD] * 500))
+            base = f"http://127.0.0.1:{upstream.port}"
+        tally = await parallel_streams([running.proxy_url], base, 64, 20, "crowd")
+        used = await used_tokens(running, "crowd")
+        view = await running.runtime.session_view("crowd")
+    finally:
+        await running.stop()
+        await mock.stop()
+        await upstream.stop()
+    print(f"\n64 streams, usage {usage}: delivered {tally.total} tokens (cap {CAP}), {tally.cut} cut, "
+          f"{tally.statuses.count(429)} refused, charged {used}")
+    assert not tally.errors, tally.errors[:3]
+    assert len(tally.delivered) == 64
+    assert tally.total <= CAP + 64, (tally.total, tally.cut)  # the cap, plus one chunk (one token) a stream
+    assert tally.cut > 0 or 429 in tally.statuses  # the cap is what stopped them
+    assert used >= tally.total  # every token relayed was charged, whatever the usage said
+    assert view["state"] == "halted"
 
-    pool = ThreadPoolExecutor(PARALLEL)  # one thread a client: all 64 streams at once
 
-    def call() -> bytes:
-        client = RawClient(running.proxy_address, running.ca_file, ("127.0.0.1", upstream.port))
-        try:
-            client.send("POST", CHAT, orjson.dumps(body), {"ADL-Session": "crowd"})
-            status, _, received = client.read_response()
-            return b"%d " % status + received
-        finally:
-            client.close()
-
-    async def one(i: int) -> bytes:
-        try:
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, call), 60)
-        except Exception as exc:
-            return repr(exc).encode()
-
-    received = await asyncio.gather(*(one(i) for i in range(PARALLEL)))
-    pool.shutdown(wait=False)
-    upstream.default = None
-    delivered = sum(r.count(b"abc") for r in received)
-    assert delivered, received[:3]
-    used = await tokens_used(running, "crowd")
-    assert delivered > 0
-    # every token relayed was charged, and the session stayed within its cap plus one chunk a stream
-    assert used >= delivered
-    assert used <= CAP + 64 * (CHUNK_WORDS + expected_input(body))
+WORD = "abc "  # one token a delta, four bytes (tests/stream_budget_harness.py counts 4 characters a token)
