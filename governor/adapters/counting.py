@@ -71,7 +71,10 @@ class OutputCounter:
     def add(self, text: str) -> None:
         if not text:
             return
-        raw = text.encode("utf-8", "surrogatepass")
+        try:
+            raw = text.encode()
+        except UnicodeEncodeError:  # a lone surrogate (a lenient JSON parser's): 3 bytes, as the escape decodes
+            raw = text.encode("utf-8", "surrogatepass")
         self.nbytes += len(raw)
         words = len(raw.split())
         if words and self._open and raw[0] not in _WS:

@@ -485,8 +485,7 @@ class ChatStreamWatcher(_Watcher):
             if len(delta) > 2:  # more than role and content: a refusal or reasoning text
                 for key in ("refusal", "reasoning_content", "reasoning"):
                     counter.add_value(delta.get(key))
-            if self.reported is None and self.counter.nbytes <= self._quiet_bytes \
-                    and self.counter.words <= self._quiet_words:
+            if self.reported is None and counter.nbytes <= self._quiet_bytes and counter.words <= self._quiet_words:
                 return []
             out: list[StreamEvent] = []
             self._progress(out)
