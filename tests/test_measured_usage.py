@@ -87,6 +87,22 @@ def test_the_running_count_of_a_stream_is_the_count_of_its_text(shape):
         assert counter.tokens == count_text(text)
 
 
+@pytest.mark.parametrize("shape", ["english", "code", "single characters", "mixed"])
+def test_words_within_answers_as_the_exact_count_would(shape):
+    # the stream's quiet check asks it on every chunk: its shortcut (a word per two bytes)
+    # must never say "within" for a count that is not
+    text = SHAPES[shape]
+    rng = random.Random(7)
+    counter, exact, at = OutputCounter(), OutputCounter(), 0
+    while at < len(text):
+        step = rng.randrange(1, 6)
+        counter.add(text[at:at + step])
+        exact.add(text[at:at + step])
+        at += step
+        limit = rng.randrange(0, 2 * exact.words + 2)
+        assert counter.words_within(limit) == (exact.words <= limit)
+
+
 # --- a raw upstream: answers exactly the bytes a test scripts ------------------------------
 
 class RawUpstream:

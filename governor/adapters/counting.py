@@ -29,6 +29,7 @@ characters some tokenizers treat as space would only split words further, which 
 count ignores (it can only be lower for it).
 
 Counting is incremental (streams): a word cut across two deltas is counted once.
+The words of a stream's deltas are counted in batches (OutputCounter), off the per-chunk path.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from governor.policy.steps import UsageReport
 MAX_TOKEN_BYTES = 128
 
 _WS = frozenset(b" \t\n\r\x0b\x0c")
+BATCH = 64  # pieces kept before their words are counted (OutputCounter)
 
 
 def lower_bound(nbytes: int, words: int) -> int:
@@ -58,29 +60,35 @@ def count_text(text: str) -> int:
 class OutputCounter:
     """The running count of a relayed output, fed its pieces (deltas) in order.
 
-    `add` costs an encode and a bytes.split of the piece (C loops): cheap enough for every
-    delta of a stream."""
+    On a stream's hot path: `add` only measures a piece's bytes and keeps it; its words are
+    counted in batches (one join and one bytes.split per `BATCH` pieces, or when asked), so a
+    delta costs a few attribute updates. `words_within` answers "is the count of words at most
+    n?" from an upper bound (a word takes a byte and a separator) without counting, while it
+    can."""
 
-    __slots__ = ("nbytes", "words", "_open")
+    __slots__ = ("nbytes", "_words", "_open", "_pending", "_settled_bytes")
 
     def __init__(self) -> None:
         self.nbytes = 0
-        self.words = 0
-        self._open = False  # the last piece ended inside a word
+        self._words = 0
+        self._open = False  # the text counted so far ended inside a word
+        self._pending: list[str] = []  # pieces whose words are not counted yet
+        self._settled_bytes = 0  # the bytes of the pieces counted (nbytes less the pending ones)
 
     def add(self, text: str) -> None:
         if not text:
             return
-        try:
-            raw = text.encode()
-        except UnicodeEncodeError:  # a lone surrogate (a lenient JSON parser's): 3 bytes, as the escape decodes
-            raw = text.encode("utf-8", "surrogatepass")
-        self.nbytes += len(raw)
-        words = len(raw.split())
-        if words and self._open and raw[0] not in _WS:
-            words -= 1  # the word the last piece ended in goes on
-        self.words += words
-        self._open = raw[-1] not in _WS
+        if text.isascii():
+            self.nbytes += len(text)
+        else:
+            try:
+                self.nbytes += len(text.encode())
+            except UnicodeEncodeError:  # a lone surrogate (a lenient JSON parser's): 3 bytes, as it decodes
+                self.nbytes += len(text.encode("utf-8", "surrogatepass"))
+        pending = self._pending
+        pending.append(text)
+        if len(pending) >= BATCH:
+            self._settle()
 
     def add_value(self, value: Any) -> None:
         """A piece that should be text (a delta's field): counted only when it is."""
@@ -89,15 +97,46 @@ class OutputCounter:
 
     def add_separate(self, text: str) -> None:
         """A piece that is tokenized apart from what came before (a tool's name)."""
+        self._settle()
         self._open = False
         self.add(text)
+        self._settle()
         self._open = False
+
+    def _settle(self) -> None:
+        """Count the words of the pending pieces (as one text: a word cut across pieces once)."""
+        pending = self._pending
+        if not pending:
+            return
+        text = pending[0] if len(pending) == 1 else "".join(pending)
+        self._pending = []
+        self._settled_bytes = self.nbytes
+        try:
+            raw = text.encode()
+        except UnicodeEncodeError:
+            raw = text.encode("utf-8", "surrogatepass")
+        words = len(raw.split())
+        if words and self._open and raw[0] not in _WS:
+            words -= 1  # the word the text counted before ended in goes on
+        self._words += words
+        self._open = raw[-1] not in _WS
+
+    @property
+    def words(self) -> int:
+        self._settle()
+        return self._words
+
+    def words_within(self, limit: int) -> bool:
+        """Whether the words so far are at most `limit`; counts the pending pieces only when
+        their bound (a word per two bytes, rounded up) does not settle it."""
+        if self._words + (self.nbytes - self._settled_bytes + 1) // 2 <= limit:
+            return True
+        self._settle()
+        return self._words <= limit
 
     @property
     def tokens(self) -> int:
         return lower_bound(self.nbytes, self.words)
-
-
 
 def measured(reported: UsageReport | None, counted: int, *, model: str, expected_input: int,
              persona: str | None, final: bool = True) -> UsageReport:
