@@ -313,6 +313,55 @@ async def test_anthropic_plain_without_usage_and_stream_with_lying_usage(env):
     assert [d["kind"] for d in anomalies(running, "claude-liar")] == ["usage_below_count"]
 
 
+@aio
+async def test_responses_and_completions_plain_and_streamed_are_charged_the_count(env):
+    running, upstream = env
+    summary = "thinking it over " * 20
+    response = {"id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-4o-mini", "status": "completed",
+                "output": [{"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": summary}]},
+                           {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": PROSE, "annotations": []}]}],
+                "usage": {"input_tokens": 6, "output_tokens": 3, "total_tokens": 9}}
+    body = {"model": "gpt-4o-mini", "input": "hello", "max_output_tokens": 8000}
+    upstream.scripts.append(("application/json", [orjson.dumps(response)]))
+    status, _, _ = await send(running, upstream, RESPONSES, body, "responses-plain")
+    assert status == 200
+    assert await tokens_used(running, "responses-plain") == 6 + count_text(summary + PROSE)
+
+    def event(data: dict) -> bytes:
+        return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    events = [event({"type": "response.created", "sequence_number": 0, "response": {**response, "output": [],
+                                                                                      "status": "in_progress"}})]
+    events += [event({"type": "response.output_text.delta", "sequence_number": n + 1, "item_id": "msg_1",
+                      "output_index": 0, "content_index": 0, "delta": PROSE[i:i + 11]})
+               for n, i in enumerate(range(0, len(PROSE), 11))]
+    events.append(event({"type": "response.completed", "sequence_number": 9999, "response": response}))
+    upstream.scripts.append(("text/event-stream", events))
+    status, _, received = await send(running, upstream, RESPONSES, {**body, "stream": True}, "responses-stream")
+    assert status == 200 and b"response.completed" in received
+    assert await tokens_used(running, "responses-stream") == 6 + count_text(PROSE)
+    assert [d["kind"] for d in anomalies(running, "responses-stream")] == ["usage_below_count"]
+
+    completion = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "gpt-3.5-turbo-instruct",
+                  "choices": [{"index": 0, "text": PROSE, "logprobs": None, "finish_reason": "stop"}]}
+    legacy = {"model": "gpt-3.5-turbo-instruct", "prompt": "hello", "max_tokens": 8000}
+    upstream.scripts.append(("application/json", [orjson.dumps(completion)]))  # no usage at all
+    status, _, _ = await send(running, upstream, "/v1/completions", legacy, "completions-plain")
+    assert status == 200
+    assert await tokens_used(running, "completions-plain") == count_text(PROSE) + expected_input(legacy)
+    chunks = [b"data: " + orjson.dumps({**completion, "choices": [{"index": 0, "text": PROSE[i:i + 13],
+                                                                   "logprobs": None, "finish_reason": None}]}) + b"\n\n"
+              for i in range(0, len(PROSE), 13)]
+    chunks += [b"data: " + orjson.dumps({**completion, "choices": [],
+                                         "usage": {"prompt_tokens": 2, "completion_tokens": 1}}) + b"\n\n",
+               b"data: [DONE]\n\n"]
+    upstream.scripts.append(("text/event-stream", chunks))
+    status, _, received = await send(running, upstream, "/v1/completions", {**legacy, "stream": True}, "completions-stream")
+    assert status == 200 and b"[DONE]" in received
+    assert await tokens_used(running, "completions-stream") == 2 + count_text(PROSE)
+
+
 # --- hostile streams -------------------------------------------------------------------------
 
 @aio
@@ -348,6 +397,35 @@ async def test_non_json_lines_negative_and_string_counts_duplicates_and_early_us
     used = await tokens_used(running, "hostile")
     assert used >= count_text(words) and used == 4 + count_text(words)
     assert [d["kind"] for d in anomalies(running, "hostile")] == ["usage_below_count"]
+
+
+@aio
+async def test_an_anthropic_stream_with_string_negative_and_repeated_usage(env):
+    running, upstream = env
+
+    def event(name: str, data: dict) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"
+
+    message = {"id": "msg_2", "type": "message", "role": "assistant", "model": "claude-haiku-4-5", "content": [],
+               "stop_reason": None, "usage": {"input_tokens": "7", "output_tokens": -3}}
+    events = [event("message_delta", {"delta": {}, "usage": {"output_tokens": 1}}),  # usage before anything
+              event("message_start", {"message": message}),
+              b"event: ping\ndata: not json\n\n",
+              event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+    events += [event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": PROSE[i:i + 9]}})
+               for i in range(0, len(PROSE), 9)]
+    events += [event("content_block_stop", {"index": 0}),
+               event("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": "99999"}}),
+               event("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+               event("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+               event("message_stop", {})]
+    upstream.scripts.append(("text/event-stream", events))
+    body = {"model": "claude-haiku-4-5", "max_tokens": 8000, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    status, _, received = await send(running, upstream, MESSAGES, body, "claude-hostile")
+    assert status == 200 and b"message_stop" in received
+    # the string and negative counts read as 0: the input is the admission's estimate, the output the count
+    assert await tokens_used(running, "claude-hostile") == expected_input(body) + count_text(PROSE)
+    assert [d["kind"] for d in anomalies(running, "claude-hostile")] == ["usage_below_count"]
 
 
 # --- many at once: 64 parallel streams against a 10,000-token cap ---------------------------

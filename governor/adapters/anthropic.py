@@ -32,7 +32,6 @@ from governor.adapters.base import (
     StreamWatcher,
     estimate_tokens,
     model_call,
-    positive_int,
     requested_tool_call,
     within_admission,
     fallback_text,
@@ -66,9 +65,12 @@ def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bo
 
 
 def _usage_fields(usage: Any) -> dict[str, int]:
+    """The usage figures that are counts (non-negative integers); a string or a negative one is
+    left out, as if absent (the input is then the admission's estimate, the output the
+    governor's count), never read as 0."""
     if not isinstance(usage, dict):
         return {}
-    return {key: positive_int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
+    return {key: value for key in USAGE_FIELDS if type(value := usage.get(key)) is int and value >= 0}
 
 
 def _count_block(counter: OutputCounter, block: Mapping[str, Any]) -> None:

@@ -99,16 +99,31 @@ def _token_ids(value: Any) -> int:
     return sum(len(item) for item in value if isinstance(item, list))
 
 
-def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
+def _count(value: Any) -> bool:
+    """A token count as a provider writes it: a non-negative integer (not a bool, a string, -3)."""
+    return type(value) is int and value >= 0
+
+
+def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool,
+           expected_input: int) -> UsageReport | None:
+    """The provider's usage; None when it has no believable output figure (absent, a string,
+    negative: the answer is then charged as one without usage). An input figure that is not
+    a count is replaced by the admission's `expected_input`, never read as 0."""
     if not isinstance(usage, dict):
         return None
     # the same usage under the Responses API's names and under Chat/Completions' names
     inputs, outputs = ("input_tokens", "output_tokens") if kind == RESPONSES else ("prompt_tokens", "completion_tokens")
+    output = usage.get(outputs)
+    if not _count(output):
+        if kind != EMBEDDINGS:
+            return None
+        output = 0  # embeddings have no output
+    given = usage.get(inputs)
     details = usage.get(inputs + "_details")
     return UsageReport(
         model=model,
-        input_tokens=positive_int(usage.get(inputs)),
-        output_tokens=positive_int(usage.get(outputs)),
+        input_tokens=given if _count(given) else expected_input,
+        output_tokens=output,
         cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         persona=persona,
         final=final,
@@ -268,7 +283,8 @@ class OpenAIAdapter(Adapter):
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
-        usage = measured(_usage(kind, data.get("usage"), model, exchange.persona, final=True), _answer_count(kind, data),
+        usage = measured(_usage(kind, data.get("usage"), model, exchange.persona, final=True,
+                                expected_input=exchange.state["expected_input"]), _answer_count(kind, data),
                          model=model, expected_input=exchange.state["expected_input"], persona=exchange.persona)
         steps: list[Step] = []
         if kind == CHAT:
@@ -511,7 +527,8 @@ class ChatStreamWatcher(_Watcher):
             self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
             self.created = data.get("created") if isinstance(data.get("created"), int) else self.created
         if data.get("usage"):
-            if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
+            if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False,
+                                expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         for choice in as_list(data.get("choices")):
             if not isinstance(choice, dict):
@@ -563,7 +580,8 @@ class CompletionsStreamWatcher(ChatStreamWatcher):
             self.chunk_id = data["id"]
             self.model = data.get("model") if isinstance(data.get("model"), str) else self.model
         if data.get("usage"):
-            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
+            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False,
+                                expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         for choice in as_list(data.get("choices")):
             text = choice.get("text") if isinstance(choice, dict) else None
@@ -609,7 +627,8 @@ class ResponsesStreamWatcher(_Watcher):
             self.completed = True
             response = as_dict(data.get("response"))
             model = response.get("model") if isinstance(response.get("model"), str) else self.exchange.model
-            if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
+            if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False,
+                                expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         self._progress(out)
 
