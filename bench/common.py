@@ -389,13 +389,23 @@ COMPLETION_TEXT = ("Governed agents keep to the limits they declare: the paper s
                    "Open questions: cost of the check, behaviour under concurrency, and tool misuse. ") * 3
 
 
+def honest_text(completion_tokens: int) -> str:
+    """COMPLETION_TEXT cut to what `completion_tokens` can honestly carry: 3 words for every 4
+    tokens (English runs at about 1.3 tokens a word). The governor counts the output it relays
+    and flags a usage below its count (docs/reference/measured-usage.md): the mock must not lie."""
+    words = COMPLETION_TEXT.split(" ")
+    return " ".join(words[:max(1, completion_tokens * 3 // 4)])
+
+
 def plain_answer(model: str, usage: dict[str, int]) -> bytes:
-    """The mock upstream's chat completion (non-streamed) for `model` with `usage`."""
+    """The mock upstream's chat completion (non-streamed) for `model` with `usage`, its text
+    no more than the usage honestly covers."""
     import orjson
 
     return orjson.dumps({
         "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_790_000_000, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": COMPLETION_TEXT},
+        "choices": [{"index": 0, "message": {"role": "assistant",
+                                             "content": honest_text(usage["completion_tokens"])},
                      "logprobs": None, "finish_reason": "stop"}],
         "usage": usage, "system_fingerprint": "fp_bench",
     })

@@ -366,7 +366,11 @@ def test_a_usage_report_with_its_reservation_keeps_every_other_field():
     assert final.with_reserved(charges, ends_call=True) == dataclasses.replace(final, reserved=charges, ends_call=True)
     # with_reserved names every field: a new one must be added there too
     assert [f.name for f in dataclasses.fields(UsageReport)] == [
-        "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved", "ends_call", "units"]
+        "model", "input_tokens", "output_tokens", "cached_input_tokens", "persona", "final", "reserved", "ends_call", "units",
+        "reported_output_tokens", "counted_output_tokens"]
+    # the measured figures (not compared: equality is about what is charged) are carried too
+    measured = dataclasses.replace(final, reported_output_tokens=1, counted_output_tokens=2).with_reserved(charges)
+    assert (measured.reported_output_tokens, measured.counted_output_tokens) == (1, 2)
 
 
 def test_charges_are_built_in_counter_charge_field_order():

@@ -296,12 +296,14 @@ async def test_huge_bodies_get_the_policys_answer_or_a_413(env):
 
 async def test_garbage_sse_from_upstream_passes_and_usage_is_still_counted(env):
     running, mock, runtime = env
-    mock.script(Behaviour(garbage_sse=True, chunks=6, input_tokens=9, output_tokens=4))
+    # output_tokens 6: the text ("Hello from the mock upstream.") is 6 tokens in cl100k; a lower
+    # figure is an under-report the governor's own count (5 words) would raise
+    mock.script(Behaviour(garbage_sse=True, chunks=6, input_tokens=9, output_tokens=6))
     status, _, body = await exchange(running, mock, CHAT, chat(stream=True), {"ADL-Session": "garbage"})
     assert status == 200 and b"not json at all" in body and body.endswith(b"data: [DONE]\n\n")
     await runtime.wait_for(lambda: runtime.final_usage("garbage"))
     [final] = runtime.final_usage("garbage")
-    assert (final.input_tokens, final.output_tokens) == (9, 4)
+    assert (final.input_tokens, final.output_tokens) == (9, 6)
 
 
 async def test_truncated_upstream_stream_is_accounted_and_the_proxy_lives_on(env):

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse, withhold
+from governor.adapters.counting import OutputCounter, measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
@@ -31,7 +32,6 @@ from governor.adapters.base import (
     StreamWatcher,
     estimate_tokens,
     model_call,
-    positive_int,
     requested_tool_call,
     within_admission,
     fallback_text,
@@ -65,9 +65,24 @@ def _report(usage: Mapping[str, int], model: str, persona: str | None, final: bo
 
 
 def _usage_fields(usage: Any) -> dict[str, int]:
+    """The usage figures that are counts (non-negative integers); a string or a negative one is
+    left out, as if absent (the input is then the admission's estimate, the output the
+    governor's count), never read as 0."""
     if not isinstance(usage, dict):
         return {}
-    return {key: positive_int(usage[key]) for key in USAGE_FIELDS if key in usage and usage[key] is not None}
+    return {key: value for key in USAGE_FIELDS if type(value := usage.get(key)) is int and value >= 0}
+
+
+def _count_block(counter: OutputCounter, block: Mapping[str, Any]) -> None:
+    """A tool-use block's name and input, counted (adapters.counting): the input as compact
+    JSON, no longer than the JSON the model generated for it."""
+    if block.get("type") in ("tool_use", "server_tool_use"):
+        counter.add_value(block.get("name"))
+        if block.get("input") not in (None, {}):
+            try:
+                counter.add_separate(orjson.dumps(block["input"]).decode())
+            except TypeError:  # not JSON-serializable as parsed (e.g. an integer past 64 bits)
+                pass
 
 
 class AnthropicAdapter(Adapter):
@@ -139,7 +154,16 @@ class AnthropicAdapter(Adapter):
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))
-        usage = _report(fields, model, exchange.persona, final=True) if fields else None
+        counter = OutputCounter()
+        for block in as_list(data.get("content")):
+            if isinstance(block, dict):
+                _count_block(counter, block)
+                counter.add_value(block.get("text"))
+                counter.add_value(block.get("thinking"))
+        reported = _report(fields, model, exchange.persona, final=True) if "output_tokens" in fields else None
+        usage = measured(reported, counter.tokens, model=model, persona=exchange.persona,
+                         expected_input=_report(fields, model, None, True).input_tokens if "input_tokens" in fields
+                         else exchange.state["expected_input"])
         steps: list[Step] = []
         for block in as_list(data.get("content")):
             if isinstance(block, dict) and block.get("type") == "tool_use":
@@ -192,7 +216,7 @@ class MessagesStreamWatcher(sse.SSEStreamWatcher):
         self.decoder = sse.SSEDecoder()
         self.model = exchange.model
         self.fields: dict[str, int] = {}  # latest cumulative usage per field
-        self.generated_bytes = 0
+        self.counter = OutputCounter()  # the output relayed so far: text, thinking, tool names and input
         self.blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index
         self.completed = False  # message_stop seen
         self._last: UsageReport | None = None
@@ -201,15 +225,31 @@ class MessagesStreamWatcher(sse.SSEStreamWatcher):
     def usage(self) -> UsageReport | None:
         return self._last
 
+    @property
+    def generated_bytes(self) -> int:
+        """Bytes of text, thinking and tool input relayed so far."""
+        return self.counter.nbytes
+
     def _current(self, final: bool) -> UsageReport:
-        """The provider's figures once the message completed; until then (and after a cut)
-        the provider's cumulative output or our estimate from the text, whichever is larger."""
+        """The provider's figures once the message completed, its output raised to the
+        governor's count of what was relayed when that is larger (adapters.counting); until
+        then (and after a cut) the provider's cumulative output or our estimate from the
+        text, whichever is larger."""
         fields = dict(self.fields)
         fields.setdefault("input_tokens", self.exchange.state["expected_input"])
-        if not (final and self.completed):
-            estimate = estimate_tokens(self.generated_bytes, self.bpt)
-            fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
-        return _report(fields, self.model, self.exchange.persona, final)
+        counted = self.counter.tokens
+        reported = _report(fields, self.model, self.exchange.persona, final) if "output_tokens" in self.fields else None
+        if final and self.completed:
+            return measured(reported, counted, model=self.model, persona=self.exchange.persona,
+                            expected_input=_report(fields, self.model, None, True).input_tokens)
+        estimate = max(estimate_tokens(self.generated_bytes, self.bpt), counted)
+        fields["output_tokens"] = max(fields.get("output_tokens", 0), estimate)
+        report = _report(fields, self.model, self.exchange.persona, final)
+        if final:
+            report = UsageReport(report.model, report.input_tokens, report.output_tokens, report.cached_input_tokens,
+                                 report.persona, True, reported_output_tokens=reported.output_tokens if reported
+                                 else None, counted_output_tokens=counted)
+        return report
 
     def _closed(self, out: list[StreamEvent]) -> None:
         out.append(self._current(final=True))
@@ -225,11 +265,12 @@ class MessagesStreamWatcher(sse.SSEStreamWatcher):
             for key in ("text", "partial_json", "thinking"):
                 piece = delta.get(key)
                 if isinstance(piece, str):
-                    self.generated_bytes += len(piece.encode())
+                    self.counter.add(piece)
                     if key == "partial_json" and index in self.blocks:
                         self.blocks[index]["args"].append(piece)
         elif kind == "content_block_start":
             block = as_dict(data.get("content_block"))
+            _count_block(self.counter, block)  # a tool's name (its input follows as partial_json)
             if block.get("type") == "tool_use":
                 self.blocks[as_key(data.get("index"))] = {"name": block.get("name"), "input": block.get("input"), "args": []}
         elif kind == "content_block_stop":

@@ -20,6 +20,7 @@ import orjson
 from governor.adapters import sse, withhold
 from governor.adapters.background import RESPONSE_USAGE, BackgroundStream
 from governor.adapters.deferred import finished
+from governor.adapters.counting import OutputCounter, measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
@@ -101,21 +102,70 @@ def _token_ids(value: Any) -> int:
     return sum(len(item) for item in value if isinstance(item, list))
 
 
-def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool) -> UsageReport | None:
+def _count(value: Any) -> bool:
+    """A token count as a provider writes it: a non-negative integer (not a bool, a string, -3)."""
+    return type(value) is int and value >= 0
+
+
+def _usage(kind: str, usage: Any, model: str, persona: str | None, final: bool,
+           expected_input: int) -> UsageReport | None:
+    """The provider's usage; None when it has no believable output figure (absent, a string,
+    negative: the answer is then charged as one without usage). An input figure that is not
+    a count is replaced by the admission's `expected_input`, never read as 0."""
     if not isinstance(usage, dict):
         return None
     # the same usage under the Responses API's names and under Chat/Completions' names
     inputs, outputs = ("input_tokens", "output_tokens") if kind == RESPONSES else ("prompt_tokens", "completion_tokens")
+    output = usage.get(outputs)
+    if not _count(output):
+        if kind != EMBEDDINGS:
+            return None
+        output = 0  # embeddings have no output
+    given = usage.get(inputs)
     details = usage.get(inputs + "_details")
     return UsageReport(
         model=model,
-        input_tokens=positive_int(usage.get(inputs)),
-        output_tokens=positive_int(usage.get(outputs)),
+        input_tokens=given if _count(given) else expected_input,
+        output_tokens=output,
         cached_input_tokens=positive_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         persona=persona,
         final=final,
     )
 
+
+
+def _answer_count(kind: str, data: dict[str, Any]) -> int:
+    """The governor's count (adapters.counting) of the output a plain answer delivers: text,
+    refusals, reasoning text, tool-call names and arguments."""
+    counter = OutputCounter()
+    add = counter.add_value
+    if kind == CHAT or kind == COMPLETIONS:
+        for choice in as_list(data.get("choices")):
+            if not isinstance(choice, dict):
+                continue
+            add(choice.get("text"))
+            message = as_dict(choice.get("message"))
+            for key in ("content", "refusal", "reasoning_content", "reasoning"):
+                add(message.get(key))
+            calls = as_list(message.get("tool_calls")) + [message.get("function_call")]
+            for call in calls:
+                fn = as_dict(call.get("function")) if isinstance(call, dict) and "function" in call else as_dict(call)
+                if type(fn.get("name")) is str:
+                    counter.add_separate(fn["name"])
+                add(fn.get("arguments"))
+    elif kind == RESPONSES:
+        for item in as_list(data.get("output")):
+            if not isinstance(item, dict):
+                continue
+            if type(item.get("name")) is str:
+                counter.add_separate(item["name"])
+            add(item.get("arguments"))
+            add(item.get("input"))
+            for part in as_list(item.get("content")) + as_list(item.get("summary")):
+                if isinstance(part, dict):
+                    add(part.get("text"))
+                    add(part.get("refusal"))
+    return counter.tokens
 
 
 class OpenAIAdapter(Adapter):
@@ -250,7 +300,9 @@ class OpenAIAdapter(Adapter):
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else exchange.model
-        usage = _usage(kind, data.get("usage"), model, exchange.persona, final=True)
+        usage = measured(_usage(kind, data.get("usage"), model, exchange.persona, final=True,
+                                expected_input=exchange.state["expected_input"]), _answer_count(kind, data),
+                         model=model, expected_input=exchange.state["expected_input"], persona=exchange.persona)
         if "background" in exchange.state and isinstance(data.get("id"), str) and not finished(data.get("status")):
             state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
             usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
@@ -367,28 +419,31 @@ class _Watcher(sse.SSEStreamWatcher):
         self.exchange = exchange
         self.bpt = bytes_per_token
         self.decoder = sse.SSEDecoder()
-        self.generated_bytes = 0  # text and tool-argument bytes seen so far
+        self.counter = OutputCounter()  # the output relayed so far: text, tool names and arguments
         self.reported: UsageReport | None = None  # latest provider usage (cumulative)
         self.completed = False  # the upstream finished the response normally
         self._last: UsageReport | None = None
         # our own estimate stays within the admission up to this many generated bytes
         self._quiet_bytes = exchange.state["expected_output"] * bytes_per_token
+        self._quiet_words = exchange.state["expected_output"]  # and the count's words within it
+        self._quiet_text = min(self._quiet_bytes, 2 * self._quiet_words - 1)  # bytes that cannot hold more words
+
+    @property
+    def generated_bytes(self) -> int:
+        """Bytes of text and tool arguments relayed so far."""
+        return self.counter.nbytes
 
     def _estimate(self, final: bool) -> UsageReport:
-        """The provider's usage once the response completed; until then (and after a cut)
+        """The provider's usage once the response completed, its output raised to the
+        governor's count of what was relayed when that is larger (adapters.counting; without
+        usage, the count and the request's estimated input); until then (and after a cut)
         its latest cumulative output or our estimate from the text, whichever is larger,
         and the request's estimated input when the provider has not said."""
         reported = self.reported
-        if final and self.completed and reported is not None:
-            return UsageReport(
-                model=reported.model,
-                input_tokens=reported.input_tokens,
-                output_tokens=reported.output_tokens,
-                cached_input_tokens=reported.cached_input_tokens,
-                persona=self.exchange.persona,
-                final=True,
-            )
-        estimate = estimate_tokens(self.generated_bytes, self.bpt)
+        if final and self.completed:
+            return measured(reported, self.counter.tokens, model=self.exchange.model, persona=self.exchange.persona,
+                            expected_input=self.exchange.state["expected_input"])
+        estimate = max(estimate_tokens(self.generated_bytes, self.bpt), self.counter.tokens)
         return UsageReport(
             model=reported.model if reported else self.exchange.model,
             input_tokens=reported.input_tokens if reported else self.exchange.state["expected_input"],
@@ -396,6 +451,8 @@ class _Watcher(sse.SSEStreamWatcher):
             cached_input_tokens=reported.cached_input_tokens if reported else 0,
             persona=self.exchange.persona,
             final=final,
+            reported_output_tokens=reported.output_tokens if reported else None,
+            counted_output_tokens=self.counter.tokens if final else None,
         )
 
     def _progress(self, out: list[StreamEvent]) -> None:
@@ -405,10 +462,11 @@ class _Watcher(sse.SSEStreamWatcher):
         if reported is None:
             # our estimate (the exchange's model and expected input) is within the admission
             # while ceil(bytes / bytes_per_token) <= expected output, i.e. bytes <= _quiet_bytes
-            if self.generated_bytes <= self._quiet_bytes:
+            if self.generated_bytes <= self._quiet_bytes and self.counter.words_within(self._quiet_words):
                 return
         elif within_admission(self.exchange, reported.model, reported.input_tokens,
-                              max(reported.output_tokens, estimate_tokens(self.generated_bytes, self.bpt))):
+                              max(reported.output_tokens, estimate_tokens(self.generated_bytes, self.bpt),
+                                  self.counter.tokens)):
             return
         current = self._estimate(final=False)
         if current != self._last:
@@ -465,10 +523,16 @@ class ChatStreamWatcher(_Watcher):
                 and type(choice := choices[0]) is dict and not choice.get("finish_reason")
                 and type(delta := choice.get("delta")) is dict and not delta.get("tool_calls")
                 and not data.get("usage")):
+            counter = self.counter
             content = delta.get("content")
             if type(content) is str:
-                self.generated_bytes += len(content) if content.isascii() else len(content.encode())
-            if self.reported is None and self.generated_bytes <= self._quiet_bytes:
+                counter.add(content)
+            if len(delta) > 2:  # more than role and content: a refusal or reasoning text
+                for key in ("refusal", "reasoning_content", "reasoning"):
+                    counter.add_value(delta.get(key))
+            # quiet while the bytes, and the words they can hold (one per two bytes), are within it
+            if self.reported is None and (counter.nbytes <= self._quiet_text or (
+                    counter.nbytes <= self._quiet_bytes and counter.words_within(self._quiet_words))):
                 return []
             out: list[StreamEvent] = []
             self._progress(out)
@@ -492,15 +556,16 @@ class ChatStreamWatcher(_Watcher):
             self.model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else self.model
             self.created = data.get("created") if isinstance(data.get("created"), int) else self.created
         if data.get("usage"):
-            if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False):
+            if usage := _usage(CHAT, data["usage"], self.model, self.exchange.persona, final=False,
+                                expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         for choice in as_list(data.get("choices")):
             if not isinstance(choice, dict):
                 continue
             delta = as_dict(choice.get("delta"))
-            content = delta.get("content")
-            if isinstance(content, str):
-                self.generated_bytes += len(content) if content.isascii() else len(content.encode())
+            counter = self.counter
+            for key in ("content", "refusal", "reasoning_content", "reasoning"):
+                counter.add_value(delta.get(key))
             for call in as_list(delta.get("tool_calls")):
                 if not isinstance(call, dict):
                     continue
@@ -509,9 +574,10 @@ class ChatStreamWatcher(_Watcher):
                 fn = as_dict(call.get("function"))
                 if isinstance(fn.get("name"), str):
                     slot["name"] = fn["name"]
+                    counter.add_separate(fn["name"])
                 if isinstance(fn.get("arguments"), str):
                     slot["args"].append(fn["arguments"])
-                    self.generated_bytes += len(fn["arguments"].encode())
+                    counter.add(fn["arguments"])
             if choice.get("finish_reason"):
                 self._finish(out)
         self._progress(out)
@@ -543,12 +609,13 @@ class CompletionsStreamWatcher(ChatStreamWatcher):
             self.chunk_id = data["id"]
             self.model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else self.model
         if data.get("usage"):
-            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False):
+            if usage := _usage(COMPLETIONS, data["usage"], self.model, self.exchange.persona, final=False,
+                                expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         for choice in as_list(data.get("choices")):
             text = choice.get("text") if isinstance(choice, dict) else None
             if isinstance(text, str):
-                self.generated_bytes += len(text.encode())
+                self.counter.add(text)
         self._progress(out)
 
     def terminal(self, message: str, governor: Mapping[str, Any]) -> bytes:
@@ -576,13 +643,13 @@ class ResponsesStreamWatcher(_Watcher):
         if isinstance(data.get("sequence_number"), int):
             self.sequence = data["sequence_number"]
         if kind in ("response.output_text.delta", "response.function_call_arguments.delta",
-                    "response.refusal.delta", "response.reasoning_summary_text.delta"):
-            delta = data.get("delta")
-            if isinstance(delta, str):
-                self.generated_bytes += len(delta.encode())
+                    "response.refusal.delta", "response.reasoning_summary_text.delta",
+                    "response.reasoning_text.delta", "response.custom_tool_call_input.delta"):
+            self.counter.add_value(data.get("delta"))
         elif kind == "response.output_item.done":
             item = data.get("item")
             if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
+                self.counter.add_value(item.get("name"))
                 if step := requested_tool_call(item.get("name"), item.get("arguments", item.get("input")), self.exchange.persona):
                     out.append(step)
         elif kind in self.FINAL_EVENTS:
@@ -590,7 +657,8 @@ class ResponsesStreamWatcher(_Watcher):
             response = as_dict(data.get("response"))
             model = response.get("model") if isinstance(response.get("model"), str) and response["model"] \
                 else self.exchange.model
-            if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False):
+            if usage := _usage(RESPONSES, response.get("usage"), model, self.exchange.persona, final=False,
+                               expected_input=self.exchange.state["expected_input"]):
                 self.reported = usage
         self._progress(out)
 

@@ -16,6 +16,14 @@ cost_above_max    the session's cost (the §2 per-session cost counter, projecte
                   model call, actual for a usage report) exceeds cost_per_session_usd.max:
                   material at once, before the spending step is admitted.
 cost_below_min    only knowable when the session ends: checked on SessionEnd.
+usage_missing     a model call's answer carried no usage: charged the governor's own count
+                  of the output it relayed and the admission's expected input. Material at
+                  the first such answer.
+usage_below_count a model call's reported output is below the governor's count of what it
+                  relayed (a lower bound on an honest tokenizer's count) by more than the
+                  tolerance (USAGE_TOLERANCE_TOKENS, or USAGE_TOLERANCE_RATIO of the
+                  report): the provider, or a relay, under-reports. Material at the first.
+Both are charged the larger figure whatever their materiality; the event says which was used.
 """
 
 from __future__ import annotations
@@ -25,6 +33,13 @@ from typing import Any
 from governor.policy import stats
 from governor.policy.limits import Baseline, PolicyConfig
 from governor.policy.state import SessionState
+from governor.policy.steps import UsageReport
+
+# how far the governor's count may exceed a provider's output figure before the report is an
+# anomaly: the count is a lower bound, so any excess is an under-report; the slack keeps a
+# provider that counts a few tokens of framing its own way from being flagged
+USAGE_TOLERANCE_TOKENS = 8
+USAGE_TOLERANCE_RATIO = 0.05
 
 
 def tool_deviations(
@@ -79,3 +94,27 @@ def cost_deviation(baseline: Baseline, state: SessionState, session_cost: float,
     if baseline.cost_min is not None and session_cost < baseline.cost_min and "cost_below_min" not in state.deviations:
         return {"key": "cost_below_min", "kind": "cost", "observed": session_cost, "limit": baseline.cost_min}
     return None
+
+
+def usage_unbelieved(step: UsageReport) -> bool:
+    """A final report whose output figure is not the provider's own, or disagrees with the
+    governor's count beyond the tolerance (a cheap test: the quiet settlement asks it too)."""
+    counted = step.counted_output_tokens
+    if counted is None or not step.final:
+        return False
+    reported = step.reported_output_tokens
+    return reported is None or counted > reported + max(USAGE_TOLERANCE_TOKENS, int(reported * USAGE_TOLERANCE_RATIO))
+
+
+def usage_deviation(step: UsageReport) -> dict[str, Any] | None:
+    """The §7 deviation a final usage report makes (usage_missing / usage_below_count), or None.
+    Fired for every such report (the record says for each call which figure was charged);
+    `key` names its kind, so the session's deviations stay two at most."""
+    if not usage_unbelieved(step):
+        return None
+    reported = step.reported_output_tokens
+    kind = "usage_missing" if reported is None else "usage_below_count"
+    return {"key": kind, "kind": kind, "model": step.model, "reported_output_tokens": reported,
+            "counted_output_tokens": step.counted_output_tokens, "charged_output_tokens": step.output_tokens,
+            "charged_input_tokens": step.input_tokens, "charged": "governor_count",
+            "tolerance": {"tokens": USAGE_TOLERANCE_TOKENS, "ratio": USAGE_TOLERANCE_RATIO}}

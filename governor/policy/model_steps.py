@@ -8,9 +8,9 @@ fast paths of governor.policy.quiet; these are the general ones, which record wh
 
 from __future__ import annotations
 
-from governor.policy import fitting
+from governor.policy import anomaly, fitting
 from governor.policy.tools import step_tools
-from governor.policy.steps import Decision, ModelCall, UsageReport
+from governor.policy.steps import ON_ANOMALY, Decision, ModelCall, UsageReport
 from governor.policy.run import Run
 from governor.policy.checks import (
     budget_check, charges_for, clock_check, cost_checks, count_check, persona_denied,
@@ -56,7 +56,8 @@ def decide_usage(run: Run, step: UsageReport) -> Decision:
     limits = run.limits
     cost = report_cost(limits, step)
     # (a halted session is answered by decide() before any handler)
-    if step.final and (settled := settle_within_reservation(limits, step, cost)) is not None:
+    deviation = anomaly.usage_deviation(step) if step.final else None
+    if deviation is None and step.final and (settled := settle_within_reservation(limits, step, cost)) is not None:
         return settled  # nothing the admission did not check: settle only
     meters = limits.meters.get(step.persona, limits.meters[None])
     tokens = step.input_tokens + step.output_tokens
@@ -64,6 +65,12 @@ def decide_usage(run: Run, step: UsageReport) -> Decision:
         run.settles = True
         run.charges = charges_for(run, meters, tokens, cost, False)
     reserved = {(c.scope, c.persona, c.dimension): c.amount for c in step.reserved} if step.reserved else None
+    if deviation is not None:
+        # measured, not believed: the record says the governor's count was charged; a report
+        # below the count acts at R3 (§7), a missing one is recorded only (it is charged the count)
+        enforce = limits.enforce_anomaly and deviation["kind"] == "usage_below_count"
+        if (d := run.fire(ON_ANOMALY, {"deviations": [deviation]}, enforce)) is not None:
+            return d
     d, warnings = budget_check(run, meters, tokens, cost, reserved, step.model)
     if d is not None:
         return d

@@ -16,6 +16,7 @@ from governor.policy.tools import step_tools
 from governor.policy.state import SessionState
 from governor.policy.steps import CounterCharge, Decision, ModelCall, UsageReport, permitted
 from governor.policy.checks import new_tuple
+from governor.policy.anomaly import usage_unbelieved
 
 
 def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, counters: Mapping[Any, float],
@@ -98,7 +99,7 @@ def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decisi
 
     decide() answers such a report with this; the runtime also calls it alone, to settle a
     model call without a full decision round (Runtime._settle_at_once)."""
-    if state.halted or not step.final:
+    if state.halted or not step.final or usage_unbelieved(step):  # the latter is recorded (decide_usage)
         return None
     return settle_within_reservation(limits, step, report_cost(limits, step))
 

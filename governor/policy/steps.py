@@ -134,12 +134,18 @@ class UsageReport:
     reserved: tuple[CounterCharge, ...] = ()
     ends_call: bool = False
     units: tuple[tuple[str, float], ...] = ()  # what was consumed besides tokens (ModelCall.units)
+    # measure, don't believe (adapters.counting): the provider's own output figure (None: it
+    # reported no usage) and the governor's count of the output it relayed (None: not
+    # counted); output_tokens is then the larger. Both None for reports that are not measured.
+    reported_output_tokens: int | None = field(default=None, compare=False)
+    counted_output_tokens: int | None = field(default=None, compare=False)
 
     def with_reserved(self, reserved: tuple[CounterCharge, ...], ends_call: bool = False) -> "UsageReport":
         """This report with `reserved` (and `ends_call`) set (dataclasses.replace, without its
         field walk: the runtime does this once per model call)."""
         return UsageReport(self.model, self.input_tokens, self.output_tokens, self.cached_input_tokens,
-                           self.persona, self.final, reserved, ends_call and self.final, self.units)
+                           self.persona, self.final, reserved, ends_call and self.final, self.units,
+                           self.reported_output_tokens, self.counted_output_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from governor.proxy.coalescing import coalesce_writes
+
 log = logging.getLogger("governor.proxy")
 
 DEFAULT_HEADER_TIMEOUT = 30.0
@@ -113,6 +115,9 @@ class ConnectionGuard:
             return
         self._conns[client.id] = _Conn(client)
         self._unserved[client.id] = self.clock()
+        handler = self._handler(client.id)
+        io = handler.transports.get(handler.client) if handler is not None else None
+        coalesce_writes(getattr(io, "writer", None))  # one write to the agent per loop turn
 
     def client_disconnected(self, client: Any) -> None:
         conn = self._conns.pop(client.id, None)
