@@ -102,6 +102,11 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    @property
+    def busy_connections(self) -> int:
+        """Client connections with a request (or a WebSocket, a tunnel) in flight: what a drain waits for."""
+        return sum(1 for conn in self._conns.values() if conn.busy)
+
     # --- hooks ---------------------------------------------------------------------------
 
     def client_connected(self, client: Any) -> None:
