@@ -138,8 +138,13 @@ async def test_a_stream_longer_than_the_grace_period_is_cut_with_the_providers_e
     data = tmp_path / "data"
     governor = await GovernorProcess(data, ["--drain-timeout", "1.5"]).start()
     try:
-        mock.script(Behaviour(chunks=60, chunk_delay=0.25))  # 15 s: far past the grace period
-        async with agent(governor) as client:
+        async with agent(governor) as client, agent(governor) as idle, agent(governor) as other:
+            # keep-alive connections left open through the stop (each logged a traceback before)
+            for keeper, session in ((idle, "idle"), (other, "other")):
+                answer = await keeper.post(f"{mock.base_url}/v1/chat/completions", json=CHAT,
+                                           headers={"ADL-Session": session})
+                assert answer.status_code == 200
+            mock.script(Behaviour(chunks=60, chunk_delay=0.25))  # 15 s: far past the grace period
             started = asyncio.Event()
             streaming = asyncio.create_task(
                 stream_until(client, f"{mock.base_url}/v1/chat/completions", "too-long", started))
@@ -148,12 +153,12 @@ async def test_a_stream_longer_than_the_grace_period_is_cut_with_the_providers_e
             governor.proc.send_signal(signal.SIGTERM)
             received = await asyncio.wait_for(streaming, 15)
             cut_after = time.monotonic() - sent
+            assert await exited(governor, 15) == 0  # the idle connections still open
         assert 1.0 < cut_after < 6, cut_after
         last = events(received)[-1]
         assert last["error"]["type"] == "governor_stream_cut", last
         assert "shutting down" in last["error"]["message"]
         assert received.endswith(b"data: [DONE]\n\n")  # the OpenAI stream ends as OpenAI's does
-        assert await exited(governor, 15) == 0
         await asyncio.wait_for(mock.streams[0].done.wait(), 10)
         assert not mock.streams[0].completed  # generation aborted upstream
     finally:
@@ -163,6 +168,8 @@ async def test_a_stream_longer_than_the_grace_period_is_cut_with_the_providers_e
     assert "Traceback" not in text, text[-3000:]
     record = verified(data, "too-long", capsys)
     assert [d["status"] for d in shutdown_refusals(record)] == [503]  # the cut, recorded
+    for session in ("idle", "other"):
+        assert verified(data, session, capsys)["outcome"] == "completed"
 
 
 async def test_a_second_sigterm_during_the_drain_stops_at_once_and_the_record_is_written(tmp_path, capsys):

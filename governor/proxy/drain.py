@@ -96,7 +96,19 @@ class Drain:
                 await asyncio.sleep(POLL_SEC)
         else:
             log.info("governor: drained: nothing left in flight")
+        await self.close_connections()
         return cut
+
+    async def close_connections(self) -> None:
+        """Every client connection closed before the master stops (it would cancel each
+        connection's task mid-await, and asyncio logs a traceback for each)."""
+        if self.guard is None:
+            return
+        self.guard.close_all()
+        connections = getattr(self.enforcer.proxyserver, "connections", None)
+        deadline = self.clock() + SETTLE_AFTER_CUT_SEC
+        while connections and self.clock() < deadline:
+            await asyncio.sleep(POLL_SEC)
 
     def cut_all(self) -> int:
         """Cut every governed exchange still in flight, each recorded in its session."""
