@@ -275,3 +275,43 @@ async def test_sighup_reloads_the_allow_list_and_the_tokens_and_rejects_a_broken
     assert code == 0
     text = output(governor)
     assert "Traceback" not in text, text[-3000:]
+
+
+async def test_a_call_held_for_a_reviewer_is_answered_review_pending_when_the_drain_is_over(tmp_path, capsys):
+    mock = MockLLM()
+    await mock.start()
+    data = tmp_path / "data"
+    governor = await GovernorProcess(data, ["--drain-timeout", "1.5"]).start()
+    try:
+        # the bundled passport: delete_note needs a reviewer, so the model's answer is held
+        mock.script(Behaviour(text="Deleting it.", tool_calls=(("delete_note", {"path": "/workspace/notes/a.md"}),)))
+        async with agent(governor) as client:
+            held = asyncio.create_task(client.post(f"{mock.base_url}/v1/chat/completions", json=CHAT,
+                                                   headers={"ADL-Session": "held"}))
+            async with httpx.AsyncClient(timeout=5) as control:
+                token = (data / "reviewer-token").read_text().strip()
+
+                async def pending() -> int:
+                    answer = await control.get(f"{governor.control_url}/v1/approvals",
+                                               headers={"Authorization": f"Bearer {token}"})
+                    return len(answer.json().get("approvals", answer.json()) or [])
+
+                for _ in range(200):
+                    if await pending():
+                        break
+                    await asyncio.sleep(0.05)
+            sent = time.monotonic()
+            governor.proc.send_signal(signal.SIGTERM)
+            answer = await asyncio.wait_for(held, 15)
+            waited = time.monotonic() - sent
+        assert answer.status_code == 429, answer.text
+        assert int(answer.headers["retry-after"]) > 0
+        assert 1.0 < waited < 6, waited
+        assert await exited(governor, 15) == 0
+    finally:
+        await governor.stop()
+        await mock.stop()
+    text = output(governor)
+    assert "Traceback" not in text, text[-3000:]
+    record = verified(data, "held", capsys)
+    assert record["events"][0]["cause"] == "on_oversight_trigger"

@@ -104,7 +104,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     held_steps = HeldSteps(calls, held, refuser)
     exchanges = Exchanges(calls)  # in flight: tracked by InFlight, ended by it (or by Answers, cancelled)
     unknown = UnknownTraffic(runtime, policy, refuser, egress)
-    drain = Drain(exchanges, enforcer, guard=guard)
+    drain = Drain(exchanges, enforcer, guard=guard, holds=held)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
         SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,

@@ -13,7 +13,9 @@ Once the drain begins (`begin`):
     stops sending;
   * what is in flight (streams included) may finish until the grace period is over, or
     until `hurry` is set (a second SIGTERM or SIGINT);
-  * then every governed exchange still in flight is cut the way a refusal cuts it (a stream:
+  * then a connection waiting for a reviewer is answered as its hold time would answer it
+    (429 `review_pending`, Retry-After: the review itself goes on, in the control plane),
+    and every governed exchange still in flight is cut the way a refusal cuts it (a stream:
     its provider's error event, then the end; a request not yet answered: an error answer in
     the provider's format), and the cut recorded in its session. What is not governed
     (allowed or forwarded traffic, tunnels) is closed with the connections when the master
@@ -48,9 +50,10 @@ CUT_MESSAGE = "the governor is shutting down and its grace period for calls in f
 class Drain:
     """The drain of one running proxy."""
 
-    def __init__(self, exchanges: Exchanges, enforcer: Enforcer, *, guard: Any = None,
+    def __init__(self, exchanges: Exchanges, enforcer: Enforcer, *, guard: Any = None, holds: Any = None,
                  clock: Any = time.monotonic) -> None:
         self.exchanges = exchanges  # governed exchanges in flight, by session
+        self.holds = holds  # governor.proxy.holds.Holds: connections waiting for a reviewer
         self.enforcer = enforcer  # cuts
         self.guard = guard  # governor.proxy.connections.ConnectionGuard: every connection with a request in flight
         self.clock = clock
@@ -87,6 +90,11 @@ class Drain:
         while self.in_flight() and self.clock() < self.deadline and not (hurry is not None and hurry.is_set()):
             await asyncio.sleep(POLL_SEC)
         cut = self.cut_all()
+        if self.holds is not None:  # a connection waiting for a review: answered 429 review_pending now
+            self.holds.release_waiting()
+            settle = self.clock() + SETTLE_AFTER_CUT_SEC
+            while self.in_flight() and self.clock() < settle:
+                await asyncio.sleep(POLL_SEC)
         if cut:
             log.warning("governor: drain over (%s): cut %d call(s) still in flight",
                         "stopped at once" if hurry is not None and hurry.is_set() else f"grace period of {grace:g}s",
