@@ -315,3 +315,34 @@ async def test_a_call_held_for_a_reviewer_is_answered_review_pending_when_the_dr
     assert "Traceback" not in text, text[-3000:]
     record = verified(data, "held", capsys)
     assert record["events"][0]["cause"] == "on_oversight_trigger"
+
+
+async def test_sighup_reloads_the_webhooks(tmp_path):
+    from tests.test_webhooks import SECRET, Receiver
+
+    mock = MockLLM()
+    await mock.start()
+    receiver = await Receiver().start()
+    data = tmp_path / "data"
+    config = tmp_path / "governor.yaml"
+    config.write_text("log_level: INFO\n")
+    governor = await GovernorProcess(data, ["--config", str(config), "--drain-timeout", "1"],
+                                     env={"GOVERNOR_WEBHOOK_SECRET": SECRET}).start()
+    try:
+        config.write_text(f"webhook: [{receiver.url}]\n")
+        await hup(governor, "SIGHUP: reloaded webhook")
+        # a held step: the reloaded notifier tells the receiver, signed with the secret
+        mock.script(Behaviour(text="Deleting it.", tool_calls=(("delete_note", {"path": "/workspace/notes/b.md"}),)))
+        async with agent(governor) as client:
+            held = asyncio.create_task(client.post(f"{mock.base_url}/v1/chat/completions", json=CHAT,
+                                                   headers={"ADL-Session": "hooked"}))
+            await receiver.wait_for(lambda: receiver.seen, "a notification")
+            assert [p["event"] for p in receiver.verified()][:1] == ["approval.pending"]
+            governor.proc.send_signal(signal.SIGTERM)
+            assert (await asyncio.wait_for(held, 15)).status_code == 429
+        assert await exited(governor, 15) == 0
+    finally:
+        await governor.stop()
+        await receiver.stop()
+        await mock.stop()
+    assert "Traceback" not in output(governor)
