@@ -269,6 +269,15 @@ async def test_sighup_reloads_the_allow_list_and_the_tokens_and_rejects_a_broken
             assert governor.proc.poll() is None
             assert (await fetch("/other/x")).status_code == 403
             assert await approvals(TOKEN_B) == 200
+
+            # routes naming an adapter that does not exist: rejected whole, the tokens file with it
+            config.write_text("allow:\n  - GET 127.0.0.1/other/**\n"
+                              "routes:\n  - {host: '*', path: /x/**, adapter: no-such-adapter}\n")
+            tokens.write_text(TOKEN_A + "\n")
+            await hup(governor, "reload rejected")
+            assert "no-such-adapter" in output(governor)
+            assert (await fetch("/other/x")).status_code == 403
+            assert await approvals(TOKEN_B) == 200 and await approvals(TOKEN_A) == 401
     finally:
         code = await governor.stop()
         await mock.stop()
