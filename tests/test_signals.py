@@ -355,3 +355,19 @@ async def test_sighup_reloads_the_webhooks(tmp_path):
         await receiver.stop()
         await mock.stop()
     assert "Traceback" not in output(governor)
+
+
+def test_the_charts_grace_period_leaves_the_drain_5_seconds_for_the_records():
+    from tests import chart_tools
+
+    if chart_tools.helm_binary() is None:
+        import pytest
+
+        pytest.skip("helm is not on PATH and .ci/k8s-tools could not fetch it")
+    for grace, drain in ((None, "25"), (60, "55")):
+        values = {} if grace is None else {"terminationGracePeriodSeconds": grace}
+        ((_, pod),) = chart_tools.pod_specs(chart_tools.render(values))
+        assert pod["terminationGracePeriodSeconds"] == (grace or 30)
+        governor = next(c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "governor")
+        env = {e["name"]: e.get("value") for e in governor["env"]}
+        assert env["GOVERNOR_DRAIN_TIMEOUT"] == drain
