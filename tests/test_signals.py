@@ -371,3 +371,30 @@ def test_the_charts_grace_period_leaves_the_drain_5_seconds_for_the_records():
         governor = next(c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "governor")
         env = {e["name"]: e.get("value") for e in governor["env"]}
         assert env["GOVERNOR_DRAIN_TIMEOUT"] == drain
+
+
+async def test_a_call_the_upstream_has_not_answered_by_the_end_of_the_drain_gets_503(tmp_path, capsys):
+    mock = MockLLM()
+    await mock.start()
+    data = tmp_path / "data"
+    governor = await GovernorProcess(data, ["--drain-timeout", "1.5"]).start()
+    try:
+        mock.script(Behaviour(hang=30))  # no headers for 30 s
+        async with agent(governor) as client:
+            waiting = asyncio.create_task(client.post(f"{mock.base_url}/v1/chat/completions", json=CHAT,
+                                                      headers={"ADL-Session": "unanswered"}))
+            for _ in range(200):
+                if mock.requests:
+                    break
+                await asyncio.sleep(0.05)
+            governor.proc.send_signal(signal.SIGTERM)
+            answer = await asyncio.wait_for(waiting, 15)
+        assert answer.status_code == 503, answer.text
+        assert int(answer.headers["retry-after"]) > 0
+        assert "shutting down" in answer.json()["error"]["message"]
+        assert await exited(governor, 15) == 0
+    finally:
+        await governor.stop()
+        await mock.stop()
+    assert "Traceback" not in output(governor)
+    assert [d["status"] for d in shutdown_refusals(verified(data, "unanswered", capsys))] == [503]

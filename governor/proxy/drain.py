@@ -16,10 +16,10 @@ Once the drain begins (`begin`):
   * then a connection waiting for a reviewer is answered as its hold time would answer it
     (429 `review_pending`, Retry-After: the review itself goes on, in the control plane),
     and every governed exchange still in flight is cut the way a refusal cuts it (a stream:
-    its provider's error event, then the end; a request not yet answered: an error answer in
-    the provider's format), and the cut recorded in its session. What is not governed
-    (allowed or forwarded traffic, tunnels) is closed with the connections when the master
-    stops.
+    its provider's error event, then the end; a request not yet answered: 503 in the
+    provider's format, with Retry-After), and the cut recorded in its session. Then every
+    client connection is closed (`close_connections`): what is not governed (allowed or
+    forwarded traffic, tunnels, WebSockets) ends there.
 
 The records are written after the drain, when the runtime ends every open session
 (`Running.stop`).
@@ -32,10 +32,12 @@ import logging
 import time
 from typing import Any
 
+from governor.adapters.base import Reply
 from governor.policy.steps import Action, Decision
 from governor.proxy import refusals
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.exchanges import Exchanges
+from governor.proxy.refusing import as_raw, generic_error
 
 log = logging.getLogger("governor.proxy")
 
@@ -128,7 +130,11 @@ class Drain:
                 gov = {"cause": None, "action": "deny", "reason": CUT_MESSAGE, "session": session,
                        "refusal": refusals.SHUTTING_DOWN}
                 try:
-                    self.enforcer.enforce(flow, flight, Decision(action=Action.DENY), gov)
+                    if flight.relay is None and flow.response is None:  # nothing answered yet: 503, Retry-After
+                        flight.refusal = (Decision(action=Action.DENY), gov)
+                        self.enforcer.answer(flow, as_raw(self._unanswered(flight, gov), "deny"))
+                    else:
+                        self.enforcer.enforce(flow, flight, Decision(action=Action.DENY), gov)
                 except Exception:  # the master's stop closes it all the same
                     log.exception("governor: could not cut %s at shutdown", flow.request.pretty_url)
                     continue
@@ -136,6 +142,17 @@ class Drain:
                                              refusals.detail(refusals.SHUTTING_DOWN, 503, flow.request, CUT_MESSAGE))
                 cut += 1
         return cut
+
+    @staticmethod
+    def _unanswered(flight: Any, gov: dict[str, Any]) -> Reply:
+        """A call the upstream had not begun to answer: 503 in its provider's format, Retry-After."""
+        try:
+            reply = flight.exchange.adapter.error_response(503, f"governor: {CUT_MESSAGE}", gov, flight.exchange)
+        except Exception:
+            log.exception("governor: adapter %s could not build a refusal", flight.exchange.adapter.name)
+            reply = generic_error(503, f"governor: {CUT_MESSAGE}", gov)
+        reply.headers = {**reply.headers, "Retry-After": str(RETRY_AFTER_SEC)}
+        return reply
 
 
 __all__ = ["Drain", "DEFAULT_GRACE_SEC", "RETRY_AFTER_SEC", "MESSAGE"]
