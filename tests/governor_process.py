@@ -26,6 +26,7 @@ class GovernorProcess:
         self.proxy: tuple[str, int] | None = None
         self.control_url: str | None = None
         self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.output: list[str] = []  # its standard output, the banner and what follows
 
     @property
     def ca_file(self) -> Path:
@@ -60,6 +61,7 @@ class GovernorProcess:
             for raw in self.proc.stdout:
                 line = raw.decode(errors="replace").rstrip()
                 lines.append(line)
+                self.output.append(line)
                 if line.startswith("Set in the agent's environment"):
                     return
 
@@ -83,8 +85,8 @@ class GovernorProcess:
     def _drain(self) -> None:
         try:
             assert self.proc is not None and self.proc.stdout is not None
-            for _ in self.proc.stdout:
-                pass
+            for raw in self.proc.stdout:
+                self.output.append(raw.decode(errors="replace").rstrip())
         except (OSError, ValueError):
             pass
 

@@ -141,13 +141,23 @@ class AdapterRegistry:
         # adapters that claim model endpoints by path, and those that match by body
         self.path_adapters = [a for a in self.adapters if type(a).claims is not Adapter.claims]
         self.body_adapters = [a for a in self.adapters if type(a).claims is Adapter.claims]
-        self.routes = list(routes)
-        for route in self.routes:
+        self.routes = self._checked(routes)
+
+    def _checked(self, routes: Iterable[Route]) -> list[Route]:
+        checked = list(routes)
+        for route in checked:
             if route.adapter != IGNORE and route.adapter not in self.by_name:
                 raise ValueError(
                     f"route {route.host}{route.path} names unknown adapter {route.adapter!r} "
                     f"(known: {', '.join(sorted(self.by_name)) or 'none'}, or 'ignore')"
                 )
+        return checked
+
+    def reconfigure(self, routes: Iterable[Route], allow: Iterable[AllowEntry]) -> None:
+        """New routes and allow-list (a reload, SIGHUP), from the next selection on; both are
+        checked before either changes (ValueError: nothing changed)."""
+        checked, entries = self._checked(routes), list(allow)
+        self.routes, self.allow = checked, entries
 
     @classmethod
     def default(cls, config: AdapterConfig | None = None, routes: Iterable[Route] = (),

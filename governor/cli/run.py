@@ -88,6 +88,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
                             "secret itself in $GOVERNOR_WEBHOOK_SECRET); required with --webhook"),
     "log_level": ("GOVERNOR_LOG_LEVEL", "log level of every logger, mitmproxy's included (default: INFO for the "
                   "governor's own, WARNING for mitmproxy's, which otherwise logs every connection and stream)"),
+    "drain_timeout": ("GOVERNOR_DRAIN_TIMEOUT", "on SIGTERM, seconds the calls in flight (streams too) may take to "
+                      "finish while new requests are refused 503, before they are cut (default 25: under "
+                      "Kubernetes' 30 s grace period); a second SIGTERM or SIGINT stops at once"),
     "log_format": ("GOVERNOR_LOG_FORMAT", "text (default) or json: one JSON object per line (timestamp, level, "
                    "logger, message and the call's extras such as session and cause)"),
 }
@@ -234,6 +237,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.review_retry_after = _number(retry_after, "--review-retry-after")
     if (store := value("store")) is not None:
         settings.store = str(store)
+    if (drain := value("drain_timeout")) is not None:
+        settings.drain_timeout = _number(drain, "--drain-timeout")
     settings.upstream_insecure = bool(file.get("upstream_insecure", False))
     if "tick_interval" in file:
         settings.tick_interval = float(file["tick_interval"])
@@ -570,9 +575,12 @@ def session_lines(settings: Any, running: Any) -> list[str]:
     return lines
 
 
-async def _serve_until_stopped(settings: Any) -> int:
+async def _serve_until_stopped(settings: Any, args: argparse.Namespace | None = None) -> int:
     from governor.proxy.server import StartupError, serve
 
+    loop = asyncio.get_running_loop()
+    # a SIGHUP while starting must not kill the process (its default): it is logged, not applied
+    loop.add_signal_handler(signal.SIGHUP, _hup_while_starting)
     token_file = ensure_control_token(settings)
     reviewer_file = ensure_reviewer_token(settings)
     try:
@@ -589,15 +597,51 @@ async def _serve_until_stopped(settings: Any) -> int:
     write_control_file(running)
     print(instructions(running), flush=True)
     _freeze_startup_objects()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    from governor.cli.reload import Reloader, Shutdown
+
+    shutdown = Shutdown(running)
+    reloader = Reloader(running, _reader(args) if args is not None else None, shutdown=shutdown,
+                        log_level=_level_or_none(args))
+    loop.add_signal_handler(signal.SIGHUP, reloader.signalled)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, shutdown.signalled, sig)
     try:
-        await stop.wait()
+        await shutdown.requested.wait()
+        await shutdown.drain()
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        # during the final stop a signal still stops at once, with no traceback: ignored
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, shutdown.ignored, sig)
+        await reloader.settle()
         await running.stop()
     return 0
+
+
+def _reader(args: argparse.Namespace) -> Any:
+    """What a SIGHUP reads: the settings and log level as at start, the token files too."""
+    def read() -> tuple[Any, str | None]:
+        settings = resolve(args)
+        level = log_level(args)
+        ensure_control_token(settings)
+        ensure_reviewer_token(settings)
+        return settings, level
+
+    return read
+
+
+def _level_or_none(args: argparse.Namespace | None) -> str | None:
+    try:
+        return log_level(args) if args is not None else None
+    except UsageError:
+        return None
+
+
+def _hup_while_starting() -> None:
+    import logging
+
+    logging.getLogger("governor").warning("governor: SIGHUP while starting: ignored (send it again once started)")
 
 
 def _freeze_startup_objects() -> None:
@@ -662,4 +706,4 @@ def configure_logging(level: str | None, fmt: str = "text") -> None:
 def run_command(args: argparse.Namespace) -> int:
     configure_logging(log_level(args), log_format(args))
     settings = resolve(args)
-    return asyncio.run(_serve_until_stopped(settings))
+    return asyncio.run(_serve_until_stopped(settings, args))

@@ -65,6 +65,11 @@ class TokenSet:
     def __init__(self, tokens: Sequence[str]) -> None:
         self._tokens = [t.encode() for t in _check(list(tokens), "token")]
 
+    def replace(self, tokens: Sequence[str]) -> None:
+        """Hold `tokens` from now on (a reload, SIGHUP): every route sharing this set sees them
+        at its next request; one assignment, so a request sees the old set or the new."""
+        self._tokens = [t.encode() for t in _check(list(tokens), "token")]
+
     def __bool__(self) -> bool:
         return bool(self._tokens)
 

@@ -35,13 +35,14 @@ class ControlContext:
     sessions: Any = None
     ready_timeout: float = 5.0
     log_require_token: bool = False  # /log/ reads take the control token (docs/transparency-log.md)
+    draining: Any = None  # () -> why the governor is not ready while it drains (None: it is not), or None
 
     @classmethod
     def build(cls, runtime: Any, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
               nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0,
               control_hosts: Sequence[str] = (), sessions: Any = None,
-              log_require_token: bool = False) -> ControlContext:
+              log_require_token: bool = False, draining: Any = None) -> ControlContext:
         """A context with defaults for what is not given: `nonces` an in-process issuer with
         `nonce_ttl`, fresh `metrics` and `origin`, the runtime's own `session_book`;
         `control_hosts` are the names besides localhost and the listen address that the Host
@@ -57,4 +58,5 @@ class ControlContext:
             sessions=sessions if sessions is not None else getattr(runtime, "session_book", None),
             ready_timeout=float(ready_timeout),
             log_require_token=log_require_token,
+            draining=draining,
         )

@@ -1,7 +1,7 @@
 """The open endpoints probes and scrapers call (they carry no token):
 
   GET /healthz    the process answers: {"status": "alive"}
-  GET /readyz     the runtime's readiness check (200 ready, 503 not, with why)
+  GET /readyz     the runtime's readiness check (200 ready, 503 not, with why; 503 while draining)
   GET /metrics    the Prometheus exposition (pending approvals counted at scrape time)
 """
 
@@ -22,11 +22,14 @@ class Probes:
         self.runtime = context.runtime
         self.metrics = context.metrics
         self.ready_timeout = context.ready_timeout
+        self.draining = context.draining  # () -> str | None: a graceful stop has begun
 
     async def healthz(self, request: web.Request) -> web.Response:
         return ok({"status": "alive"})
 
     async def readyz(self, request: web.Request) -> web.Response:
+        if self.draining is not None and (why := self.draining()):  # a Service stops sending at once
+            return ok({"ready": False, "draining": True, "reason": why}, status=503)
         check = getattr(self.runtime, "ready", None)
         if check is None:
             return ok({"ready": False, "reason": "the runtime does not report readiness"}, status=503)

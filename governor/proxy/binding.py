@@ -20,6 +20,7 @@ from mitmproxy import http
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters.base import Adapter, RawHeaders, RequestView
 from governor.proxy import refusals
+from governor.proxy.drain import MESSAGE as DRAINING, RETRY_AFTER_SEC
 from governor.proxy.egress import EgressHosts
 from governor.proxy.fields import (GOVERNOR_PREFIX, PASSPORT_FIELD, PERSONA_FIELD, SESSION_FIELD, SESSION_HEADER,
                                    scan_headers)
@@ -36,8 +37,9 @@ class SessionBinding:
 
     def __init__(self, runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, refuser: Refuser, *,
                  sessions: Any = None, origin: Any = None, metrics: Any = None,
-                 egress: EgressHosts | None = None) -> None:
+                 egress: EgressHosts | None = None, drain: Any = None) -> None:
         self.runtime = runtime
+        self.drain = drain  # governor.proxy.drain.Drain: once it is closed, every new request is refused (503)
         self.egress = egress  # the passport's allowed_hosts; None: it declares none
         self.registry = registry
         self.policy = policy
@@ -111,6 +113,8 @@ class SessionBinding:
             forwarded += ((self.origin.header.encode(), self.origin.marker.encode()),)
         if forwarded is not fields:
             headers.fields = forwarded
+        if self.drain is not None and self.drain.closed:
+            return self._refuse_draining(flow, session)
         if self.origin is not None and self.origin.refuses_connect(request.host, request.port):
             flow.response = plain_error(403, "the governor does not forward requests to its own control plane")
         elif self.egress is not None and not self.egress.allows(request.host):
@@ -126,6 +130,16 @@ class SessionBinding:
             await self.refuser.refuse_traffic(flow, session, refusals.HOST_NOT_ALLOWED,
                                               self.egress.message(request.host) if self.egress else "",
                                               adapter=self.registry.claimant(view))
+        except Exception:  # fail closed: never forward what could not be governed
+            self._failed(flow)
+
+    async def _refuse_draining(self, flow: http.HTTPFlow, session: str) -> None:
+        """The governor drains (SIGTERM): no new step; 503, recorded in the session."""
+        try:
+            request = flow.request
+            view = RequestView(request.method, request.host, request.path, RawHeaders(request.headers.fields), b"")
+            await self.refuser.refuse_draining(flow, session, DRAINING, RETRY_AFTER_SEC,
+                                               adapter=self.registry.claimant(view))
         except Exception:  # fail closed: never forward what could not be governed
             self._failed(flow)
 

@@ -35,6 +35,7 @@ from governor.proxy import holds, recording
 from governor.proxy.admission import Admission
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
+from governor.proxy.drain import Drain
 from governor.proxy.egress import EgressHosts
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.exchanges import Exchanges
@@ -57,8 +58,10 @@ class Chain:
     name = "governor"  # in the master's addon lookup
 
     def __init__(self, addons: list[Any], registry: AdapterRegistry, holds_: holds.Holds,
-                 recording_: recording.Recording, unknown: UnknownTraffic, policy: ProxyPolicy) -> None:
+                 recording_: recording.Recording, unknown: UnknownTraffic, policy: ProxyPolicy,
+                 drain: Drain | None = None) -> None:
         self.addons = addons
+        self.drain = drain  # a graceful stop: new requests refused, those in flight finished or cut
         self.registry = registry
         self.holds = holds_
         self.recording = recording_  # events recorded from tasks: a stop awaits them
@@ -86,11 +89,12 @@ class Chain:
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
                 origin: Any = None, sessions: Any = None, proxyserver: Any = None,
-                egress: EgressHosts | None = None) -> Chain:
+                egress: EgressHosts | None = None, guard: Any = None) -> Chain:
     """The addons over `runtime`: `sessions` the session book (governor.sessions.book.SessionBook),
     `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
     master's Proxyserver addon (transit works on its connections; None without a master),
-    `egress` the passport's allowed_hosts (None: it declares none)."""
+    `egress` the passport's allowed_hosts (None: it declares none), `guard` the master's
+    ConnectionGuard (what a drain waits for; None: the governed exchanges only)."""
     recorded = recording.Recording()  # events recorded from tasks: a stop awaits them
     calls = RuntimeCalls(runtime, Tasks(recorded))
     refuser = Refuser(runtime, metrics)
@@ -100,14 +104,15 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     held_steps = HeldSteps(calls, held, refuser)
     exchanges = Exchanges(calls)  # in flight: tracked by InFlight, ended by it (or by Answers, cancelled)
     unknown = UnknownTraffic(runtime, policy, refuser, egress)
+    drain = Drain(exchanges, enforcer, guard=guard, holds=held)
     addons: list[Any] = [] if origin is None else [OriginGuard(origin)]
     addons += [
         SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,
-                       egress=egress),
+                       egress=egress, drain=drain),
         Admission(registry, policy, calls, held_steps, held, refuser),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
         RealtimeSockets(policy, calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade
         InFlight(policy, calls, enforcer, exchanges, metrics=metrics),
     ]
-    return Chain(addons, registry, held, recorded, unknown, policy)
+    return Chain(addons, registry, held, recorded, unknown, policy, drain)

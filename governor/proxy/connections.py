@@ -84,7 +84,9 @@ class ConnectionGuard:
         self._bodies: dict[str, tuple[Any, float]] = {}  # flow id -> (flow, since its headers)
         self._task: asyncio.Task | None = None
         self._proxyserver: Any = None
-        self.closed = {"header_timeout": 0, "body_timeout": 0, "idle_timeout": 0, "evicted": 0, "refused": 0}
+        self.closed = {"header_timeout": 0, "body_timeout": 0, "idle_timeout": 0, "evicted": 0, "refused": 0,
+                       "shutdown": 0}
+        self.shutting_down = False  # close_all() ran: a newcomer is refused
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -104,9 +106,24 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    @property
+    def busy_connections(self) -> int:
+        """Client connections with a request (or a WebSocket, a tunnel) in flight: what a drain waits for."""
+        return sum(1 for conn in self._conns.values() if conn.busy)
+
     # --- hooks ---------------------------------------------------------------------------
 
+    def close_all(self) -> int:
+        """A graceful stop, before the master's: every client connection closed as a deadline
+        closes one (its handler ends, not cancelled mid-await: no traceback per connection),
+        and newcomers refused from now on. Returns how many were closed."""
+        self.shutting_down = True
+        return sum(self._close(client_id, "shutdown") for client_id in list(self._conns))
+
     def client_connected(self, client: Any) -> None:
+        if self.shutting_down:
+            client.error = "the governor is shutting down"
+            return
         if len(self._conns) >= self.cap and not self._evict_one():
             self.closed["refused"] += 1
             client.error = f"over the governor's cap of {self.cap} client connections, all of them busy"

@@ -151,6 +151,25 @@ class Holds:
     per_session: dict[str, int] = field(default_factory=dict)
     counted: Counter = field(default_factory=Counter)  # outcome -> count
     on_count: Callable[[str], None] | None = None  # governor.runtime.metrics.Metrics.review_hold
+    released: asyncio.Event | None = None  # set at a drain's end: every connection waiting is answered now
+
+    def release_waiting(self) -> None:
+        """A graceful stop's drain is over: every connection waiting for a review is answered
+        at once as its hold time would answer it (429 review_pending, Retry-After)."""
+        if self.released is None:
+            self.released = asyncio.Event()
+        self.released.set()
+
+    async def _wait(self, task: asyncio.Task, timeout: float) -> None:
+        if self.released is None:
+            self.released = asyncio.Event()
+        if self.released.is_set():
+            return
+        release = asyncio.ensure_future(self.released.wait())
+        try:
+            await asyncio.wait({task, release}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            release.cancel()
 
     def _count(self, outcome: str) -> None:
         self.counted[outcome] += 1
@@ -235,7 +254,7 @@ class Holds:
         if not hold.task.done():
             hold.waiting += 1
             try:
-                await asyncio.wait({hold.task}, timeout=hold_time(flow.request.headers, self.hold_sec))
+                await self._wait(hold.task, hold_time(flow.request.headers, self.hold_sec))
             finally:
                 hold.waiting -= 1
         if not hold.task.done():
@@ -264,7 +283,7 @@ class Holds:
         if not hold.task.done():
             hold.waiters.append(flow)
             try:
-                await asyncio.wait({hold.task}, timeout=hold_time(flow.request.headers, self.hold_sec, default_timeout))
+                await self._wait(hold.task, hold_time(flow.request.headers, self.hold_sec, default_timeout))
             finally:
                 hold.waiters.remove(flow)
         if not hold.task.done():

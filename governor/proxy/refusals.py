@@ -41,6 +41,7 @@ UNGOVERNED_ENDPOINT = "ungoverned_endpoint"  # an endpoint its adapter refuses o
 UNKNOWN_TRAFFIC = "unknown_traffic"  # no adapter governs it and no allow-list entry names it (default deny)
 HOST_NOT_ALLOWED = "host_not_allowed"  # outside the passport's permissions.network.allowed_hosts
 SESSION_HALTED = "session_halted"  # traffic no adapter governs (allowed or not), in a halted session
+SHUTTING_DOWN = "shutting_down"  # a request during a drain (503), or a call cut when the drain is over (proxy/drain.py)
 
 _BY_STATUS = {403: UNCLAIMED_MODEL_CALL, 405: METHOD_NOT_ALLOWED, 413: BODY_TOO_LARGE, 415: ENCODING_UNSUPPORTED}
 _TEXT = 300  # characters of agent- or upstream-controlled text kept in a detail

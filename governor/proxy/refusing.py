@@ -143,6 +143,30 @@ class Refuser:
         log.info("governor: refused %s %s: %s", flow.request.method, flow.request.pretty_url, message,
                  extra={"session": session, "cause": gov["cause"], "action": gov["action"]})
 
+    async def refuse_draining(self, flow: http.HTTPFlow, session: str, message: str, retry_after: int,
+                              adapter: Adapter | None = None) -> None:
+        """503 for a request that arrives while the governor drains (governor.proxy.drain):
+        recorded in its session, answered in `adapter`'s format (else the generic one) with
+        Retry-After, retryable, and the connection closed after it so that a retry reaches
+        another replica."""
+        reason = refusals.SHUTTING_DOWN
+        await refusals.record(self.runtime, self.metrics, session or None, reason,
+                              refusals.detail(reason, 503, flow.request, message))
+        gov = {"cause": None, "action": "deny", "reason": message, "session": session or None, "refusal": reason}
+        reply = None
+        if adapter is not None:
+            try:
+                reply = adapter.error_response(503, f"governor: {message}", gov)
+            except Exception:
+                log.exception("governor: adapter %s could not build a refusal", adapter.name)
+        response = as_response(reply or generic_error(503, f"governor: {message}", gov), "deny")
+        response.headers["Retry-After"] = str(retry_after)
+        response.headers["x-should-retry"] = "true"  # unlike a refusal: the call may succeed elsewhere
+        response.headers["Connection"] = "close"
+        flow.response = response
+        log.info("governor: refused %s %s while draining (session %s)", flow.request.method,
+                 flow.request.pretty_url, session or "none", extra={"session": session, "action": "deny"})
+
     def fail_closed(self, flow: http.HTTPFlow, session: str, message: str) -> None:
         gov = {"cause": "on_governor_error", "action": "deny", "fail_closed": True, "reason": message,
                "session": session}

@@ -34,6 +34,7 @@ from governor.proxy.chain import Chain, assemble
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
 )
+from governor.proxy.drain import DEFAULT_GRACE_SEC
 from governor.proxy.egress import EgressHosts
 from governor.proxy.policy import ProxyPolicy
 from governor.runtime.api import RuntimeAPI
@@ -119,6 +120,7 @@ class Settings:
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     review_hold: float = 300.0  # a connection held for a reviewer, at most (docs/oversight.md)
     review_retry_after: float = 10.0  # the Retry-After of the 429 review_pending after it
+    drain_timeout: float = DEFAULT_GRACE_SEC  # SIGTERM: calls in flight may finish this long (governor.proxy.drain)
     max_body_bytes: int = 64 * 1024 * 1024
     max_response_bytes: int = 256 * 1024 * 1024  # compressed answers the governor reads, once decoded
     max_decoded_ratio: float = 200.0  # decoded / compressed size of a body, past 1 MiB decoded
@@ -164,6 +166,8 @@ class Running:
     control_token_file: Any = None  # <data-dir>/control-token when `governor run` made or read it
     connections: ConnectionGuard | None = None  # client connection deadlines and cap
     notifier: Any = None  # the webhook notifier serve() attached to the runtime (closed on stop)
+    control_context: Any = None  # the control plane's ControlContext (None: no control plane)
+    metrics: Any = None  # the governor's Metrics (a reloaded notifier counts there too)
 
     @property
     def proxy_url(self) -> str:
@@ -196,6 +200,27 @@ class Running:
             # ignores them: `governor exec` (docs/clients.md)
             "NODE_USE_ENV_PROXY": "1",
         }
+
+    async def drain(self, grace: float, hurry: asyncio.Event | None = None) -> int:
+        """A graceful stop's first half (governor.proxy.drain): new requests refused (503),
+        `/readyz` not ready, calls in flight finished within `grace` seconds (or until
+        `hurry` is set), the rest cut and recorded. `stop()` then ends the sessions."""
+        if self.chain.drain is None:
+            return 0
+        return await self.chain.drain.run(grace, hurry)
+
+    async def replace_webhooks(self, config: Any) -> None:
+        """New webhook settings (a reload, SIGHUP): a new notifier takes every event from now
+        on; the old one is given a moment for what it was delivering, then closed."""
+        old = self.notifier
+        self.settings.webhooks = config
+        self.notifier = attach_notifier(self.settings, self.runtime, self.metrics)
+        if self.notifier is None and hasattr(self.runtime, "notifier"):
+            from governor.notify.webhooks import NULL_NOTIFIER
+
+            self.runtime.notifier = NULL_NOTIFIER
+        if old is not None:
+            await old.close()
 
     async def stop(self) -> None:
         self.master.shutdown()
@@ -279,30 +304,38 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     origin = None
     control_runner = None
     control_address = None
+    control_context = None  # the control plane's ControlContext: its token sets change on a reload
+    guard = ConnectionGuard(ConnectionLimits(
+        header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
+        idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
     if settings.control is not None:
-        from governor.control.app import create_app, start_control
-        from governor.control.context import ControlContext
         from governor.control.origin import ProxyOrigin
 
         origin = ProxyOrigin()
-        app = create_app(ControlContext.build(
+    mitm_proxyserver = proxyserver.Proxyserver()
+    chain, peers = build_chain(settings, runtime, metrics=metrics, origin=origin, sessions=book,
+                               proxyserver=mitm_proxyserver, guard=guard)
+    if settings.control is not None:
+        from governor.control.app import create_app, start_control
+        from governor.control.context import ControlContext
+
+        drain = chain.drain
+        control_context = ControlContext.build(
             runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
             metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book,
-            log_require_token=settings.log_require_token))
+            log_require_token=settings.log_require_token,
+            draining=(lambda: drain.draining) if drain is not None else None)
+        app = create_app(control_context)
         try:
             control_runner = await start_control(app, settings.control[0], settings.control[1])
         except OSError as exc:
+            if peers is not None:
+                await peers.close()
             raise StartupError(f"cannot listen on {settings.control[0]}:{settings.control[1]} "
                                f"for the control plane: {exc}") from None
         control_address = tuple(control_runner.addresses[0][:2])
 
-    mitm_proxyserver = proxyserver.Proxyserver()
-    chain, peers = build_chain(settings, runtime, metrics=metrics, origin=origin, sessions=book,
-                               proxyserver=mitm_proxyserver)
     started = _Started()
-    guard = ConnectionGuard(ConnectionLimits(
-        header_timeout=settings.client_header_timeout, body_timeout=settings.client_body_timeout,
-        idle_timeout=settings.client_idle_timeout, max_connections=settings.max_client_connections))
     heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
     master = Master(options.Options())
     master.addons.add(core.Core(), mitm_proxyserver, next_layer.NextLayer(), tlsconfig.TlsConfig(),
@@ -340,7 +373,8 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
                            f"(mode {settings.mode}){why}; {_ListenAdvice.ADVICE}")
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, chain, (host, port), control_address, task, control_runner, peers,
-                   sessions=book, connections=guard, notifier=notifier)
+                   sessions=book, connections=guard, notifier=notifier, control_context=control_context,
+                   metrics=metrics)
 
 
 def attach_notifier(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
@@ -373,7 +407,7 @@ def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
 
 
 def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None, origin: Any = None,
-                sessions: Any = None, proxyserver: Any = None) -> tuple[Chain, Any]:
+                sessions: Any = None, proxyserver: Any = None, guard: Any = None) -> tuple[Chain, Any]:
     """The enforcement point for these settings over `runtime`: its addon chain with its adapters,
     and the A2A peer resolver it made (None when the settings bring their own), which the
     caller closes when done."""
@@ -408,7 +442,7 @@ def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
     if sessions is None:
         sessions = session_book(settings, runtime, metrics)
     chain = assemble(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions,
-                        proxyserver=proxyserver, egress=egress_hosts(runtime))
+                        proxyserver=proxyserver, egress=egress_hosts(runtime), guard=guard)
     if settings.unknown_traffic == "forward":
         log.warning("governor: --unknown-traffic forward: traffic no adapter governs is forwarded ungoverned "
                     "(uncounted, unrecorded); the default refuses it unless the allow-list names it")

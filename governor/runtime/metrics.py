@@ -266,7 +266,7 @@ class Metrics:
             "governor_proxy_refusals", "Requests (or streams) the proxy refused on its own before any step "
             "was decided: reason = unclaimed_model_call, method_not_allowed, body_too_large, "
             "encoding_unsupported, bad_request, held_output_exceeded, event_too_large, unreadable_answer, "
-            "ungoverned_endpoint, upstream_event_unreadable, unknown_traffic, host_not_allowed, session_halted; "
+            "ungoverned_endpoint, upstream_event_unreadable, unknown_traffic, host_not_allowed, session_halted, shutting_down; "
             "recorded = whether "
             "the refusal is in a session's record (false: it belongs to no session, or the record had ended)",
             ["reason", "recorded"], registry=r)

@@ -79,6 +79,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     {{- $control := printf "%s-control" (include "governor.fullname" .) }}
     - name: GOVERNOR_CONTROL_HOST
       value: "{{ $control }},{{ $control }}.{{ .Release.Namespace }},{{ $control }}.{{ .Release.Namespace }}.svc,{{ $control }}.{{ .Release.Namespace }}.svc.cluster.local"
+    # SIGTERM: the drain, within the pod's grace period less 5 s kept for the records
+    - name: GOVERNOR_DRAIN_TIMEOUT
+      value: {{ sub (int .Values.terminationGracePeriodSeconds) 5 | quote }}
     {{- if .Values.reviewerTokens.existingSecret }}
     - name: GOVERNOR_REVIEWER_TOKENS
       valueFrom:
