@@ -13,7 +13,9 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   is closed: the upstream sees the disconnect (generation stops), mitmproxy sees a
   normal end of message, calls the stream callback one last time (which emits the
   adapter's terminal event) and finishes the client's response with correct
-  framing, so the client's keep-alive connection stays usable.
+  framing, so the client's keep-alive connection stays usable. When the upstream's end was
+  read already and waits at the flow's stream (the whole answer came while the flow waited
+  for a hook), that end finishes the response and nothing upstream is left to stop.
 
 * `gate(proxyserver, flow)` — hold the end of a streamed body (a tool call the
   model asked for awaits admission): the upstream's end-of-message is kept until
@@ -241,6 +243,8 @@ def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
         assert client is not None
         client.body_reader = _EndAtEOF()  # type: ignore[assignment]
         client.buf = ReceiveBuffer()
+    elif transit_h2.end_queued(flow, layers):
+        return True  # the upstream sent it all; its end, queued at the flow, ends the response
     else:
         logger.warning("governor: cannot end %s cleanly; closing the upstream connection", flow.request.url)
     _close_upstream(handler, flow)
