@@ -207,6 +207,8 @@ def bedrock(cause: str) -> tuple[list[bytes], list[bytes]]:
         tail = bytes(bad)
     else:  # "too_large": a prelude claiming more than the governor holds of one frame
         tail = (64 * 1024 * 1024).to_bytes(4, "big") + b"\x00" * 8
+    if cause == "flood":  # such frames, 64 KiB of each sent: more than the socket buffers hold
+        return lead, [delta] * 3 + [tail + b"\x00" * 65536] * 8
     return lead, [delta] * 3 + [tail]
 
 
@@ -221,6 +223,8 @@ CASES = {
                                    "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
     ("eventstream", "too_large"): (f"/model/{HAIKU}/converse-stream", bedrock,
                                    "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
+    ("eventstream", "flood"): (f"/model/{HAIKU}/converse-stream", bedrock,
+                               "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
 }
 REQUESTS = {
     "/v1/messages": {"model": "claude-haiku-4-5", "max_tokens": 50, "stream": True,
@@ -265,7 +269,9 @@ async def test_a_burst_cut_ends_promptly_with_the_terminal(env, case, framing, c
     connection open: the client gets the terminal and a clean end at once, the refusal is
     recorded, and nothing after the cut reached the client. The answer came with its headers,
     while the flow waited for its hook: the end, read already, ends the response (no upstream
-    body is left to stop, nothing to warn about)."""
+    body is left to stop, nothing to warn about). A flood (more than the sockets hold) is cut
+    while mitmproxy's reader of the upstream waits to hand over what it read next: the close
+    still ends the body, and the upstream is let go."""
     running, raw, _ = env
     path, answer, content_type, terminal, reason = CASES[case]
     lead, rest = answer(case[1])
@@ -276,8 +282,12 @@ async def test_a_burst_cut_ends_promptly_with_the_terminal(env, case, framing, c
     assert terminal in data, data[-300:]
     assert rest[-1] not in data  # the bad tail (the crossing usage) was not forwarded
     assert reason in await recorded(running, session, reason)
-    assert raw.logs[0].sent_all
     assert "cannot end" not in caplog.text
+    if case[1] == "flood":  # more than the sockets hold: the upstream was still sending, and is let go
+        await asyncio.wait_for(raw.logs[0].done.wait(), 10)
+        assert raw.logs[0].disconnected
+    else:
+        assert raw.logs[0].sent_all
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked"])
