@@ -46,6 +46,7 @@ PASSPORT = {
     "permissions": {"resource_limits": {"budget": {"tokens": {"per_session": CAP}}}},
 }
 HAIKU = "anthropic.claude-3-5-haiku-20241022-v1:0"
+CONVERSE, EVENTSTREAM = f"/model/{HAIKU}/converse-stream", "application/vnd.amazon.eventstream"
 MORE = 2000  # what a live upstream sends after its answer's events, 20 ms apart
 
 
@@ -219,20 +220,16 @@ CASES = {
     ("sse", "budget"): ("/v1/messages", anthropic, "text/event-stream", b"event: error", "on_budget_exhausted"),
     ("ndjson", "unreadable"): ("/api/chat", ollama, "application/x-ndjson", b'{"error":', "unreadable_answer"),
     ("ndjson", "too_large"): ("/api/chat", ollama, "application/x-ndjson", b'{"error":', "event_too_large"),
-    ("eventstream", "malformed"): (f"/model/{HAIKU}/converse-stream", bedrock,
-                                   "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
-    ("eventstream", "too_large"): (f"/model/{HAIKU}/converse-stream", bedrock,
-                                   "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
-    ("eventstream", "flood"): (f"/model/{HAIKU}/converse-stream", bedrock,
-                               "application/vnd.amazon.eventstream", b"modelStreamErrorException", "event_too_large"),
+    ("eventstream", "malformed"): (CONVERSE, bedrock, EVENTSTREAM, b"modelStreamErrorException", "event_too_large"),
+    ("eventstream", "too_large"): (CONVERSE, bedrock, EVENTSTREAM, b"modelStreamErrorException", "event_too_large"),
+    ("eventstream", "flood"): (CONVERSE, bedrock, EVENTSTREAM, b"modelStreamErrorException", "event_too_large"),
 }
 REQUESTS = {
     "/v1/messages": {"model": "claude-haiku-4-5", "max_tokens": 50, "stream": True,
                      "messages": [{"role": "user", "content": "go"}]},
     "/api/chat": {"model": "llama3.2", "messages": [{"role": "user", "content": "go"}], "stream": True,
                   "options": {"num_predict": 50}},
-    f"/model/{HAIKU}/converse-stream": {"messages": [{"role": "user", "content": [{"text": "go"}]}],
-                                        "inferenceConfig": {"maxTokens": 50}},
+    CONVERSE: {"messages": [{"role": "user", "content": [{"text": "go"}]}], "inferenceConfig": {"maxTokens": 50}},
 }
 
 
