@@ -40,6 +40,8 @@ class H2Stream:
     delay: float = 0.0  # seconds between events
     piece: str = PIECE  # the text of each delta (4 bytes per token)
     hang: float = 0.0  # seconds to wait (for the client to go away) before the response headers
+    content_length: bool = False  # frame the stream with a content-length (as some servers do)
+    tail: bytes = b""  # raw bytes sent after the last event (e.g. a line that never ends)
 
 
 @dataclass
@@ -222,6 +224,8 @@ class H2Upstream:
             await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"not found"})
             return
+        if s.tail:
+            events.append(s.tail)
         log = H2Log(path, scope["http_version"], len(events))
         self.streams.append(log)
         gone = asyncio.Event()
@@ -239,8 +243,10 @@ class H2Upstream:
                 if gone.is_set():
                     log.disconnected = True
                     return
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            if s.content_length:
+                headers.append((b"content-length", str(sum(map(len, events))).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             for event in events:
                 if gone.is_set():
                     break

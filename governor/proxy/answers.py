@@ -26,7 +26,7 @@ from governor.policy.steps import Step, ToolCall, ToolError, UsageReport
 from governor.proxy import bodies, holds, withheld
 from governor.proxy.enforcing import Enforcer
 from governor.proxy.exchanges import Exchanges, upstream_error
-from governor.proxy.fields import decoded_body, has_content_encoding
+from governor.proxy.fields import decoded_body, frame_relayed_stream, has_content_encoding
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState, live_flight
 from governor.proxy.held_steps import HeldSteps
 from governor.proxy.policy import ProxyPolicy
@@ -88,6 +88,7 @@ class Answers:
             flight.relay = StreamRelay(flow, flight, watcher, self.stream_events, self.enforcer,
                                        self.policy.max_held_stream_bytes)
             response.stream = flight.relay
+            frame_relayed_stream(flow.request, response)  # a cut body is shorter than the upstream's
             if flight.refusal is not None:  # decided while we waited for the headers
                 self.enforcer.cut(flow, flight, *flight.refusal)
 

@@ -48,6 +48,25 @@ def rewrite_for_upstream(request: http.Request, body: bytes | None, stream: bool
     request.headers.fields = tuple([f for f in fields if f[0].lower() not in drop] + add)
 
 
+def frame_relayed_stream(request: http.Request, response: http.Response) -> None:
+    """A relayed stream's framing towards the client, set before its headers go out.
+
+    The relay forwards whole events and, once the stream is cut, the adapter's terminal event
+    in place of the rest: the client's body is not the upstream's byte for byte, so the
+    upstream's Content-Length cannot frame it (a cut body ends short, and the client waits
+    for bytes that never come). It is dropped; an HTTP/1.1 client gets the body chunked
+    (mitmproxy chunks what the header says is chunked), HTTP/2 frames it itself, an HTTP/1.0
+    client reads it to the close. A stream the upstream chunks (the usual one) is untouched."""
+    fields = response.headers.fields
+    names = [name.lower() for name, _ in fields]
+    if b"content-length" not in names:
+        return
+    kept = [f for f in fields if f[0].lower() != b"content-length"]
+    if b"transfer-encoding" not in names and request.http_version == "HTTP/1.1":
+        kept.append((b"transfer-encoding", b"chunked"))
+    response.headers.fields = tuple(kept)
+
+
 _CHARSET = re.compile(r'((?:^|[\s;,])charset\s*=\s*)("[^"]*"|[^;,\s]*)', re.IGNORECASE)
 
 

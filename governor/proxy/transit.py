@@ -13,7 +13,9 @@ entirely in mitmproxy's hands and therefore protocol-correct:
   is closed: the upstream sees the disconnect (generation stops), mitmproxy sees a
   normal end of message, calls the stream callback one last time (which emits the
   adapter's terminal event) and finishes the client's response with correct
-  framing, so the client's keep-alive connection stays usable.
+  framing, so the client's keep-alive connection stays usable. When the upstream's end was
+  read already and waits at the flow's stream (the whole answer came while the flow waited
+  for a hook), that end finishes the response and nothing upstream is left to stop.
 
 * `gate(proxyserver, flow)` — hold the end of a streamed body (a tool call the
   model asked for awaits admission): the upstream's end-of-message is kept until
@@ -47,6 +49,7 @@ from typing import Any, Iterator
 import h11
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import http
+from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http.http1.read import read_response_head
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, ResponseData
@@ -110,8 +113,23 @@ def _http1_client_in(layers: Any, flow: http.HTTPFlow) -> Http1Client | None:
 
 
 def _close_upstream(handler: Any, flow: http.HTTPFlow) -> None:
-    if flow.server_conn in handler.transports and flow.server_conn.connected:
-        handler.close_connection(flow.server_conn)
+    """Close the upstream connection so that its reader ends at end-of-file: mitmproxy then
+    hands the layers what it read already, and the close (which ends a cut body).
+
+    Not `handler.close_connection`: it cancels the connection's reader task, and a reader
+    cancelled while it waits to hand over data it read already (the cut ran inside another
+    event, e.g. a hook's completion replaying the body that came meanwhile) never reports
+    the close: the cut body never ended, the client hung, the socket stayed open."""
+    conn = flow.server_conn
+    io = handler.transports.get(conn)
+    if io is None or not conn.connected:
+        return
+    transport = getattr(io.writer, "transport", None)
+    if transport is None:  # not an asyncio stream (a changed mitmproxy): its own close
+        handler.close_connection(conn)
+        return
+    conn.state = ConnectionState.CLOSED  # as close_connection marks it: nothing more is written
+    transport.abort()  # the reader sees end-of-file once it has handed over what it holds
 
 
 class Gate:
@@ -241,6 +259,8 @@ def end_stream(proxyserver: Any, flow: http.HTTPFlow) -> bool:
         assert client is not None
         client.body_reader = _EndAtEOF()  # type: ignore[assignment]
         client.buf = ReceiveBuffer()
+    elif transit_h2.end_queued(flow, layers):
+        return True  # the upstream sent it all; its end, queued at the flow, ends the response
     else:
         logger.warning("governor: cannot end %s cleanly; closing the upstream connection", flow.request.url)
     _close_upstream(handler, flow)

@@ -143,6 +143,15 @@ class QueuedEnd:
             logger.warning("governor: cannot deliver the held end of %s", self.stream.flow.request.url)
 
 
+def end_queued(flow: http.HTTPFlow, layers: Iterable[Any]) -> bool:
+    """Whether the upstream's end of `flow` was read already and waits in its stream's event
+    queue (the stream is replaying what came while it waited for a hook): it will end the
+    response, and there is no upstream body left to stop."""
+    stream = _http_stream(flow, layers)
+    return stream is not None and any(isinstance(event, ResponseEndOfMessage) and event.stream_id == stream.stream_id
+                                      for event in stream._paused_event_queue)
+
+
 def take_queued_end(handler: Any, flow: http.HTTPFlow, layers: Iterable[Any]) -> QueuedEnd | None:
     """A QueuedEnd when the upstream's end of `flow` waits in its stream's event queue."""
     stream = _http_stream(flow, layers)
