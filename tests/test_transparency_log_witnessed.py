@@ -211,6 +211,15 @@ async def test_the_operators_lies_are_each_detected(tmp_path, caplog):
                     assert "refused" in body["error"]["message"] and "rollback" in body["error"]["message"], body
                 async with http.get("/metrics") as answer:
                     assert "governor_witness_refusals_total 1.0" in await answer.text()
+                # readiness reports it (traffic is still governed: not a reason to stop it)
+                async with http.get("/readyz") as answer:
+                    ready = await answer.json()
+                assert answer.status == 200 and "rollback" in ready["witnessing"]["refused"], ready
+                # and the governor's audit journal holds the event
+                async with http.get("/v1/audit/record") as answer:
+                    assert answer.status == 200, await answer.text()
+                    audit = await answer.text()
+                assert "on_log_refused" in audit and "rollback" in audit
                 # the checkpoint served is the log's own, with no cosignature of the witnesses
                 async with http.get("/log/checkpoint") as answer:
                     served = await answer.read()

@@ -79,6 +79,7 @@ class Witnessing:
         self.sizes: dict[str, int] = self._load_sizes()
         self.retry_at: dict[str, float] = {}
         self.backoff: dict[str, float] = {}
+        self.held: dict[str, tuple[bytes, Signature]] = {}  # witness -> the note it cosigned last, its line
         self.cosigned: Cosigned | None = None
         self.compromised: str | None = None  # why no proof is served any more
         self.last_problem = ""
@@ -135,14 +136,18 @@ class Witnessing:
         if self.cosigned is not None and self.cosigned.size >= size:
             return
         now = self.clock()
-        due = [w for w in self.witnesses if self.retry_at.get(w.key.name, 0.0) <= now]
+        signatures = [held[1] for held in self.held.values() if held[0] == note]  # not asked again
+        due = [w for w in self.witnesses if self.retry_at.get(w.key.name, 0.0) <= now
+               and self.held.get(w.key.name, (b"",))[0] != note]
         if not due:
             return
         answers = list(self.pool.map(lambda w: self._submit(w, note, size), due))
-        signatures = []
+        fresh = False
         for witness, answer in zip(due, answers):
             if isinstance(answer, Signature):
                 signatures.append(answer)
+                fresh = True
+                self.held[witness.key.name] = (note, answer)
                 self.sizes[witness.key.name] = size
                 self.retry_at.pop(witness.key.name, None)
                 self.backoff.pop(witness.key.name, None)
@@ -155,7 +160,7 @@ class Witnessing:
                 self.retry_at[witness.key.name] = self.clock() + delay
                 self.last_problem = f"witness {witness.key.name} ({witness.url}): {answer}"
                 log.warning("%s; retrying in %.1fs", self.last_problem, delay)
-        if signatures:
+        if fresh:
             self._save_sizes()
         if len(signatures) >= self.quorum:
             merged = add_signatures(parse_note(note), *signatures).encode()

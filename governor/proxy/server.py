@@ -430,6 +430,24 @@ def egress_hosts(runtime: Any) -> EgressHosts | None:
         raise StartupError(f"passport: {exc}") from None
 
 
+def witness_alarm(runtime: Any) -> Any:
+    """What a witness's rollback or fork refusal does besides its ERROR line: the metric, and
+    an event in the audit journal (from the witnessing thread, on the runtime's loop)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+
+    def alarm(message: str) -> None:
+        runtime.metrics.witness_refusals.inc()
+        if loop is not None and not loop.is_closed():
+            detail = {"refused_by_witness": message,
+                      "effect": "no transparency-log proof is served until the log is restored"}
+            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_log_refused", "halt", detail), loop)
+
+    return alarm
+
+
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     """The real runtime: the passport admitted and pinned, the policy compiled, SQLite state
     (or settings.store), the governor's key in the data directory (created on first run).
@@ -504,6 +522,6 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
     if witnessing is not None:
-        witnessing.on_alarm = lambda _message: runtime.metrics.witness_refusals.inc()
+        witnessing.on_alarm = witness_alarm(runtime)
         witnessing.start()
     return runtime

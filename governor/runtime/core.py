@@ -525,7 +525,10 @@ class Runtime:
     # --- what the control plane reads (Views) and the sweeper ---------------------------
 
     async def ready(self) -> dict[str, Any]:
-        return await self.views.ready()
+        ready = await self.views.ready()
+        if self.witnessing is not None:  # reported, not a reason to stop governing traffic
+            ready["witnessing"] = self.witnessing.status()
+        return ready
 
     async def acknowledge_store(self) -> dict[str, Any]:
         return await self.views.acknowledge_store()
