@@ -166,7 +166,7 @@ async def test_the_operators_lies_are_each_detected(tmp_path, caplog):
     vkey = log_vkey(data)
     witnesses = witnesses_for(tmp_path, vkey)
     keys = [parse_vkey(w.vkey()) for w in witnesses]
-    settings = witness_settings(witnesses, witness_quorum=2, witness_wait=3)
+    settings = witness_settings(witnesses, witness_quorum=2, witness_wait=10)
     audit_keys = ["--log-key", vkey, "--witness-key", witnesses[0].vkey(), "--witness-key", witnesses[1].vkey()]
     try:
         async with real_governor(tmp_path / "run4", data_dir=data, **settings) as (running, mock):
