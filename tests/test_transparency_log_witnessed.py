@@ -142,6 +142,15 @@ async def test_a_witness_down_proofs_wait_then_503_under_quorum_2_and_succeed_un
                 assert status == 503, body
                 assert body["error"]["code"] == "not_witnessed" and "have not cosigned" in body["error"]["message"]
                 assert 1.5 <= waited < 15
+                # `governor sessions end --proof` says so, and writes no proof
+                await run_session(running, mock, "ended-by-cli")
+                done = await asyncio.to_thread(
+                    subprocess.run, [sys.executable, "-m", "governor", "sessions", "end", "ended-by-cli", "--proof",
+                                     str(tmp_path / "cli.tlog-proof"), "--control-url", running.control_url,
+                                     "--data-dir", str(data)],
+                    cwd=REPO, capture_output=True, text=True, timeout=60)
+                assert done.returncode != 0 and "not_witnessed" in done.stdout + done.stderr, done
+                assert not (tmp_path / "cli.tlog-proof").exists()
                 # the record itself was written: a proof is what is withheld
                 assert (data / "records").exists()
         settings = witness_settings(witnesses, witness_quorum=1, witness_wait=10)
@@ -238,3 +247,32 @@ async def test_the_operators_lies_are_each_detected(tmp_path, caplog):
         assert code == 1 and "FORK" in out, out
     finally:
         stop_all(witnesses)
+
+
+async def test_the_witness_options_reach_the_settings_and_bad_values_are_refused(tmp_path):
+    from governor.cli import UsageError, build_parser
+    from governor.cli.run import resolve
+    from governor.evidence.tlog.note import CosignatureSigner
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = []
+    for n in range(2):
+        path = tmp_path / f"w{n}.vkey"
+        path.write_text(CosignatureSigner(f"w{n}.test/witness", Ed25519PrivateKey.generate()).vkey() + "\n")
+        keys.append(path)
+    parse = build_parser().parse_args
+    settings = resolve(parse(["run", "--witness", f"http://127.0.0.1:7001={keys[0]}", "--witness",
+                              f"http://127.0.0.1:7002={keys[1]}", "--witness-quorum", "1", "--witness-wait", "4"]),
+                       environ={})
+    assert [url for url, _ in settings.witnesses] == ["http://127.0.0.1:7001", "http://127.0.0.1:7002"]
+    assert settings.witnesses[1][1] == keys[1].read_text().strip()
+    assert (settings.witness_quorum, settings.witness_wait) == (1, 4.0)
+    from_env = resolve(parse(["run"]), environ={"GOVERNOR_WITNESSES": f"http://a:1={keys[0]},http://b:2={keys[1]}"})
+    assert len(from_env.witnesses) == 2 and from_env.witness_quorum is None
+    (tmp_path / "not.vkey").write_text("not a vkey\n")
+    for bad in (["--witness", "127.0.0.1:7001"], ["--witness", f"ftp://x={keys[0]}"],
+                ["--witness", f"http://x={tmp_path / 'absent.vkey'}"], ["--witness", f"http://x={tmp_path / 'not.vkey'}"],
+                ["--witness", f"http://x={keys[0]}", "--witness-quorum", "2"],
+                ["--witness", f"http://x={keys[0]}", "--witness-quorum", "0"], ["--witness-wait", "-1"]):
+        with pytest.raises(UsageError):
+            resolve(parse(["run", *bad]), environ={})
