@@ -13,7 +13,15 @@ from pathlib import Path
 
 from governor.cli import UsageError
 from governor.cli.witness import read_vkey
-from governor.evidence.logaudit import AuditReport, DirectorySource, MissingFile, SourceError, TooLarge, audit_log
+from governor.evidence.logaudit import (
+    AuditReport,
+    DirectorySource,
+    MissingFile,
+    SourceError,
+    TooLarge,
+    audit_log,
+    check_records,
+)
 from governor.evidence.tlog.note import MAX_NOTE_BYTES
 
 TIMEOUT_SECONDS = 30.0
@@ -38,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     audit.add_argument("--since", type=Path, metavar="CHECKPOINT_FILE", help="a checkpoint saved by an earlier audit")
     audit.add_argument("--save", type=Path, metavar="CHECKPOINT_FILE",
                        help="save the checkpoint audited (only when the audit is clean)")
+    audit.add_argument("--records", type=Path, metavar="DIR",
+                       help="also check the final records in DIR (DATA_DIR/records): each entry's record is there, "
+                       "each record there is logged")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.set_defaults(func=run_audit)
 
@@ -78,6 +89,10 @@ def run_audit(args: argparse.Namespace) -> int:
     try:
         source = HttpSource(args.log) if args.log.startswith(("http://", "https://")) else DirectorySource(Path(args.log))
         report = audit_log(source, log_key, witnesses, quorum, since)
+        if args.records is not None and report.checkpoint is not None:
+            if not args.records.is_dir():
+                raise UsageError(f"--records {args.records}: not a directory")
+            check_records(args.records, report)
     except SourceError as problem:
         raise UsageError(str(problem)) from None
     if args.save is not None and report.clean:

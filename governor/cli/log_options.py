@@ -3,9 +3,11 @@ their values (flags, environment, config file) become the Settings' log fields."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from governor.cli import UsageError
+from governor.evidence.tlog.note import NoteError, parse_vkey
 
 LOG_OPTIONS: dict[str, tuple[str, str]] = {
     "log": ("GOVERNOR_LOG", "on (default) or off: append every final record's entry to the transparency log in "
@@ -18,6 +20,13 @@ LOG_OPTIONS: dict[str, tuple[str, str]] = {
                                "entries wait (default 10)"),
     "log_access": ("GOVERNOR_LOG_ACCESS", "open (default: anyone may read /log/) or token (/log/ needs the "
                    "control token, like the /v1 reads)"),
+    "witness": ("GOVERNOR_WITNESSES", "URL=VKEYFILE: a C2SP tlog-witness that cosigns the log's checkpoints (its "
+                "vkey in the file); repeat the option, or comma-separate in the variable. Proofs are served only "
+                "at checkpoints the quorum cosigned (docs/transparency-log.md)"),
+    "witness_quorum": ("GOVERNOR_WITNESS_QUORUM", "how many of the witnesses must cosign a proof's checkpoint "
+                       "(default: all)"),
+    "witness_wait": ("GOVERNOR_WITNESS_WAIT", "a proof asked for waits at most this many seconds for the "
+                     "witnesses' quorum, then answers 503 not_witnessed (default 10)"),
 }
 
 
@@ -59,3 +68,35 @@ def apply_log_settings(settings: Any, value: Any) -> None:
         settings.log_checkpoint_entries = int(entries)
     if (seconds := value("log_checkpoint_seconds")) is not None:
         settings.log_checkpoint_seconds = seconds_value(seconds, "--log-checkpoint-seconds")
+    apply_witness_settings(settings, value)
+
+
+def apply_witness_settings(settings: Any, value: Any) -> None:
+    """--witness URL=VKEYFILE (repeatable), --witness-quorum, --witness-wait."""
+    given = value("witness")
+    if given is not None:
+        items = given if isinstance(given, list) else [given]
+        pairs = [piece.strip() for item in items for piece in str(item).split(",") if piece.strip()]
+        witnesses = []
+        for pair in pairs:
+            url, sep, key_file = pair.partition("=")
+            if not sep or not url.startswith(("http://", "https://")) or not key_file:
+                raise UsageError(f"--witness: expected URL=VKEYFILE (an http(s) URL), got {pair!r}")
+            try:
+                vkey = Path(key_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError(f"--witness {url}: cannot read the vkey file {key_file}: {exc}") from None
+            try:
+                parse_vkey(vkey)
+            except NoteError as exc:
+                raise UsageError(f"--witness {url}: {key_file} holds no witness vkey: {exc}") from None
+            witnesses.append((url, vkey))
+        settings.witnesses = tuple(witnesses)
+    if (quorum := value("witness_quorum")) is not None:
+        if not str(quorum).isdigit() or int(quorum) < 1:
+            raise UsageError(f"--witness-quorum: expected a whole number >= 1, got {quorum!r}")
+        if int(quorum) > len(settings.witnesses):
+            raise UsageError(f"--witness-quorum {quorum}: more than the {len(settings.witnesses)} witnesses given")
+        settings.witness_quorum = int(quorum)
+    if (wait := value("witness_wait")) is not None:
+        settings.witness_wait = seconds_value(wait, "--witness-wait")

@@ -95,7 +95,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                    "logger, message and the call's extras such as session and cause)"),
 }
 
-REPEATABLE = {"webhook", "allow"}
+REPEATABLE = {"webhook", "allow", "witness"}
 WEBHOOK_SECRET_ENV = "GOVERNOR_WEBHOOK_SECRET"
 WEBHOOK_FILE_SETTINGS = ("webhook_timeout", "webhook_attempts", "webhook_backoff", "webhook_queue")
 LOG_FORMATS = ("text", "json")

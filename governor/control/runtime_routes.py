@@ -30,6 +30,7 @@ from governor.control.replies import (
 )
 from governor.control.sessions_api import with_entry
 from governor.evidence.errors import EvidenceError
+from governor.evidence.witnessing import NotWitnessed
 from governor.runtime.edit import EditRefused
 
 log = logging.getLogger("governor.control")
@@ -213,6 +214,8 @@ class RuntimeRoutes:
                 return error(409, "session_running", f"session {session!r} has not ended: only a final record "
                              "is logged, so only a final record has a proof (end it first)")
             return unknown_session(session)
+        except NotWitnessed as exc:  # fail closed: no proof without the witnesses' quorum
+            return error(503, "not_witnessed", f"no proof of session {session!r}: {exc}")
         except LookupError as exc:
             return error(404, "not_logged", f"the final record of session {session!r} is not in the log: {exc}")
         return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})

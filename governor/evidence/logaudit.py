@@ -13,6 +13,8 @@ what it finds, each as a `Finding`:
   gap         an agent's sequence skips numbers (an entry of it is missing)
   repeat      an agent's sequence number appears again or goes back
   link        an entry's `prev` is not the hash of that agent's previous entry
+  missing     (with a records directory) an entry names a record the directory lacks
+  unlogged    (with a records directory) a record no entry names (edited, or never logged)
 
 The entry statement (schemas/log-entry.schema.json): the JCS (RFC 8785) bytes of
 {kind, record_sha256, passport_digest, session, tier, window {start, end}, seq, prev}.
@@ -264,5 +266,26 @@ def check_sequences(entries: Sequence[bytes], report: AuditReport) -> None:
         last[digest] = (seq, hashlib.sha256(entry).hexdigest())
 
 
-__all__ = ["AuditReport", "DirectorySource", "ENTRY_FIELDS", "ENTRY_KIND", "Finding", "MissingFile", "SourceError",
+def check_records(records_dir: Path, report: AuditReport) -> None:
+    """Each entry's record is in `records_dir` (DATA_DIR/records/: final records, named by
+    session), and each record there is named by an entry (its SHA-256: JCS, signature in)."""
+    logged = {e["record_sha256"]: e for agent in report.agents.values() for e in agent.entries}
+    found: set[str] = set()
+    for path in sorted(Path(records_dir).glob("*.json")):
+        try:
+            digest = hashlib.sha256(canonicalize(json.loads(path.read_bytes()))).hexdigest()
+        except (OSError, ValueError, TypeError) as problem:
+            report.add("unlogged", f"record {path.name} cannot be read as JSON ({problem})")
+            continue
+        found.add(digest)
+        if digest not in logged:
+            report.add("unlogged", f"record {path.name} (SHA-256 {digest}) is named by no log entry: edited after "
+                                   "it was logged, or never logged")
+    for digest, entry in logged.items():
+        if digest not in found:
+            report.add("missing", f"entry {entry['index']} (session {entry['session']}, seq {entry['seq']}) names "
+                                  f"record {digest}, which {records_dir} lacks: deleted or replaced")
+
+
+__all__ = ["AuditReport", "check_records", "DirectorySource", "ENTRY_FIELDS", "ENTRY_KIND", "Finding", "MissingFile", "SourceError",
            "TileSource", "TooLarge", "audit_log", "parse_entry"]

@@ -297,17 +297,23 @@ class TransparencyLog:
             self.checkpoint_note = merged
             return merged
 
-    def prove(self, record: Mapping[str, Any]) -> bytes:
+    def prove(self, record: Mapping[str, Any], *, at: bytes | None = None) -> bytes:
         """A C2SP tlog-proof of `record` (its entry in `extra`), at a checkpoint that holds it
-        (made now if the latest does not)."""
+        (made now if the latest does not), or at `at`, an earlier checkpoint of this log (the
+        latest one its witnesses cosigned)."""
         with self.lock:
             index = self.index_of(record)
             if index is None:
                 raise NotLogged("no entry of this log names this record's SHA-256")
-            if self.checkpoint_size <= index:
-                self.make_checkpoint()
-            size = self.checkpoint_size
-            return TlogProof(index, tuple(self.levels.inclusion_proof(index, size)), self.checkpoint_note,
+            if at is None:
+                if self.checkpoint_size <= index:
+                    self.make_checkpoint()
+                size, note = self.checkpoint_size, self.checkpoint_note
+            else:
+                size, note = int(at.split(b"\n")[1]), at
+                if not index < size <= self.size:
+                    raise LogError(f"the checkpoint of size {size} does not hold entry {index}")
+            return TlogProof(index, tuple(self.levels.inclusion_proof(index, size)), note,
                              extra=self.entry(index)).encode()
 
     def _write_tiles(self, old_size: int) -> None:

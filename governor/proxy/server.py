@@ -136,6 +136,9 @@ class Settings:
     log_checkpoint_entries: int = 256
     log_checkpoint_seconds: float = 10.0
     log_require_token: bool = False  # /log/ readable without the control token unless set
+    witnesses: tuple[tuple[str, str], ...] = ()  # (URL, vkey): the log's witnesses (c2sp.org/tlog-witness)
+    witness_quorum: int | None = None  # cosignatures a proof's checkpoint needs; None: all the witnesses
+    witness_wait: float = 10.0  # a proof asked for waits this long for the quorum, then 503
     peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
@@ -461,6 +464,24 @@ def egress_hosts(runtime: Any) -> EgressHosts | None:
         raise StartupError(f"passport: {exc}") from None
 
 
+def witness_alarm(runtime: Any) -> Any:
+    """What a witness's rollback or fork refusal does besides its ERROR line: the metric, and
+    an event in the audit journal (from the witnessing thread, on the runtime's loop)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+
+    def alarm(message: str) -> None:
+        runtime.metrics.witness_refusals.inc()
+        if loop is not None and not loop.is_closed():
+            detail = {"refused_by_witness": message,
+                      "effect": "no transparency-log proof is served until the log is restored"}
+            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_log_refused", "halt", detail), loop)
+
+    return alarm
+
+
 def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     """The real runtime: the passport admitted and pinned, the policy compiled, SQLite state
     (or settings.store), the governor's key in the data directory (created on first run).
@@ -514,10 +535,27 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                 checkpoint_seconds=settings.log_checkpoint_seconds)
         except (LogError, EvidenceError, OSError, ValueError) as exc:
             raise StartupError(f"transparency log in {settings.data_dir / 'log'}: {exc}") from None
+    witnessing = None
+    if settings.witnesses:
+        from governor.evidence.tlog.note import NoteError, parse_vkey
+        from governor.evidence.witnessing import WitnessEndpoint, Witnessing
+
+        if transparency_log is None:
+            raise StartupError("--witness needs the transparency log (--log on)")
+        try:
+            witnessing = Witnessing(transparency_log, [WitnessEndpoint(url, parse_vkey(vkey))
+                                                       for url, vkey in settings.witnesses],
+                                    quorum=settings.witness_quorum, wait_seconds=settings.witness_wait)
+        except (NoteError, ValueError) as exc:
+            raise StartupError(f"--witness: {exc}") from None
     runtime = Runtime(limits=limits, store=store, data_dir=settings.data_dir, key=key,
                       governor_id=governor_id, agent_id=report.pinned.id or report.pinned.name, metrics=metrics,
                       session_idle_sec=settings.session_idle, pinned=report.pinned, owns_store=True,
-                      persona_idle_sec=settings.persona_idle, transparency_log=transparency_log)
+                      persona_idle_sec=settings.persona_idle, transparency_log=transparency_log,
+                      witnessing=witnessing)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.start()
+    if witnessing is not None:
+        witnessing.on_alarm = witness_alarm(runtime)
+        witnessing.start()
     return runtime

@@ -107,6 +107,7 @@ class Runtime:
         owns_store: bool = False,
         persona_idle_sec: float = DEFAULT_IDLE_SEC,
         transparency_log: Any = None,
+        witnessing: Any = None,
     ) -> None:
         self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, tick_interval_sec=tick_interval_sec,
                                                    session_idle_sec=session_idle_sec)
@@ -126,6 +127,7 @@ class Runtime:
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
+        self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
                                      governor_id=governor_id, agent_id=agent_id,
                                      **({"write_final": transparency_log.write_record} if transparency_log else {}))
@@ -139,7 +141,7 @@ class Runtime:
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
-                               transparency_log=transparency_log)
+                               transparency_log=transparency_log, witnessing=witnessing)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight)
@@ -179,6 +181,8 @@ class Runtime:
                 self._save(session)
             session.journal.close()
         self.audit.close()
+        if self.witnessing is not None:
+            await asyncio.to_thread(self.witnessing.stop)
         if self.owns_store:
             try:
                 await asyncio.to_thread(self.store.close)  # a write-behind store flushes here
@@ -521,7 +525,10 @@ class Runtime:
     # --- what the control plane reads (Views) and the sweeper ---------------------------
 
     async def ready(self) -> dict[str, Any]:
-        return await self.views.ready()
+        ready = await self.views.ready()
+        if self.witnessing is not None:  # reported, not a reason to stop governing traffic
+            ready["witnessing"] = self.witnessing.status()
+        return ready
 
     async def acknowledge_store(self) -> dict[str, Any]:
         return await self.views.acknowledge_store()

@@ -255,6 +255,9 @@ class Metrics:
             "governor_records_signed", "Enforcement records signed (kind=final at session end, "
             "snapshot on request; nonce=true when bound to a counterparty nonce)",
             ["kind", "nonce"], registry=r)
+        self.witness_refusals = Counter(
+            "governor_witness_refusals", "Checkpoints of the transparency log a witness refused as a rollback or "
+            "fork (the log was replaced or rewritten): no log proof is served after one", registry=r)
         self.threshold_warnings = Counter(
             "governor_threshold_warnings", "One-time budget threshold warnings",
             ["dimension", "scope"], registry=r)

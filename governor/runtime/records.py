@@ -35,11 +35,13 @@ class Records:
     def __init__(self, *, sessions: dict[str, LiveSession], data_dir: Path, key: Any, metrics: Metrics,
                  clock: Callable[[], float], open_session: Callable[[str], Awaitable[LiveSession]], apply: Apply,
                  approvals: Approvals, personas: PersonaInstances, audit: AuditTrail,
-                 ended: Callable[[str, str | None], None], transparency_log: Any = None) -> None:
+                 ended: Callable[[str, str | None], None], transparency_log: Any = None,
+                 witnessing: Any = None) -> None:
         self.sessions = sessions
         # the transparency log (governor.evidence.translog): each final record's entry is
         # appended durably before the record is written; None: records are not logged
         self.transparency_log = transparency_log
+        self.witnessing = witnessing  # proofs only at checkpoints a quorum of witnesses cosigned
         self.write_final = transparency_log.write_record if transparency_log is not None else write_record
         self.data_dir = data_dir
         self.key = key
@@ -108,7 +110,8 @@ class Records:
         except FileNotFoundError:
             raise KeyError(session) from None
         record = json.loads(data)
-        proof = await asyncio.to_thread(self.transparency_log.prove, record)
+        prove = self.witnessing.prove if self.witnessing is not None else self.transparency_log.prove
+        proof = await asyncio.to_thread(prove, record)  # NotWitnessed: no cosigned checkpoint holds it
         return record, proof
 
     def record(self, session: str, nonce: str | None = None) -> dict[str, Any]:
