@@ -22,6 +22,7 @@ from botocore.parsers import RestJSONParser
 from governor.adapters import AdapterRegistry, eventstream
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView, UsageReport
 from governor.adapters.bedrock import BedrockAdapter, family_of, model_id_of
+from governor.adapters.counting import count_text
 from governor.adapters.shapes import normalize_path
 from governor.policy.steps import Decision, ToolCall
 
@@ -271,10 +272,13 @@ def test_plain_answers_are_charged_the_larger_of_the_figures_and_never_below_wha
     assert (seen.usage.input_tokens, seen.usage.output_tokens, seen.usage.cached_input_tokens) == (18, 9, 4)
     assert [s.tool for s in seen.steps if isinstance(s, ToolCall)] == ["t"]
     lying = {"output": {"message": {"content": [{"text": "x" * 4000}]}}, "usage": {"inputTokens": 1, "outputTokens": 1}}
-    assert adapter.observe_response(exchange, 200, {}, orjson.dumps(lying)).usage.output_tokens == 1000
+    # the governor's count of the text (adapters.counting: one word of 4000 bytes, 32), not the 1 it says
+    usage = adapter.observe_response(exchange, 200, {}, orjson.dumps(lying)).usage
+    assert (usage.output_tokens, usage.reported_output_tokens, usage.counted_output_tokens) == (32, 1, 32)
     silent = {"output": {"message": {"content": [{"text": "y" * 400}]}}}
     usage = adapter.observe_response(exchange, 200, {}, orjson.dumps(silent)).usage
-    assert usage.output_tokens == 100 and usage.input_tokens == exchange.state["expected_input"] > 0
+    assert usage.output_tokens == count_text("y" * 400) == 4 and usage.reported_output_tokens is None
+    assert usage.input_tokens == exchange.state["expected_input"] > 0
     headers = {"x-amzn-bedrock-input-token-count": "50", "x-amzn-bedrock-output-token-count": "30"}
     assert adapter.observe_response(exchange, 200, headers, orjson.dumps(honest)).usage.output_tokens == 30
     hostile = {"usage": {"inputTokens": "12", "outputTokens": [1], "cacheReadInputTokens": True},
@@ -330,7 +334,10 @@ def test_converse_stream_usage_and_tool_calls_and_a_lying_metadata_event():
     assert [(e.tool, dict(e.arguments)) for e in events if isinstance(e, ToolCall)] == [("t", {"q": 1})]
     final = events[-1]
     assert isinstance(final, UsageReport) and final.final
-    assert final.input_tokens == 9 and final.output_tokens >= 800 // 4  # the lie (2) is not believed
+    # the lie (2) is not believed: the governor's count of the text, the tool's name and its arguments
+    counted = count_text("z" * 800 + "t" + '{"q":1}')
+    assert final.input_tokens == 9 and final.output_tokens == final.counted_output_tokens == counted
+    assert final.reported_output_tokens == 2
     running = [e for e in events if isinstance(e, UsageReport) and not e.final]
     assert running and running[0].output_tokens > 100  # past the reservation: reported before the end
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry, Refusal
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView
+from governor.adapters.counting import count_text
 from governor.adapters.fitting import fit_request
 from governor.adapters.gemini import GeminiAdapter
 from governor.adapters.gemini_answers import GeminiStreamWatcher
@@ -231,12 +232,42 @@ def test_lying_usage_is_read_as_numbers_and_a_total_the_parts_do_not_explain_is_
 def test_missing_usage_charges_the_estimated_input_and_the_output_seen_and_unreadable_the_reservation():
     exchange, seen = _observe(_answer(text="x" * 4000))
     assert seen.usage.input_tokens == exchange.state["expected_input"] > 0
-    assert seen.usage.output_tokens == 1000  # 4000 bytes at 4 bytes a token
+    # the governor's count of the text (adapters.counting): one word, 4000 bytes of at most 128 a token
+    assert seen.usage.output_tokens == count_text("x" * 4000) == 32
+    assert (seen.usage.reported_output_tokens, seen.usage.counted_output_tokens) == (None, 32)
     for body in (b"not json", b"{\"candidates\": [", b"42", b"\"text\""):
         exchange, seen = _observe(body)
         assert (seen.usage.input_tokens, seen.usage.output_tokens) == (exchange.state["expected_input"], 1000)
     _, seen = _observe([{"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}])
     assert seen.usage is None  # the upstream's own error in a 200: nothing generated
+
+
+PROSE = "The quick brown fox jumps over the lazy dog. " * 20  # 180 words, 900 bytes
+
+
+@pytest.mark.parametrize("candidates, charged, said", [
+    (200, 200, 200),  # honest (at least the words, below bytes / 4 = 225): charged exactly
+    (3, count_text(PROSE) + 1 + 2, 3),  # lying low: the count (the text, the call's name and arguments)
+])
+def test_plain_and_streamed_output_is_at_least_the_count(candidates, charged, said):
+    usage = {"promptTokenCount": 6, "candidatesTokenCount": candidates, "totalTokenCount": 6 + candidates}
+    answer = _answer(PROSE, calls=[("search_papers", {"query": "fox dog"})], usage=usage)
+    _, seen = _observe(answer)
+    assert (seen.usage.input_tokens, seen.usage.output_tokens) == (6, charged)
+    assert (seen.usage.reported_output_tokens, seen.usage.counted_output_tokens) == (said, count_text(PROSE) + 3)
+    pieces = [_answer(PROSE[i:i + 50], finish=None) for i in range(0, len(PROSE), 50)]
+    watcher, events = _watch(_sse(*pieces, _answer("", calls=[("search_papers", {"query": "fox dog"})],
+                                                   usage=usage)), [7, 300])
+    final = [e for e in events if isinstance(e, UsageReport)][-1]
+    assert final.final and (final.input_tokens, final.output_tokens) == (6, charged)
+    assert (final.reported_output_tokens, final.counted_output_tokens) == (said, count_text(PROSE) + 3)
+
+
+def test_a_stream_without_usage_is_charged_the_count_and_the_estimated_input():
+    watcher, events = _watch(_sse(_answer(PROSE[:450], finish=None), _answer(PROSE[450:])), [100])
+    final = [e for e in events if isinstance(e, UsageReport)][-1]
+    assert final.output_tokens == count_text(PROSE) and final.reported_output_tokens is None
+    assert final.input_tokens == watcher.exchange.state["expected_input"]
 
 
 def _sse(*chunks: object, end: bytes = b"\r\n\r\n") -> bytes:
@@ -283,7 +314,9 @@ def test_malformed_and_missing_usage_in_a_stream_still_counts_what_was_relayed()
                   _answer("", finish="STOP"))
     watcher, events = _watch(stream, [7, 50])
     final = events[-1]
-    assert final.final and final.output_tokens == 1000 and final.input_tokens == watcher.exchange.state["expected_input"]
+    # finished without usage: the governor's count of the text relayed (one word of 4000 bytes: 32)
+    assert final.final and final.output_tokens == count_text("x" * 4000) == 32
+    assert final.input_tokens == watcher.exchange.state["expected_input"] and final.reported_output_tokens is None
     # finished with usage that names no prompt: the input is the request's estimate, not 0
     stream = _sse(_answer("x" * 40, usage={"candidatesTokenCount": 10}))
     watcher, events = _watch(stream, [])

@@ -185,3 +185,25 @@ def test_the_audio_floor_comes_from_the_config_file(tmp_path):
 def test_an_azure_deployment_names_the_model_when_the_body_does_not():
     request = json_view("/openai/deployments/my-dalle/images/generations?api-version=2025-04-01", {"prompt": "x"})
     assert OpenAIMediaAdapter().open(request, session="s", persona=None).model == "my-dalle"
+
+
+@pytest.mark.parametrize("said, charged", [(40, 40), (1, 36)])  # honest: exactly; lying low: the count (36 words)
+def test_a_token_billed_transcript_is_charged_at_least_its_count_plain_and_streamed(said, charged):
+    from governor.adapters.sse import encode
+    from governor.policy.steps import UsageReport
+
+    text = "The quick brown fox jumps over the lazy dog. " * 4  # 36 words, 180 bytes (bytes / 4: 45)
+    usage = {"type": "tokens", "input_tokens": 12, "output_tokens": said, "total_tokens": 12 + said}
+    body, content_type = multipart({"model": "gpt-4o-transcribe"}, {"file": ("a.mp3", b"\0" * 1000, "audio/mpeg")})
+    exchange, _ = opened(view("/v1/audio/transcriptions", body, content_type))
+    plain = MEDIA.observe_response(exchange, 200, {}, orjson.dumps({"text": text, "usage": usage})).usage
+    assert (plain.input_tokens, plain.output_tokens) == (12, charged)
+    assert (plain.reported_output_tokens, plain.counted_output_tokens) == (said, 36)
+    watcher = MEDIA.stream_watcher(exchange, 200, {"content-type": "text/event-stream"})
+    events = watcher.feed(b"".join(encode({"type": "transcript.text.delta", "delta": text[i:i + 11]})
+                                   for i in range(0, len(text), 11)))
+    events += watcher.feed(encode({"type": "transcript.text.done", "text": text, "usage": usage}))
+    events += watcher.close()
+    [final] = [e for e in events if isinstance(e, UsageReport)]
+    assert (final.input_tokens, final.output_tokens) == (12, charged)
+    assert (final.reported_output_tokens, final.counted_output_tokens) == (said, 36)

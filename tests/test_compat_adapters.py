@@ -122,7 +122,9 @@ def test_tgi_counts_from_headers_details_and_candidates():
     assert (usage.input_tokens, usage.output_tokens, usage.model) == (9, 9, "tgi")
     bad = adapter.observe_response(exchange, 200, {"x-prompt-tokens": "-3", "x-generated-tokens": "1e9"},
                                    orjson.dumps({"generated_text": "abcdefgh"})).usage
-    assert bad.input_tokens == exchange.state["expected_input"] and bad.output_tokens == 2
+    # counts not believed: the input estimated, the output the governor's count of "abcdefgh" (one word)
+    assert bad.input_tokens == exchange.state["expected_input"] and bad.output_tokens == 1
+    assert (bad.reported_output_tokens, bad.counted_output_tokens) == (None, 1)
 
 
 def test_the_steps_offer_the_named_tools():

@@ -14,6 +14,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from governor.adapters.counting import count_text
 from governor.adapters.fitting import FITTED_HEADER
 from tests.gemini_upstream import GeminiBehaviour as B
 from tests.gemini_upstream import GeminiMock
@@ -133,7 +134,11 @@ async def test_an_answer_without_usage_is_charged_what_the_governor_saw(env):
     got, headers, _ = await send(running, mock, GEN, HI, "silent")
     assert got == 200 and headers[FITTED_HEADER.lower()] == "4096"  # no limit named: its reservation's inserted
     assert mock.requests[0].body["generationConfig"] == {"maxOutputTokens": 4096}
-    assert await tokens_used(running, "silent") >= 2000  # 8,000 bytes delivered: not 0
+    # 8,000 bytes delivered, not 0: the governor's count of them (adapters.counting) and the estimated input
+    assert await tokens_used(running, "silent") == -(-len(orjson.dumps(HI)) // 4) + count_text("w" * 8000)
+    deviations = [d for e in running.runtime.record("silent")["events"]
+                  for d in (e.get("detail") or {}).get("deviations", ()) if d.get("kind", "").startswith("usage_")]
+    assert [d["kind"] for d in deviations] == ["usage_missing"]
 
 
 async def test_a_non_json_200_is_charged_its_reservation(env):

@@ -80,13 +80,29 @@ def test_running_usage_past_the_reservation_and_lying_usage():
     verdict = c.client(event(type="response.create", response={"max_output_tokens": 10}), True)
     c.admitted(verdict, ticket=1)
     c.server(event(type="response.created", response={"id": "r"}), True)
-    quiet = c.server(event(type="response.output_text.delta", response_id="r", delta="x" * 40), True)
+    quiet = c.server(event(type="response.output_text.delta", response_id="r", delta="word " * 8), True)
     assert quiet.usage is None  # 10 tokens: within what it reserved
-    loud = c.server(event(type="response.output_text.delta", response_id="r", delta="x" * 40), True)
+    loud = c.server(event(type="response.output_text.delta", response_id="r", delta="word " * 8), True)
     assert loud.usage is not None and loud.usage.output_tokens == 20 and not loud.usage.final
     done = c.server(event(type="response.done", response={"id": "r", "usage": {"input_tokens": 3,
                                                                               "output_tokens": 1}}), True)
-    assert done.usage.output_tokens == 20  # the text relayed, not the 1 the upstream claimed
+    # the governor's count of the text relayed (16 words), not the 1 the upstream claimed; both recorded
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (3, 16)
+    assert (done.usage.reported_output_tokens, done.usage.counted_output_tokens) == (1, 16)
+
+
+def test_honest_usage_is_charged_exactly():
+    c = conversation(bytes_per_token=4.0)
+    c.admitted(c.client(event(type="response.create", response={"max_output_tokens": 100}), True), ticket=1)
+    c.server(event(type="response.created", response={"id": "r"}), True)
+    text = "The quick brown fox jumps over the lazy dog. " * 4  # 36 words, 180 bytes
+    for piece in (text[:77], text[77:]):
+        c.server(event(type="response.output_audio_transcript.delta", response_id="r", delta=piece), True)
+    # honest: at least the words, below bytes / 4 (45)
+    done = c.server(event(type="response.done", response={"id": "r", "usage": {"input_tokens": 3,
+                                                                              "output_tokens": 40}}), True)
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (3, 40)
+    assert (done.usage.reported_output_tokens, done.usage.counted_output_tokens) == (40, 36)
 
 
 @pytest.mark.parametrize("content, is_text", [(b"\x00", False), (b"{", True), (b"[]", True), (b'{"type": ""}', True),
@@ -121,12 +137,15 @@ def test_an_input_transcription_is_a_call_of_the_session_transcription_model():
     tokens = c.server(event(type="conversation.item.input_audio_transcription.completed", transcript="hello there",
                             usage={"type": "tokens", "input_tokens": 30, "output_tokens": 1}), True)
     assert tokens.admit.model == "gpt-4o-transcribe" and tokens.admit.expected_output_tokens == 0
-    assert (tokens.usage.input_tokens, tokens.usage.output_tokens) == (30, 3)  # at least the transcript's count
+    assert (tokens.usage.input_tokens, tokens.usage.output_tokens) == (30, 2)  # at least the transcript's count
+    assert (tokens.usage.reported_output_tokens, tokens.usage.counted_output_tokens) == (1, 2)
     beta = conversation()
     beta.server(event(type="session.created", session={"input_audio_transcription": {"model": "whisper-1"}}), True)
     duration = beta.server(event(type="conversation.item.input_audio_transcription.completed", transcript="x" * 40,
                                  usage={"type": "duration", "seconds": 2.5}), True)
-    assert duration.admit.model == "whisper-1" and duration.usage.output_tokens == 10
+    # billed by duration: the transcript's count (one word of 40 bytes), no token figure to hold it against
+    assert duration.admit.model == "whisper-1" and duration.usage.output_tokens == 1
+    assert duration.usage.counted_output_tokens is None
 
 
 def test_the_adapter_opens_the_upgrade_and_refuses_the_rest():

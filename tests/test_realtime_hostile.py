@@ -159,7 +159,7 @@ print(json.dumps(out))
 
 async def test_missing_or_lying_usage_is_charged_at_least_what_was_relayed_or_reserved(env):
     running, mock, sdk_env = env
-    mock.script(Turn(usage=False), Turn(text="x" * 4000, deltas=8, input_tokens=10, output_tokens=1))
+    mock.script(Turn(usage=False), Turn(text="word " * 800, deltas=8, input_tokens=10, output_tokens=1))
     code = PRELUDE + """
 async def steps(conn):
     await conn.response.create(response={"max_output_tokens": 300})
@@ -172,8 +172,11 @@ print(json.dumps(out))
     out = await run_python(code, sdk_env)
     assert "raised" not in out, out
     used = await tokens_used(running, "rt-usage")
-    # no usage: the reservation (its input estimate + 300); lying usage: 10 + the 1,000 tokens relayed
-    assert used >= 300 + 10 + 1000
+    # no usage: the reservation (its input estimate + 300); lying usage: 10 + the count of the text relayed
+    assert used >= 300 + 10 + 800
+    kinds = {d["kind"] for e in running.runtime.record("rt-usage")["events"]
+             for d in (e.get("detail") or {}).get("deviations", ()) if d.get("kind", "").startswith("usage_")}
+    assert kinds == {"usage_missing", "usage_below_count"}
 
 
 # --- the HTTP side ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ import json
 import pytest
 import pytest_asyncio
 
+from governor.adapters.counting import count_text
 from governor.cli import main as governor_cli
 from governor.passport import example_passport_path
 from governor.proxy.server import Settings, serve
@@ -283,7 +284,7 @@ print(json.dumps(out))
 
 async def test_missing_and_lying_usage_are_charged_at_least_what_was_delivered(env):
     running, mock, sdk_env = env
-    text = "w" * 4000  # about 1000 tokens by the governor's bound (4 bytes a token)
+    text = "w" * 4000  # 32 tokens by the governor's count (one word, at most 128 bytes a token)
     mock.script(Answer(text=text, usage=False), Answer(text=text, input_tokens=1, output_tokens=1),
                 Answer(text=text, chunks=10, usage=False), Answer(text=text, chunks=10, input_tokens=1, output_tokens=1))
     code = prelude(mock.endpoint, "lies") + f"""
@@ -296,7 +297,10 @@ print(json.dumps(out))
     out = await run_python(code, sdk_env)
     assert out["a"] == "end_turn" and out["b"] == 200 and out["c"] > 10 and out["d"] > 10, out
     used = await tokens_used(running, "lies")
-    assert used >= 4 * 1000  # each answer charged at least its delivered text, never 0 or 2
+    assert used >= 4 * count_text(text)  # each answer charged at least its count, never 0 or 1
+    kinds = {d["kind"] for e in running.runtime.record("lies")["events"]
+             for d in (e.get("detail") or {}).get("deviations", ()) if d.get("kind", "").startswith("usage_")}
+    assert kinds == {"usage_missing", "usage_below_count"}
 
 
 async def test_a_stream_that_ends_inside_a_frame_is_charged_what_it_delivered(env):

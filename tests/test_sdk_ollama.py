@@ -17,6 +17,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from governor.adapters.counting import count_text
 from governor.adapters.sse import MAX_EVENT_BYTES
 from tests.compat_harness import client_environment, compat_governor, events, http_client, used, verified_record
 from tests.compat_upstreams import Answer
@@ -216,9 +217,9 @@ async def post(running, upstream, path: str, content: bytes, session: str):
                                headers={"content-type": "application/json", "ADL-Session": session})
 
 
-async def test_counts_missing_or_not_integers_are_replaced_by_the_estimate(env):
+async def test_counts_missing_or_not_integers_are_replaced_by_the_count(env):
     running, upstream, environment, tmp = env
-    text = "counted by the governor " * 40  # 960 bytes: 240 tokens at 4 bytes per token
+    text = "counted by the governor " * 40  # 160 words: the count (adapters.counting) is 160
     upstream.script(Answer(text=text, counts=False), Answer(text=text, counts="string"),
                     Answer(text=text, counts="negative", chunks=5))
     body = orjson.dumps({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": False})
@@ -226,12 +227,43 @@ async def test_counts_missing_or_not_integers_are_replaced_by_the_estimate(env):
     for session in ("missing", "strings"):
         answer = await post(running, upstream, "/api/chat", body, session)
         assert answer.status_code == 200 and answer.json()["message"]["content"] == text
-        assert await used(running, session) == estimate_in + 240
+        assert await used(running, session) == estimate_in + count_text(text)
     streamed = orjson.dumps({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]})
     answer = await post(running, upstream, "/api/chat", streamed, "negative")
     assert answer.status_code == 200 and answer.text.endswith('"done":true}\n') or '"done":true' in answer.text
     await asyncio.sleep(0.1)
-    assert await used(running, "negative") == -(-len(streamed) // 4) + 240
+    assert await used(running, "negative") == -(-len(streamed) // 4) + count_text(text)
+    for session in ("missing", "strings", "negative"):
+        [deviation] = usage_deviations(running, session)
+        assert deviation["kind"] == "usage_missing" and deviation["counted_output_tokens"] == count_text(text)
+
+
+def usage_deviations(running, session: str) -> list[dict]:
+    """The usage_* deviations the session's record holds (policy.anomaly.usage_deviation)."""
+    return [d for e in running.runtime.record(session)["events"]
+            for d in (e.get("detail") or {}).get("deviations", ()) if d.get("kind", "").startswith("usage_")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_honest_counts_are_charged_exactly_and_low_ones_the_count(env, stream):
+    running, upstream, environment, tmp = env
+    text = "The quick brown fox jumps over the lazy dog. " * 20  # 180 words, 900 bytes
+    honest = 200  # at least the words (a tokenizer's count), below bytes / 4 (225)
+    tool = ("search_papers", {"query": "weather in Paris"})
+    upstream.script(Answer(text=text, input_tokens=6, output_tokens=honest, chunks=12, tool_calls=(tool,)),
+                    Answer(text=text, input_tokens=6, output_tokens=3, chunks=12, tool_calls=(tool,)))
+    body = orjson.dumps({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    session = f"ollama-honest-{stream}"
+    assert (await post(running, upstream, "/api/chat", body, session)).status_code == 200
+    await asyncio.sleep(0.1)
+    assert await used(running, session) == 6 + honest
+    assert usage_deviations(running, session) == []
+    assert (await post(running, upstream, "/api/chat", body, session + "-liar")).status_code == 200
+    await asyncio.sleep(0.1)
+    # the text's words, the tool's name and its arguments as compact JSON (3 words)
+    assert await used(running, session + "-liar") == 6 + count_text(text) + 1 + 3
+    [deviation] = usage_deviations(running, session + "-liar")
+    assert deviation["kind"] == "usage_below_count" and deviation["reported_output_tokens"] == 3
 
 
 @pytest.mark.parametrize("mode", ["garbage_line", "lenient_tool"])

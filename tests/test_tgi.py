@@ -15,6 +15,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from governor.adapters.counting import count_text
 from tests.compat_harness import compat_governor, events, http_client, used, verified_record
 from tests.compat_upstreams import Answer
 
@@ -106,16 +107,45 @@ async def test_a_stream_past_the_cap_is_cut_with_an_error_event(env):
     assert upstream.streams[0].disconnected
 
 
-async def test_counts_missing_are_the_governors_estimate(env):
+def usage_deviations(running, session: str) -> list[dict]:
+    """The usage_* deviations the session's record holds (policy.anomaly.usage_deviation)."""
+    return [d for e in running.runtime.record(session)["events"]
+            for d in (e.get("detail") or {}).get("deviations", ()) if d.get("kind", "").startswith("usage_")]
+
+
+async def test_counts_missing_are_the_governors_count(env):
     running, upstream, tmp = env
-    text = "estimated " * 100  # 1000 bytes: 250 tokens at 4 bytes per token
+    text = "estimated " * 100  # 100 words: the count (adapters.counting) is 100 tokens
     upstream.script(Answer(text=text, counts=False), Answer(text=text, counts=False, chunks=10))
     body = orjson.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 300}})
     assert (await post(env, "/generate", body, "tgi-missing")).status_code == 200
-    assert await used(running, "tgi-missing") == -(-len(body) // 4) + 250
+    assert await used(running, "tgi-missing") == -(-len(body) // 4) + count_text(text)
     assert (await post(env, "/generate_stream", body, "tgi-missing-stream")).status_code == 200
     await asyncio.sleep(0.1)
-    assert await used(running, "tgi-missing-stream") == -(-len(body) // 4) + 250
+    assert await used(running, "tgi-missing-stream") == -(-len(body) // 4) + count_text(text)
+    for session in ("tgi-missing", "tgi-missing-stream"):
+        [deviation] = usage_deviations(running, session)
+        assert deviation["kind"] == "usage_missing" and deviation["counted_output_tokens"] == count_text(text)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+async def test_honest_counts_are_charged_exactly_and_low_ones_the_count(env, path):
+    running, upstream, tmp = env
+    text = "The quick brown fox jumps over the lazy dog. " * 20  # 180 words, 900 bytes
+    honest = 200  # at least the words (a tokenizer's count), below bytes / 4 (225)
+    upstream.script(Answer(text=text, input_tokens=6, output_tokens=honest, chunks=12),
+                    Answer(text=text, input_tokens=6, output_tokens=3, chunks=12))
+    body = orjson.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 400}})
+    session = f"tgi-honest{path.replace('/', '-')}"
+    assert (await post(env, path, body, session)).status_code == 200
+    await asyncio.sleep(0.1)
+    assert await used(running, session) == 6 + honest
+    assert usage_deviations(running, session) == []
+    assert (await post(env, path, body, session + "-liar")).status_code == 200
+    await asyncio.sleep(0.1)
+    assert await used(running, session + "-liar") == 6 + count_text(text)
+    [deviation] = usage_deviations(running, session + "-liar")
+    assert deviation["kind"] == "usage_below_count" and deviation["reported_output_tokens"] == 3
 
 
 async def test_an_event_that_is_not_json_cuts_the_stream_and_is_recorded(env):

@@ -20,6 +20,8 @@ from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter,
     BadRequest,
+    LENIENT_EVENT,
+    UnreadableAnswer,
     answered_object,
     as_dict,
     as_key,
@@ -35,6 +37,7 @@ from governor.adapters.base import (
     requested_tool_call,
     within_admission,
     fallback_text,
+    lenient_only,
 )
 from governor.policy.steps import Decision, Step, UsageReport
 
@@ -151,6 +154,9 @@ class AnthropicAdapter(Adapter):
     ) -> Observation:
         data = answered_object(status, body)
         if data is None:
+            if status == 200 and lenient_only(body):
+                raise UnreadableAnswer("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, "
+                                       "an encoding orjson refuses); it was refused rather than relayed unread")
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))
@@ -257,6 +263,8 @@ class MessagesStreamWatcher(sse.SSEStreamWatcher):
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         data = event.json()
         if not isinstance(data, dict):
+            if data is None and lenient_only(event.data):
+                raise UnreadableAnswer(LENIENT_EVENT)
             return
         kind = data.get("type") or event.event
         if kind == "content_block_delta":

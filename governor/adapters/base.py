@@ -567,6 +567,32 @@ def answered_object(status: int, body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+LENIENT_EVENT = ("the upstream sent a stream event that is JSON only to a lenient parser (NaN, Infinity, a lone "
+                 "surrogate); the stream was cut rather than relayed unread")
+
+
+def lenient_only(raw: bytes | str) -> bool:
+    """Whether `raw` is JSON to Python's json but not to orjson: NaN, Infinity, 1e400, a lone
+    surrogate escape, a BOM or UTF-16/32, nesting past orjson's 1024 levels. The official SDKs
+    parse answers with Python's json (httpx's Response.json, json.loads of each SSE event's
+    data), so such an answer could carry tool calls the governor never read: the adapter
+    refuses it (UnreadableAnswer). Called only where orjson already failed or gave no object
+    (off the common path); past LENIENT_PARSE_LIMIT it is not tried and counts as readable
+    (fail closed)."""
+    try:
+        orjson.loads(raw)
+        return False
+    except orjson.JSONDecodeError:
+        pass
+    if len(raw) > LENIENT_PARSE_LIMIT:
+        return True
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON to Python either: the SDK raises, nothing is read
+        return False
+    return True
+
+
 def as_dict(value: Any) -> dict[str, Any]:
     """A JSON field the parser expects to be an object, or {} when it is anything else
     (an upstream's or agent's bytes: a list where a dict belongs must not raise)."""

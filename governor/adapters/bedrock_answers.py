@@ -12,10 +12,13 @@ Usage, per shape (input counts cache reads and writes too; cached = cache reads)
   shape: Anthropic's stream events, Llama's `generation_token_count`, Titan's
   `totalOutputTextTokenCount`) and the last chunk's `amazon-bedrock-invocationMetrics`.
 
-Where figures disagree the larger is charged, and the output is never charged below the
-governor's own estimate of the text it relayed (bytes / bytes_per_token): an answer without
-usage, or with a usage smaller than what it delivered, is charged the estimate and the
-reserved input, never 0.
+Where figures disagree the larger is charged. A finished answer's output is never charged
+below the governor's count of the text, reasoning and tool calls it relayed (adapters.counting:
+a bound below any honest tokenizer's count, so an honest answer is charged exactly its usage):
+an answer without usage is charged the count and the reserved input, never 0, one whose
+usage is smaller the count; the report carries both figures (reported / counted), so the
+record says which was charged. A stream cut before its end is charged the running estimate
+(its figures, or bytes / bytes_per_token of what it relayed, whichever is larger).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import eventstream
+from governor.adapters.counting import OutputCounter, add_arguments
 from governor.adapters.base import (
     Exchange,
     Observation,
@@ -64,22 +68,30 @@ METRICS = "amazon-bedrock-invocationMetrics"
 class Tally:
     """What one answer says it used and what the governor saw it deliver."""
 
-    __slots__ = ("input", "output", "cache_read", "cache_write", "generated", "completed")
+    __slots__ = ("input", "output", "cache_read", "cache_write", "counter", "said", "completed")
 
     def __init__(self) -> None:
         self.input = self.output = self.cache_read = self.cache_write = 0
-        self.generated = 0  # bytes of text and tool arguments relayed
-        self.completed = False
+        self.counter = OutputCounter()  # text, reasoning, tool names and arguments relayed
+        self.said = False  # the answer gave an output figure (a non-negative integer)
+        self.completed = False  # a plain answer, or a stream that reached its end
 
     def text(self, value: Any) -> None:
         if isinstance(value, str):
-            self.generated += len(value.encode("utf-8", "surrogatepass"))
+            self.counter.add(value)
         elif isinstance(value, (dict, list)):  # tool arguments delivered as JSON
-            self.generated += len(_dumped(value))
+            add_arguments(self.counter, value)
+
+    def name(self, value: Any) -> None:
+        """A tool's name (tokenized apart from what came before)."""
+        if type(value) is str:
+            self.counter.add_separate(value)
 
     def counts(self, input_tokens: Any = None, output_tokens: Any = None, cache_read: Any = None,
                cache_write: Any = None) -> None:
         """Figures the answer reports: each kept at the largest seen (cumulative in streams)."""
+        if type(output_tokens) is int and output_tokens >= 0:
+            self.said = True
         self.input = max(self.input, positive_int(input_tokens))
         self.output = max(self.output, positive_int(output_tokens))
         self.cache_read = max(self.cache_read, positive_int(cache_read))
@@ -90,14 +102,23 @@ class Tally:
         self.counts(metrics.get("inputTokenCount"), metrics.get("outputTokenCount"))
 
     def report(self, exchange: Exchange, final: bool, bytes_per_token: float) -> UsageReport:
+        """A finished answer: its output figure, raised to the governor's count when that is
+        larger (the count alone when it gave none); until then, or cut: the larger of its
+        figure, the count and bytes / bytes_per_token of what it relayed."""
         fresh = self.input or (0 if self.cache_read or self.cache_write else exchange.state["expected_input"])
+        counted = self.counter.tokens
+        output = max(self.output, counted)
+        if not (final and self.completed):
+            output = max(output, estimate_tokens(self.counter.nbytes, bytes_per_token))
         return UsageReport(
             model=exchange.model,
             input_tokens=fresh + self.cache_read + self.cache_write,
-            output_tokens=max(self.output, estimate_tokens(self.generated, bytes_per_token)),
+            output_tokens=output,
             cached_input_tokens=self.cache_read,
             persona=exchange.persona,
             final=final,
+            reported_output_tokens=self.output if self.said else None,
+            counted_output_tokens=counted if final else None,
         )
 
 
@@ -125,9 +146,9 @@ def _anthropic_usage(tally: Tally, usage: Any) -> None:
 
 
 def _headers(tally: Tally, headers: Mapping[str, str]) -> None:
-    def number(name: str) -> int:
+    def number(name: str) -> int | None:
         raw = (headers.get(name) or "").strip()
-        return int(raw) if raw.isdigit() and len(raw) < 19 else 0
+        return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
     tally.counts(number(INPUT_HEADER), number(OUTPUT_HEADER))
 
 
@@ -145,6 +166,7 @@ def _plain(exchange: Exchange, data: dict[str, Any], tally: Tally) -> list[Step]
             tally.text(as_dict(as_dict(block.get("reasoningContent")).get("reasoningText")).get("text"))
             use = block.get("toolUse")
             if isinstance(use, dict):
+                tally.name(use.get("name"))
                 tally.text(use.get("input"))
                 if step := requested_tool_call(use.get("name"), use.get("input"), persona):
                     steps.append(step)
@@ -155,6 +177,7 @@ def _plain(exchange: Exchange, data: dict[str, Any], tally: Tally) -> list[Step]
             tally.text(block.get("text"))
             tally.text(block.get("thinking"))
             if block.get("type") == "tool_use":
+                tally.name(block.get("name"))
                 tally.text(block.get("input"))
                 if step := requested_tool_call(block.get("name"), block.get("input"), persona):
                     steps.append(step)
@@ -162,10 +185,11 @@ def _plain(exchange: Exchange, data: dict[str, Any], tally: Tally) -> list[Step]
         tally.counts(data.get("prompt_token_count"), data.get("generation_token_count"))
         tally.text(data.get("generation"))
     elif family == TITAN:
-        output = 0
+        output: int | None = None  # said only when a result gives its count
         for result in as_list(data.get("results")):
             result = as_dict(result)
-            output += positive_int(result.get("tokenCount"))
+            if type(count := result.get("tokenCount")) is int and count >= 0:
+                output = (output or 0) + count
             tally.text(result.get("outputText"))
         tally.counts(data.get("inputTextTokenCount"), output)
     tally.metrics(data.get(METRICS))
@@ -180,9 +204,10 @@ def observe(exchange: Exchange, status: int, headers: Mapping[str, str], body: b
     tally = Tally()
     _headers(tally, headers)
     data = answered_object(status, body)
-    if data is None or exchange.stream:  # not the JSON it should be: what it delivered is counted
-        tally.generated = len(body)
+    if data is None or exchange.stream:  # not the JSON it should be: what it delivered is estimated
+        tally.text(body.decode("utf-8", "replace"))
         return Observation(usage=tally.report(exchange, True, bytes_per_token))
+    tally.completed = True
     steps = _plain(exchange, data, tally)
     return Observation(usage=tally.report(exchange, True, bytes_per_token), steps=steps)
 
@@ -239,6 +264,8 @@ class FramedWatcher(StreamWatcher):
 
     def close(self) -> list[StreamEvent]:
         self.truncated = self.decoder.close()
+        if self.truncated:  # ended inside a frame: what it said last may not be all it said
+            self.tally.completed = False
         out: list[StreamEvent] = []
         for block in self.blocks.values():  # a tool call the stream ended inside is still one the model made
             if step := requested_tool_call(block["name"], "".join(block["args"]), self.exchange.persona):
@@ -251,6 +278,9 @@ class FramedWatcher(StreamWatcher):
         raise NotImplementedError
 
     def _tool_start(self, index: Any, name: Any, initial: Any = None) -> None:
+        self.tally.name(name)
+        if initial not in (None, {}):
+            self.tally.text(initial)
         self.blocks[as_key(index)] = {"name": name,
                                       "args": [] if initial in (None, {}) else [_dumped(initial).decode()]}
 
@@ -290,9 +320,8 @@ class ConverseStreamWatcher(FramedWatcher):
                 self._tool_start(data.get("contentBlockIndex"), use.get("name"))
         elif kind == "contentBlockStop":
             self._tool_stop(data.get("contentBlockIndex"), out)
-        elif kind == "metadata":
+        elif kind == "metadata":  # the last event (after messageStop): the stream reached its end
             _converse_usage(self.tally, data.get("usage"))
-        elif kind == "messageStop":
             self.tally.completed = True
 
 
@@ -315,9 +344,11 @@ class InvokeStreamWatcher(FramedWatcher):
         elif family == LLAMA:
             tally.counts(chunk.get("prompt_token_count"), chunk.get("generation_token_count"))
             tally.text(chunk.get("generation"))
+            tally.completed = tally.completed or bool(chunk.get("stop_reason"))
         elif family == TITAN:
             tally.counts(chunk.get("inputTextTokenCount"), chunk.get("totalOutputTextTokenCount"))
             tally.text(chunk.get("outputText"))
+            tally.completed = tally.completed or bool(chunk.get("completionReason"))
         tally.metrics(chunk.get(METRICS))
 
     def _anthropic(self, chunk: dict[str, Any], out: list[StreamEvent]) -> None:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from governor.policy.steps import UsageReport
 
 # the longest token of any measured vocabulary (see the module docstring)
@@ -151,3 +153,18 @@ def measured(reported: UsageReport | None, counted: int, *, model: str, expected
                        output_tokens=max(reported.output_tokens, counted),
                        cached_input_tokens=reported.cached_input_tokens, persona=persona, final=final,
                        reported_output_tokens=reported.output_tokens, counted_output_tokens=counted)
+
+
+def add_arguments(counter: OutputCounter, value: Any) -> None:
+    """A tool call's arguments as relayed (a JSON string, or parsed JSON written back compact,
+    no longer than the JSON the model generated), counted apart from what came before; a
+    value orjson cannot write back (an integer past 64 bits) counts nothing."""
+    if value is None:
+        return
+    if type(value) is str:
+        counter.add_separate(value)
+        return
+    try:
+        counter.add_separate(orjson.dumps(value).decode())
+    except (TypeError, orjson.JSONEncodeError):
+        pass

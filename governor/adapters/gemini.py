@@ -39,7 +39,8 @@ from governor.adapters.base import (
 )
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
-from governor.adapters.gemini_answers import GeminiStreamWatcher, Reading, error_body, report
+from governor.adapters.counting import measured
+from governor.adapters.gemini_answers import GeminiStreamWatcher, Reading, error_body, reported
 from governor.policy.steps import Decision, Step, UsageReport
 
 GENERATE = "generateContent"
@@ -192,14 +193,10 @@ class GeminiAdapter(Adapter):
             reading.read(item, steps)
         if not reading.answers and reading.errors:
             return Observation()  # the upstream's own error, in a 200 (a stream's first item)
-        fields = reading.fields
-        usage = report(fields, exchange.model, exchange.persona, True)
-        if "promptTokenCount" not in fields:
-            # no usage said: the request's estimated input and the output the governor saw
-            usage = UsageReport(model=exchange.model, input_tokens=state["expected_input"],
-                                output_tokens=max(usage.output_tokens,
-                                                  estimate_tokens(reading.generated_bytes, self.config.bytes_per_token)),
-                                persona=exchange.persona)
+        # the provider's figures, the output at least the governor's count of what it relayed;
+        # without usage, the count and the request's estimated input (adapters.counting)
+        usage = measured(reported(reading.fields, exchange.model, state["expected_input"]), reading.counter.tokens,
+                         model=exchange.model, expected_input=state["expected_input"], persona=exchange.persona)
         return Observation(usage=usage, steps=steps)
 
     def stream_watcher(self, exchange: Exchange, status: int, headers: Mapping[str, str]) -> StreamWatcher | None:

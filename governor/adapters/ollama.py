@@ -47,6 +47,7 @@ from governor.adapters.base import (
 )
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.ndjson import LineDecoder
+from governor.adapters.counting import OutputCounter, add_arguments
 from governor.adapters.running import RunningUsage, count, counted
 from governor.policy.steps import Decision, Step, ToolCall, UsageReport
 
@@ -65,10 +66,6 @@ def _kind(route: str) -> str | None:
     if not route.endswith(_SUFFIXES):
         return None
     return _KINDS["/" + route.rsplit("/", 2)[-2] + "/" + route.rsplit("/", 1)[-1]]
-
-
-def _text_bytes(value: Any) -> int:
-    return len(value.encode()) if isinstance(value, str) else 0
 
 
 def _token_ids(value: Any) -> int:
@@ -188,11 +185,12 @@ class OllamaAdapter(Adapter):
         if data is None:
             return Observation()
         steps: list[Step] = []
-        generated = _answer(data, exchange, steps)
+        counter = OutputCounter()
+        _answer(data, exchange, steps, counter)
         model = data.get("model") if isinstance(data.get("model"), str) else ""
         usage = counted(exchange, model, count(data.get("prompt_eval_count")),
                         count(data.get("eval_count")) if exchange.state["expected_output"] else 0,
-                        generated, self.config.bytes_per_token)
+                        counter.tokens)
         return Observation(usage=usage, steps=steps)
 
     def stream_watcher(self, exchange: Exchange, status: int, headers: Mapping[str, str]) -> StreamWatcher | None:
@@ -247,23 +245,27 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _answer(data: dict[str, Any], exchange: Exchange, steps: list[Step]) -> int:
-    """One answer object (a whole answer, or a line of a stream): the bytes of text and tool
-    arguments it carries; the tool calls it asks for are appended to `steps`."""
+def _answer(data: dict[str, Any], exchange: Exchange, steps: list[Step], counter: OutputCounter) -> None:
+    """One answer object (a whole answer, or a line of a stream): the text and tool calls it
+    carries go to `counter` (adapters.counting); the tool calls it asks for to `steps`."""
     kind = exchange.state["kind"]
     if kind == GENERATE:
-        return _text_bytes(data.get("response")) + _text_bytes(data.get("thinking"))
+        counter.add_value(data.get("thinking"))
+        counter.add_value(data.get("response"))
+        return
     if kind != CHAT:
-        return 0
+        return
     message = as_dict(data.get("message"))
-    generated = _text_bytes(message.get("content")) + _text_bytes(message.get("thinking"))
+    counter.add_value(message.get("thinking"))
+    counter.add_value(message.get("content"))
     for call in as_list(message.get("tool_calls")):
         function = as_dict(call.get("function") if isinstance(call, dict) else None)
         arguments = function.get("arguments")
-        generated += len(orjson.dumps(arguments)) if arguments is not None else 0
+        if type(name := function.get("name")) is str:
+            counter.add_separate(name)
+        add_arguments(counter, arguments)
         if step := requested_tool_call(function.get("name"), arguments, exchange.persona):
             steps.append(step)
-    return generated
 
 
 class OllamaStreamWatcher(StreamWatcher):
@@ -296,7 +298,7 @@ class OllamaStreamWatcher(StreamWatcher):
         if type(data) is not dict:
             raise UnreadableAnswer("the upstream sent an NDJSON line that is not a JSON object; the stream was cut")
         steps: list[Step] = []
-        running.generated_bytes += _answer(data, self.exchange, steps)
+        _answer(data, self.exchange, steps, running.counter)
         out.extend(step for step in steps if isinstance(step, ToolCall))
         if isinstance(data.get("model"), str) and data["model"]:
             running.model = data["model"]

@@ -27,6 +27,8 @@ from governor.adapters.base import (
     Adapter,
     AdapterConfig,
     BadRequest,
+    LENIENT_EVENT,
+    UnreadableAnswer,
     answered_object,
     as_dict,
     as_list,
@@ -43,6 +45,7 @@ from governor.adapters.base import (
     requested_tool_call,
     within_admission,
     fallback_text,
+    lenient_only,
 )
 from governor.policy.steps import Decision, Step, UsageReport
 
@@ -297,6 +300,9 @@ class OpenAIAdapter(Adapter):
     ) -> Observation:
         data = answered_object(status, body)
         if data is None:
+            if status == 200 and lenient_only(body):
+                raise UnreadableAnswer("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, "
+                                       "an encoding orjson refuses); it was refused rather than relayed unread")
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else exchange.model
@@ -548,6 +554,8 @@ class ChatStreamWatcher(_Watcher):
         data = event.json()
         if isinstance(data, dict):
             self._chunk(data, out)
+        elif data is None and lenient_only(event.data):
+            raise UnreadableAnswer(LENIENT_EVENT)
 
     def _chunk(self, data: dict[str, Any], out: list[StreamEvent]) -> None:
         # (Azure's first chunk, its prompt_filter_results, has an empty id and model: not taken)
@@ -638,6 +646,8 @@ class ResponsesStreamWatcher(_Watcher):
     def _event(self, event: sse.SSEEvent, out: list[StreamEvent]) -> None:
         data = event.json()
         if not isinstance(data, dict):
+            if data is None and lenient_only(event.data):
+                raise UnreadableAnswer(LENIENT_EVENT)
             return
         kind = data.get("type") or event.event
         if isinstance(data.get("sequence_number"), int):

@@ -39,6 +39,7 @@ from governor.adapters.base import (
     estimate_tokens,
     positive_int,
 )
+from governor.adapters.counting import OutputCounter, count_text, measured
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.forms import Form, FormError, read_form
 from governor.adapters.openai import ERROR_TYPES
@@ -266,13 +267,21 @@ class OpenAIMediaAdapter(Adapter):
         return self.reserved(exchange, input_tokens=positive_int(usage.get("input_tokens")),
                              output_tokens=max(positive_int(usage.get("output_tokens")), least))
 
+    def transcript_tokens(self, exchange: Exchange, usage: dict[str, Any], counted: int) -> UsageReport:
+        """A token-billed transcript: its usage, the output at least the governor's count of the
+        transcript it relayed (adapters.counting), both figures recorded."""
+        reported = self.reserved(exchange, input_tokens=positive_int(usage.get("input_tokens")),
+                                 output_tokens=positive_int(usage.get("output_tokens")))
+        return measured(reported, counted, model=exchange.model, expected_input=exchange.state["expected_input"],
+                        persona=exchange.persona)
+
     def _transcribed(self, exchange: Exchange, data: dict[str, Any] | None) -> UsageReport:
         """A transcript's usage: tokens or seconds as the answer reports them; a verbose
         answer's `duration`; else (a transcript as text, no usage) what was reserved."""
         usage = as_dict((data or {}).get("usage"))
         if usage.get("type") == "tokens" and "unit" not in exchange.state and not exchange.state["units"]:
-            return self.reserved(exchange, input_tokens=positive_int(usage.get("input_tokens")),
-                                 output_tokens=positive_int(usage.get("output_tokens")))
+            text = (data or {}).get("text")
+            return self.transcript_tokens(exchange, usage, count_text(text) if type(text) is str else 0)
         seconds = usage.get("seconds") if usage.get("type") == "duration" else (data or {}).get("duration")
         if exchange.state["units"] and _seconds(seconds):
             return self.reserved(exchange, units=(("audio_second", math.ceil(seconds)),))
@@ -327,6 +336,7 @@ class MediaStreamWatcher(sse.SSEStreamWatcher):
         self.partials = 0
         self.quality: Any = None
         self.usage_fields: dict[str, Any] | None = None
+        self.transcript = OutputCounter()  # a transcript's text deltas (adapters.counting)
 
     @property
     def usage(self) -> UsageReport | None:
@@ -337,7 +347,9 @@ class MediaStreamWatcher(sse.SSEStreamWatcher):
         if not isinstance(data, dict):
             return
         kind = data.get("type") or event.event
-        if kind in _PARTIALS:
+        if kind == "transcript.text.delta":
+            self.transcript.add_value(data.get("delta"))
+        elif kind in _PARTIALS:
             self.partials += 1
         elif kind in _STREAM_FINAL:
             if kind.endswith(".completed"):
@@ -354,7 +366,9 @@ class MediaStreamWatcher(sse.SSEStreamWatcher):
                                                   self.partials))
             return
         usage = self.usage_fields
-        if usage is not None and not exchange.state["units"]:
+        if usage is not None and not exchange.state["units"] and exchange.state["kind"] in TRANSCRIBING:
+            out.append(self.adapter.transcript_tokens(exchange, usage, self.transcript.tokens))
+        elif usage is not None and not exchange.state["units"]:
             out.append(self.adapter.reserved(exchange, input_tokens=positive_int(usage.get("input_tokens")),
                                              output_tokens=positive_int(usage.get("output_tokens"))))
         else:

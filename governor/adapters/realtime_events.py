@@ -45,6 +45,7 @@ from typing import Any
 import orjson
 
 from governor.adapters import withhold
+from governor.adapters.counting import OutputCounter, count_text, measured
 from governor.adapters.base import AdapterConfig, BadRequest, as_dict, as_list, estimate_tokens, positive_int, \
     requested_tool_call
 from governor.policy.steps import ModelCall, ToolCall, UsageReport
@@ -107,7 +108,7 @@ class Response:
     event_id: str | None = None  # the client's response.create event_id (None: started by the server)
     id: str | None = None  # the server's response id, from response.created
     ticket: Any = None  # the admission's ticket (the proxy's)
-    generated_bytes: int = 0
+    counter: OutputCounter = field(default_factory=OutputCounter)  # the output text relayed (adapters.counting)
     reported: UsageReport | None = None  # the last running figure reported
 
 
@@ -241,14 +242,15 @@ class RealtimeConversation:
         verdict.admit = ModelCall(model=model, expected_input_tokens=0, expected_output_tokens=0,
                                   persona=self.persona, provider="openai")
         transcript = data.get("transcript")
-        estimate = estimate_tokens(len(transcript.encode()) if isinstance(transcript, str) else 0,
-                                   self.config.bytes_per_token)
+        counted = count_text(transcript) if isinstance(transcript, str) else 0
         usage = as_dict(data.get("usage"))
-        tokens = usage.get("type") == "tokens"
-        verdict.usage = UsageReport(model=model, input_tokens=positive_int(usage.get("input_tokens")) if tokens else 0,
-                                    output_tokens=max(positive_int(usage.get("output_tokens")) if tokens else 0,
-                                                      estimate),
-                                    persona=self.persona, final=True)
+        kind = usage.get("type")
+        said = positive_int(usage.get("output_tokens")) if kind == "tokens" else None
+        # billed by duration: no token figure to hold the count against (nothing recorded either way)
+        verdict.usage = UsageReport(model=model, input_tokens=positive_int(usage.get("input_tokens")) if said is not None
+                                    else 0, output_tokens=max(said or 0, counted), persona=self.persona, final=True,
+                                    reported_output_tokens=said,
+                                    counted_output_tokens=None if kind == "duration" else counted)
         return verdict
 
     def _delta(self, kind: str, data: dict[str, Any]) -> ServerVerdict:
@@ -258,8 +260,9 @@ class RealtimeConversation:
         delta = data.get("delta")
         if response is None or type(delta) is not str:
             return verdict
-        response.generated_bytes += len(delta) if delta.isascii() else len(delta.encode())
-        estimate = estimate_tokens(response.generated_bytes, self.config.bytes_per_token)
+        response.counter.add(delta)
+        # the running figure (the runtime may cut on it): bytes / bytes_per_token of the text relayed
+        estimate = estimate_tokens(response.counter.nbytes, self.config.bytes_per_token)
         if estimate > response.step.expected_output_tokens and (
                 response.reported is None or estimate > response.reported.output_tokens):
             # past what the call reserved: the running figure goes to the runtime (it may cut)
@@ -290,23 +293,23 @@ class RealtimeConversation:
         if response is None:  # never announced by response.created: admitted now, then settled
             verdict.admit = self.server_started(response_id)
             step = verdict.admit
-            generated = 0
+            counted = 0
         else:
             step = response.step
-            generated = response.generated_bytes
-        estimate = estimate_tokens(generated, self.config.bytes_per_token)
+            counted = response.counter.tokens  # the governor's count of the text relayed (adapters.counting)
         usage = body.get("usage")
         if isinstance(usage, dict):
             details = as_dict(usage.get("input_token_details"))
             inputs, outputs = positive_int(usage.get("input_tokens")), positive_int(usage.get("output_tokens"))
             # the text relayed is a floor: audio is billed in more tokens than its transcript
-            report = UsageReport(model=self.model, input_tokens=inputs, output_tokens=max(outputs, estimate),
-                                 cached_input_tokens=min(positive_int(details.get("cached_tokens")), inputs),
-                                 persona=self.persona, final=True)
-        else:  # no usage: what it reserved (or the text relayed, if more), never nothing
+            report = measured(UsageReport(model=self.model, input_tokens=inputs, output_tokens=outputs,
+                                          cached_input_tokens=min(positive_int(details.get("cached_tokens")), inputs)),
+                              counted, model=self.model, expected_input=step.expected_input_tokens,
+                              persona=self.persona)
+        else:  # no usage: what it reserved (or the count of the text relayed, if more), never nothing
             report = UsageReport(model=step.model, input_tokens=step.expected_input_tokens,
-                                 output_tokens=max(step.expected_output_tokens, estimate), persona=self.persona,
-                                 final=True)
+                                 output_tokens=max(step.expected_output_tokens, counted), persona=self.persona,
+                                 final=True, reported_output_tokens=None, counted_output_tokens=counted)
         verdict.usage = report
         self.context_tokens = report.input_tokens + report.output_tokens
         self.pending_bytes = 0
@@ -345,7 +348,7 @@ class RealtimeConversation:
         closed or was cut): what it reserved, or the text relayed if more, since what it
         consumed cannot be read."""
         step = response.step
-        estimate = estimate_tokens(response.generated_bytes, self.config.bytes_per_token)
+        estimate = estimate_tokens(response.counter.nbytes, self.config.bytes_per_token)
         return UsageReport(model=step.model, input_tokens=step.expected_input_tokens,
                            output_tokens=max(step.expected_output_tokens, estimate), persona=self.persona, final=True)
 

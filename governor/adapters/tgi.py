@@ -15,7 +15,8 @@ on every /generate answer), or its `details.generated_tokens` (plus each
 `best_of_sequences[].generated_tokens`) when larger; a stream's last event carries
 `details.generated_tokens` and `details.input_length` only when the request asked for
 details, so the governor asks (`parameters.details: true`; the client then sees `details`
-in that event). A count missing is the governor's estimate (governor.adapters.running).
+in that event). A count missing, or an output count below the governor's count of the text relayed, is
+replaced by it (governor.adapters.running, adapters.counting).
 Errors: `{"error": "...", "error_type": "..."}` (`error_type` "governor" for the governor's
 own), in a stream as a `data:` event, which `huggingface_hub`'s InferenceClient raises.
 """
@@ -46,6 +47,7 @@ from governor.adapters.base import (
 )
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
+from governor.adapters.counting import OutputCounter
 from governor.adapters.running import RunningUsage, count, counted
 from governor.policy.steps import Decision, Step, UsageReport
 
@@ -138,13 +140,12 @@ class TGIAdapter(Adapter):
             generated += sum(count(as_dict(c).get("generated_tokens")) or 0 for c in candidates)
         header = _header_count(headers, "x-generated-tokens")
         output = header if generated is None else generated if header is None else max(header, generated)
-        text = data.get("generated_text")
-        text_bytes = len(text.encode()) if isinstance(text, str) else 0
+        counter = OutputCounter()
+        counter.add_value(data.get("generated_text"))
         for candidate in candidates:
-            other = as_dict(candidate).get("generated_text")
-            text_bytes += len(other.encode()) if isinstance(other, str) else 0
-        usage = counted(exchange, "", _header_count(headers, "x-prompt-tokens"), output, text_bytes,
-                        self.config.bytes_per_token)
+            if type(other := as_dict(candidate).get("generated_text")) is str:
+                counter.add_separate(other)
+        usage = counted(exchange, "", _header_count(headers, "x-prompt-tokens"), output, counter.tokens)
         return Observation(usage=usage)
 
     def stream_watcher(self, exchange: Exchange, status: int, headers: Mapping[str, str]) -> StreamWatcher | None:
@@ -186,7 +187,7 @@ class TGIStreamWatcher(sse.SSEStreamWatcher):
             raise UnreadableAnswer("the upstream sent a stream event that is not a JSON object; the stream was cut")
         token = data.get("token")
         if isinstance(token, dict) and isinstance(token.get("text"), str):
-            running.generated_bytes += len(token["text"].encode())
+            running.counter.add(token["text"])
         if isinstance(data.get("generated_text"), str) and "error" not in data:
             details = as_dict(data.get("details"))
             running.input_tokens = count(details.get("input_length"))
