@@ -429,9 +429,15 @@ def test_a_queued_background_response_is_charged_its_reservation_whatever_usage_
     done = orjson.dumps({"id": "resp_D", "status": "completed", "usage": {"input_tokens": 7, "output_tokens": 9}})
     assert adapter.observe_response(exchange, 200, {}, done).usage.output_tokens == 9  # done at once: its usage
     assert adapter.config.memory.charged(HOST, "resp_D") is None
-    assert adapter.observe_response(exchange, 200, {}, b'{"status": "queued"}').usage is None  # no id: not accepted
+    # no id (not accepted as background work), or not asked for in the background: an answer without
+    # usage, charged what was measured (its admission's input, nothing relayed), never nothing
+    no_id = adapter.observe_response(exchange, 200, {}, b'{"status": "queued"}').usage
+    assert (no_id.input_tokens, no_id.output_tokens, no_id.reported_output_tokens) == (
+        exchange.state["expected_input"], 0, None)
     _, plain = background({"background": False})
-    assert adapter.observe_response(plain, 200, {}, orjson.dumps({"id": "r", "status": "queued"})).usage is None
+    report = adapter.observe_response(plain, 200, {}, orjson.dumps({"id": "r", "status": "queued"})).usage
+    assert (report.input_tokens, report.output_tokens) == (plain.state["expected_input"], 0)
+    assert adapter.config.memory.charged(HOST, "r") is None
 
 
 def test_a_background_stream_left_before_its_end_is_charged_its_reservation_and_settled_when_read():

@@ -121,7 +121,7 @@ def verified(running: Any, record: dict, tmp_path: Path, capsys: Any) -> None:
 async def test_unknown_traffic_is_refused_by_default_naming_what_allows_it_and_recorded(tmp_path, capsys):
     async with world_of(tmp_path) as world:
         opened = await world.open()
-        for method, path, body in (("GET", "/robots.txt", None), ("POST", "/v1/vector_stores", {"name": "x"}),
+        for method, path, body in (("GET", "/robots.txt", None), ("POST", "/v1/widgets", {"name": "x"}),
                                    ("POST", "/v1/chat", {"model": "command-r", "message": "hi"}),  # Cohere
                                    ("GET", "/v1/models", None)):
             answer = await world.send(method, path, opened["token"], body)
@@ -134,7 +134,7 @@ async def test_unknown_traffic_is_refused_by_default_naming_what_allows_it_and_r
         verified(world.running, record, tmp_path, capsys)
         assert refusals_in(record) == ["unknown_traffic"] * 4
         routes = [e["detail"]["route"] for e in record["events"] if e["cause"] == "on_request_refused"]
-        assert routes == ["/robots.txt", "/v1/vector_stores", "/v1/chat", "/v1/models"]
+        assert routes == ["/robots.txt", "/v1/widgets", "/v1/chat", "/v1/models"]
         metrics = (await world.control.get("/metrics")).text
         assert 'governor_proxy_refusals_total{reason="unknown_traffic",recorded="true"} 4.0' in metrics
         # the session goes on: a governed call is served
@@ -145,8 +145,8 @@ async def test_the_opt_out_forwards_unknown_traffic_ungoverned_and_says_so(tmp_p
     with caplog.at_level(logging.WARNING, logger="governor.proxy"):
         async with world_of(tmp_path, unknown_traffic="forward") as world:
             opened = await world.open()
-            answer = await world.send("POST", "/v1/vector_stores", opened["token"], {"name": "x"})
-            assert answer.status_code == 200 and [r.path for r in world.mock.requests] == ["/v1/vector_stores"]
+            answer = await world.send("POST", "/v1/widgets", opened["token"], {"name": "x"})
+            assert answer.status_code == 200 and [r.path for r in world.mock.requests] == ["/v1/widgets"]
             assert world.running.chain.unknown_seen["127.0.0.1"] == 1
             assert refusals_in(await world.record(opened["session"])) == []
     assert any("--unknown-traffic forward" in r.getMessage() and "ungoverned" in r.getMessage() for r in caplog.records)
@@ -218,7 +218,7 @@ async def test_after_a_halt_nothing_reaches_the_upstream_with_or_without_the_tok
         served = len(world.mock.requests)
         channels = [("POST", "/v1/chat/completions", CHAT), ("POST", "/v1/messages", {**CHAT, "max_tokens": 5}),
                     ("POST", "/mcp", MCP_CALL), ("GET", "/pkgs/simple/", None), ("GET", "/status", None),
-                    ("POST", "/v1/vector_stores", {"name": "x"}), ("POST", "/v1/chat", {"model": "m", "message": "x"})]
+                    ("POST", "/v1/widgets", {"name": "x"}), ("POST", "/v1/chat", {"model": "m", "message": "x"})]
         for method, path, body in channels:
             # with the token: the session is halted (governed steps are refused by the decision point)
             answer = await world.send(method, path, token, body, accept="application/json, text/event-stream")
