@@ -156,7 +156,9 @@ async def test_a_final_usage_past_the_cap_raises_in_the_openai_sdk_before_the_en
     assert out.get("raised") == "APIError", out
     assert out["body"]["governor"]["cause"] == "on_budget_exhausted"
     log = upstream.streams[0]
-    assert log.events_sent == log.events_planned  # the upstream sent it all, [DONE] too; the client got the error
+    # the upstream sent it all up to the usage chunk; its [DONE] may or may not be written before
+    # the governor, having cut, closes the upstream (transit closes its socket at once)
+    assert log.events_sent >= log.events_planned - 1
     # what came before the chunk that reported the usage came through (the governor keeps back
     # that chunk and what follows it: the usage, the finish and the [DONE]), then the error
     assert 0 < len(out["text"]) <= 50 * 4

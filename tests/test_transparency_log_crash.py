@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - .ci/dev installs it
     aics_tlog = None
 
-ROUNDS = 3
+ROUNDS = 10  # the figure: ten kills during appends, each restart continuing the log
 WORKERS = 4
 
 
@@ -75,51 +75,53 @@ def test_kill_9_during_appends_leaves_a_log_every_restart_continues(tmp_path):
     rng = random.Random(31)
     key = None
     sizes = []
-    for round_ in range(ROUNDS):
-        gov = GovernorProcess(data, passport, extra=extra).start()
-        try:
+    gov = GovernorProcess(data, passport, extra=extra).start()
+    try:
+        for round_ in range(ROUNDS):
             key = note.parse_vkey((data / "log" / "log.vkey").read_text())
             stop = threading.Event()
             runner = threading.Thread(target=load, args=(gov.control_url, stop, saved, key), daemon=True)
             runner.start()
-            time.sleep(rng.uniform(1.0, 2.5))
+            time.sleep(rng.uniform(0.4, 1.5))
             gov.kill()  # SIGKILL mid-load: appends, renames and tile writes cut anywhere
             stop.set()
             runner.join(timeout=60)
-        finally:
-            gov.kill()
-        # restart: the log continues, consistent with every checkpoint saved so far
-        gov = GovernorProcess(data, passport, extra=extra).start()
-        try:
+            # restart (the next round's governor): the log continues, consistent with every
+            # checkpoint saved so far
+            gov = GovernorProcess(data, passport, extra=extra).start()
             current = requests.get(f"{gov.control_url}/log/checkpoint", timeout=10).content
-        finally:
-            gov.stop()
-        head = parse_checkpoint(note.open_note(current, [key]).text)
-        levels, entries = log_levels(data / "log")
-        assert head.size == levels.size and head.root == levels.root()
-        sizes.append(head.size)
-        for seen in saved:
-            old = parse_checkpoint(note.open_note(seen, [key]).text)
-            assert old.size <= head.size, "a checkpoint saved before the kill is ahead of the restarted log"
-            proof = levels.consistency_proof(old.size, head.size)
-            merkle.verify_consistency(old.size, head.size, proof, old.root, head.root)
-            if aics_tlog is not None:
-                reader = aics_tlog.FileSystemTileReader(data / "log")
-                theirs = aics_tlog.consistency_proof_from_tiles(reader, old.size, head.size)
-                assert aics_tlog.verify_consistency(old.size, head.size, old.root, head.root, theirs)
-        # every record written as final is logged, nothing waits in pending/, and each agent's
-        # entries chain without a gap
-        logged = {json.loads(e)["record_sha256"] for e in entries}
-        for path in (data / "records").glob("*.json"):
-            assert record_sha256(json.loads(path.read_bytes())) in logged, f"{path.name} is final but not logged"
-        assert not list((data / "log" / "pending").iterdir())
-        last: dict = {}
-        for raw in entries:
-            entry = json.loads(raw)
-            previous = last.get(entry["passport_digest"])
-            assert entry["seq"] == (0 if previous is None else previous[0] + 1)
-            assert entry["prev"] == (None if previous is None else previous[1])
-            last[entry["passport_digest"]] = (entry["seq"], hashlib.sha256(raw).hexdigest())
+            check_after_restart(data, key, current, saved, sizes)
+    finally:
+        gov.stop()
     print("log sizes after each restart", sizes, "checkpoints saved", len(saved))
     assert sizes == sorted(sizes) and sizes[-1] > 0
     assert len(saved) >= ROUNDS
+
+
+def check_after_restart(data, key, current: bytes, saved: list[bytes], sizes: list[int]) -> None:
+    head = parse_checkpoint(note.open_note(current, [key]).text)
+    levels, entries = log_levels(data / "log")
+    assert head.size == levels.size and head.root == levels.root()
+    sizes.append(head.size)
+    for seen in saved:
+        old = parse_checkpoint(note.open_note(seen, [key]).text)
+        assert old.size <= head.size, "a checkpoint saved before the kill is ahead of the restarted log"
+        proof = levels.consistency_proof(old.size, head.size)
+        merkle.verify_consistency(old.size, head.size, proof, old.root, head.root)
+        if aics_tlog is not None:
+            reader = aics_tlog.FileSystemTileReader(data / "log")
+            theirs = aics_tlog.consistency_proof_from_tiles(reader, old.size, head.size)
+            assert aics_tlog.verify_consistency(old.size, head.size, old.root, head.root, theirs)
+    # every record written as final is logged, nothing waits in pending/, and each agent's
+    # entries chain without a gap
+    logged = {json.loads(e)["record_sha256"] for e in entries}
+    for path in (data / "records").glob("*.json"):
+        assert record_sha256(json.loads(path.read_bytes())) in logged, f"{path.name} is final but not logged"
+    assert not list((data / "log" / "pending").iterdir())
+    last: dict = {}
+    for raw in entries:
+        entry = json.loads(raw)
+        previous = last.get(entry["passport_digest"])
+        assert entry["seq"] == (0 if previous is None else previous[0] + 1)
+        assert entry["prev"] == (None if previous is None else previous[1])
+        last[entry["passport_digest"]] = (entry["seq"], hashlib.sha256(raw).hexdigest())
