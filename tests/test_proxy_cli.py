@@ -116,6 +116,27 @@ def test_the_bound_of_a_held_stream_comes_from_the_config_file(tmp_path: Path) -
             resolve(args, {})
 
 
+def test_body_bounds_and_the_tick_interval_from_the_config_file_are_checked(tmp_path: Path) -> None:
+    """A bound of -1 or 0 (or not a whole number) would refuse, or pass unread, every body: refused,
+    naming the key."""
+    from governor.cli.run import OPTIONS, resolve
+
+    config = tmp_path / "governor.yaml"
+    args = argparse.Namespace(**{**{name: None for name in OPTIONS}, "config": str(config)})
+    config.write_text("max_body_bytes: 1048576\nmax_response_bytes: 2097152\ntick_interval: 0\n")
+    settings = resolve(args, {})
+    assert (settings.max_body_bytes, settings.max_response_bytes, settings.tick_interval) == (1048576, 2097152, 0.0)
+    for key in ("max_body_bytes", "max_response_bytes"):
+        for bad in ("-1", "0", "1.5", "true", "lots"):
+            config.write_text(f"{key}: {bad}\n")
+            with pytest.raises(UsageError, match=f"{key} must be a whole number of bytes >= 1"):
+                resolve(args, {})
+    for bad in ("-1", "true", ".inf", "soon"):
+        config.write_text(f"tick_interval: {bad}\n")
+        with pytest.raises(UsageError, match="tick_interval must be a number of seconds >= 0"):
+            resolve(args, {})
+
+
 def test_the_persona_idle_time_from_flag_environment_and_config_file(tmp_path: Path) -> None:
     from governor.cli.run import OPTIONS, resolve
 

@@ -187,6 +187,10 @@ def test_lock_causes_setting():
     assert parse_lock_causes("on_session_integrity, on_anomaly") == ("on_session_integrity", "on_anomaly")
     with pytest.raises(ValueError):
         parse_lock_causes("halt-everything")
+    # a typo of a real cause is refused, naming the known ones (it would disable the lock)
+    with pytest.raises(ValueError, match="on_session_integrity"):
+        parse_lock_causes("on_session_integirty")
+    assert parse_lock_causes(["on_budget_exhausted", "on_tool_denied"]) == ("on_budget_exhausted", "on_tool_denied")
     book = SessionBook(None, lock_causes=("on_anomaly",))
     assert book.lock("s", "on_budget_exhausted") is None and not book.locked
     assert book.lock("s", "on_anomaly") is not None and book.lock("s", "on_anomaly") is None

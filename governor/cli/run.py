@@ -241,11 +241,16 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.drain_timeout = _number(drain, "--drain-timeout")
     settings.upstream_insecure = bool(file.get("upstream_insecure", False))
     if "tick_interval" in file:
-        settings.tick_interval = float(file["tick_interval"])
-    if "max_body_bytes" in file:
-        settings.max_body_bytes = int(file["max_body_bytes"])
-    if "max_response_bytes" in file:
-        settings.max_response_bytes = int(file["max_response_bytes"])
+        tick = file["tick_interval"]
+        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 <= tick < float("inf"):
+            raise UsageError(f"config {config_path}: tick_interval must be a number of seconds >= 0 (0: no ticks)")
+        settings.tick_interval = float(tick)
+    for key in ("max_body_bytes", "max_response_bytes"):  # -1 or 0 would refuse (or pass) every body
+        if key in file:
+            bound = file[key]
+            if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+                raise UsageError(f"config {config_path}: {key} must be a whole number of bytes >= 1, got {bound!r}")
+            setattr(settings, key, bound)
     if "max_decoded_ratio" in file:
         ratio = file["max_decoded_ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 from governor.evidence.record import remove_stale_temp_files, write_durably
+from governor.policy import steps
 
 log = logging.getLogger("governor.sessions")
 
@@ -568,6 +569,14 @@ def halted_reason(cause: str | None) -> str:
             + HOW_TO_OPEN)
 
 
+# The causes a session can halt for (the §6 degradation causes and the governor's own), the
+# only ones a lock can follow.
+LOCKABLE_CAUSES = (steps.ON_BUDGET_EXHAUSTED, steps.ON_ITERATION_LIMIT, steps.ON_SUB_AGENT_DENIED,
+                   steps.ON_DELEGATION_DENIED, steps.ON_OVERSIGHT_TIMEOUT, steps.ON_TOOL_ERROR, steps.ON_ANOMALY,
+                   steps.ON_SESSION_INTEGRITY, steps.ON_GOVERNOR_ERROR, steps.ON_TOOL_DENIED,
+                   steps.ON_OVERSIGHT_TRIGGER)
+
+
 def parse_lock_causes(value: Any) -> tuple[str, ...]:
     """`--lock-on`: comma-separated causes (on_*), or "none"."""
     if isinstance(value, (list, tuple)):
@@ -577,11 +586,13 @@ def parse_lock_causes(value: Any) -> tuple[str, ...]:
     items = [v for v in items if v]
     if items == ["none"]:
         return ()
-    bad = [v for v in items if not re.fullmatch(r"on_[a-z0-9_]+", v)]
-    if bad:
-        raise ValueError(f"lock causes must be on_* cause names (or none), not {', '.join(bad)}")
+    bad = [v for v in items if v not in LOCKABLE_CAUSES]
+    if bad:  # a typo would otherwise disable the lock it meant to set
+        raise ValueError(f"lock causes must be causes a session halts for (or none), not {', '.join(bad)}; known: "
+                         + ", ".join(LOCKABLE_CAUSES))
     return tuple(dict.fromkeys(items))
 
 
 __all__ = ["SessionBook", "Refusal", "Opened", "Lock", "Recorder", "SessionBookError", "MODES", "DEFAULT_MODES",
-           "ON_AGENT_LOCK", "ON_SESSION_CAP", "HOW_TO_OPEN", "halted_reason", "parse_lock_causes"]
+           "ON_AGENT_LOCK", "ON_SESSION_CAP", "HOW_TO_OPEN", "halted_reason", "parse_lock_causes",
+           "LOCKABLE_CAUSES"]
