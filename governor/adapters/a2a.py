@@ -1,9 +1,14 @@
 """A2A JSON-RPC: a message to a peer agent is a Delegation step (Runtime §4.2).
 
 Recognised by body shape: a POST whose body is a JSON-RPC 2.0 request with an A2A
-method. `message/send` and `message/stream` (and the pre-0.2 `tasks/send`,
-`tasks/sendSubscribe`) are delegations; the other task methods act on a task
-already delegated and pass.
+method. `message/send` and `message/stream` (0.2/0.3; the pre-0.2 `tasks/send`,
+`tasks/sendSubscribe`) and A2A 1.0's `SendMessage` and `SendStreamingMessage` are
+delegations; the other task methods act on a task already delegated and pass, as does
+the GET of a peer's agent card (`/.well-known/agent-card.json`, `agent.json`: what an A2A
+client reads first; not with a query string or a body). A2A 1.0's
+HTTP+JSON binding is recognised by its operation paths, `POST {base}/message:send` and
+`{base}/message:stream` (a delegation to the agent at {base}); its refusals are
+google.rpc.Status errors (`rest_error`).
 
 Who is the peer? The governor resolves the peer's passport before the policy
 sees the step (`PeerResolver`), from, in order:
@@ -52,23 +57,33 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import orjson
 
-from governor.adapters import jsonrpc
+from governor.adapters import jsonrpc, sse
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
-    Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamWatcher,
+    Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamWatcher, describe,
 )
 from governor.passport import AdmissionConfig, Retrieval, admit, parse_passport
 from governor.passport.admission import identity_domain
 from governor.policy.steps import Decision, Delegation, Step
 
-DELEGATING = frozenset({"message/send", "message/stream", "tasks/send", "tasks/sendSubscribe"})
-STREAMING = frozenset({"message/stream", "tasks/sendSubscribe"})
+# A2A 1.0 names its JSON-RPC methods after the protocol's operations (SendMessage, ...); 0.2
+# and 0.3 used paths (message/send, ...), and pre-0.2 tasks/send. All are read.
+V1_DELEGATING = frozenset({"SendMessage", "SendStreamingMessage"})
+DELEGATING = frozenset({"message/send", "message/stream", "tasks/send", "tasks/sendSubscribe"}) | V1_DELEGATING
+STREAMING = frozenset({"message/stream", "tasks/sendSubscribe", "SendStreamingMessage"})
 A2A_METHODS = DELEGATING | frozenset({
     "tasks/get", "tasks/cancel", "tasks/resubscribe",
     "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
     "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
     "agent/getAuthenticatedExtendedCard",
+    "GetTask", "ListTasks", "CancelTask", "SubscribeToTask", "GetExtendedAgentCard",
+    "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig", "ListTaskPushNotificationConfigs",
+    "DeleteTaskPushNotificationConfig",
 })
+# A2A 1.0's HTTP+JSON binding: POST {base}/message:send and {base}/message:stream (a tenant may
+# prefix the path); the body is the SendMessageRequest itself, no JSON-RPC envelope
+REST_SEND, REST_STREAM = "/message:send", "/message:stream"
+REST_ERROR_DOMAIN = "adl-governor"
 DEPTH_HEADER = "ADL-Delegation-Depth"
 DISCOVERY_PATH = "/.well-known/adl-agents"
 AGENT_CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
@@ -269,10 +284,23 @@ class A2AAdapter(Adapter):
         self._depth_floor = int(self.config.extra.get("delegation_depth", 0))
 
     def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and jsonrpc.is_call(request.json_or_none(), A2A_METHODS)
+        if request.method != "POST":
+            # an A2A client reads the peer's agent card before it sends anything: discovery,
+            # spending nothing, passed as a step-less exchange of the session (as tasks/get
+            # is); with a query string or a body it is not a card read and is not claimed
+            return (request.method == "GET" and "?" not in request.path and not request.content
+                    and request.match_route.endswith(AGENT_CARD_PATHS))
+        if ":" in request.path and request.match_route.endswith((REST_SEND, REST_STREAM)):
+            return True
+        return jsonrpc.is_call(request.json_or_none(), A2A_METHODS)
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
+        if request.method == "GET":  # the agent card (match)
+            return Exchange(self, request.method, request.host, request.path, None, session, persona)
         body = request.json()
+        route = request.match_route
+        if route.endswith((REST_SEND, REST_STREAM)):
+            return self._open_rest(request, body, session, persona)
         if isinstance(body, list):
             if any(isinstance(m, dict) and _method(m) in DELEGATING for m in body):
                 raise BadRequest("A2A has no JSON-RPC batches; send each message in its own request")
@@ -282,12 +310,29 @@ class A2AAdapter(Adapter):
         exchange.stream = method in STREAMING
         exchange.state["rpc_id"] = body.get("id") if isinstance(body, dict) else None
         if method in DELEGATING:
-            port = "" if (request.scheme, request.port) in (("https", 443), ("http", 80)) else f":{request.port}"
-            exchange.state["peer_url"] = f"{request.scheme}://{request.host}{port}{request.route}"
-            depth = _depth(request, self._depth_floor) + 1
-            exchange.state["delegation_depth"] = depth
-            exchange.upstream_headers[DEPTH_HEADER] = str(depth)
+            exchange.state["version"] = "1.0" if method in V1_DELEGATING else "0.3"
+            self._delegating(request, exchange, request.route)
         return exchange
+
+    def _open_rest(self, request: RequestView, body: Any, session: str, persona: str | None) -> Exchange:
+        """A 1.0 HTTP+JSON SendMessage: the peer is the base URL the operation is under."""
+        if not isinstance(body, dict) or not isinstance(body.get("message"), dict):
+            raise BadRequest("an A2A SendMessageRequest is a JSON object with a message object")
+        exchange = Exchange(self, request.method, request.host, request.path, body, session, persona)
+        exchange.stream = request.match_route.endswith(REST_STREAM)
+        exchange.state["version"] = "1.0"
+        exchange.state["rest"] = True
+        route = request.route
+        base = route[: route.rindex("/message:")] if "/message:" in route else route
+        self._delegating(request, exchange, base)
+        return exchange
+
+    def _delegating(self, request: RequestView, exchange: Exchange, path: str) -> None:
+        port = "" if (request.scheme, request.port) in (("https", 443), ("http", 80)) else f":{request.port}"
+        exchange.state["peer_url"] = f"{request.scheme}://{request.host}{port}{path}"
+        depth = _depth(request, self._depth_floor) + 1
+        exchange.state["delegation_depth"] = depth
+        exchange.upstream_headers[DEPTH_HEADER] = str(depth)
 
     async def steps(self, exchange: Exchange) -> list[Step]:
         url = exchange.state.get("peer_url")
@@ -306,12 +351,14 @@ class A2AAdapter(Adapter):
         return Observation()
 
     def stream_watcher(self, exchange: Exchange, status: int, headers: Mapping[str, str]) -> StreamWatcher | None:
-        if not jsonrpc.is_sse(headers):
+        if not jsonrpc.is_sse(headers) or exchange.state.get("rest"):
             return None
         return jsonrpc.RpcStreamWatcher(exchange.state.get("rpc_id"))
 
     def error_response(self, status: int, message: str, governor: Mapping[str, Any] | None,
                        exchange: Exchange | None = None) -> Reply:
+        if exchange is not None and exchange.state.get("rest"):
+            return rest_error(status, message or describe(governor or {}), governor, exchange.stream)
         return jsonrpc.error_reply(status, message, governor, exchange,
                                    stream=exchange is not None and exchange.stream)
 
@@ -319,6 +366,18 @@ class A2AAdapter(Adapter):
         """A §6 fallback: the peer's answer replaced by an agent message holding the declared
         value (an object value as a data part) or message, the governor object in metadata."""
         value = decision.fallback_value
+        if exchange.state.get("version") == "1.0":  # a SendMessageResponse / StreamResponse holding a message
+            part = {"data": value} if isinstance(value, dict) else {"text": jsonrpc.fallback_text(decision)}
+            result: dict[str, Any] = {"message": {"messageId": str(uuid.uuid4()), "role": "ROLE_AGENT",
+                                                  "parts": [part], "metadata": {"governor": dict(governor)}}}
+            if exchange.state.get("rest"):
+                if exchange.stream:
+                    return Reply(200, jsonrpc.SSE_HEADERS, jsonrpc.sse_event(result))
+                return Reply.json(200, result)
+            payload = jsonrpc.result(exchange.state.get("rpc_id"), result)
+            if exchange.stream:
+                return Reply(200, jsonrpc.SSE_HEADERS, jsonrpc.sse_event(payload))
+            return Reply.json(200, payload)
         part = {"kind": "data", "data": value} if isinstance(value, dict) else \
             {"kind": "text", "text": jsonrpc.fallback_text(decision)}
         message = {"kind": "message", "role": "agent", "messageId": str(uuid.uuid4()), "parts": [part],
@@ -327,6 +386,23 @@ class A2AAdapter(Adapter):
         if exchange.stream:
             return Reply(200, jsonrpc.SSE_HEADERS, jsonrpc.sse_event(payload))
         return Reply.json(200, payload)
+
+
+def rest_error(status: int, message: str, governor: Mapping[str, Any] | None, stream: bool) -> Reply:
+    """A refusal in the HTTP+JSON binding's error shape (google.rpc.Status, an ErrorInfo in
+    `details`): the a2a SDK reads `message`; the governor object travels as the ErrorInfo's
+    metadata (string values, as ErrorInfo requires) and whole under `governor`."""
+    status = status if status >= 400 else 403
+    info: dict[str, Any] = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "GOVERNOR_REFUSED",
+                            "domain": REST_ERROR_DOMAIN,
+                            "metadata": {str(k): str(v) for k, v in (governor or {}).items()}}
+    payload: dict[str, Any] = {"error": {"code": status, "status": "PERMISSION_DENIED" if status == 403 else
+                                         "FAILED_PRECONDITION", "message": message, "details": [info]}}
+    if governor is not None:
+        payload["governor"] = dict(governor)
+    if stream:  # an `error` event: what the SDK's streaming REST client raises from, message and all
+        return Reply(200, jsonrpc.SSE_HEADERS, sse.encode(payload, "error"))
+    return Reply.json(status, payload)
 
 
 def admission_verifier(base: AdmissionConfig | None = None, *, clock: Callable[[], float] = time.time,
@@ -364,4 +440,16 @@ ENDPOINTS = (
              Probe("POST", "/a2a", b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":'
                                    b'{"role":"user","messageId":"m1","parts":[{"kind":"text","text":"hi"}]}}}'),
              "a Delegation step: the peer's passport resolved and verified, depth counted"),
+    Endpoint("A2A", "SendMessage, SendStreamingMessage (1.0)", "POST", "{any path: matched by JSON-RPC body}",
+             GOVERNED, "a2a",
+             Probe("POST", "/a2a", b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":'
+                                   b'{"role":"ROLE_USER","messageId":"m1","parts":[{"text":"hi"}]}}}',
+                   headers=(("a2a-version", "1.0"),)),
+             "a Delegation step, as message/send"),
+    Endpoint("A2A", "message:send, message:stream (1.0 HTTP+JSON)", "POST", "{base}/message:send, {base}/message:stream",
+             GOVERNED, "a2a",
+             Probe("POST", "/a2a/message:send", b'{"message":{"role":"ROLE_USER","messageId":"m1",'
+                                                b'"parts":[{"text":"hi"}]}}',
+                   headers=(("a2a-version", "1.0"),)),
+             "a Delegation step to the agent at {base}"),
 )

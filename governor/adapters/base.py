@@ -118,6 +118,15 @@ class RawHeaders(Mapping[str, str]):
     def __getitem__(self, name: str) -> str:
         return self._decoded()[name.lower()]
 
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """Every (name, value) as sent, repeats kept: for checks that a repeat defeats."""
+        for name, value in self._fields:
+            yield name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
+
+    def get_all(self, name: str) -> list[str]:
+        wanted = name.lower()
+        return [value for key, value in self.pairs() if key.lower() == wanted]
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._decoded())
 

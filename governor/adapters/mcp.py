@@ -2,8 +2,11 @@
 
 Recognised by body shape, never by host: a POST whose body is a JSON-RPC 2.0
 message with an MCP method (initialize, tools/call, notifications/..., ...), or
-any request carrying the transport's `Mcp-Session-Id` / `Mcp-Protocol-Version`
-headers (the GET event stream, DELETE, the client's replies to server requests).
+any request carrying the transport's `Mcp-Session-Id` / `Mcp-Protocol-Version` /
+`Mcp-Method` headers (the GET event stream, DELETE, the client's replies to server
+requests). Both revisions: 2025-11-25 and before (the initialize handshake, sessions) and
+2026-07-28 (stateless: `server/discover`, per-request `_meta`, routing headers that must
+mirror the body, `mcp_headers.py`; tasks and subscriptions pass).
 
 - tools/call -> ToolCall(tool, arguments, target_path). The target path is the
   first top-level string argument named (case-insensitively) path, file_path,
@@ -34,7 +37,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from governor.adapters import jsonrpc, withhold
+from governor.adapters import jsonrpc, mcp_headers, withhold
 from governor.adapters.endpoints import GOVERNED as GOVERNED_STEP, Endpoint, Probe
 from governor.adapters.base import (
     Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
@@ -50,13 +53,15 @@ MCP_METHODS = frozenset({
     "prompts/list", "prompts/get",
     "completion/complete", "logging/setLevel",
     "sampling/createMessage", "elicitation/create", "roots/list",
+    # 2026-07-28: discovery instead of the handshake, subscriptions, the tasks extension
+    "server/discover", "subscriptions/listen", "tasks/get", "tasks/list", "tasks/cancel", "tasks/result",
 })
 GOVERNED = frozenset({"tools/call", "tools/list"})
 # Requests a server sends to its client (MCP 2025-06-18): a client never sends them to a
 # server, so one that does is refused, not forwarded (a relay that ran sampling/createMessage
 # would be a model call outside any budget)
 SERVER_TO_CLIENT = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
-SESSION_HEADERS = ("mcp-session-id", "mcp-protocol-version")
+SESSION_HEADERS = ("mcp-session-id", "mcp-protocol-version", mcp_headers.METHOD_HEADER)
 PATH_ARGUMENTS = ("path", "file_path", "filepath", "file", "filename", "target_path", "target", "uri", "url",
                   "directory", "dir")
 MAX_ERROR_MESSAGE = 500
@@ -124,6 +129,9 @@ class MCPAdapter(Adapter):
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         body = request.json() if request.content else None
         exchange = Exchange(self, request.method, request.host, request.path, body, session, persona)
+        if (mismatch := mcp_headers.routing_mismatch(request.headers, body)) is not None:
+            raise BadRequest(f"{mismatch}: what is routed on would not be what the governor decided on "
+                             "(MCP 2026-07-28 routing headers must mirror the body)")
         if isinstance(body, list):
             if not all(isinstance(m, dict) for m in body):  # a nested batch [[...]]: no JSON-RPC message
                 raise BadRequest("a JSON-RPC batch holds only message objects; this one holds something else "
@@ -259,4 +267,12 @@ ENDPOINTS = (
                                    b'"params":{"name":"read_file","arguments":{"path":"/tmp/a"}}}',
                    headers=(("accept", "application/json, text/event-stream"),)),
              "a ToolCall step: declared tools only, oversight, loops; tools/list filtered"),
+    Endpoint("MCP", "tools/call (2026-07-28, stateless)", "POST", "{any path: matched by JSON-RPC body}",
+             GOVERNED_STEP, "mcp",
+             Probe("POST", "/mcp", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file",'
+                                   b'"arguments":{"path":"/tmp/a"},"_meta":{"io.modelcontextprotocol/protocolVersion":'
+                                   b'"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}',
+                   headers=(("accept", "application/json, text/event-stream"), ("mcp-protocol-version", "2026-07-28"),
+                            ("mcp-method", "tools/call"), ("mcp-name", "read_file"))),
+             "as tools/call; the routing headers must mirror the body, or it is refused"),
 )
