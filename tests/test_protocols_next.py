@@ -2,7 +2,7 @@
 official SDKs at those versions: MCP 2026-07-28 (the `mcp` SDK 2.x: stateless, no handshake,
 routing headers) and A2A 1.0 (the `a2a-sdk` 1.x: SendMessage, the HTTP+JSON binding). The
 project pins mcp 1.x (tests/test_mcp_sdk*.py drive it); the newer SDKs live in their own venv
-(.ci/sdk-tools, which `.ci/dev test` builds) and run here as subprocesses: the server, the
+(.ci/sdk-tools, which `.ci/dev test` builds, in the user's cache) and run here as subprocesses: the server, the
 peer agents and the clients are the SDKs' own code, only the governor runs in this process.
 """
 
@@ -36,7 +36,7 @@ SCRIPTS = Path(__file__).parent / "sdk_next"
 
 @pytest.fixture(scope="module")
 def next_python() -> str:
-    """The python of .tools/sdk-next (mcp 2.x, a2a-sdk 1.x), built when missing."""
+    """The python of .ci/sdk-tools' venv (mcp 2.x, a2a-sdk 1.x), built when missing."""
     done = subprocess.run(["bash", str(REPO / ".ci" / "sdk-tools")], cwd=REPO, capture_output=True, text=True,
                           timeout=900)
     if done.returncode != 0:

@@ -1,5 +1,5 @@
 """An A2A 1.0 peer agent of the `a2a-sdk` 1.x (JSON-RPC at /a2a, HTTP+JSON under /rest), run
-by tests/test_protocols_next.py from .tools/sdk-next: argv = port, passports file (JSON:
+by tests/test_protocols_next.py from .ci/sdk-tools' venv: argv = port, passports file (JSON:
 {file name: signed passport}), received file. It also serves its ADL discovery document
 and passports, as a peer the governor can verify. Each message received is appended to the
 received file (one JSON line with the A2A-side headers the governor sets)."""

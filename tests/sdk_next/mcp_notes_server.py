@@ -1,5 +1,5 @@
 """An MCP server of the `mcp` SDK 2.x (the 2026-07-28 revision, stateless streamable HTTP),
-run by tests/test_protocols_next.py from .tools/sdk-next: argv = port, calls file.
+run by tests/test_protocols_next.py from .ci/sdk-tools' venv: argv = port, calls file.
 Each tool run is appended to the calls file, one JSON line, so the test sees what ran."""
 
 import json
