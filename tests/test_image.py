@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -61,11 +62,104 @@ def test_the_image_runs_as_a_non_root_user_with_governor_as_its_entrypoint(image
     assert config["User"] == f"{GOVERNOR_UID}:{GOVERNOR_UID}"
     assert config["Entrypoint"] == ["governor"] and config["Cmd"] == ["run"]
     assert "/var/lib/governor" in config["Volumes"]
-    # the host CA bundle pip used during the build is not in the image
-    listed = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "sh", image, "-c",
-                     "ls /run/secrets/host-ca 2>&1; command -v iptables; id -u")
-    assert "No such file" in listed.stdout and "iptables" in listed.stdout, listed.stdout + listed.stderr
-    assert listed.stdout.strip().endswith(str(GOVERNOR_UID))
+    # the host CA bundle pip used during the build is not in the image (no shell: Python looks)
+    listed = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "python3", image, "-c",
+                     "import os; print(os.path.exists('/run/secrets/host-ca'), os.getuid())")
+    assert listed.stdout.split() == ["False", str(GOVERNOR_UID)], listed.stdout + listed.stderr
+
+
+SHELLS = {"sh", "bash", "rbash", "dash", "ash", "zsh", "ksh", "csh", "tcsh", "fish", "busybox"}
+PACKAGE_MANAGERS = {"apt", "apt-get", "apt-cache", "aptitude", "dpkg", "dpkg-deb", "dpkg-query", "pip", "pip3",
+                    "pip3.12", "pip3.13", "easy_install", "rpm", "yum", "dnf", "apk", "microdnf"}
+
+
+def _files(image: str, *command: str) -> list[tuple[str, int, bool]]:
+    """(path, mode, is a regular file) of every entry of the image's filesystem but directories, read from outside it
+    (podman export), so nothing in the image is trusted to report on itself."""
+    import tarfile
+
+    created = _podman("create", image, *command)
+    box = created.stdout.strip()
+    assert created.returncode == 0 and box, created.stderr
+    try:
+        exported = subprocess.run([*PODMAN, "export", box], capture_output=True, timeout=300)
+        assert exported.returncode == 0, exported.stderr[-2000:]
+    finally:
+        _podman("rm", box)
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as archive:
+        return [("/" + m.name.lstrip("./"), m.mode, m.isfile()) for m in archive.getmembers() if not m.isdir()]
+
+
+@pytest.fixture(scope="module")
+def image_files(image) -> list[tuple[str, int, bool]]:
+    return _files(image)
+
+
+EXEC_DIRS = {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/governor/bin",
+             "/usr/libexec", "/etc/alternatives"}
+
+
+def _commands(files: list[tuple[str, int, bool]]) -> set[str]:
+    """The names of what can be run by name: entries of the directories commands live in."""
+    return {path.rsplit("/", 1)[-1] for path, _, _ in files if path.rsplit("/", 1)[0] in EXEC_DIRS}
+
+
+def test_the_image_has_no_package_manager_shell_or_setuid_file(image_files):
+    names = _commands(image_files)
+    assert "python3" in names and "governor" in names  # what it must keep
+    assert not SHELLS & set(names), sorted((SHELLS & set(names)))
+    assert not PACKAGE_MANAGERS & set(names), sorted(PACKAGE_MANAGERS & set(names))
+    assert not [p for p, _, _ in image_files if "/site-packages/pip/" in p or p.endswith("/var/lib/dpkg/status")]
+    privileged = [p for p, mode, regular in image_files if regular and mode & 0o6000]
+    assert privileged == []
+
+
+def test_the_scan_finds_what_it_looks_for(image):
+    """Not vacuous: the same scan over the intercept image (the base, with sh and apt) finds them."""
+    intercept = image.rsplit(":", 1)[0] + "-intercept:" + image.rsplit(":", 1)[1]
+    files = _files(intercept, "sh")
+    names = _commands(files)
+    assert {"sh", "dpkg", "iptables"} <= names
+    assert [p for p, mode, regular in files if regular and mode & 0o6000]  # su, mount, ... in a Debian base
+
+
+def test_the_image_carries_oci_labels_and_its_sbom(image, image_files):
+    labels = json.loads(_podman("image", "inspect", image).stdout)[0]["Config"]["Labels"]
+    version = labels["org.opencontainers.image.version"]
+    assert labels["org.opencontainers.image.title"] == "adl-governor" and image.endswith(":" + version)
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["org.opencontainers.image.created"])
+    assert labels["io.cyclonedx.sbom"] in {p for p, _, _ in image_files}
+    sbom_file = REPO / ".tools" / "image" / f"adl-governor-{version}.cdx.json"
+    sbom = json.loads(sbom_file.read_text())
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["specVersion"].startswith("1.")
+    components = {c["name"]: c for c in sbom["components"]}
+    # the venv's packages at the versions installed in the image, and the Debian ones under them
+    listed = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "python3", image, "-c",
+                     "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name'].lower(): d.version "
+                     "for d in m.distributions()}))")
+    installed = json.loads(listed.stdout)
+    for name in ("mitmproxy", "aiohttp", "cryptography", "jsonschema", "adl-governor"):
+        assert components[name]["version"] == installed[name], name
+    for name in ("mitmproxy", "aiohttp", "cryptography", "jsonschema"):  # the governor itself: the project
+        assert components[name]["purl"].startswith(f"pkg:pypi/{name}@")
+    debs = [c for c in sbom["components"] if c.get("purl", "").startswith("pkg:deb/debian/")]
+    assert any(c["name"].startswith("libc6") for c in debs) and any(c["name"].startswith("python3") for c in debs)
+
+
+def test_the_intercept_image_runs_the_charts_interception_script(image):
+    """The chart's interception init container runs `sh intercept.sh` in the -intercept image."""
+    intercept = image.rsplit(":", 1)[0] + "-intercept:" + image.rsplit(":", 1)[1]
+    script = REPO / "helm" / "governor" / "files" / "intercept.sh"
+    done = _podman("run", "--rm", "--network", "none", *_limits(), "-v", f"{script}:/intercept.sh:ro",
+                   "-e", "GOVERNOR_UID=", intercept, "sh", "/intercept.sh")
+    # refused before touching iptables (no GOVERNOR_UID): sh and the script ran, and said why
+    assert done.returncode != 0 and "GOVERNOR_UID" in done.stdout + done.stderr, done.stdout + done.stderr
+    found = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "sh", intercept, "-c",
+                    "command -v iptables")
+    assert found.returncode == 0 and "iptables" in found.stdout
 
 
 def _limits() -> list[str]:

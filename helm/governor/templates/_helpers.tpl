@@ -1,13 +1,32 @@
 {{- define "governor.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "governor.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "governor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "governor.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest pins it: (list repository tag digest) */}}
+{{- define "governor.imageRef" -}}
+{{- $repo := index . 0 -}}{{- $tag := index . 1 -}}{{- $digest := index . 2 -}}
+{{- if $digest -}}{{ $repo }}@{{ $digest }}{{- else -}}{{ $repo }}:{{ $tag }}{{- end -}}
 {{- end -}}
 
 {{- define "governor.selectorLabels" -}}
@@ -29,7 +48,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The governor container; placed in initContainers (native sidecar) or containers. */}}
 {{- define "governor.container" -}}
 - name: governor
-  image: "{{ .Values.governor.image.repository }}:{{ .Values.governor.image.tag | default .Chart.AppVersion }}"
+  image: {{ include "governor.imageRef" (list .Values.governor.image.repository (.Values.governor.image.tag | default .Chart.AppVersion) .Values.governor.image.digest) | quote }}
   imagePullPolicy: {{ .Values.governor.image.pullPolicy }}
   {{- if .Values.governor.nativeSidecar }}
   restartPolicy: Always
@@ -113,14 +132,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     postStart:
       exec:
         # Hand the agent the CA certificate alone (the key stays in the data directory).
+        # Python, not a shell: the image carries none.
         command:
-          - sh
+          - python3
           - -c
-          - >-
-            for i in $(seq 1 60); do
-            [ -f {{ .Values.dataDir.mountPath }}/mitmproxy-ca-cert.pem ] &&
-            cp {{ .Values.dataDir.mountPath }}/mitmproxy-ca-cert.pem /var/run/governor-ca/ && exit 0;
-            sleep 1; done; exit 1
+          - |-
+            import os, shutil, sys, time
+            src = "{{ .Values.dataDir.mountPath }}/mitmproxy-ca-cert.pem"
+            for _ in range(60):
+                if os.path.isfile(src):
+                    sys.exit(shutil.copy(src, "/var/run/governor-ca/") and 0)
+                time.sleep(1)
+            sys.exit(1)
   {{- end }}
   startupProbe:
     httpGet: {path: /healthz, port: control}
@@ -171,7 +194,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The init container that installs the interception rules (files/intercept.sh), then exits. */}}
 {{- define "governor.interceptContainer" -}}
 - name: intercept
-  image: "{{ .Values.interception.image.repository | default .Values.governor.image.repository }}:{{ .Values.interception.image.tag | default (.Values.governor.image.tag | default .Chart.AppVersion) }}"
+  image: {{ include "governor.imageRef" (list (.Values.interception.image.repository | default (printf "%s-intercept" .Values.governor.image.repository)) (.Values.interception.image.tag | default (.Values.governor.image.tag | default .Chart.AppVersion)) .Values.interception.image.digest) | quote }}
   imagePullPolicy: {{ .Values.governor.image.pullPolicy }}
   command: [sh, /etc/governor/intercept/intercept.sh]
   env:
