@@ -18,10 +18,12 @@ import re
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from mcp.shared.exceptions import McpError
 
 from governor.adapters.base import AdapterConfig
+from governor.common.logjson import JSONFormatter
 from governor.proxy import tracing
 from governor.proxy.server import Settings, serve
 from governor.runtime.metrics import Metrics
@@ -160,6 +162,8 @@ async def test_a_trace_of_a_chat_a_tool_call_and_refusals(tmp_path, monkeypatch,
     # logs: the halt's warning carries the shell call's trace and span
     halted = [r for r in caplog.records if "HALTED" in r.getMessage()]
     assert halted and (halted[0].trace_id, halted[0].span_id) == (shell_span.trace_id, shell_span.span_id)
+    line = orjson.loads(JSONFormatter().format(halted[0]))  # --log-format json
+    assert (line["trace_id"], line["span_id"]) == (shell_span.trace_id, shell_span.span_id)
     # exemplars: the decision latency histogram names traces the receiver got
     exemplars = re.findall(r'^governor_decision_seconds_bucket\{[^}]*\} [0-9.]+ # \{span_id="([0-9a-f]{16})",'
                            r'trace_id="([0-9a-f]{32})"\}', exposition, re.M)
