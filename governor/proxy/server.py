@@ -499,8 +499,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
 
     from governor.evidence import EvidenceError, ensure_governor_key
     from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
-    from governor.policy import compile_limits, load_pricing
-    from governor.policy.pricing import default_pricing_path
+    from governor.policy import compile_limits
+    from governor.runtime.prices import price_book
     from governor.runtime.core import Runtime
     from governor.store import open_store
 
@@ -512,9 +512,9 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
     if not report.verified or report.pinned is None:
         raise StartupError(f"passport {path} refused at admission", report)
-    pricing = settings.pricing or default_pricing_path()
-    try:
-        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
+    pricing = settings.pricing or "genai-prices and the bundled overrides"
+    try:  # genai-prices, under the bundled overrides, under the operator's (governor.runtime.prices)
+        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=price_book(settings.pricing),
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
