@@ -145,3 +145,13 @@ def test_the_bundled_overrides_keep_only_what_genai_prices_lacks():
     assert book.price_for("whisper-1").units["audio_second"] == pytest.approx(0.36 / 3600)
     # a batch is half price whichever layer prices its model
     assert book.price_for("gpt-4o-mini@batch").input == pytest.approx(0.075)
+
+
+@pytest.mark.parametrize("name", [
+    "x" * 100_000, "", "\x00", "gpt-4o(.*", "../../etc/passwd", "gpt-4o\n", "ģρτ-4ο", "claude-" * 40, "@batch", "/",
+])
+def test_a_hostile_model_name_is_unpriced_or_priced_never_an_error(name):
+    book = price_book()
+    price = book.price_for(name)  # the agent's bytes reach the lookup
+    assert price is None or price.source
+    assert book.cost(name, 10, 10) is None or book.cost(name, 10, 10) >= 0

@@ -127,7 +127,7 @@ class Settings:
     max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back while a step awaits admission
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
-    pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
+    pricing: Path | None = None  # the operator's price overrides (governor.runtime.prices); None: none
     store: str | None = None  # state store URL/path; None: SQLite in the data directory
     governor_id: str | None = None  # the record's governor identifier; None: the key's did.json, else did:web:localhost:governor
     # the transparency log (docs/transparency-log.md): every final record's entry, before the record

@@ -36,6 +36,7 @@ import yaml
 from governor.policy.pricing import ModelPrice, PricingError, PricingTable, default_pricing_path, pricing_from_mapping
 
 GENAI_PRICES = "genai-prices"
+MAX_MODEL_NAME = 256  # longer names are no model's: unpriced without a lookup (each costs ~0.2-1 ms)
 
 
 def genai_prices_version() -> str:
@@ -55,9 +56,13 @@ class GenaiPrices:
         self.source = f"{GENAI_PRICES} {genai_prices_version()}"
 
     def __call__(self, model: str) -> ModelPrice | None:
+        """The agent's model name (its bytes): an absurd one, or one genai-prices chokes on, is
+        unpriced (refused wherever cost is governed), never an error."""
+        if not model or len(model) > MAX_MODEL_NAME:
+            return None
         try:
             _, info = self.snapshot.find_provider_model(model, None, None, None)
-        except LookupError:
+        except Exception:  # LookupError: unknown; anything else: not a name genai-prices can read
             return None
         return self.converted(info.id, self.standard(info))
 
