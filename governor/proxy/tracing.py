@@ -293,10 +293,10 @@ class _Opening:
             return
         _current.set(span)
 
-    def _current(self, flow: Any) -> None:
+    def _resume(self, flow: Any) -> None:
         _current.set(flow.metadata.get(SPAN_KEY))
 
-    responseheaders = response = error = _current
+    responseheaders = response = error = _resume
 
 
 class _Closing:

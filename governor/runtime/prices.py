@@ -49,9 +49,11 @@ class GenaiPrices:
 
     def __init__(self, as_of: datetime) -> None:
         from genai_prices.data import providers
-        from genai_prices.data_snapshot import DataSnapshot
 
-        self.snapshot = DataSnapshot(providers=providers, from_auto_update=False)
+        # walked without genai-prices' DataSnapshot, whose lookup caches grow with every name
+        # asked (an agent's invented model names would grow them without bound); the price
+        # book's own memo is bounded (governor.policy.pricing)
+        self.providers = providers
         self.as_of = as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=UTC)
         self.source = f"{GENAI_PRICES} {genai_prices_version()}"
 
@@ -60,11 +62,13 @@ class GenaiPrices:
         unpriced (refused wherever cost is governed), never an error."""
         if not model or len(model) > MAX_MODEL_NAME:
             return None
-        try:
-            _, info = self.snapshot.find_provider_model(model, None, None, None)
-        except Exception:  # LookupError: unknown; anything else: not a name genai-prices can read
+        try:  # as genai-prices looks a name up without a provider: the first provider whose names match
+            provider = next((p for p in self.providers if p.model_match is not None and p.model_match.is_match(model)),
+                            None)
+            info = provider.find_model(model, all_providers=self.providers) if provider is not None else None
+        except Exception:  # not a name genai-prices can read
             return None
-        return self.converted(info.id, self.standard(info))
+        return None if info is None else self.converted(info.id, self.standard(info))
 
     def standard(self, info: Any) -> Any:
         """The price in effect on the book's date: the last conditional price whose start date
