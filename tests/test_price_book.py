@@ -155,3 +155,31 @@ def test_a_hostile_model_name_is_unpriced_or_priced_never_an_error(name):
     price = book.price_for(name)  # the agent's bytes reach the lookup
     assert price is None or price.source
     assert book.cost(name, 10, 10) is None or book.cost(name, 10, 10) >= 0
+
+
+@pytest.mark.parametrize("model, input_tokens, cached, output_tokens", [
+    ("gpt-4o-2024-08-06", 120_000, 20_000, 3_000),
+    ("claude-sonnet-4-5-20250929", 100_000, 0, 2_000),
+    ("claude-sonnet-4-5-20250929", 300_000, 50_000, 2_000),  # past its 200k tier: every token at the tier's rate
+    ("gemini-2.5-pro", 250_000, 0, 10_000),
+    ("o3-2025-04-16", 1_000, 0, 1_000),
+])
+def test_the_book_charges_what_genai_prices_computes_for_text(model, input_tokens, cached, output_tokens):
+    from genai_prices import Usage, calc_price
+
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    expected = calc_price(Usage(input_tokens=input_tokens, cache_read_tokens=cached, output_tokens=output_tokens),
+                          model, genai_request_timestamp=when).total_price
+    assert price_book(as_of=when).cost(model, input_tokens, output_tokens, cached) == pytest.approx(float(expected))
+
+
+def test_a_fitted_call_past_a_long_context_tier_is_fitted_at_the_tiers_output_price():
+    from governor.policy import decide
+    from tests.test_policy_units import state
+
+    limits = compile_limits(budget(cost_usd={"per_session": 2.0}), tier=Tier.R2, pricing=price_book())
+    step = ModelCall("claude-sonnet-4-5", 300_000, 100_000, output_floor=1_000)
+    decision = decide(limits, state(), step, 1.0)
+    assert not decision.blocks, decision
+    charged = sum(c.amount for c in decision.charges if c.dimension == "cost_usd" and c.scope == "per_session")
+    assert 1.8 < charged <= 2.0  # fitted to the cap at $6 in / $22.50 out per million, not refused

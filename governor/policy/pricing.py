@@ -64,11 +64,26 @@ class ModelPrice:
     cached_input: float
     units: Mapping[str, float] = field(default_factory=dict)  # USD per unit (images, audio seconds, ...)
     source: str = ""  # where the price comes from: "genai-prices 0.2.3", "overrides sha256:...", ...
+    # long-context tiers (genai-prices'): ((start, input, output, cached_input), ...) by start;
+    # a call with more than `start` input tokens pays that tier's prices on all its tokens
+    tiers: tuple[tuple[int, float, float, float], ...] = ()
+
+    def output_at(self, input_tokens: int) -> float:
+        """The output price a call with this many input tokens pays (its tier's)."""
+        for start, _, output, _ in reversed(self.tiers):
+            if input_tokens > start:
+                return output
+        return self.output
 
     def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
         cached = min(max(cached_input_tokens, 0), max(input_tokens, 0))
         fresh = max(input_tokens, 0) - cached
-        return (fresh * self.input + cached * self.cached_input + max(output_tokens, 0) * self.output) / PER
+        prices = (self.input, self.output, self.cached_input)
+        for start, *tier in reversed(self.tiers):
+            if input_tokens > start:
+                prices = tuple(tier)  # type: ignore[assignment]
+                break
+        return (fresh * prices[0] + cached * prices[2] + max(output_tokens, 0) * prices[1]) / PER
 
     def units_cost(self, units: tuple[tuple[str, float], ...]) -> float | None:
         """USD for these units, or None when one of them has no price here."""
@@ -135,7 +150,8 @@ class PricingTable:
             price = self.default
         if price is not None and model.lower().endswith(BATCH_TIER) and not (family or "").endswith(BATCH_TIER):
             price = ModelPrice(price.family + BATCH_TIER, price.input * BATCH_DISCOUNT, price.output * BATCH_DISCOUNT,
-                               price.cached_input * BATCH_DISCOUNT, price.units, price.source)
+                               price.cached_input * BATCH_DISCOUNT, price.units, price.source,
+                               tuple((start, *(p * BATCH_DISCOUNT for p in tier)) for start, *tier in price.tiers))
         if len(self._memo) < 4096:
             self._memo[model] = price
         return price

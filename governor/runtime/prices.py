@@ -13,7 +13,8 @@ Layers, the first that prices a model wins:
 3. genai-prices (PyPI, pydantic/genai-prices), its bundled data (never updated over the
    network here), at the prices in effect on the book's date (`as_of`: the governor's start or
    reload): standard prices, the text rates (an audio or image rate only when a model has no
-   text rate), the base tier (a long-context tier above 200k input tokens is not modelled),
+   text rate), its long-context tiers (more input tokens than a tier's start: that tier's prices
+   on all the call's tokens),
    the first time-of-day price (an off-peak discount is never taken);
 4. nothing: the model is unpriced, refused wherever cost is governed, with a message saying
    how to price it.
@@ -114,9 +115,38 @@ class GenaiPrices:
         input_price = given_in if given_in is not None else (0.0 if units else given_out)
         output_price = given_out if given_out is not None else input_price  # no output rate: never under-count
         cached = rate("cache_read_mtok")
-        return ModelPrice(family, float(input_price or 0.0), float(output_price or 0.0),
-                          float(cached if cached is not None and cached <= (input_price or 0.0) else input_price or 0.0),
-                          units, self.source)
+        input_price, output_price = float(input_price or 0.0), float(output_price or 0.0)
+        cached_price = float(cached if cached is not None and cached <= input_price else input_price)
+        return ModelPrice(family, input_price, output_price, cached_price, units, self.source,
+                          self.tiers(price, text_in, text_out, (input_price, output_price, cached_price)))
+
+    @staticmethod
+    def tiers(price: Any, text_in: float | None, text_out: float | None,
+              base: tuple[float, float, float]) -> tuple[tuple[int, float, float, float], ...]:
+        """The long-context tiers of the text rates (genai-prices' TieredPrices): each start with
+        the input, output and cached-input prices above it (a rate without tiers keeps its base)."""
+        from genai_prices.types import TieredPrices
+
+        if text_in is None or text_out is None:
+            return ()
+        rates = [getattr(price, name, None) for name in ("input_mtok", "output_mtok", "cache_read_mtok")]
+        starts = sorted({tier.start for r in rates if isinstance(r, TieredPrices) for tier in r.tiers})
+
+        def at(rate: Any, start: int, fallback: float) -> float:
+            if not isinstance(rate, TieredPrices):
+                return fallback
+            applicable = rate.base
+            for tier in rate.tiers:
+                if tier.start <= start:
+                    applicable = tier.price
+            return float(applicable)
+
+        out = []
+        for start in starts:
+            tier_in, tier_out = at(rates[0], start, base[0]), at(rates[1], start, base[1])
+            tier_cached = at(rates[2], start, base[2]) if rates[2] is not None else tier_in
+            out.append((start, tier_in, tier_out, min(tier_cached, tier_in)))
+        return tuple(out)
 
 
 def _layer(path: Path, label: str) -> tuple[PricingTable, str | None, str]:
