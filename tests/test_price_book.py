@@ -183,3 +183,13 @@ def test_a_fitted_call_past_a_long_context_tier_is_fitted_at_the_tiers_output_pr
     assert not decision.blocks, decision
     charged = sum(c.amount for c in decision.charges if c.dimension == "cost_usd" and c.scope == "per_session")
     assert 1.8 < charged <= 2.0  # fitted to the cap at $6 in / $22.50 out per million, not refused
+
+
+def test_an_override_prices_its_model_not_another_model_it_prefixes(tmp_path):
+    overrides = tmp_path / "prices.yaml"
+    overrides.write_text("models:\n  gpt-4o: {input: 1, output: 2}\n  acme: {input: 3, output: 4}\n")
+    book = price_book(overrides)
+    assert book.price_for("gpt-4o-2024-08-06").input == 1  # genai-prices knows it as gpt-4o: overridden
+    assert book.price_for("gpt-4o-mini").input == 0.15  # another model to genai-prices: its own price
+    assert book.price_for("acme-large").input == 3  # genai-prices does not know it: the family's
+    assert book.price_for("gpt-4o@batch").input == 0.5  # the override at the batch discount

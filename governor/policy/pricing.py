@@ -144,8 +144,14 @@ class PricingTable:
             pass
         family = self._family(model)
         price = self._families[family] if family is not None else None
-        if price is None and self.resolver is not None:
-            price = self._resolved(model)
+        if self.resolver is not None:
+            resolved = self._resolved(model)
+            if price is None or (resolved is not None and family is not None
+                                 and resolved.family != getattr(self.resolver(family), "family", family)):
+                # an override family prices the names it prefixes, except those genai-prices knows
+                # as another model: `gpt-4o` overridden leaves gpt-4o-mini at its own price
+                price = resolved if resolved is not None else price
+                family = None if resolved is not None else family
         if price is None:
             price = self.default
         if price is not None and model.lower().endswith(BATCH_TIER) and not (family or "").endswith(BATCH_TIER):
