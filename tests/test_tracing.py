@@ -219,3 +219,30 @@ async def test_without_tracing_the_chain_has_no_tracing_addon(tmp_path, monkeypa
         assert not any(type(addon).__module__ == tracing.__name__ for addon in running.chain.addons)
         assert running.metrics.exemplar is None
         assert type(running.chain.addons[1].calls.runtime).__name__ != "TracedRuntime"
+
+
+STREAMED = """
+import json, openai
+client = openai.OpenAI(max_retries=0, timeout=30)
+stream = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                        stream_options={"include_usage": True})
+usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+print(json.dumps({"input": usage.prompt_tokens, "output": usage.completion_tokens}))
+"""
+
+
+async def test_a_streamed_chat_span_carries_its_usage(tmp_path, monkeypatch):
+    receiver, runtime, mock, server, governor = await _world(tmp_path, monkeypatch, "grpc")
+    try:
+        streamed = await run_python(STREAMED, sdk_environment(governor, mock))
+    finally:
+        await governor.stop()
+        server.stop()
+        await mock.stop()
+        await receiver.stop()
+    [span] = [s for s in receiver.spans if s.name == "chat gpt-4o-mini"]
+    assert span.attributes["gen_ai.usage.input_tokens"] == streamed["input"]
+    assert span.attributes["gen_ai.usage.output_tokens"] == streamed["output"]
+    assert span.attributes["http.response.status_code"] == 200 and span.status_code != ERROR
+    [guard] = [s for s in receiver.spans if s.name == "apply_guardrail" and s.parent_span_id == span.span_id]
+    assert guard.attributes["governor.decision.action"] == "permit"
