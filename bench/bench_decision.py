@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from governor.runtime.prices import price_book
 from governor.policy import (  # noqa: E402
     ModelCall,
     PolicyConfig,
@@ -144,7 +145,7 @@ def steps(count: int):
 
 
 def run(decisions: int) -> dict:
-    limits = compile_limits(passport(), tier=Tier.R3, pricing=load_pricing(ROOT / "policies" / "pricing.yaml"),
+    limits = compile_limits(passport(), tier=Tier.R3, pricing=price_book(),
                             config=PolicyConfig())
     now = 1_760_000_000.0
     state = SessionState.start("bench-session", now)

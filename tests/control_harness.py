@@ -19,6 +19,7 @@ from typing import Any, Callable
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from governor.runtime.prices import price_book
 from governor.common.canonical import b64url, canonicalize, digest_of
 from governor.policy.steps import (
     Action, ApprovalRequest, Decision, PERMIT, Step, ToolCall, UsageReport, ON_OVERSIGHT_TIMEOUT,
@@ -350,7 +351,7 @@ def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time
     report = admit(passport, AdmissionConfig(now=time.time()))
     assert report.verified, report.to_dict()
     limits = compile_limits(report.pinned.document, tier=Tier.R2,
-                            pricing=load_pricing(REPO / "policies" / "pricing.yaml"), passport_digest=report.digest)
+                            pricing=price_book(), passport_digest=report.digest)
     runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
                       governor_id="did:web:localhost:governor", agent_id=report.pinned.id or report.pinned.name,
                       metrics=metrics, clock=clock, tick_interval_sec=tick_interval_sec, pinned=report.pinned)

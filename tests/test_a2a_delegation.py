@@ -8,6 +8,7 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from governor.runtime.prices import price_book
 from governor.adapters.a2a import A2AAdapter, DEPTH_HEADER, PeerResolver, admission_verifier
 from governor.adapters.base import AdapterConfig
 from governor.policy import SessionState, compile_limits, decide
@@ -53,7 +54,7 @@ async def world():
     peers["stranger"] = await A2APeer({"stranger.json": stranger}).start()
     resolver = PeerResolver(admission_verifier())
     adapter = A2AAdapter(AdapterConfig(extra={"a2a_peers": resolver}))
-    pricing = load_pricing(REPO / "policies" / "pricing.yaml")
+    pricing = price_book()
     limits = compile_limits(OURS, tier=Tier.R2, pricing=pricing)
     yield adapter, peers, limits
     await resolver.close()

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from governor.runtime.prices import price_book
 from governor.evidence import Journal, SessionHeader, generate_key, verify_record
 from governor.evidence.finalize import Pin, finalize_interrupted, has_ended
 from governor.evidence.record import iso_utc, journal_path, record_path
@@ -236,7 +237,7 @@ async def test_a_resumed_session_keeps_its_original_limits(pinned, tmp_path):  #
 
     original_digest = passport_digest(document)
     archive_passport(tmp_path, original_digest, json.dumps(document).encode())
-    pricing = load_pricing(REPO / "policies" / "pricing.yaml")
+    pricing = price_book()
     store = SQLiteStore(tmp_path / "state.db")
     state = SessionState.start("roaming", NOW).to_dict()
     store.save_session("roaming", {**state, PIN_KEY: {"digest": original_digest, "tier": "R2", "subject": "agent"}})
@@ -273,7 +274,7 @@ def test_the_resumed_sessions_fault_resolves_with_its_own_degradation(pinned, de
     document = pinned.pinned.document
     if declared is not None:
         document["runtime"]["degradation"]["on_session_integrity"] = declared
-    limits = compile_limits(document, tier=Tier.R2, pricing=load_pricing(REPO / "policies" / "pricing.yaml"))
+    limits = compile_limits(document, tier=Tier.R2, pricing=price_book())
     decision = pin_changed(limits, {"pinned_digest": "a", "admitted_digest": "b"})
     assert (decision.action, decision.fail_closed, decision.cause) == (action, fail_closed, "on_session_integrity")
     assert decision.event["detail"]["reason"] == "pin_changed_across_restart"

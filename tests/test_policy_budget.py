@@ -217,7 +217,7 @@ def test_s2_unpriced_model_counts_tokens_only_where_cost_is_not_governed():
 
 
 def test_s2_default_price_is_an_explicit_opt_in():
-    priced = PricingTable(PRICING.families, default=ModelPrice("default", 1.0, 2.0, 1.0))
+    priced = PricingTable(PRICING.families, default=ModelPrice("default", 1.0, 2.0, 1.0), resolver=PRICING.resolver)
     driver = Driver(passport(**budget(cost_usd={"per_session": 10})), pricing=priced)
     decision = driver.run(ModelCall("mystery-model-7", 1_000_000, 1_000_000))
     assert decision.action is Action.PERMIT

@@ -24,18 +24,18 @@ from tests.test_policy_support import PRICING, REPO
         ("gpt-5-2025-08-07", "gpt-5"),
         ("gpt-5-mini-2025-08-07", "gpt-5-mini"),
         ("gpt-5-nano", "gpt-5-nano"),
-        ("claude-opus-4-20250514", "claude-opus-4"),
+        ("claude-opus-4-20250514", "claude-opus-4-0"),  # genai-prices' model ids from here on
         ("claude-opus-4-1-20250805", "claude-opus-4-1"),
-        ("claude-sonnet-4-20250514", "claude-sonnet-4"),
+        ("claude-sonnet-4-20250514", "claude-sonnet-4-0"),
         ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5"),
-        ("claude-3-7-sonnet-20250219", "claude-3-7-sonnet"),
-        ("claude-3-5-haiku-20241022", "claude-3-5-haiku"),
-        ("claude-3-5-haiku-latest", "claude-3-5-haiku"),
+        ("claude-3-7-sonnet-20250219", "claude-3-7-sonnet-latest"),
+        ("claude-3-5-haiku-20241022", "claude-3-5-haiku-latest"),
+        ("claude-3-5-haiku-latest", "claude-3-5-haiku-latest"),
         ("claude-haiku-4-5-20251001", "claude-haiku-4-5"),
-        ("Claude-Sonnet-4-20250514", "claude-sonnet-4"),  # case-insensitive
+        ("Claude-Sonnet-4-20250514", "claude-sonnet-4-0"),  # case-insensitive
         ("openai/gpt-4o-mini", "gpt-4o-mini"),  # a provider prefix is dropped
-        ("claude-sonnet-4@20250514", "claude-sonnet-4"),  # Vertex-style version suffix
-        ("gpt-4.5-preview", None),  # gpt-4 is not a prefix on a separator boundary
+        ("claude-sonnet-4@20250514", "claude-sonnet-4-0"),  # Vertex-style version suffix
+        ("gpt-4.5-preview", "gpt-4.5-preview"),  # genai-prices has it (gpt-4 is not its prefix)
         ("gpt-4omni", None),
         ("llama-3-70b", None),
     ],
@@ -50,7 +50,10 @@ def test_repository_table_covers_the_current_families():
         "gpt-5", "gpt-5-mini", "gpt-5-nano", "claude-opus-4", "claude-sonnet-4", "claude-3-7-sonnet",
         "claude-3-5-haiku", "claude-haiku-4-5",
     }
-    assert required <= set(PRICING.families)
+    # genai-prices prices them now; the bundled overrides only what it lacks
+    assert all(PRICING.price_for(family) is not None for family in required)
+    assert all(PRICING.source_of(family).startswith("genai-prices ") for family in required)
+    assert not required & set(PRICING.families)
     assert PRICING.default is None  # unpriced models are refused unless a default is opted into
     for family, price in PRICING.families.items():
         # generating models price their output; embeddings have none, moderation is free,
@@ -111,4 +114,7 @@ def test_json_tables_load_too(tmp_path):
 
 
 def test_repository_file_is_the_one_loaded():
-    assert load_pricing(REPO / "policies" / "pricing.yaml").families == PRICING.families
+    def figures(families):
+        return {name: (p.input, p.output, p.cached_input, dict(p.units)) for name, p in families.items()}
+
+    assert figures(load_pricing(REPO / "policies" / "pricing.yaml").families) == figures(PRICING.families)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from governor.runtime.prices import price_book
 from governor.policy import (
     Decision,
     ModelCall,
@@ -29,7 +30,7 @@ from governor.policy import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PRICING = load_pricing(REPO / "policies" / "pricing.yaml")
+PRICING = price_book()
 T0 = 1_760_000_000.0  # a fixed "now"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from governor.runtime.prices import price_book
 from governor.adapters.base import describe
 from governor.policy import decide
 from governor.policy.limits import compile_limits
@@ -15,7 +16,7 @@ from governor.policy.reasons import governor_object
 from governor.policy.state import SessionState
 from governor.policy.steps import Action, ModelCall, Tier, UsageReport
 
-PRICES = load_pricing(default_pricing_path())
+PRICES = price_book()
 HD = (("image/1024x1024/hd", 2),)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from governor.runtime.prices import price_book
 from governor.evidence import generate_key, recover_journal, verify_record
 from governor.evidence.record import journal_path
 from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
@@ -57,7 +58,7 @@ def metric(rt: Runtime, name: str, **labels: str) -> float | None:
 
 
 def make_runtime(pinned, data_dir: Path, clock: Clock, tier: Tier = Tier.R2, store=None, key=None) -> Runtime:
-    limits = compile_limits(pinned.pinned.document, tier=tier, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
+    limits = compile_limits(pinned.pinned.document, tier=tier, pricing=price_book(),
                             passport_digest=pinned.digest)
     return Runtime(limits=limits, store=store or SQLiteStore(data_dir / "state.db"), data_dir=data_dir,
                    key=key or generate_key(), governor_id="did:web:localhost:governor",

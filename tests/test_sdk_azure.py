@@ -16,6 +16,7 @@ import asyncio
 import pytest
 import pytest_asyncio
 
+from governor.runtime.prices import price_book
 from governor.policy import load_pricing
 from tests.compat_harness import client_environment, compat_governor, events, used, verified_record
 from tests.compat_upstreams import REAL_MODEL, Answer
@@ -60,7 +61,7 @@ def fresh(env):
 
 
 def price(running, input_tokens: int, output_tokens: int) -> float:
-    return load_pricing(running.settings.pricing).cost(REAL_MODEL, input_tokens, output_tokens)
+    return price_book(running.settings.pricing).cost(REAL_MODEL, input_tokens, output_tokens)
 
 
 async def test_chat_plain_and_streamed_on_a_deployment_path(env):

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from governor.runtime.prices import price_book
 from governor.adapters import media_charges
 from governor.evidence import load_public_key, verify_record
 from governor.policy.pricing import default_pricing_path, load_pricing
@@ -26,7 +27,7 @@ from tests.upstreams import make_tls
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-PRICES = load_pricing(default_pricing_path())
+PRICES = price_book()
 
 PRELUDE = """
 import json, openai, anthropic

@@ -21,6 +21,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from governor.runtime.prices import price_book
 from governor.adapters import withhold
 from governor.adapters.base import AdapterConfig, BadRequest, RequestView
 from governor.adapters.openai import OpenAIAdapter
@@ -378,7 +379,7 @@ def test_the_permitted_set_by_tier_and_persona():
     from tests.conftest import REPO
 
     document = load_passport(example_passport_path())
-    pricing = load_pricing(REPO / "policies" / "pricing.yaml")
+    pricing = price_book()
     r2 = compile_limits(document, tier=Tier.R2, pricing=pricing)
     assert step_tools(r2, None) == {"search_papers", "fetch_paper", "read_note", "write_note", "delete_note",
                                     "send_email"}

@@ -504,12 +504,14 @@ def describe(governor: Mapping[str, Any]) -> str:
         limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
         parts.append(f"model {governor.get('model')!r} has no price for {governor.get('unit')!r}, so the cost of "
                      f"this call cannot be checked{limit}: price it in the pricing file, under the model's "
-                     f"family: units: {{{governor.get('unit')}: USD per unit}} (governor run --pricing FILE; "
-                     f"default policies/pricing.yaml; docs/reference/pricing.md)")
+                     f"family: units: {{{governor.get('unit')}: USD per unit}} (governor run --pricing FILE, "
+                     f"overrides over genai-prices; docs/reference/pricing.md)")
     elif unpriced:
         limit = f" (limit {governor['limit']} USD)" if "limit" in governor else ""
         parts.append(f"model {governor.get('model')!r} has no price, so its cost cannot be checked{limit}: "
-                     f"price it in the pricing file (governor run --pricing FILE; default policies/pricing.yaml)")
+                     f"price it in a pricing file (governor run --pricing FILE, overrides over genai-prices: "
+                     f"models: {{{str(governor.get('model')).lower()}: {{input: USD, output: USD}}}} per million "
+                     f"tokens, or fallback: MODEL to price every unpriced model as MODEL; docs/reference/pricing.md)")
     elif "call_used" in governor and "projected" in governor and "limit" in governor:
         # a call's actual usage crossed (mid-stream or at its end): the session's use with it,
         # and the call's own part against what it had reserved

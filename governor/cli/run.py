@@ -60,7 +60,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "max_client_connections": ("GOVERNOR_MAX_CLIENT_CONNECTIONS", "client connections open at once (default: from "
                                "the file-descriptor limit, about 7/16 of it); over it the longest-waiting idle one is "
                                "closed, or the newcomer refused"),
-    "pricing": ("GOVERNOR_PRICING", "the cost model (default policies/pricing.yaml)"),
+    "pricing": ("GOVERNOR_PRICING", "price overrides over genai-prices and the bundled ones (docs/reference/pricing.md)"),
     "fit_output": ("GOVERNOR_FIT_OUTPUT", "on (default) or off: lower a model call's output limit (max_tokens, "
                    "...) to what its budgets leave, and give a call naming none its reservation's (docs/fitting.md)"),
     "fit_floor": ("GOVERNOR_FIT_FLOOR", "the smallest output limit, in tokens per answer, a call is fitted to; "

@@ -1,8 +1,9 @@
 """`--log-format json`: one JSON object per log record, one record per line.
 
 Keys: timestamp (ISO 8601, UTC, milliseconds), level, logger, message, then every extra
-the log call passed (`log.info(..., extra={"session": s, "cause": c})`), and `exception`
-with the traceback when there is one. A value JSON cannot hold is written as its str()."""
+the log call passed (`log.info(..., extra={"session": s, "cause": c})`; with traces on, the
+`trace_id` and `span_id` governor.proxy.tracing put on records), and `exception` with the
+traceback when there is one. A value JSON cannot hold is written as its str()."""
 
 from __future__ import annotations
 

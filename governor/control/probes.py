@@ -14,7 +14,7 @@ from aiohttp import web
 
 from governor.control.context import ControlContext
 from governor.control.replies import ok
-from governor.runtime.metrics import CONTENT_TYPE
+from governor.runtime.metrics import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 
 class Probes:
@@ -46,6 +46,9 @@ class Probes:
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         self.metrics.set_pending_approvals(len(self.runtime.approvals()))
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):  # exemplars: trace ids
+            return web.Response(body=self.metrics.exposition(openmetrics=True),
+                                headers={"Content-Type": OPENMETRICS_CONTENT_TYPE})
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 

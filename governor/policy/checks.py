@@ -104,6 +104,8 @@ def budget_check(
         # usage within its reservation was admitted already; only an overshoot is news
         if projected > cap and amount > held:
             detail = {"dimension": m.dimension, "scope": m.scope, "observed": current, "projected": projected, "limit": cap}
+            if m.dimension == COST:  # the price charged names its source (genai-prices and its version, an override)
+                detail["price_source"] = run.limits.pricing.source_of(model)
             if m.persona is not None:  # the persona's own budget_share, not the parent's aggregate
                 detail["budget_share"] = m.persona
             if type(run.step) is UsageReport:

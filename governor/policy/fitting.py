@@ -109,7 +109,7 @@ def _room(limits: Limits, meter: Meter, used: float, step: ModelCall, price: Any
     if used + price.cost(inputs, step.expected_output_tokens) <= cap:
         return None  # fits as asked: the projection's own comparison, not a rounded inverse
     padded = inputs + input_margin(inputs)
-    room = int((cap - used - price.cost(padded, 0)) * 1_000_000.0 / price.output)
+    room = int((cap - used - price.cost(padded, 0)) * 1_000_000.0 / price.output_at(padded))  # its tier's
     # the projection compares used + cost(input, output) > cap in floating point: step down
     # until that comparison passes, so a fitted call is never refused by a rounding error
     for _ in range(4):

@@ -598,5 +598,9 @@ def _summary(limits: Limits, budget: Mapping[tuple[str, str], float], oversight:
         summary["degradation"] = {cause: r.action.value for cause, r in sorted(limits.degradation.items())}
     if limits.baseline is not None:
         summary["anomaly_baseline"] = True
-    summary["cost_model"] = {"unpriced_models": "priced at default" if limits.pricing.default else "refused where cost is governed"}
+    default = limits.pricing.default
+    summary["cost_model"] = {"unpriced_models": f"priced at {default.source or 'default'}" if default is not None
+                             else "refused where cost is governed"}
+    if limits.pricing.sources:  # where the prices come from: genai-prices and its version, the overrides' digests
+        summary["cost_model"]["sources"] = dict(limits.pricing.sources)
     return summary

@@ -89,14 +89,16 @@ class Chain:
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
                 origin: Any = None, sessions: Any = None, proxyserver: Any = None,
-                egress: EgressHosts | None = None, guard: Any = None) -> Chain:
+                egress: EgressHosts | None = None, guard: Any = None, tracing: Any = None) -> Chain:
     """The addons over `runtime`: `sessions` the session book (governor.sessions.book.SessionBook),
     `origin` the control plane's (governor.control.origin.ProxyOrigin), `proxyserver` this
     master's Proxyserver addon (transit works on its connections; None without a master),
     `egress` the passport's allowed_hosts (None: it declares none), `guard` the master's
-    ConnectionGuard (what a drain waits for; None: the governed exchanges only)."""
+    ConnectionGuard (what a drain waits for; None: the governed exchanges only), `tracing` the
+    governor's OpenTelemetry traces (governor.proxy.tracing; None: no span, no cost)."""
     recorded = recording.Recording()  # events recorded from tasks: a stop awaits them
-    calls = RuntimeCalls(runtime, Tasks(recorded))
+    traced = runtime if tracing is None else tracing.traced(runtime, lambda: passport_digest(runtime))
+    calls = RuntimeCalls(traced, Tasks(recorded))
     refuser = Refuser(runtime, metrics)
     enforcer = Enforcer(refuser, runtime, recorded, metrics=metrics, proxyserver=proxyserver)
     held = holds.Holds(policy.review_hold, policy.review_retry_after,  # steps held for a reviewer
@@ -115,4 +117,12 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
         RealtimeSockets(policy, calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade
         InFlight(policy, calls, enforcer, exchanges, metrics=metrics),
     ]
+    if tracing is not None:  # the flow's span: current before the first addon, ended after the last
+        addons = [tracing.opening, *addons, tracing.closing]
     return Chain(addons, registry, held, recorded, unknown, policy, drain)
+
+
+def passport_digest(runtime: Any) -> str | None:
+    """The pinned passport's digest: the policy version a trace's decisions name."""
+    pinned = getattr(runtime, "pinned", None)
+    return getattr(pinned, "digest", None)

@@ -29,7 +29,7 @@ from governor.adapters import AdapterRegistry, Route
 from governor.adapters.allow import AllowEntry
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
-from governor.proxy import heads
+from governor.proxy import heads, tracing
 from governor.proxy.chain import Chain, assemble
 from governor.proxy.connections import (
     DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, ConnectionGuard, ConnectionLimits,
@@ -127,7 +127,7 @@ class Settings:
     max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back while a step awaits admission
     routes: tuple[Route, ...] = ()
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
-    pricing: Path | None = None  # the cost model; None: policies/pricing.yaml
+    pricing: Path | None = None  # the operator's price overrides (governor.runtime.prices); None: none
     store: str | None = None  # state store URL/path; None: SQLite in the data directory
     governor_id: str | None = None  # the record's governor identifier; None: the key's did.json, else did:web:localhost:governor
     # the transparency log (docs/transparency-log.md): every final record's entry, before the record
@@ -171,6 +171,7 @@ class Running:
     notifier: Any = None  # the webhook notifier serve() attached to the runtime (closed on stop)
     control_context: Any = None  # the control plane's ControlContext (None: no control plane)
     metrics: Any = None  # the governor's Metrics (a reloaded notifier counts there too)
+    tracing: Any = None  # governor.proxy.tracing.Tracing: its spans flushed at the stop (None: no traces)
 
     @property
     def proxy_url(self) -> str:
@@ -249,6 +250,9 @@ class Running:
         if self.notifier is not None:  # after the runtime: notifications of its last halts still go out
             await self.notifier.close()
             self.notifier = None
+        if self.tracing is not None:  # the last spans exported (bounded by OTEL_BSP_EXPORT_TIMEOUT)
+            await asyncio.to_thread(self.tracing.shutdown)
+            self.tracing = None
 
 
 class _Started:
@@ -316,8 +320,12 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
         origin = ProxyOrigin()
     mitm_proxyserver = proxyserver.Proxyserver()
+    try:
+        traces = tracing.start(None, metrics)  # the OTEL_* variables (docs/tracing.md)
+    except tracing.TracingError as exc:
+        raise StartupError(str(exc)) from None
     chain, peers = build_chain(settings, runtime, metrics=metrics, origin=origin, sessions=book,
-                               proxyserver=mitm_proxyserver, guard=guard)
+                               proxyserver=mitm_proxyserver, guard=guard, tracing=traces)
     if settings.control is not None:
         from governor.control.app import create_app, start_control
         from governor.control.context import ControlContext
@@ -377,7 +385,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     host, port = master.addons.get("proxyserver").listen_addrs()[0][:2]
     return Running(settings, runtime, master, chain, (host, port), control_address, task, control_runner, peers,
                    sessions=book, connections=guard, notifier=notifier, control_context=control_context,
-                   metrics=metrics)
+                   metrics=metrics, tracing=traces)
 
 
 def attach_notifier(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
@@ -410,7 +418,8 @@ def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
 
 
 def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None, origin: Any = None,
-                sessions: Any = None, proxyserver: Any = None, guard: Any = None) -> tuple[Chain, Any]:
+                sessions: Any = None, proxyserver: Any = None, guard: Any = None,
+                tracing: Any = None) -> tuple[Chain, Any]:
     """The enforcement point for these settings over `runtime`: its addon chain with its adapters,
     and the A2A peer resolver it made (None when the settings bring their own), which the
     caller closes when done."""
@@ -445,7 +454,7 @@ def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
     if sessions is None:
         sessions = session_book(settings, runtime, metrics)
     chain = assemble(runtime, registry, policy, metrics=metrics, origin=origin, sessions=sessions,
-                        proxyserver=proxyserver, egress=egress_hosts(runtime), guard=guard)
+                        proxyserver=proxyserver, egress=egress_hosts(runtime), guard=guard, tracing=tracing)
     if settings.unknown_traffic == "forward":
         log.warning("governor: --unknown-traffic forward: traffic no adapter governs is forwarded ungoverned "
                     "(uncounted, unrecorded); the default refuses it unless the allow-list names it")
@@ -490,8 +499,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
 
     from governor.evidence import EvidenceError, ensure_governor_key
     from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
-    from governor.policy import compile_limits, load_pricing
-    from governor.policy.pricing import default_pricing_path
+    from governor.policy import compile_limits
+    from governor.runtime.prices import price_book
     from governor.runtime.core import Runtime
     from governor.store import open_store
 
@@ -503,9 +512,9 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
     if not report.verified or report.pinned is None:
         raise StartupError(f"passport {path} refused at admission", report)
-    pricing = settings.pricing or default_pricing_path()
-    try:
-        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
+    pricing = settings.pricing or "genai-prices and the bundled overrides"
+    try:  # genai-prices, under the bundled overrides, under the operator's (governor.runtime.prices)
+        limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=price_book(settings.pricing),
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None

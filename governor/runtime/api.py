@@ -30,9 +30,10 @@ class Admission:
     # plan editing (§5.4): a reviewer approved these arguments instead of the agent's; the
     # proxy sends the request upstream with them (governor.runtime.edit)
     edited_arguments: dict[str, Any] | None = None
+    seqs: tuple[int, ...] = ()  # the seqs of the events the decision journaled (a trace names them)
 
 
-def admission_for(session: str, decision: Decision, ticket: Any) -> Admission:
+def admission_for(session: str, decision: Decision, ticket: Any, seqs: tuple[int, ...] = ()) -> Admission:
     """The runtime's answer to a step: a refusal carries its reason, and in a halted session
     says why and what to do."""
     # a plain permit has no reason to give: skip building one on every request
@@ -42,7 +43,7 @@ def admission_for(session: str, decision: Decision, ticket: Any) -> Admission:
     obj = governor_object(decision, session)
     if decision.blocks and decision.details and decision.details.get("halted"):
         obj["reason"] = halted_reason(decision.cause)
-    return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj)
+    return Admission(decision=decision, session=session, ticket=ticket, governor_object=obj, seqs=seqs)
 
 
 class RuntimeAPI(Protocol):

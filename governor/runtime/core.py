@@ -223,15 +223,17 @@ class Runtime:
             decision = unrecorded_failure(step, exc)
             return admission_for(session, decision, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
+        seqs: tuple[int, ...] = ()
         if admitted is not None:
             decision, ticket = admitted
         else:
             async with live.lock:
                 decision, ticket = await self._apply(live, step, None)
+                seqs = live.recorded if decision.events else ()
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self.oversight.hold(live, step, decision)
-        return admission_for(session, decision, ticket)
+        return admission_for(session, decision, ticket, seqs)
 
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
         live = self._sessions.get(session)
@@ -393,8 +395,10 @@ class Runtime:
                 decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
         try:
-            for event in decision.events:
-                await asyncio.to_thread(live.journal.append, event["cause"], event["action"], now, event.get("detail"))
+            if decision.events:  # their seqs: what a trace of the step names (governor.proxy.tracing)
+                live.recorded = tuple([(await asyncio.to_thread(live.journal.append, event["cause"], event["action"],
+                                                                now, event.get("detail")))["seq"]
+                                       for event in decision.events])
         except Exception as exc:  # the event cannot be recorded, so the step must not take effect
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:

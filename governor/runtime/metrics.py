@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_left
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import platform
 import time
@@ -35,6 +35,9 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from governor.policy.steps import Decision
@@ -54,6 +57,7 @@ SESSION_STATES = ("active", "paused", "halted", "ended")
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = OPENMETRICS_TYPE  # asked for in Accept: exemplars included
 
 
 def _label(value: object) -> str:
@@ -66,24 +70,40 @@ def _label(value: object) -> str:
 
 
 class _Histogram:
-    """One histogram series as plain numbers: observing is a bisect and two additions."""
+    """One histogram series as plain numbers: observing is a bisect and two additions.
 
-    __slots__ = ("bounds", "counts", "sum")
+    With traces on (governor.proxy.tracing) each bucket keeps the trace of its latest
+    observation as an exemplar (OpenMetrics exposition only)."""
+
+    __slots__ = ("bounds", "counts", "sum", "exemplars")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
         self.sum = 0.0
+        self.exemplars: list[Exemplar | None] | None = None  # per bucket, once a trace was observed
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1  # bucket i counts value <= bounds[i]
         self.sum += value
 
-    def cumulative(self) -> list[tuple[str, float]]:
-        out, total = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), list(self.counts)):
+    def observe_traced(self, value: float, trace: dict[str, str] | None) -> None:
+        bucket = bisect_left(self.bounds, value)
+        self.counts[bucket] += 1
+        self.sum += value
+        if trace is not None:
+            if self.exemplars is None:
+                self.exemplars = [None] * len(self.counts)
+            self.exemplars[bucket] = Exemplar(trace, value, time.time())
+
+    def cumulative(self) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+        out: list[Any] = []
+        total = 0
+        exemplars = self.exemplars or [None] * len(self.counts)
+        for bound, count, exemplar in zip((*self.bounds, float("inf")), list(self.counts), exemplars):
             total += count
-            out.append((floatToGoString(bound), total))
+            out.append((floatToGoString(bound), total) if exemplar is None
+                       else (floatToGoString(bound), total, exemplar))
         return out
 
 
@@ -206,6 +226,9 @@ class Metrics:
         r = self.registry
         self.per_request = _PerRequestSeries()
         r.register(self.per_request)
+        # with traces on: () -> {trace_id, span_id} of the flow being governed, or None
+        # (governor.proxy.tracing); the latency histograms keep it as their buckets' exemplars
+        self.exemplar: Callable[[], dict[str, str] | None] | None = None
         self.budgets = _BudgetSeries(per_session)
         r.register(self.budgets)
         self.personas: frozenset[str] = frozenset()  # declared in the pinned passport
@@ -291,7 +314,10 @@ class Metrics:
         series = self.per_request
         key = (cause, action, enforced)  # the raw values: label text is built at scrape time
         series.decisions[key] = series.decisions.get(key, 0) + 1
-        series.decision_seconds.observe(seconds)
+        if self.exemplar is None:
+            series.decision_seconds.observe(seconds)
+        else:
+            series.decision_seconds.observe_traced(seconds, self.exemplar())
 
     def decided(self, decision: Decision, seconds: float) -> None:
         """`decision` plus the decision's threshold warnings: the one call per step."""
@@ -305,7 +331,10 @@ class Metrics:
         histogram = self.per_request.upstream_seconds.get(protocol)
         if histogram is None:
             histogram = self.per_request.upstream_seconds[protocol] = _Histogram(UPSTREAM_BUCKETS)
-        histogram.observe(seconds)
+        if self.exemplar is None:
+            histogram.observe(seconds)
+        else:
+            histogram.observe_traced(seconds, self.exemplar())
         if status >= 400:
             # 600+ is not HTTP: one "other" value, so an upstream cannot mint label values
             self.upstream_error(protocol, str(status) if status < 600 else "other")
@@ -402,7 +431,9 @@ class Metrics:
 
     # --- exposition --------------------------------------------------------------------
 
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """The registry in Prometheus text format, or OpenMetrics (which carries exemplars)."""
+        if openmetrics:
+            return openmetrics_latest(self.registry)
         return generate_latest(self.registry)
 

@@ -65,6 +65,7 @@ class LiveSession:
     # under another pin, its original ones (governor.runtime.resume)
     limits: Any = None
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
+    recorded: tuple[int, ...] = ()  # the seqs of the events its last decision round journaled
 
     def restate(self, metrics: Metrics) -> None:
         """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
