@@ -117,9 +117,10 @@ def _session_end(run: Run, step: SessionEnd) -> Decision:
 def _passport_presented(run: Run, step: PassportPresented) -> Decision:
     if step.digest == run.limits.passport_digest:
         return PERMIT
-    # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6
+    # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6, at every
+    # tier (the Security Considerations give this fail-closed rule no tier exemption: R1 too)
     detail = {"reason": "passport_changed", "pinned_digest": run.limits.passport_digest, "presented_digest": step.digest}
-    return run.fire(ON_SESSION_INTEGRITY, detail, run.limits.enforce_hard) or run.finish()
+    return run.fire(ON_SESSION_INTEGRITY, detail, True) or run.finish()
 
 
 def _nothing(run: Run, step: Step) -> Decision:

@@ -114,14 +114,17 @@ class Run:
             self.observed = (would, cause, detail)
 
     def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
-        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
+        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only;
+        a requires_confirmation tool pauses at every tier and under monitor_only too)."""
         if ON_OVERSIGHT_TRIGGER in self.bypass:
             return None
         limits = self.limits
         detail["step"] = self.kind
         detail["trigger"] = name
         detail["fail_closed"] = False
-        if not limits.enforce_oversight:
+        if not limits.enforce_oversight and not detail.get("requires_confirmation"):
+            # R1 observes a Governance Profile trigger; a requires_confirmation tool is Core's
+            # always-on trigger, held "regardless" (§5): it pauses at every tier
             self.observe_only(Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
             return None
         if limits.monitor_only and not detail.get("requires_confirmation"):
