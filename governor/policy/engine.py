@@ -52,6 +52,7 @@ Where the pieces live (this module keeps the door and the dispatcher; split to s
   governor.policy.sub_agent_steps  persona spawns and exits, delegations
   governor.policy.approval_steps   a reviewer's answer, an approval's timeout
   governor.policy.transition       advance(): the state after a decision
+  governor.policy.budget_warnings  §2 warnings as recorded events (on_governor_budget_warning)
 """
 
 from __future__ import annotations
