@@ -53,6 +53,7 @@ Where the pieces live (this module keeps the door and the dispatcher; split to s
   governor.policy.approval_steps   a reviewer's answer, an approval's timeout
   governor.policy.transition       advance(): the state after a decision
   governor.policy.budget_warnings  §2 warnings as recorded events (on_governor_budget_warning)
+  governor.policy.feeds            R3: §2-§5 events fed to the anomaly substrate (feed_rates.py)
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ import math
 from typing import Any, Callable
 
 from governor.policy import degradation as _degradation
-from governor.policy import anomaly
+from governor.policy import anomaly, feeds
 from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import SessionState
 from governor.policy.steps import (
@@ -238,7 +239,9 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
     try:
         if state.halted:
             return _after_halt(limits, state, step, now)
-        handler = _HANDLERS[type(step)]
-        return handler(Run(limits, state, step, now), step)
+        decision = _HANDLERS[type(step)](Run(limits, state, step, now), step)
+        if limits.enforce_anomaly:  # R3: the step's §2-§5 events feed the anomaly substrate
+            return feeds.monitor(limits, state, step, decision, now)
+        return decision
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
         return governor_error(limits, state, step, exc)
