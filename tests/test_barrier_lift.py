@@ -86,3 +86,41 @@ def test_the_lock_lifter_option_reads_a_token_file_and_refuses_bad_ones(tmp_path
             apply_barrier_settings(_Settings(), {"lock_lifter_tokens": str(tmp_path / name)}.get)
     with pytest.raises(UsageError):
         apply_barrier_settings(_Settings(), {"lock_lifter_tokens": str(tmp_path / "absent")}.get)
+
+
+async def test_governor_run_takes_lock_lifter_tokens_and_the_cli_lifts_with_one(tmp_path, llm):
+    """`governor run --lock-lifter-tokens FILE` as a real process; `governor locks lift
+    --token-file` with a reviewer's token is refused, with the lock lifter's it lifts."""
+    import asyncio
+    import json
+    import signal
+
+    from tests.test_sessions import _cli, _start_governor_run
+
+    data = tmp_path / "data"
+    (tmp_path / "lifters").write_text(LIFTER + "\n")
+    (tmp_path / "reviewer").write_text(REVIEWER + "\n")
+    proc, banner = await _start_governor_run(data, "--lock-lifter-tokens", str(tmp_path / "lifters"),
+                                             "--reviewer-tokens", str(tmp_path / "reviewer"))
+    try:
+        code, out, err = await _cli("sessions", "open", "--data-dir", str(data), "--json")
+        assert code == 0, err
+        token = json.loads(out)["token"]
+        async with httpx.AsyncClient(proxy=banner["proxy"].split()[0], trust_env=False, timeout=30) as agent:
+            answer = await agent.post(f"{llm.url}/chat/completions", json={
+                "model": "gpt-4o-mini", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
+                headers={"ADL-Session": token, "ADL-Passport": "sha256=" + "A" * 43})
+            assert answer.status_code == 403
+        code, out, _ = await _cli("locks", "list", "--data-dir", str(data), "--json")
+        (lock,) = json.loads(out)["locks"]
+        code, _, err = await _cli("locks", "lift", lock["id"], "--by", "rita", "--data-dir", str(data),
+                                  "--token-file", str(tmp_path / "reviewer"))
+        assert code == 1 and "reviewer_cannot_lift" in err
+        code, out, err = await _cli("locks", "lift", lock["id"], "--by", "night-ops", "--data-dir", str(data),
+                                    "--token-file", str(tmp_path / "lifters"))
+        assert code == 0, err
+        code, out, _ = await _cli("locks", "list", "--data-dir", str(data), "--json")
+        assert json.loads(out)["locks"][0]["lifted_by"] == "night-ops as lock_lifter"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
