@@ -124,3 +124,18 @@ async def test_r1_presenting_the_pinned_passport_is_not_a_swap(r1):
     assert not first.isError and not second.isError
     record = await session_record(governor)
     assert not any(e["cause"] == "on_session_integrity" for e in record["events"])
+
+
+async def test_r1_holds_a_confirmation_tool_the_model_proposes_until_a_human_approves(tmp_path):
+    """The openai SDK at R1: the model's answer asks for delete_note (requires_confirmation);
+    the answer is held for a reviewer, as at R2, and reaches the agent once approved."""
+    from governor.policy import Tier
+    from tests.oversight_world import Reviewer, oversight_world, run_sdk
+
+    async with oversight_world(tmp_path, tier=Tier.R1) as world:
+        reviewer = Reviewer(world, "r1-held", 1.0)
+        out = await run_sdk(world, 'record("held", chat(openai.OpenAI(timeout=30), "r1-held"))\n', reviewer)
+        pauses = await world.pauses("r1-held")
+    assert out["held"] == {"tool": "delete_note", "args": '{"path":"/workspace/notes/old.md"}'}, out
+    assert out["held_seconds"] > 1.0 and len(reviewer.answered) == 1
+    assert len(pauses) == 1 and pauses[0]["detail"]["requires_confirmation"] is True
