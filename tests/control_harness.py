@@ -335,10 +335,10 @@ class A2APeer:
 
 
 def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
-                 tick_interval_sec: float = 1.0):
+                 tick_interval_sec: float = 1.0, tier: str = "R2"):
     """A started `governor.runtime.core.Runtime` for `document` (signed here with a fresh key
     and admitted and pinned as `governor run` does: see proxy/server.build_runtime), SQLite
-    state in `data_dir`, tier R2. Returns (runtime, the signed passport)."""
+    state in `data_dir`, at `tier` (R2 unless told). Returns (runtime, the signed passport)."""
     from governor.evidence.keys import generate_key
     from governor.passport import AdmissionConfig, admit, sign_passport
     from governor.policy import compile_limits, load_pricing
@@ -350,7 +350,7 @@ def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time
     passport = sign_passport(document, Ed25519PrivateKey.generate())
     report = admit(passport, AdmissionConfig(now=time.time()))
     assert report.verified, report.to_dict()
-    limits = compile_limits(report.pinned.document, tier=Tier.R2,
+    limits = compile_limits(report.pinned.document, tier=Tier(tier),
                             pricing=price_book(), passport_digest=report.digest)
     runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
                       governor_id="did:web:localhost:governor", agent_id=report.pinned.id or report.pinned.name,

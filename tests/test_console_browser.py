@@ -198,11 +198,18 @@ async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path, brow
                 "Accept": "application/json, text/event-stream"})
         assert swapped.status_code == 403
         page = await browser.new_page()
-        await sign_in(page, world, name="Lee Lifter")
+        # a reviewer answers held steps but cannot lift the barrier (#32 item 7): the page says why
+        await sign_in(page, world, name="Rita Reviewer")
         row = page.locator("tr[data-lock]")
         await row.locator("button.lift").wait_for(timeout=15_000)
         assert "on_session_integrity" in await row.text_content()
         await row.locator("button.lift").click()
-        await row.filter(has_text="lifted by Lee Lifter").wait_for(timeout=10_000)
+        await row.locator(".error").filter(has_text="lifted only by the principal").wait_for(timeout=10_000)
+        assert (await world.get("/v1/locks"))["locked"] is True
+        await page.click("#sign-out")
+        await sign_in(page, world, token=CONTROL_TOKEN, name="Lee Lifter")  # the principal
+        await row.locator("button.lift").wait_for(timeout=15_000)
+        await row.locator("button.lift").click()
+        await row.filter(has_text="lifted by Lee Lifter as principal").wait_for(timeout=10_000)
         locks = await world.get("/v1/locks")
-        assert locks["locked"] is False and locks["locks"][0]["lifted_by"] == "Lee Lifter"
+        assert locks["locked"] is False and locks["locks"][0]["lifted_by"] == "Lee Lifter as principal"

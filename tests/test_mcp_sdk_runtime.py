@@ -60,12 +60,12 @@ class JumpingClock:
 
 
 @contextlib.asynccontextmanager
-async def notes_world(tmp_path, document: dict = PASSPORT, **server_options) -> AsyncIterator[tuple]:
+async def notes_world(tmp_path, document: dict = PASSPORT, tier: str = "R2", **server_options) -> AsyncIterator[tuple]:
     """The notes server (NotesServer(**server_options)) behind the real governor on the real
     runtime with `document`, session notes-1: (server, runtime, governor, clock)."""
     clock = JumpingClock()
     metrics = Metrics()
-    runtime, _ = real_runtime(document, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05)
+    runtime, _ = real_runtime(document, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05, tier=tier)
     server = NotesServer(**server_options).start()
     settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="notes-1",

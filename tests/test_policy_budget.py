@@ -195,10 +195,26 @@ def test_s2_warning_once_per_dimension_and_scope():
     assert first.warnings == () and first.event is None
     second = driver.run(ModelCall("gpt-4o", 100, 100))  # 600 of 1000
     assert second.warnings == (("tokens", "per_session", 0.6),)
-    assert second.event is None  # a warning is not an enforcement event
+    # recorded in the signed record (#32 item 7), and the step goes ahead as a plain permit
+    assert second.action is Action.PERMIT and not second.blocks and second.cause is None
+    assert [e["cause"] for e in second.events] == ["on_governor_budget_warning"]
+    assert second.event["action"] == "continue" and "overridden_cause" not in second.event["detail"]
+    assert {k: second.event["detail"][k] for k in ("dimension", "scope", "fraction", "threshold", "limit", "observed")} \
+        == {"dimension": "tokens", "scope": "per_session", "fraction": 0.6, "threshold": 0.5, "limit": 1000.0, "observed": 600.0}
     third = driver.run(ModelCall("gpt-4o", 100, 100))
-    assert third.warnings == ()  # remembered in the state: fires once
+    assert third.warnings == () and third.event is None  # remembered in the state: fires once
     assert ("tokens", "per_session") in driver.state.warned
+
+
+def test_s2_warnings_are_recorded_at_every_tier_and_beside_an_observed_cause():
+    for tier in (Tier.R1, Tier.R2, Tier.R3):
+        driver = Driver(passport(**budget(tokens={"per_session": 1000})), tier=tier, config=PolicyConfig(warn_fraction=0.5))
+        decision = driver.run(ModelCall("gpt-4o", 400, 200))
+        assert [e["cause"] for e in decision.events] == ["on_governor_budget_warning"], tier
+    # at R1 a call past the cap is observed: the warning comes first, then the exhaustion
+    driver = Driver(passport(**budget(tokens={"per_session": 1000})), tier=Tier.R1, config=PolicyConfig(warn_fraction=0.5))
+    over = driver.run(ModelCall("gpt-4o", 900, 200))
+    assert [e["cause"] for e in over.events] == ["on_budget_exhausted"]  # past the cap: no warning, the boundary
 
 
 def test_s2_unpriced_model_is_refused_where_cost_is_governed():

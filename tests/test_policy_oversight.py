@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from governor.common.canonical import digest_of
@@ -211,10 +213,36 @@ def test_s5_monitor_only_records_without_gating():
 
 
 def test_s5_r1_records_trigger_evaluations_without_pausing():
-    driver = Driver(CONFIRM, tier=Tier.R1)
-    decision = driver.run(ToolCall("send_email", {}))
+    driver = Driver(_overseen({"when": {"tool": "write_file"}}), tier=Tier.R1)
+    decision = driver.run(ToolCall("write_file", {}))
     assert not decision.blocks and decision.approval is None
     assert decision.event["detail"]["would"] == "pause" and decision.event["detail"]["observed_only"]
+
+
+def test_s5_r1_holds_a_requires_confirmation_tool_for_a_human():
+    # §5: "MUST NOT invoke it autonomously, regardless": Core's always-on trigger binds R1 too
+    driver = Driver(CONFIRM, tier=Tier.R1)
+    step = ToolCall("send_email", {"to": "a@example.com"})
+    paused = driver.run(step)
+    assert paused.action is Action.PAUSE and paused.blocks and paused.cause == ON_OVERSIGHT_TRIGGER
+    assert paused.event["action"] == "pause" and "observed_only" not in paused.event["detail"]
+    driver.run(ApprovalGranted(paused.approval.id, "alice"))
+    assert driver.run(replace(step, approval_id=paused.approval.id)).action is Action.PERMIT
+    # everything else stays observed at R1: a second confirmation, unanswered, is not run, and
+    # the timeout's halt is recorded as what R2 would do, the session going on
+    second = driver.run(ToolCall("send_email", {"to": "b@example.com"}))
+    expired = driver.run(ApprovalExpired(second.approval.id), now=second.approval.expires_at + 1)
+    assert expired.action is Action.DENY and expired.blocks and not driver.state.halted
+    assert expired.event["action"] == "continue" and expired.event["detail"]["would"] == "halt"
+    assert expired.event["detail"]["held_step"] == "not_executed" and expired.event["detail"]["observed_only"]
+
+
+def test_s5_r1_a_monitor_only_trigger_is_still_observed_but_confirmation_holds():
+    doc = _overseen({"when": {"tool": "write_file"}}, intervention_model="monitor_only")
+    doc["tools"].append({"name": "send_email", "description": "d", "requires_confirmation": True})
+    driver = Driver(doc, tier=Tier.R1)
+    assert not driver.run(ToolCall("write_file", {})).blocks
+    assert driver.run(ToolCall("send_email", {})).action is Action.PAUSE
 
 
 def test_s5_free_text_triggers_are_listed_never_fired():

@@ -113,7 +113,9 @@ async def test_budget_exhaustion_halts_records_and_refuses_everything_after(runt
     assert record["outcome"] == "halted"
     assert metric(runtime, "governor_sessions", state="ended") == 1
     assert metric(runtime, "governor_sessions", state="halted") == 0
-    assert [e["cause"] for e in record["events"]] == [ON_BUDGET_EXHAUSTED]
+    # the warning at 80% of the cap is recorded once, then the boundary (#32 item 7)
+    assert [e["cause"] for e in record["events"]] == ["on_governor_budget_warning", ON_BUDGET_EXHAUSTED]
+    assert record["events"][0]["detail"]["dimension"] == "tokens" and record["events"][0]["detail"]["fraction"] >= 0.8
     assert verify_record(record, public_key=runtime.key.public_key()).ok
 
 

@@ -303,25 +303,23 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
         for headers in ({}, {"Authorization": f"Bearer {WRONG}"}):
             answer = await other.post(f"/v1/locks/{lock['id']}/lift", json={"by": "mallory"}, headers=headers)
             assert answer.status_code == 401
-        assert (await other.post(f"/v1/locks/{lock['id']}/lift", json={},
-                                 headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
+        # a reviewer answers held steps; it does not lift the barrier (#32 item 7)
+        answer = await other.post(f"/v1/locks/{lock['id']}/lift", json={"by": "alice"},
+                                  headers={"Authorization": f"Bearer {REVIEWER}"})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "reviewer_cannot_lift"
+        principal = {"Authorization": f"Bearer {CONTROL}"}
+        assert (await other.post(f"/v1/locks/{lock['id']}/lift", json={}, headers=principal)).status_code == 400
         for body in ({"by": "x" * 201}, {"by": "\u0007bell"}, {"by": 7}):
-            assert (await other.post(f"/v1/locks/{lock['id']}/lift", json=body,
-                                     headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 400
+            assert (await other.post(f"/v1/locks/{lock['id']}/lift", json=body, headers=principal)).status_code == 400
         assert (await other.post(f"/v1/locks/{lock['id']}/lift", content=b"{by",
-                                 headers={"Authorization": f"Bearer {REVIEWER}",
-                                          "Content-Type": "application/json"})).status_code == 400
-        assert (await other.post("/v1/locks/lock-000/lift", json={"by": "x"},
-                                 headers={"Authorization": f"Bearer {REVIEWER}"})).status_code == 404
+                                 headers={**principal, "Content-Type": "application/json"})).status_code == 400
+        assert (await other.post("/v1/locks/lock-000/lift", json={"by": "x"}, headers=principal)).status_code == 404
     assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"  # a wrong token lifted nothing
 
-    async with httpx.AsyncClient(base_url=world.running.control_url, trust_env=False) as reviewer:
-        lifted = await reviewer.post(f"/v1/locks/{lock['id']}/lift", json={"by": "alice"},
-                                     headers={"Authorization": f"Bearer {REVIEWER}"})
-        assert lifted.status_code == 200 and lifted.json()["lifted_by"] == "alice"
-        again = await reviewer.post(f"/v1/locks/{lock['id']}/lift", json={"by": "bob"},
-                                    headers={"Authorization": f"Bearer {REVIEWER}"})
-        assert again.status_code == 409
+    lifted = await world.control.post(f"/v1/locks/{lock['id']}/lift", json={"by": "alice"})
+    assert lifted.status_code == 200 and lifted.json()["lifted_by"] == "alice as principal"
+    again = await world.control.post(f"/v1/locks/{lock['id']}/lift", json={"by": "bob"})
+    assert again.status_code == 409
     assert (await world.chat(b["token"])).status_code == 200
     assert (await world.chat(c["token"])).status_code == 200
     halted = refusal(await world.chat(a["token"]))  # the halt itself holds
@@ -330,11 +328,11 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
     record = (await world.control.get(f"/v1/sessions/{a['session']}/record")).json()
     events = [(e["cause"], e["action"]) for e in record["events"]]
     assert events == [("on_session_integrity", "halt"), ("on_agent_lock", "halt"), ("on_agent_lock", "continue")]
-    assert record["events"][2]["detail"]["lifted_by"] == "alice"
+    assert record["events"][2]["detail"]["lifted_by"] == "alice as principal"
     world.verify(record, "locked-session", capsys)
     audit = (await world.control.get("/v1/audit/record")).json()
     assert [(e["cause"], e["action"], e["detail"].get("lifted_by")) for e in audit["events"]] == [
-        ("on_agent_lock", "halt", None), ("on_agent_lock", "continue", "alice")]
+        ("on_agent_lock", "halt", None), ("on_agent_lock", "continue", "alice as principal")]
     report = world.verify(audit, "audit", capsys)
     assert report["valid"] is True
 

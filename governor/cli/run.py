@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from governor.cli import UsageError
+from governor.cli.barrier_options import BARRIER_OPTIONS, apply_barrier_settings
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
 
 # option name -> (environment variable, help)
@@ -77,6 +78,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "review_retry_after": ("GOVERNOR_REVIEW_RETRY_AFTER", "the Retry-After seconds of a 429 review_pending "
                            "(default 10)"),
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
+    **BARRIER_OPTIONS,  # who may lift a lock (governor/cli/barrier_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -303,6 +305,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         settings.control_token = load_control_token(file.get("control_token"), environ)
     except TokenConfigError as exc:
         raise UsageError(str(exc)) from None
+    apply_barrier_settings(settings, value)
     return settings
 
 

@@ -19,7 +19,8 @@ Access:
                                         "edited_arguments"?}: plan editing (governor.runtime.edit)
   GET  /, /console/                     the reviewer console (reviewer_console)
   POST /v1/sessions                     the control token, always (sessions_api)
-  POST /v1/locks/{id}/lift              a reviewer or the control token, always
+  POST /v1/locks/{id}/lift              the control token or a lock-lifter token, always
+                                        (a reviewer token: 403; sessions_api)
   POST /v1/store/acknowledge            the control token, always (store_ack)
   GET  /log/checkpoint, /log/tile/...   open (a log is for third parties), or the control
                                         token with --log-access token (log_routes)

@@ -36,13 +36,16 @@ class ControlContext:
     ready_timeout: float = 5.0
     log_require_token: bool = False  # /log/ reads take the control token (docs/transparency-log.md)
     draining: Any = None  # () -> why the governor is not ready while it drains (None: it is not), or None
+    # the operator role named for lifting locks besides the principal (docs/sessions.md)
+    lock_lifters: TokenSet = dataclasses.field(default_factory=lambda: TokenSet(()))
 
     @classmethod
     def build(cls, runtime: Any, *, reviewer_tokens: Sequence[str] = (), control_token: str | None = None,
               nonces: NonceIssuer | None = None, nonce_ttl: float = 300.0, metrics: Metrics | None = None,
               origin: ProxyOrigin | None = None, ready_timeout: float = 5.0,
               control_hosts: Sequence[str] = (), sessions: Any = None,
-              log_require_token: bool = False, draining: Any = None) -> ControlContext:
+              log_require_token: bool = False, draining: Any = None,
+              lock_lifter_tokens: Sequence[str] = ()) -> ControlContext:
         """A context with defaults for what is not given: `nonces` an in-process issuer with
         `nonce_ttl`, fresh `metrics` and `origin`, the runtime's own `session_book`;
         `control_hosts` are the names besides localhost and the listen address that the Host
@@ -59,4 +62,5 @@ class ControlContext:
             ready_timeout=float(ready_timeout),
             log_require_token=log_require_token,
             draining=draining,
+            lock_lifters=TokenSet(lock_lifter_tokens),
         )

@@ -3,8 +3,10 @@
   POST /v1/sessions               open a session (control token, always): 201
                                   {"session", "token", "label", "nonce", "opened_at", "header"}
   GET  /v1/locks                  the locks, in force or lifted (read access)
-  POST /v1/locks/{id}/lift        lift a lock (reviewer or control token, always);
-                                  body {"by": "who lifts it"}
+  POST /v1/locks/{id}/lift        lift a lock (the control token, i.e. the principal, or a
+                                  lock-lifter token: the operator role named for it; never a
+                                  reviewer token); body {"by": "who lifts it"}, recorded as
+                                  "<by> as principal" or "<by> as lock_lifter"
   GET  /v1/audit/record           the governor's audit journal, freshly signed (read access)
 
 "Always": unlike reads, these need a configured token; with none they are refused (403),
@@ -21,6 +23,7 @@ from aiohttp import web
 
 from governor.control.context import ControlContext
 from governor.control.nonces import NonceError, check_format
+from governor.control.auth import bearer
 from governor.control.replies import bearer_refusal, error, json_body, ok, operator_refusal
 
 log = logging.getLogger("governor.control")
@@ -45,6 +48,30 @@ class SessionBookRoutes:
         self.operators = context.operators
         self.reviewers = context.reviewers
         self.book = context.sessions
+        self.lock_lifters = context.lock_lifters
+
+    def _lifter(self, request: web.Request) -> tuple[str | None, web.Response | None]:
+        """The role lifting a lock (the absorbing barrier): "principal" (the control token, the
+        party that runs the governor's sessions) or "lock_lifter" (the operator role named for
+        it). A reviewer answers held steps and cannot lift a lock: 403, not a silent success."""
+        operators, lifters = self.operators, self.lock_lifters
+        if not operators and not lifters:
+            return None, error(403, "principal_token_not_configured",
+                               "lifting a lock needs the control token or a lock-lifter token, and none is "
+                               "configured: `governor run` writes one to <data-dir>/control-token")
+        token = bearer(request.headers.get("Authorization"))
+        if token is not None:
+            if token in operators:
+                return "principal", None
+            if token in lifters:
+                return "lock_lifter", None
+            if token in self.reviewers:
+                return None, error(403, "reviewer_cannot_lift",
+                                   "a reviewer token answers held steps; a lock is lifted only by the principal "
+                                   "(the control token) or a lock-lifter token (--lock-lifter-tokens)")
+        return None, bearer_refusal(request, operators, lifters,
+                                    required="this needs `Authorization: Bearer <control or lock-lifter token>`",
+                                    invalid="the bearer token is not the control token or a lock-lifter token")
 
     def _principal_refusal(self, request: web.Request, *, reviewers_too: bool) -> web.Response | None:
         operators = self.operators
@@ -103,7 +130,8 @@ class SessionBookRoutes:
         return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
 
     async def lift_lock(self, request: web.Request) -> web.Response:
-        if refusal := self._principal_refusal(request, reviewers_too=True):
+        role, refusal = self._lifter(request)
+        if refusal:
             return refusal
         book = self.book
         lock_id = request.match_info["lock"]
@@ -116,7 +144,7 @@ class SessionBookRoutes:
         if problem or by is None:
             return error(400, "bad_by", problem or '"by" must name who lifts the lock')
         try:
-            lock = await book.lift(lock_id, by)
+            lock = await book.lift(lock_id, f"{by} as {role}")  # the record names the role that lifted it
         except ValueError as exc:
             return error(409, "lock_lifted", str(exc))
         return ok({**lock.view(), "locked": book.locked})

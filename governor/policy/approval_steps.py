@@ -46,6 +46,15 @@ def _timeout(run: Run, approval: Approval, late_reviewer: str | None = None) -> 
     if resolution.declared_by is not None:
         detail["declared_by"] = resolution.declared_by
     action = resolution.action
+    if not run.limits.enforce_hard:
+        # R1 held the step only because §5 forbids running it unreviewed: it is not run, the
+        # session goes on, and what R2 would do about the timeout is recorded (R1 observes)
+        detail.update(observed_only=True, would=action.value, overridden_cause=ON_OVERSIGHT_TIMEOUT,
+                      held_step="not_executed")
+        return Decision(
+            action=Action.DENY, cause=ON_OVERSIGHT_TIMEOUT, details=detail,
+            event=enforcement_event(ON_OVERSIGHT_TIMEOUT, Action.CONTINUE.value, detail),
+        )
     if action is Action.PAUSE:  # escalate again: a fresh review of the same step
         request = ApprovalRequest(
             approval_id(run.state.session, run.state.seq, approval.step_digest),

@@ -52,6 +52,8 @@ Where the pieces live (this module keeps the door and the dispatcher; split to s
   governor.policy.sub_agent_steps  persona spawns and exits, delegations
   governor.policy.approval_steps   a reviewer's answer, an approval's timeout
   governor.policy.transition       advance(): the state after a decision
+  governor.policy.budget_warnings  §2 warnings as recorded events (on_governor_budget_warning)
+  governor.policy.feeds            R3: §2-§5 events fed to the anomaly substrate (feed_rates.py)
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import math
 from typing import Any, Callable
 
 from governor.policy import degradation as _degradation
-from governor.policy import anomaly
+from governor.policy import anomaly, feeds
 from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import SessionState
 from governor.policy.steps import (
@@ -117,9 +119,10 @@ def _session_end(run: Run, step: SessionEnd) -> Decision:
 def _passport_presented(run: Run, step: PassportPresented) -> Decision:
     if step.digest == run.limits.passport_digest:
         return PERMIT
-    # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6
+    # §1.3 anti-swap: never adopt the new limits; a session-integrity fault through §6, at every
+    # tier (the Security Considerations give this fail-closed rule no tier exemption: R1 too)
     detail = {"reason": "passport_changed", "pinned_digest": run.limits.passport_digest, "presented_digest": step.digest}
-    return run.fire(ON_SESSION_INTEGRITY, detail, run.limits.enforce_hard) or run.finish()
+    return run.fire(ON_SESSION_INTEGRITY, detail, True) or run.finish()
 
 
 def _nothing(run: Run, step: Step) -> Decision:
@@ -236,7 +239,9 @@ def decide(limits: Limits, state: SessionState, step: Step, now: float) -> Decis
     try:
         if state.halted:
             return _after_halt(limits, state, step, now)
-        handler = _HANDLERS[type(step)]
-        return handler(Run(limits, state, step, now), step)
+        decision = _HANDLERS[type(step)](Run(limits, state, step, now), step)
+        if limits.enforce_anomaly:  # R3: the step's §2-§5 events feed the anomaly substrate
+            return feeds.monitor(limits, state, step, decision, now)
+        return decision
     except Exception as exc:  # fail closed, and say why, rather than crash the proxy
         return governor_error(limits, state, step, exc)

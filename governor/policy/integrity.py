@@ -8,7 +8,8 @@ contract; the new passport's word does not count for it), halt when nothing is d
 
 There is no step to hold or substitute at resumption, so a declared `pause` halts (nobody
 could approve a request that is not there) and a `fallback` goes on like `continue`, under
-the original limits (recorded as declared). Pure: no I/O, no clock reads.
+the original limits (recorded as declared). At every tier, R1 included (the Security
+Considerations give anti-swap no tier exemption). Pure: no I/O, no clock reads.
 """
 
 from __future__ import annotations
@@ -38,10 +39,7 @@ def pin_changed(limits: Limits | None, detail: Mapping[str, Any]) -> Decision:
     detail["limits_in_force"] = "original"
     if resolution.declared_by is not None:
         detail["declared_by"] = resolution.declared_by
-    if not limits.enforce_hard:  # R1: record what would apply; the session goes on observed
-        detail.update(observed_only=True, would=action.value, overridden_cause=ON_SESSION_INTEGRITY)
-        return Decision(action=action, enforced=False, cause=ON_SESSION_INTEGRITY, details=detail,
-                        event={"cause": ON_SESSION_INTEGRITY, "action": Action.CONTINUE.value, "detail": detail})
+    # resolved at every tier, R1 included: anti-swap fails closed with no tier exemption
     if action is not Action.HALT:
         detail["overridden_cause"] = ON_SESSION_INTEGRITY  # §6: a continue names what it overrode
     return Decision(action=action, cause=ON_SESSION_INTEGRITY, fail_closed=detail["fail_closed"], details=detail,

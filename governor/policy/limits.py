@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from governor.policy.feed_rates import monitored
 from governor.policy import degradation as _degradation
 from governor.common.canonical import digest_of
 from governor.policy import patterns
@@ -598,6 +599,8 @@ def _summary(limits: Limits, budget: Mapping[tuple[str, str], float], oversight:
         summary["degradation"] = {cause: r.action.value for cause, r in sorted(limits.degradation.items())}
     if limits.baseline is not None:
         summary["anomaly_baseline"] = True
+    if limits.enforce_anomaly:  # R3: what the anomaly substrate monitored (policy/feed_rates.py)
+        summary["anomaly_monitoring"] = monitored(limits.baseline is not None)
     default = limits.pricing.default
     summary["cost_model"] = {"unpriced_models": f"priced at {default.source or 'default'}" if default is not None
                              else "refused where cost is governed"}

@@ -19,6 +19,7 @@ from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED, ON_OVERSIGHT_TRIGGER, PERMIT, Action, ApprovalRequest, CounterCharge, Decision,
     Step, permitted
 )
+from governor.policy.budget_warnings import warning_events
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, step_digest
 
 # How many steps of one session may wait for a reviewer at once. Past it a step that needs
@@ -114,14 +115,17 @@ class Run:
             self.observed = (would, cause, detail)
 
     def trigger(self, name: str, reason: str, detail: dict[str, Any]) -> Decision | None:
-        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only)."""
+        """§5: a fired oversight trigger pauses (observed at R1, recorded only under monitor_only;
+        a requires_confirmation tool pauses at every tier and under monitor_only too)."""
         if ON_OVERSIGHT_TRIGGER in self.bypass:
             return None
         limits = self.limits
         detail["step"] = self.kind
         detail["trigger"] = name
         detail["fail_closed"] = False
-        if not limits.enforce_oversight:
+        if not limits.enforce_oversight and not detail.get("requires_confirmation"):
+            # R1 observes a Governance Profile trigger; a requires_confirmation tool is Core's
+            # always-on trigger, held "regardless" (§5): it pauses at every tier
             self.observe_only(Action.PAUSE, ON_OVERSIGHT_TRIGGER, detail)
             return None
         if limits.monitor_only and not detail.get("requires_confirmation"):
@@ -186,7 +190,12 @@ class Run:
             charges = self.charges
         if self.released_by is not None:
             details = {**(details or {}), "released_by": self.released_by}
+        warned = warning_events(self.limits, self.kind, warnings) if warnings else ()
         if not self.events:
+            if warned:  # §2: a budget warning is recorded; the step goes ahead as permitted
+                return Decision(charges=charges, allowed_tools=allowed_tools, warnings=warnings,
+                                details=details or {}, settles=self.settles, event=warned[-1],
+                                prior_events=warned[:-1])
             if not charges and allowed_tools is None and not warnings and not details and not self.settles:
                 return PERMIT
             return permitted(charges, allowed_tools, warnings, details or {}, self.settles)
@@ -205,7 +214,7 @@ class Run:
             fail_closed=bool(detail.get("fail_closed")) and not enforced,
             details=detail,
             event=self.events[-1],
-            prior_events=tuple(self.events[:-1]),
+            prior_events=(*warned, *self.events[:-1]),
             charges=charges,
             allowed_tools=allowed_tools,
             warnings=warnings,

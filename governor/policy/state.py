@@ -55,6 +55,7 @@ class SessionState:
     data_classes: frozenset[str] = frozenset()
     deviations: frozenset[str] = frozenset()  # §7 deviations already recorded
     warned: frozenset[tuple[str, str]] = frozenset()  # (dimension, scope) warnings given
+    feeds: Mapping[str, int] = field(default_factory=dict)  # R3: §2-§5 events counted (policy/feeds.py)
     approvals: Mapping[str, Approval] = field(default_factory=dict)
     released_triggers: frozenset[str] = frozenset()  # session-level triggers a reviewer approved
     # tool calls a model response announced and the governor admitted, by loop signature,
@@ -105,6 +106,7 @@ class SessionState:
             "data_classes": sorted(self.data_classes),
             "deviations": sorted(self.deviations),
             "warned": [list(w) for w in sorted(self.warned)],
+            "feeds": dict(sorted(self.feeds.items())),
             "approvals": {k: a.to_dict() for k, a in sorted(self.approvals.items())},
             "released_triggers": sorted(self.released_triggers),
             "announced": dict(sorted(self.announced.items())),
@@ -132,6 +134,7 @@ class SessionState:
             data_classes=frozenset(str(c) for c in data["data_classes"]),
             deviations=frozenset(str(c) for c in data["deviations"]),
             warned=frozenset((str(d), str(s)) for d, s in data["warned"]),
+            feeds={str(k): int(v) for k, v in data.get("feeds", {}).items()},  # absent before R3 feeds
             approvals={str(k): Approval(**v) for k, v in data["approvals"].items()},
             released_triggers=frozenset(str(t) for t in data["released_triggers"]),
             announced={str(k): int(v) for k, v in data.get("announced", {}).items()},

@@ -1,4 +1,4 @@
-"""The one statistical test §7 needs, in plain Python (no scipy)."""
+"""The statistical tests §7 and the R3 feeds need, in plain Python (no scipy)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,20 @@ def z_score(k: int, n: int, p: float) -> float:
     if variance <= 0.0:
         return 0.0 if k == n * p else math.inf
     return abs(k - n * p) / math.sqrt(variance)
+
+
+def binomial_upper_p(k: int, n: int, p: float) -> float:
+    """P(X >= k) under Binomial(n, p): exact for n <= EXACT_MAX_N, else the normal
+    approximation with continuity correction (one-sided: a burst, not a lull)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    if n > EXACT_MAX_N:
+        mean = n * p
+        sd = math.sqrt(n * p * (1.0 - p))
+        return 0.5 * math.erfc((k - 0.5 - mean) / sd / math.sqrt(2.0))
+    log_p, log_q, log_n_fact = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return min(1.0, sum(math.exp(_log_pmf(i, n, log_p, log_q, log_n_fact)) for i in range(k, n + 1)))

@@ -63,7 +63,7 @@ KNOWN_CAUSES = (
 
 
 class Tier(str, enum.Enum):
-    R1 = "R1"  # observe and record, never block
+    R1 = "R1"  # observe and record; blocks only a requires_confirmation tool (held) and a passport swap
     R2 = "R2"  # block on §2-§4 hard limits, apply §6
     R3 = "R3"  # R2 plus §7 anomaly monitoring and §5 oversight escalation
 

@@ -1,7 +1,8 @@
 """`advance`: the session's state after the runtime applied a decision to a step.
 
 Counts what went ahead (iterations, tool calls, in-flight slots, persona instances,
-announced tool calls, the loop window), remembers warnings given and anomalies seen,
+announced tool calls, the loop window), remembers warnings given and anomalies seen, counts
+the R3 feeds (governor.policy.feeds),
 opens and closes approvals, and frees the slots of steps that ended. Separate from the
 decisions (governor.policy.engine) because it never decides: it only books what the
 runtime did with a decision.
@@ -12,11 +13,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from governor.policy import feeds
 from governor.policy.limits import Limits
 from governor.policy.state import EXPIRED, GRANTED, PENDING, REJECTED, USED, Approval, SessionState
 from governor.policy.steps import (
     ON_ANOMALY, ON_OVERSIGHT_TRIGGER, Action, ApprovalExpired, ApprovalGranted, ApprovalRejected,
-    Decision, ModelCall, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall,
+    Decision, Delegation, ModelCall, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall,
     UsageReport
 )
 from governor.policy.digests import loop_signature
@@ -51,6 +53,10 @@ def advance(limits: Limits, state: SessionState, step: Step, decision: Decision,
         changes["halt_cause"] = decision.cause
     if decision.warnings:
         changes["warned"] = state.warned | {(d, s) for d, s, _ in decision.warnings}
+    if limits.enforce_anomaly and (decision.event is not None or kind is PersonaSpawn or kind is Delegation):
+        found = feeds.count(step, decision)  # R3: the §2-§5 events this step fed the substrate
+        if found:
+            changes["feeds"] = feeds.advanced(state, found)
     if decision.event is not None:
         keys = _deviation_keys(decision)
         if keys:

@@ -143,6 +143,7 @@ class Settings:
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
+    lock_lifter_tokens: tuple[str, ...] = ()  # may lift locks besides the control token (cli/barrier_options.py)
     control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
     webhooks: Any = None  # governor.notify.webhooks.WebhookConfig: signed notifications; None: none
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
@@ -334,7 +335,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
         control_context = ControlContext.build(
             runtime, reviewer_tokens=settings.reviewer_tokens, control_token=settings.control_token,
             metrics=metrics, origin=origin, control_hosts=settings.control_hosts, sessions=book,
-            log_require_token=settings.log_require_token,
+            log_require_token=settings.log_require_token, lock_lifter_tokens=settings.lock_lifter_tokens,
             draining=(lambda: drain.draining) if drain is not None else None)
         app = create_app(control_context)
         try:

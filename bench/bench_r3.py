@@ -1,0 +1,186 @@
+"""The R3 anomaly substrate's cost: CPU per step and memory per 1,000 live sessions (#32).
+
+The pure decision point only (`decide` + `advance`, as the runtime calls them), on the
+passport of bench_decision.py with loops tolerated (`on_detected: continue`, so loops feed
+§3) and a step mix that also spawns personas (§4), warns on budgets (§2) and fires
+monitor-only triggers (§5), so every feed is exercised. Three configurations over the same
+steps: R2 (no substrate), R3 without the §2-§5 feeds (the §7 baseline only: the feeds
+patched out) and R3 (baseline + feeds). CPU is process time (time.process_time_ns) over
+whole runs, rounds interleaved, the median kept. Memory: 1,000 sessions, each advanced through
+the mix, their states kept alive; tracemalloc's count of what they hold.
+
+    .venv/bin/python bench/bench_r3.py [--steps 30000] [--rounds 5] [--sessions 1000]
+
+Prints a table and writes bench/results/r3.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_decision  # noqa: E402
+from governor.policy import (  # noqa: E402
+    ModelCall, PersonaExit, PersonaSpawn, PolicyConfig, SessionState, StepDone, Tier, ToolCall, UsageReport,
+    advance, compile_limits, decide, load_pricing
+)
+from governor.policy import engine, feeds, transition  # noqa: E402
+
+
+def passport() -> dict:
+    document = copy.deepcopy(bench_decision.passport())
+    document["runtime"]["tool_invocation"]["loop_detection"] = {"window": 10, "on_detected": {"action": "continue"}}
+    document["runtime"]["degradation"]["on_anomaly"] = {"action": "continue"}  # keep every session going
+    document["human_oversight"]["intervention_model"] = "monitor_only"
+    document["human_oversight"]["triggers"].append({"description": "searches", "when": {"tool": "search"}})
+    budget = document["permissions"]["resource_limits"]["budget"]
+    budget["tokens"]["per_session"] = 2_000_000.0  # crossed at 80 % mid-run: a §2 warning
+    return document
+
+
+def steps(count: int):
+    """bench_decision's reason->act mix, plus a persona spawn and exit every 8th iteration and a
+    repeated search (a loop after the 2nd) every 5th."""
+    produced = 0
+    for i, (kind, step) in enumerate(bench_decision.steps(count)):
+        yield kind, step
+        produced += 1
+        if kind == "usage" and i % 24 == 1:
+            yield "spawn", PersonaSpawn("writer")
+            yield "exit", PersonaExit("writer")
+            produced += 2
+        if kind == "usage" and i % 15 == 1:
+            yield "tool", ToolCall("search", {"query": "the same"}, target_path="/data/docs/0.txt")
+            produced += 1
+        if produced >= count:
+            return
+
+
+def drive(limits, session: str, mix: list, now: float = 1_760_000_000.0) -> SessionState:
+    state = SessionState.start(session, now)
+    counters: dict = {}
+    last: tuple = ()
+    for kind, step in mix:
+        now += 0.01
+        if kind == "usage":
+            step = UsageReport(step.model, step.input_tokens, step.output_tokens, step.cached_input_tokens,
+                               step.persona, True, last)
+        snapshot = state.with_counters({k: counters.get(k, 0.0) for k in limits.counter_keys(step)})
+        decision = decide(limits, snapshot, step, now)
+        if decision.settles:
+            for charge in step.reserved:
+                counters[(charge.scope, charge.persona, charge.dimension)] -= charge.amount
+        if decision.settles or not decision.blocks:
+            for charge in decision.charges:
+                key = (charge.scope, charge.persona, charge.dimension)
+                counters[key] = counters.get(key, 0.0) + charge.amount
+        if kind == "model" and not decision.blocks:
+            last = decision.charges
+        state = advance(limits, snapshot, step, decision, now)
+        if kind in ("usage", "tool") and not decision.blocks:
+            done = StepDone("model" if kind == "usage" else "tool", step.persona)
+            state = advance(limits, state, done, decide(limits, state, done, now), now)
+    return state
+
+
+@contextmanager
+def feeds_off():
+    """R3 with the §2-§5 feeds patched out: the §7 baseline alone."""
+    monitor, count = engine.feeds.monitor, transition.feeds.count
+    feeds.monitor = lambda limits, state, step, decision, now: decision  # type: ignore[assignment]
+    feeds.count = lambda step, decision: {}  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        feeds.monitor, feeds.count = monitor, count  # type: ignore[assignment]
+
+
+CONFIGS = ("R2", "R3 baseline only", "R3 baseline + feeds")
+
+
+def limits_for(name: str):
+    tier = Tier.R2 if name == "R2" else Tier.R3
+    return compile_limits(passport(), tier=tier, pricing=load_pricing(ROOT / "policies" / "pricing.yaml"),
+                          config=PolicyConfig())
+
+
+@contextmanager
+def configured(name: str):
+    if name == "R3 baseline only":
+        with feeds_off():
+            yield
+    else:
+        yield
+
+
+def cpu(mix: list, rounds: int) -> dict:
+    times: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for r in range(rounds):
+        order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
+        for name in order:
+            limits = limits_for(name)
+            with configured(name):
+                gc.collect()
+                started = time.process_time_ns()
+                drive(limits, f"cpu-{r}", mix)
+                times[name].append((time.process_time_ns() - started) / 1000.0 / len(mix))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def memory(mix: list, sessions: int) -> dict:
+    out: dict[str, dict] = {}
+    for name in CONFIGS:
+        limits = limits_for(name)
+        with configured(name):
+            gc.collect()
+            tracemalloc.start()
+            kept = [drive(limits, f"mem-{i}", mix) for i in range(sessions)]
+            current, _ = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        out[name] = {"bytes": current, "feeds": dict(kept[0].feeds), "deviations": sorted(kept[0].deviations)}
+        del kept
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--session-steps", type=int, default=60)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "r3.json")
+    args = parser.parse_args()
+    mix = list(steps(args.steps))
+    per_step = cpu(mix, args.rounds)
+    held = memory(list(steps(args.session_steps)), args.sessions)
+    base = per_step["R2"]
+    print(f"{'configuration':<22}{'CPU us/step':>12}{'vs R2':>9}{'KiB / ' + str(args.sessions) + ' sessions':>22}")
+    for name in CONFIGS:
+        print(f"{name:<22}{per_step[name]:>12.2f}{(per_step[name] / base - 1) * 100:>8.1f}%"
+              f"{held[name]['bytes'] / 1024:>22.0f}")
+    print(f"feeds of one {args.session_steps}-step session at R3: {held['R3 baseline + feeds']['feeds']}; "
+          f"deviations: {held['R3 baseline + feeds']['deviations']}")
+    result = {"benchmark": "R3 substrate: decide+advance CPU per step, state memory per live session",
+              "steps": len(mix), "rounds": args.rounds, "sessions": args.sessions,
+              "session_steps": args.session_steps, "cpu_us_per_step": per_step,
+              "memory_bytes": {name: held[name]["bytes"] for name in CONFIGS},
+              "r3_session_feeds": held["R3 baseline + feeds"]["feeds"]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
