@@ -35,6 +35,7 @@ import orjson
 
 from governor.adapters.deferred import DeferredWork
 from governor.adapters.shapes import LENIENT_PARSE_LIMIT, charset_conflict, json_encoding, json_text, route_forms
+from governor.policy.rates import ON_GOVERNOR_RATE_LIMIT
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -474,7 +475,7 @@ def status_for(decision: Decision) -> int:
     failure (fail closed), 403 anything else the policy denies."""
     if decision.cause == ON_GOVERNOR_ERROR:
         return 503
-    if decision.cause in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT):
+    if decision.cause in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, ON_GOVERNOR_RATE_LIMIT):
         return 429
     return 403
 

@@ -139,6 +139,7 @@ class Settings:
     witnesses: tuple[tuple[str, str], ...] = ()  # (URL, vkey): the log's witnesses (c2sp.org/tlog-witness)
     witness_quorum: int | None = None  # cosignatures a proof's checkpoint needs; None: all the witnesses
     witness_wait: float = 10.0  # a proof asked for waits this long for the quorum, then 503
+    rate_limits: tuple = ()  # governor.policy.rates.RateLimit, from --rate-limit (cli/rate_options.py)
     peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
@@ -554,6 +555,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                       persona_idle_sec=settings.persona_idle, transparency_log=transparency_log,
                       witnessing=witnessing)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
+    runtime.limit_rates(settings.rate_limits)
     runtime.start()
     if witnessing is not None:
         witnessing.on_alarm = witness_alarm(runtime)

@@ -63,6 +63,7 @@ from governor.policy import (
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
+from governor.runtime.rates import RateHold, rate_limiter
 from governor.runtime.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime import stream_budget
 from governor.runtime.api import Admission, admission_for
@@ -134,6 +135,7 @@ class Runtime:
         self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.rates = None  # governor.runtime.rates.RateLimiter once `limit_rates` set limits
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
                                 settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
@@ -199,6 +201,10 @@ class Runtime:
         started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
         return f"default-{started}-{next(self._default_generation)}"
 
+    def limit_rates(self, limits: tuple) -> None:  # rate limits per window (governor.runtime.rates)
+        self.rates = rate_limiter(limits, store=self.store, agent_id=self.agent_id, clock=self.clock,
+                                  call=self._store, metrics=self.metrics)
+
     # --- sessions ----------------------------------------------------------------------
 
     def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
@@ -222,12 +228,19 @@ class Runtime:
             log.exception("session %s could not be opened", session)
             decision = unrecorded_failure(step, exc)
             return admission_for(session, decision, None)
+        drawn: RateHold | None = None
+        if self.rates is not None and type(step) in (ModelCall, ToolCall):  # rate limits: drawn first
+            drawn, refused = await self.rates.take(live, step)
+            if refused is not None:
+                return admission_for(session, refused, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         if admitted is not None:
             decision, ticket = admitted
         else:
             async with live.lock:
                 decision, ticket = await self._apply(live, step, None)
+        if drawn is not None:  # kept by the step's ticket, or given back when it does not go ahead
+            await self.rates.keep(drawn, ticket, decision)  # type: ignore[union-attr]
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self.oversight.hold(live, step, decision)
@@ -238,6 +251,9 @@ class Runtime:
         if live is None or not isinstance(ticket, Ticket):
             return unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
         started = time.perf_counter()
+        if ticket.rates is not None and report.final:  # its tokens and cost drawn corrected to its usage
+            drawn, ticket.rates = ticket.rates, None
+            await self.rates.settle(drawn, report)  # type: ignore[union-attr]
         decision = self._settle_at_once(live, ticket, report)
         if decision is None:
             async with live.lock:
