@@ -12,7 +12,7 @@ for one of three scopes: `agent` (every session of the governed agent, on every 
 shares the store), `tool` (one tool of the agent, or each tool: `*`) and `fleet` (every
 governor on the store, whatever its agent). ADL 0.4 declares no per-window limit in the
 passport (only `max_concurrent`), so limits come from the operator (`--rate-limit`,
-governor/cli/rate_options.py). Written `SCOPE[:TOOL]:DIMENSION=LIMIT/WINDOW`, e.g.
+governor/cli/identity_options.py). Written `SCOPE[:TOOL]:DIMENSION=LIMIT/WINDOW`, e.g.
 `agent:requests=60/1m`, `tool:search:tool_calls=10/30s`, `fleet:cost_usd=5/1h`.
 
 The runtime takes a step's amounts from the store's window counters before the decision,

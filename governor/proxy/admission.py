@@ -106,6 +106,9 @@ class Admission:
             state.allowed = selected == IGNORE
             return
         activity = None
+        if state.identity_refused is not None:  # an ADL-Persona header this governor does not read
+            await self.refuser.bad_request(flow, adapter, session, state.identity_refused)
+            return
         if persona is not None:  # `name` or `name; instance=id` (governor.runtime.personas)
             try:
                 activity = parse_persona(persona)
