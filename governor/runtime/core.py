@@ -63,6 +63,7 @@ from governor.policy import (
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
+from governor.runtime.gaps import RecordGaps
 from governor.runtime.rates import RateHold, rate_limiter
 from governor.runtime.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime import stream_budget
@@ -132,10 +133,11 @@ class Runtime:
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
                                      governor_id=governor_id, agent_id=agent_id,
                                      **({"write_final": transparency_log.write_record} if transparency_log else {}))
-        self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
+        self.gaps = RecordGaps(self.metrics)  # events that could not be recorded (a full disk): named, not ready
+        self.table = SessionTable(opener=self.gaps.opener(self.resumption.open_session), metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
-        self.rates = None  # governor.runtime.rates.RateLimiter once `limit_rates` set limits
+        self.rates = None  # governor.runtime.rates.RateLimiter once `limit_rates` sets limits
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
                                 settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
@@ -542,6 +544,7 @@ class Runtime:
 
     async def ready(self) -> dict[str, Any]:
         ready = await self.views.ready()
+        self.gaps.mark(ready)  # not ready while the record is incomplete (governor.runtime.gaps)
         if self.witnessing is not None:  # reported, not a reason to stop governing traffic
             ready["witnessing"] = self.witnessing.status()
         return ready
