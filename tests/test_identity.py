@@ -200,12 +200,33 @@ def test_the_delegation_depth_adapters_read_is_the_lineages_never_the_agents():
     agent_fields = ((b"Host", b"peer"), (b"ADL-Delegation-Depth", b"0"))
     governing = {"adl-delegation-depth": "0"}
     bound = Identity(lineage=(("session-a", DIGEST), ("session-b", DIGEST)))
-    persona, fields, refused = identity_of(Book(bound), "s", governing, agent_fields, trust_headers=False)
+    persona, fields, refused, _ = identity_of(Book(bound), "s", governing, agent_fields, trust_headers=False)
     assert refused is None and persona is None
     assert [v for n, v in fields if n.lower() == b"adl-delegation-depth"] == [b"2"]
     # a session with no lineage is a root: the agent's word is dropped, not believed
-    _, fields, _ = identity_of(Book(None), "s", {"adl-delegation-depth": "5"}, agent_fields, trust_headers=False)
+    _, fields, _, _ = identity_of(Book(None), "s", {"adl-delegation-depth": "5"}, agent_fields, trust_headers=False)
     assert not [v for n, v in fields if n.lower() == b"adl-delegation-depth"]
     # under the opt-in, a session no principal bound reads the agent's header as before
-    _, fields, _ = identity_of(Book(None), "s", governing, agent_fields, trust_headers=True)
+    _, fields, _, _ = identity_of(Book(None), "s", governing, agent_fields, trust_headers=True)
     assert fields is agent_fields
+
+
+async def test_child_sessions_of_one_parent_count_against_the_personas_max_parallel(world):
+    running, llm, agent, control = world
+    parent = await opened(control, label="orchestrator")
+    children = [await opened(control, parent=parent["session"], persona="searcher") for _ in range(3)]
+    for child in children:  # none names a persona: each is a searcher instance, counted in the parent
+        answer = await agent.post(f"{llm.url}/chat/completions", json=CHAT, headers={"ADL-Session": child["token"]})
+        assert answer.status_code == 200, answer.text
+    record = await record_of(control, parent["session"])
+    spawned = [e for e in record["events"] if e["cause"] == "on_sub_agent_spawned"]
+    denied = [e for e in record["events"] if e["cause"] == "on_sub_agent_denied"]
+    # max_parallel 2: the third instance is the denial (resolved `continue` by the example passport)
+    assert [e["detail"]["instance"] for e in spawned[:2]] == [c["session"] for c in children[:2]]
+    assert len(denied) == 1 and denied[0]["detail"]["persona"] == "searcher"
+    # a child's end frees its slot in the parent: its exit is recorded there
+    ended = await control.post(f"/v1/sessions/{children[0]['session']}/end")
+    assert ended.status_code == 200, ended.text
+    record = await record_of(control, parent["session"])
+    exits = [e for e in record["events"] if e["cause"] == "on_sub_agent_ended"]
+    assert exits and exits[0]["detail"]["instance"] == children[0]["session"]

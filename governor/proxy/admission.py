@@ -11,6 +11,8 @@ forwards.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 import orjson
@@ -115,6 +117,8 @@ class Admission:
             except PersonaHeaderError as exc:
                 await self.refuser.bad_request(flow, adapter, session, str(exc))
                 return
+            if state.persona_host is not None:  # a child session's persona counts in its parent (max_parallel)
+                activity = dataclasses.replace(activity, host=state.persona_host)
             persona = activity.persona
         if len(view.content) > self.policy.max_body_bytes:
             await self.refuser.bad_request(flow, adapter, session,

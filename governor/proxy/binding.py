@@ -98,8 +98,8 @@ class SessionBinding:
         state = FlowState(session)
         flow.metadata[STATE_KEY] = state
         if governing or book is not None:  # who it acts as: bound by the principal (governor.proxy.identity_headers)
-            state.persona, read, state.identity_refused = identity_of(book, session, governing, fields,
-                                                                      self.policy.agent_identity_headers)
+            state.persona, read, state.identity_refused, state.persona_host = identity_of(
+                book, session, governing, fields, self.policy.agent_identity_headers)
         else:
             read = fields
         state.presented = governing.get(PASSPORT_FIELD)

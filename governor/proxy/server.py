@@ -496,6 +496,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from governor.policy import compile_limits, load_pricing
     from governor.policy.pricing import default_pricing_path
     from governor.runtime.core import Runtime
+    from governor.runtime.duplicates import watch_duplicates
     from governor.store import open_store
 
     path = settings.passport or example_passport_path()
@@ -558,6 +559,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                       witnessing=witnessing)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.limit_rates(settings.rate_limits)
+    runtime.settings.duplicates = watch_duplicates(store, governor_id=governor_id, public_key=key.public_key(),
+                                                   log_origin=settings.log_origin, metrics=metrics)
     runtime.start()
     if witnessing is not None:
         witnessing.on_alarm = witness_alarm(runtime)

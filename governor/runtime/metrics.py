@@ -251,6 +251,9 @@ class Metrics:
         self.record_gaps = Counter(
             "governor_record_gaps", "Events that could not be journaled (a full or failing data disk): their steps "
             "were refused all the same, and the session's next event names the gap", registry=r)
+        self.duplicate_identities = Gauge(
+            "governor_duplicate_identities", "Other live governors on the shared store with this one's id or signing "
+            "key (governor.runtime.duplicates)", registry=r)
         self.streams_cut = Counter(
             "governor_streams_cut", "Streaming responses cut mid-flight because a limit fired",
             ["cause", "protocol"], registry=r)

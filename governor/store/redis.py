@@ -17,6 +17,7 @@ Layout, under a key prefix (default "governor:"):
   n:<nonce>                        a nonce's expiry
   fence                            the epoch written by the first store opened on this Redis
   w:<counter>@<window>             a rate limit's count in one tumbling window (governor.store.windows)
+  gi:<instance>, gis               a live governor's identity (expiring); the instances announced
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
 so no two names collide.) Per-day keys expire two buckets past the window after
 their last write. The scripts derive key names from their arguments and name the fence
@@ -418,6 +419,30 @@ class RedisStore:
         for charge, index, delta in adjustments:
             args += (f"{charge.counter}@{index}", repr(float(delta)))
         self._run(self._adjust_window, *args)
+
+    # --- governors on this store (governor.runtime.duplicates) ---------------------------
+    def announce(self, instance: str, identity: dict[str, Any], ttl: float) -> list[dict[str, Any]]:
+        """Say this governor instance is live for `ttl` seconds; the other live instances' identities."""
+        members_key = f"{self.prefix}gis"
+        with self._guard():
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(f"{self.prefix}gi:{instance}", orjson.dumps(identity), px=max(1, math.ceil(ttl * 1000)))
+            pipe.sadd(members_key, instance)
+            pipe.smembers(members_key)
+            members = pipe.execute()[2]
+            found, gone = [], []
+            for other in sorted(m for m in members if m != instance):
+                try:
+                    value = self._client.get(f"{self.prefix}gi:{other}")
+                    if value is None:
+                        gone.append(other)
+                    else:
+                        found.append(orjson.loads(value))
+                except (UnicodeDecodeError, orjson.JSONDecodeError):  # not a governor's entry: ignored
+                    continue
+            if gone:
+                self._client.srem(members_key, *gone)
+        return found
 
     # --- sessions ----------------------------------------------------------------------
     def save_session(self, session: str, state: dict) -> None:
