@@ -230,3 +230,46 @@ async def test_child_sessions_of_one_parent_count_against_the_personas_max_paral
     record = await record_of(control, parent["session"])
     exits = [e for e in record["events"] if e["cause"] == "on_sub_agent_ended"]
     assert exits and exits[0]["detail"]["instance"] == children[0]["session"]
+
+
+async def test_a_delegated_call_carries_its_lineage_and_its_depth_is_the_lineages(tmp_path):
+    from governor.adapters.a2a import DEPTH_HEADER
+    from governor.proxy.lineage import DELEGATION_HEADER
+    from tests.control_harness import A2APeer, peer_passport, real_runtime
+    from tests.test_a2a_delegation import OURS
+    from tests.test_adapter_a2a import send
+
+    peer = await A2APeer({"summarizer.json": peer_passport(Ed25519PrivateKey.generate(), name="summarizer",
+                                                            scopes=("papers:read",), tokens=(1000, 5000))}).start()
+    runtime, _ = real_runtime(OURS, tmp_path)
+    running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
+                                   control_token=CONTROL), runtime)
+    try:
+        async with httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30,
+                                     headers={"Authorization": f"Bearer {CONTROL}"}) as control, \
+                httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30) as agent:
+            async def delegate(session, **headers):
+                return await agent.post(f"{peer.url}/a2a", json=send("message/send"),
+                                        headers={"ADL-Session": session["token"], **headers})
+
+            root = await opened(control)
+            child = await opened(control, parent=root["session"])
+            grandchild = await opened(control, parent=child["session"])
+            digest = runtime.limits.passport_digest
+            assert (await delegate(root)).status_code == 200
+            assert (await delegate(child, **{DEPTH_HEADER: "0"})).status_code == 200  # the agent's 0 is not read
+            depths = [h[DEPTH_HEADER] for h, _ in peer.received]
+            assert depths == ["1", "2"]
+            token = peer.received[1][0][DELEGATION_HEADER]
+            lineage = verify_delegation(token, runtime.key.public_key(), runtime.governor_id, runtime.clock())
+            assert lineage == ((root["session"], digest), (child["session"], digest))
+            # the peer's principal opens the delegated session with it: the chain crosses over
+            onward = await opened(control, delegation=token)
+            assert onward["identity"]["depth"] == 2
+            # the grandchild is at depth 2: its delegation would be the third link, past max_depth 2
+            refused = await delegate(grandchild, **{DEPTH_HEADER: "0"})
+            assert "max_depth" in refused.text, refused.text
+            assert len(peer.received) == 2
+    finally:
+        await running.stop()
+        await peer.stop()

@@ -112,7 +112,9 @@ class RateLimiter:
                                             event.get("detail"))
         except Exception as exc:
             log.exception("session %s: could not record a rate limit's refusal", live.id)
-            return unrecorded_failure(step, exc)
+            decision = unrecorded_failure(step, exc)
+        if self.metrics is not None:
+            self.metrics.decided(decision, 0.0)  # counted by cause with every other decision
         return decision
 
 
