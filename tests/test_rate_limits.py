@@ -265,3 +265,31 @@ async def test_over_the_limit_the_agent_gets_429_with_retry_after_and_the_record
         await agent.aclose()
         await control.aclose()
         await running.stop()
+
+
+def test_windows_and_announcements_on_a_redis_cluster_run_in_the_stores_slot(tmp_path):
+    """On Redis Cluster the store's prefix is a hash tag: every window counter lives in the
+    fence's slot, so a take touching several counters is one script on one node."""
+    from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
+    from tests.redis_topology import cluster
+
+    if REDIS_SERVER is None:
+        pytest.skip(NOT_INSTALLED)
+    from governor.store.redis import RedisStore
+
+    with cluster(tmp_path / "cluster") as c:
+        first, second = RedisStore(c.url("timeout=2")), RedisStore(c.url("timeout=2"))
+        try:
+            limits = parse_rate_limits("agent:requests=3/1h,fleet:requests=4/1h,tool:*:tool_calls=2/1h")
+            charges = [WindowCharge(l.counter("agent-x", "search"), l.window_sec, 1, l.limit) for l in limits]
+            answers = [store.take_window(charges, NOW).ok for store in (first, second, first, second)]
+            assert answers == [True, True, False, False]  # the tool's 2 per hour, across both
+            other_tool = [WindowCharge(l.counter("agent-x", "fetch"), l.window_sec, 1, l.limit) for l in limits]
+            assert second.take_window(other_tool, NOW).ok  # agent 3 of 3, fleet 3 of 4
+            refused = first.take_window(other_tool, NOW)
+            assert not refused.ok and refused.failed == 0 and refused.observed == 3
+            assert first.prefix.startswith("{") and first.announce("i-1", {"instance": "i-1"}, 5) == []
+            assert second.announce("i-2", {"instance": "i-2"}, 5) == [{"instance": "i-1"}]
+        finally:
+            first.close()
+            second.close()
