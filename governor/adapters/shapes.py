@@ -119,10 +119,10 @@ TOO_DEEP = (f"request body nests deeper than {MAX_NESTING} levels, past what the
 
 
 def nests_too_deep(content: bytes, value: Any) -> bool:
-    """Whether a parsed body nests past MAX_NESTING. Cheap for the usual body: one that holds
-    fewer brackets than that cannot nest so deep (counted at C speed); only the rest are
-    written once to find out."""
-    if content.count(b"[") + content.count(b"{") <= MAX_NESTING:
+    """Whether a parsed body nests past MAX_NESTING: written once by orjson to find out (about
+    a seventh of the parse it follows; cheaper than counting the brackets of the bytes). A body
+    too short to hold MAX_NESTING pairs of brackets is not written."""
+    if len(content) <= 2 * MAX_NESTING:
         return False
     try:
         orjson.dumps(value)
