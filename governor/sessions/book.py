@@ -325,9 +325,8 @@ class SessionBook:
         session = f"session-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{secrets.token_hex(4)}"
         digest = _digest(token)
         entry = Opened(session, "principal", now, label=label, nonce=nonce, token_sha256=digest, identity=identity)
-        self._append({"op": "open", "id": session, "by": "principal", "at": now, "token_sha256": digest,
-                      "label": label, "nonce": nonce, **({"identity": identity.to_json()} if identity else {})},
-                     sync=True)
+        self._append({"op": "open", "id": session, "by": "principal", "at": now, "token_sha256": digest, "label": label,
+                      "nonce": nonce, **({"identity": identity.to_json()} if identity else {})}, sync=True)
         self._by_id[session] = self._by_digest[digest] = self._by_token[token] = entry
         self.principal_opened = True
         if self.metrics is not None:
@@ -451,8 +450,7 @@ class SessionBook:
             entry: dict[str, Any] = {"op": "open", "id": opened.id, "by": opened.by, "at": opened.opened_at}
             if opened.token_sha256 is not None:
                 entry["token_sha256"] = opened.token_sha256
-            if opened.identity is not None:
-                entry["identity"] = opened.identity.to_json()
+            entry.update({"identity": opened.identity.to_json()} if opened.identity is not None else {})
             for key in ("label", "nonce", "ended_at", "halt_cause"):
                 if (value := getattr(opened, key)) is not None:
                     entry[key] = value
