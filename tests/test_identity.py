@@ -273,3 +273,29 @@ async def test_a_delegated_call_carries_its_lineage_and_its_depth_is_the_lineage
     finally:
         await running.stop()
         await peer.stop()
+
+
+async def test_the_cli_binds_a_persona_and_a_parent_and_issues_delegation_tokens(world, tmp_path, capsys):
+    import asyncio
+
+    running, llm, agent, control = world
+    token_file = tmp_path / "control-token"
+    token_file.write_text(CONTROL)
+    where = ["--control-url", running.control_url, "--token-file", str(token_file), "--json"]
+
+    async def cli(*args):
+        capsys.readouterr()
+        code = await asyncio.to_thread(governor_cli, ["sessions", *args, *where])
+        return code, capsys.readouterr().out
+
+    code, out = await cli("open", "--label", "root")
+    assert code == 0
+    root = json.loads(out)
+    code, out = await cli("open", "--persona", "searcher", "--instance", "s-1", "--parent", root["session"])
+    assert code == 0 and json.loads(out)["identity"]["persona"] == "searcher"
+    code, out = await cli("delegation", root["session"])
+    assert code == 0 and json.loads(out)["depth"] == 1
+    code, out = await cli("open", "--delegation", json.loads(out)["delegation"])
+    assert code == 0 and json.loads(out)["identity"]["lineage"][0]["session"] == root["session"]
+    code, out = await cli("open", "--persona", "nobody")
+    assert code == 1  # refused by the governor, saying why
