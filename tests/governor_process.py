@@ -50,7 +50,8 @@ class GovernorProcess:
         command = [sys.executable, "-m", "governor", "run", "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
                    "--data-dir", str(self.data_dir),
                    # tests about other things name their sessions (tests/proxy_harness.AGENT_NAMED)
-                   "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none", *self.args]
+                   "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none",
+                   "--agent-identity", "headers", *self.args]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
                                          preexec_fn=limit)

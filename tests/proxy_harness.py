@@ -45,7 +45,8 @@ Rule = tuple[Callable[[str, Step], bool], Callable[[str, Step], Decision]]
 # opens a session (the agent-named mode, trusting the agent), with a cap no test reaches, and
 # no halt locks the agent (tests/test_sessions.py tests locks).
 # Tests of sessions opened by a principal (tests/test_sessions.py) use the default mode.
-AGENT_NAMED: dict[str, Any] = {"sessions": "agent-named", "agent_sessions_per_day": 1_000_000, "lock_on": ()}
+AGENT_NAMED: dict[str, Any] = {"sessions": "agent-named", "agent_sessions_per_day": 1_000_000, "lock_on": (),
+                               "agent_identity": "headers"}  # the old behaviour: the agent names itself
 
 
 def budget_decision(observed: int, limit: int) -> Decision:

@@ -78,7 +78,7 @@ class GovernorProcess:
         command = [sys.executable, "-m", "governor", "run", "--passport", str(self.passport),
                    "--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
                    # these tests name their sessions (tests/proxy_harness.AGENT_NAMED)
-                   "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none",
+                   "--sessions", "agent-named", "--agent-sessions-per-day", "1000000", "--lock-on", "none", "--agent-identity", "headers",
                    *self.extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_CONTROL_TOKEN": CONTROL_TOKEN, **self.env}
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):

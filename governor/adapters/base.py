@@ -34,7 +34,9 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 import orjson
 
 from governor.adapters.deferred import DeferredWork
-from governor.adapters.shapes import LENIENT_PARSE_LIMIT, charset_conflict, json_encoding, json_text, route_forms
+from governor.adapters.shapes import (LENIENT_PARSE_LIMIT, TOO_DEEP, charset_conflict, json_encoding, json_text,
+                                      nests_too_deep, route_forms)
+from governor.policy.rates import ON_GOVERNOR_RATE_LIMIT
 from governor.policy.steps import (
     ON_BUDGET_EXHAUSTED,
     ON_GOVERNOR_ERROR,
@@ -223,6 +225,8 @@ class RequestView:
                 self._json = orjson.loads(self.content)
             except orjson.JSONDecodeError as exc:
                 self._reread(exc)
+            if self._error is None and self._conflict is None and nests_too_deep(self.content, self._json):
+                self._conflict = TOO_DEEP  # matched on, refused by json(): 400 before any step
 
     def _reread(self, failure: orjson.JSONDecodeError) -> None:
         """Not UTF-8 JSON to orjson. JSON with a BOM or in UTF-16/32 is decoded as Python's
@@ -483,7 +487,7 @@ def status_for(decision: Decision) -> int:
     failure (fail closed), 403 anything else the policy denies."""
     if decision.cause == ON_GOVERNOR_ERROR:
         return 503
-    if decision.cause in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT):
+    if decision.cause in (ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, ON_GOVERNOR_RATE_LIMIT):
         return 429
     return 403
 

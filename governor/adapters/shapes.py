@@ -110,6 +110,27 @@ def json_encoding(content: bytes) -> str | None:
     return None
 
 
+# orjson writes nothing nested deeper than this (past it: "Recursion limit reached"), though it
+# reads up to 1024 levels: a body the governor could not re-serialize is refused (400) before
+# any step is admitted, rather than failing when it is rewritten on its way upstream.
+MAX_NESTING = 254
+TOO_DEEP = (f"request body nests deeper than {MAX_NESTING} levels, past what the governor can re-serialize "
+            "exactly: refused")
+
+
+def nests_too_deep(content: bytes, value: Any) -> bool:
+    """Whether a parsed body nests past MAX_NESTING: written once by orjson to find out (about
+    a seventh of the parse it follows; cheaper than counting the brackets of the bytes). A body
+    too short to hold MAX_NESTING pairs of brackets is not written."""
+    if len(content) <= 2 * MAX_NESTING:
+        return False
+    try:
+        orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError: the recursion limit (a parsed body holds nothing else it cannot write)
+        return True
+    return False
+
+
 def json_text(content: bytes) -> bytes | str | None:
     """The body as JSON parsers would read it: UTF-8 as is; a BOM or UTF-16/32 decoded as
     Python's json.loads(bytes) detects it (what a Python server accepts); None when unreadable."""
@@ -216,4 +237,4 @@ def model_shaped(content: bytes) -> bool:
 
 
 __all__ = ["normalize_path", "route_forms", "may_be_model_shaped", "model_shaped", "shape_of", "PROMPT_KEYS",
-           "json_encoding", "json_text", "charset_conflict"]
+           "json_encoding", "json_text", "charset_conflict", "nests_too_deep", "MAX_NESTING", "TOO_DEEP"]

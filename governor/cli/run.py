@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from governor.cli import UsageError
 from governor.cli.barrier_options import BARRIER_OPTIONS, apply_barrier_settings
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
+from governor.cli.identity_options import IDENTITY_OPTIONS, apply_identity_settings
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -79,6 +80,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                            "(default 10)"),
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
     **BARRIER_OPTIONS,  # who may lift a lock (governor/cli/barrier_options.py)
+    **IDENTITY_OPTIONS,  # rate limits, the agent's identity (governor/cli/identity_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -266,6 +268,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     apply_log_settings(settings, value)
+    apply_identity_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")

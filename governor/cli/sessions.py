@@ -28,6 +28,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     opened = actions.add_parser("open", help="open a session; prints its id and token")
     opened.add_argument("--label", help="a label for people reading the session list")
     opened.add_argument("--nonce", help="a counterparty nonce (§8.5) the session's record will carry")
+    opened.add_argument("--persona", help="the declared persona (permissions.sub_agents) the session acts as: its "
+                        "max_parallel and budget_share count every request of the session (docs/sessions.md#identity)")
+    opened.add_argument("--instance", help="the persona instance the session is (default: the session's one)")
+    opened.add_argument("--parent", metavar="ID", help="the session of this governor that delegated this one: the "
+                        "lineage, and the depth of its delegated calls, continue from it")
+    opened.add_argument("--delegation", metavar="TOKEN", help="a delegation token (`governor sessions delegation "
+                        "ID`) issued for the parent session, instead of --parent")
+    delegated = actions.add_parser("delegation", help="a signed delegation token for children of a session")
+    delegated.add_argument("session", metavar="ID")
     listed = actions.add_parser("list", help="the governor's sessions")
     shown = actions.add_parser("show", help="one session's state and budgets")
     shown.add_argument("session", metavar="ID")
@@ -36,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ended.add_argument("--proof", type=Path, metavar="FILE",
                        help="also fetch the final record's transparency-log proof (C2SP tlog-proof) and write it to "
                        "FILE, the record beside it as FILE.record.json (docs/transparency-log.md)")
-    _actions_run(run_sessions, opened, listed, shown, ended)
+    _actions_run(run_sessions, opened, listed, shown, ended, delegated)
 
     lock_actions = _command(
         subparsers, "locks", help="list and lift the locks that stop every session of the agent",
@@ -96,13 +105,18 @@ def run_sessions(args: argparse.Namespace) -> int:
 
 def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "open":
-        body = {k: v for k, v in (("label", args.label), ("nonce", args.nonce)) if v is not None}
+        body = {k: getattr(args, k) for k in ("label", "nonce", "persona", "instance", "parent", "delegation")
+                if getattr(args, k, None) is not None}
         answer = call(args, "POST", "/v1/sessions", body)
         text = (f"session {answer['session']} opened\n"
                 f"token   {answer['token']}\n"
                 f"the agent sends it in every request: ADL-Session: {answer['token']}")
         if answer.get("locked"):
             text += "\nnote: the agent is LOCKED; requests are refused until the lock is lifted (governor locks list)"
+    elif args.action == "delegation":
+        answer = call(args, "POST", f"/v1/sessions/{quote(args.session)}/delegation")
+        text = (f"delegation token for children of {args.session} (depth {answer['depth']}; valid one hour):\n"
+                f"{answer['delegation']}")
     elif args.action == "list":
         answer = call(args, "GET", "/v1/sessions")
         rows = [f"{s.get('session')}  {s.get('state', '?')}  {s.get('opened_by') or ''}  {s.get('label') or ''}".rstrip()

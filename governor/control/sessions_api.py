@@ -1,7 +1,10 @@
 """Control plane endpoints of the session book: principals open sessions and lift locks.
 
   POST /v1/sessions               open a session (control token, always): 201
-                                  {"session", "token", "label", "nonce", "opened_at", "header"}
+                                  {"session", "token", "label", "nonce", "opened_at", "header", "identity"};
+                                  persona, instance, parent, delegation bind who it acts as
+                                  (governor.control.identities)
+  POST /v1/sessions/{id}/delegation   a signed delegation token for its children
   GET  /v1/locks                  the locks, in force or lifted (read access)
   POST /v1/locks/{id}/lift        lift a lock (the control token, i.e. the principal, or a
                                   lock-lifter token: the operator role named for it; never a
@@ -22,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from governor.control.context import ControlContext
+from governor.control.identities import IDENTITY_MEMBERS, Identities
 from governor.control.nonces import NonceError, check_format
 from governor.control.auth import bearer
 from governor.control.replies import bearer_refusal, error, json_body, ok, operator_refusal
@@ -49,6 +53,7 @@ class SessionBookRoutes:
         self.reviewers = context.reviewers
         self.book = context.sessions
         self.lock_lifters = context.lock_lifters
+        self.identities = Identities(self.runtime, self.book)  # persona and lineage bound at open
 
     def _lifter(self, request: web.Request) -> tuple[str | None, web.Response | None]:
         """The role lifting a lock (the absorbing barrier): "principal" (the control token, the
@@ -93,9 +98,14 @@ class SessionBookRoutes:
         body, refusal = await json_body(request, optional=True)
         if refusal:
             return refusal
-        unknown = set(body) - {"label", "nonce"}
+        unknown = set(body) - {"label", "nonce"} - IDENTITY_MEMBERS
         if unknown:
-            return error(400, "bad_request", f"unknown members {', '.join(sorted(unknown))}; expected label, nonce")
+            return error(400, "bad_request", f"unknown members {', '.join(sorted(unknown))}; expected label, nonce, "
+                         "persona, instance, parent, delegation")
+        try:
+            identity = self.identities.bind(body)
+        except ValueError as exc:  # IdentityError: what cannot be bound, said
+            return error(400, "bad_identity", str(exc))
         label, problem = _text(body, "label")
         if problem:
             return error(400, "bad_label", problem)
@@ -107,11 +117,12 @@ class SessionBookRoutes:
                 check_format(nonce)
             except NonceError as exc:
                 return error(400, "nonce_malformed", str(exc))
-        entry, token = book.open(label=label, nonce=nonce)
+        entry, token = book.open(label=label, nonce=nonce, identity=identity)
         start = getattr(self.runtime, "open_session", None)
         if start is not None:  # the session starts now: journaled, listed, idle-timed from here
             try:
                 await start(entry.id)
+                await self.identities.record(entry.id, identity)
             except Exception:
                 log.exception("session %s could not be started", entry.id)
                 book.ended(entry.id, None)  # its token is refused: nothing can be recorded for it
@@ -122,6 +133,9 @@ class SessionBookRoutes:
         view.update({"token": token, "header": {"ADL-Session": token}, "locked": book.locked})
         return ok(view, status=201, headers={"Cache-Control": "no-store",
                                              "Location": f"/v1/sessions/{entry.id}"})
+
+    async def delegation(self, request: web.Request) -> web.Response:
+        return await self.identities.delegation(request, self._principal_refusal)
 
     async def list_locks(self, request: web.Request) -> web.Response:
         if refusal := operator_refusal(request, self.operators, self.reviewers):
@@ -163,13 +177,15 @@ def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:
     """A runtime's session view with who opened it, its label and nonce (from the book)."""
     entry = book.get(view.get("session")) if book is not None else None
     if entry is not None:
-        view.update({"opened_by": entry.by, "label": entry.label, "nonce": entry.nonce})
+        view.update({"opened_by": entry.by, "label": entry.label, "nonce": entry.nonce,
+                     "identity": entry.identity.view() if entry.identity is not None else None})
     return view
 
 
 def add_routes(app: web.Application, context: ControlContext) -> None:
     routes = SessionBookRoutes(context)
     app.router.add_post("/v1/sessions", routes.open_session)
+    app.router.add_post("/v1/sessions/{session}/delegation", routes.delegation)
     app.router.add_get("/v1/locks", routes.list_locks)
     app.router.add_post("/v1/locks/{lock}/lift", routes.lift_lock)
     app.router.add_get("/v1/audit/record", routes.audit_record)

@@ -15,7 +15,7 @@ from governor.policy.steps import Action, Decision
 _OBJECT_KEYS = ("dimension", "scope", "observed", "projected", "limit", "limit_name", "persona",
                 "tool", "peer", "rule", "matched_rule", "reason", "approval_id", "expires_at", "halt_cause",
                 "model", "unit", "loop", "repeats_in_window", "window", "threshold", "call_used", "call_reserved", "final",
-                "fit_floor", "fit_room", "retryable", "retry_after")
+                "fit_floor", "fit_room", "retryable", "retry_after", "rate_limit")
 
 
 def _plain_number(value: Any) -> Any:

@@ -11,6 +11,8 @@ forwards.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 import orjson
@@ -22,6 +24,7 @@ from governor.adapters.fitting import fit_request
 from governor.runtime.personas import PersonaHeaderError, parse_persona
 from governor.policy.steps import Decision, ModelCall, PassportPresented
 from governor.proxy import bodies, holds, withheld
+from governor.proxy.lineage import DELEGATION_HEADER, Lineage
 from governor.proxy.fields import rewrite_for_upstream, utf8_charset
 from governor.proxy.flow_state import STATE_KEY, Flight, FlowState
 from governor.proxy.held_steps import HeldSteps
@@ -38,7 +41,8 @@ class Admission:
     """The mitmproxy addon that admits each governed request's steps (the `request` hook)."""
 
     def __init__(self, registry: AdapterRegistry, policy: ProxyPolicy, calls: RuntimeCalls, held_steps: HeldSteps,
-                 holds_: holds.Holds, refuser: Refuser) -> None:
+                 holds_: holds.Holds, refuser: Refuser, lineage: Lineage | None = None) -> None:
+        self.lineage = lineage  # the token a delegated call carries (governor.proxy.lineage)
         self.registry = registry
         self.policy = policy
         self.calls = calls
@@ -106,12 +110,17 @@ class Admission:
             state.allowed = selected == IGNORE
             return
         activity = None
+        if state.identity_refused is not None:  # an ADL-Persona header this governor does not read
+            await self.refuser.bad_request(flow, adapter, session, state.identity_refused)
+            return
         if persona is not None:  # `name` or `name; instance=id` (governor.runtime.personas)
             try:
                 activity = parse_persona(persona)
             except PersonaHeaderError as exc:
                 await self.refuser.bad_request(flow, adapter, session, str(exc))
                 return
+            if state.persona_host is not None:  # a child session's persona counts in its parent (max_parallel)
+                activity = dataclasses.replace(activity, host=state.persona_host)
             persona = activity.persona
         if len(view.content) > self.policy.max_body_bytes:
             await self.refuser.bad_request(flow, adapter, session,
@@ -150,6 +159,9 @@ class Admission:
                 main = admission.decision
         exchange.decision = main if main is not None else (admissions[first].decision if len(admissions) > first else None)
 
+        if self.lineage is not None and "delegation_depth" in exchange.state:  # an admitted A2A delegation
+            if (token := self.lineage.token_for(session)) is not None:
+                exchange.upstream_headers[DELEGATION_HEADER] = token
         fitted = exchange.decision is not None and fit_request(exchange, exchange.decision)  # output limit
         body = adapter.rewrite_request(exchange, exchange.decision) if exchange.decision is not None else None
         if fitted and body is None:

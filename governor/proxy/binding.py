@@ -22,8 +22,8 @@ from governor.adapters.base import Adapter, RawHeaders, RequestView
 from governor.proxy import refusals
 from governor.proxy.drain import MESSAGE as DRAINING, RETRY_AFTER_SEC
 from governor.proxy.egress import EgressHosts
-from governor.proxy.fields import (GOVERNOR_PREFIX, PASSPORT_FIELD, PERSONA_FIELD, SESSION_FIELD, SESSION_HEADER,
-                                   scan_headers)
+from governor.proxy.fields import GOVERNOR_PREFIX, PASSPORT_FIELD, SESSION_FIELD, SESSION_HEADER, scan_headers
+from governor.proxy.identity_headers import identity_of
 from governor.proxy.flow_state import STATE_KEY, FlowState
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import Refuser, as_response, generic_error, plain_error
@@ -97,14 +97,19 @@ class SessionBinding:
             session = self._session(governing.get(SESSION_FIELD))
         state = FlowState(session)
         flow.metadata[STATE_KEY] = state
-        state.persona = governing.get(PERSONA_FIELD) or None
+        if governing or book is not None:  # who it acts as: bound by the principal (governor.proxy.identity_headers)
+            state.persona, read, state.identity_refused, state.persona_host = identity_of(
+                book, session, governing, fields, self.policy.agent_identity_headers)
+        else:
+            read = fields
         state.presented = governing.get(PASSPORT_FIELD)
         state.encoded = encoded
         state.agent_fields = fields
         # the adapters see the headers as the agent sent them (A2A reads its delegation depth
-        # from one): a view over the field tuple as it is now (rewriting headers replaces it)
+        # from one, which identity_of set from the session's lineage): a view over the field
+        # tuple as it is now (rewriting headers replaces it)
         state.view = RequestView(
-            request.method, request.host, request.path, RawHeaders(fields), request.raw_content,
+            request.method, request.host, request.path, RawHeaders(read), request.raw_content,
             port=request.port, scheme=request.scheme,
         )
         # upstream: no ADL-* header of the agent's, and ours marking the request as forwarded

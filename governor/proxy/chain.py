@@ -33,6 +33,7 @@ from typing import Any, Callable
 from governor.adapters import AdapterRegistry
 from governor.proxy import holds, recording
 from governor.proxy.admission import Admission
+from governor.proxy.lineage import Lineage
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
 from governor.proxy.drain import Drain
@@ -111,7 +112,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     addons += [
         SessionBinding(runtime, registry, policy, refuser, sessions=sessions, origin=origin, metrics=metrics,
                        egress=egress, drain=drain),
-        Admission(registry, policy, calls, held_steps, held, refuser),
+        Admission(registry, policy, calls, held_steps, held, refuser, Lineage(runtime, sessions)),
         unknown,
         Answers(policy, calls, held_steps, held, refuser, enforcer, exchanges, metrics=metrics),
         RealtimeSockets(policy, calls, refuser, proxyserver=proxyserver, metrics=metrics),  # before InFlight ends the upgrade

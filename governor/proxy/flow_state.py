@@ -49,7 +49,9 @@ class FlowState:
 
     session: str  # the session the request acts in ("": none, token-less traffic under `unknown_traffic: forward`)
     view: RequestView | None = None  # the request as the agent sent it (its ADL-* headers too), for admission
-    persona: str | None = None  # its ADL-Persona header
+    persona: str | None = None  # the persona it acts as (its session's, or its ADL-Persona under the opt-in)
+    identity_refused: str | None = None  # why the identity it claims is refused (governor.proxy.identity_headers)
+    persona_host: str | None = None  # the parent session that counts its persona instance (None: its own)
     presented: str | None = None  # its ADL-Passport header
     encoded: bool = False  # whether its body has a Content-Encoding
     agent_fields: tuple[tuple[bytes, bytes], ...] = ()  # its header fields as the agent sent them

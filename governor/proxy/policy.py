@@ -21,3 +21,4 @@ class ProxyPolicy:
     max_held_stream_bytes: int = 1024 * 1024  # a stream's output kept back during an admission: cut past it
     review_hold: float = holds.DEFAULT_HOLD_SEC  # a connection held for a reviewer, at most (then 429)
     review_retry_after: float = holds.DEFAULT_RETRY_AFTER_SEC  # the Retry-After of that 429
+    agent_identity_headers: bool = False  # read ADL-Persona / ADL-Delegation-Depth (trusts the agent)

@@ -139,6 +139,8 @@ class Settings:
     witnesses: tuple[tuple[str, str], ...] = ()  # (URL, vkey): the log's witnesses (c2sp.org/tlog-witness)
     witness_quorum: int | None = None  # cosignatures a proof's checkpoint needs; None: all the witnesses
     witness_wait: float = 10.0  # a proof asked for waits this long for the quorum, then 503
+    agent_identity: str = "principal"  # "headers": read ADL-Persona / ADL-Delegation-Depth (cli/identity_options.py)
+    rate_limits: tuple = ()  # governor.policy.rates.RateLimit, from --rate-limit (cli/identity_options.py)
     peers: dict[str, str] = field(default_factory=dict)  # A2A: peer URL prefix -> passport file (offline/pinned peers)
     delegation_depth: int = 0  # A2A: the least depth this agent is known to run at (the header cannot lower it)
     reviewer_tokens: tuple[str, ...] = ()
@@ -435,6 +437,7 @@ def build_chain(settings: Settings, runtime: RuntimeAPI, *, metrics: Any = None,
         max_held_stream_bytes=settings.max_held_stream_bytes,
         review_hold=settings.review_hold,
         review_retry_after=settings.review_retry_after,
+        agent_identity_headers=settings.agent_identity == "headers",
     )
     adapter_config = settings.adapters
     if hasattr(runtime, "allowed_tools") and "allowed_tools" not in adapter_config.extra:
@@ -503,6 +506,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from governor.policy import compile_limits
     from governor.runtime.prices import price_book
     from governor.runtime.core import Runtime
+    from governor.runtime.duplicates import watch_duplicates
     from governor.store import open_store
 
     path = settings.passport or example_passport_path()
@@ -564,6 +568,9 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                       persona_idle_sec=settings.persona_idle, transparency_log=transparency_log,
                       witnessing=witnessing)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
+    runtime.limit_rates(settings.rate_limits)
+    runtime.settings.duplicates = watch_duplicates(store, governor_id=governor_id, public_key=key.public_key(),
+                                                   log_origin=settings.log_origin, metrics=metrics)
     runtime.start()
     if witnessing is not None:
         witnessing.on_alarm = witness_alarm(runtime)

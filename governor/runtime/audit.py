@@ -35,6 +35,7 @@ from governor.evidence import Journal, SessionHeader, journal_path, recover_jour
 from governor.notify import events as notify
 from governor.policy.steps import ON_REQUEST_REFUSED
 from governor.policy.tools import ON_TOOLS_WITHHELD
+from governor.sessions.identity import ON_GOVERNOR_IDENTITY
 from governor.runtime.session import LiveSession
 from governor.runtime.settings import RuntimeSettings
 from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
@@ -127,6 +128,11 @@ class AuditTrail:
         """Journal an ephemeral key minted through the governor (governor/proxy/realtime_sockets.py):
         action continue, the minting went ahead; as `record_refusal`."""
         return await self._record_proxy_event(session, ON_KEY_MINTED, detail, "continue")
+
+    async def record_identity(self, session: str, detail: dict[str, Any]) -> bool:
+        """Journal the persona and lineage a principal bound to the session as it opened
+        (governor.sessions.identity): its record names them; action continue."""
+        return await self._record_proxy_event(session, ON_GOVERNOR_IDENTITY, detail, "continue")
 
     async def _record_proxy_event(self, session: str, cause: str, detail: dict[str, Any],
                                   action: str = "fallback") -> bool:

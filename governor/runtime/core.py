@@ -63,6 +63,8 @@ from governor.policy import (
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
+from governor.runtime.gaps import RecordGaps
+from governor.runtime.rates import RateHold, rate_limiter
 from governor.runtime.personas import DEFAULT_IDLE_SEC, InstanceLease, PersonaActivity, PersonaInstances
 from governor.runtime import stream_budget
 from governor.runtime.api import Admission, admission_for
@@ -131,9 +133,11 @@ class Runtime:
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
                                      governor_id=governor_id, agent_id=agent_id,
                                      **({"write_final": transparency_log.write_record} if transparency_log else {}))
-        self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
+        self.gaps = RecordGaps(self.metrics)  # events that could not be recorded (a full disk): named, not ready
+        self.table = SessionTable(opener=self.gaps.opener(self.resumption.open_session), metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
+        self.rates = None  # governor.runtime.rates.RateLimiter once `limit_rates` sets limits
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
                                 settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
@@ -199,6 +203,10 @@ class Runtime:
         started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
         return f"default-{started}-{next(self._default_generation)}"
 
+    def limit_rates(self, limits: tuple) -> None:  # rate limits per window (governor.runtime.rates)
+        self.rates = rate_limiter(limits, store=self.store, agent_id=self.agent_id, clock=self.clock,
+                                  call=self._store, metrics=self.metrics)
+
     # --- sessions ----------------------------------------------------------------------
 
     def adopt_finalized(self, session_id: str, state: SessionState, journal: Journal, record: dict[str, Any]) -> None:
@@ -222,6 +230,11 @@ class Runtime:
             log.exception("session %s could not be opened", session)
             decision = unrecorded_failure(step, exc)
             return admission_for(session, decision, None)
+        drawn: RateHold | None = None
+        if self.rates is not None and type(step) in (ModelCall, ToolCall):  # rate limits: drawn first
+            drawn, refused = await self.rates.take(live, step)
+            if refused is not None:
+                return admission_for(session, refused, None)
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         seqs: tuple[int, ...] = ()
         if admitted is not None:
@@ -230,6 +243,8 @@ class Runtime:
             async with live.lock:
                 decision, ticket = await self._apply(live, step, None)
                 seqs = live.recorded if decision.events else ()
+        if drawn is not None:  # kept by the step's ticket, or given back when it does not go ahead
+            await self.rates.keep(drawn, ticket, decision)  # type: ignore[union-attr]
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self.oversight.hold(live, step, decision)
@@ -240,6 +255,9 @@ class Runtime:
         if live is None or not isinstance(ticket, Ticket):
             return unrecorded_failure(report, LookupError(f"no admitted step for session {session!r}"))
         started = time.perf_counter()
+        if ticket.rates is not None and report.final:  # its tokens and cost drawn corrected to its usage
+            drawn, ticket.rates = ticket.rates, None
+            await self.rates.settle(drawn, report)  # type: ignore[union-attr]
         decision = self._settle_at_once(live, ticket, report)
         if decision is None:
             async with live.lock:
@@ -530,6 +548,7 @@ class Runtime:
 
     async def ready(self) -> dict[str, Any]:
         ready = await self.views.ready()
+        self.gaps.mark(ready)  # not ready while the record is incomplete (governor.runtime.gaps)
         if self.witnessing is not None:  # reported, not a reason to stop governing traffic
             ready["witnessing"] = self.witnessing.status()
         return ready

@@ -271,6 +271,12 @@ class Metrics:
         self.store_errors = Counter(
             "governor_store_errors", "State-store operations that failed (the step they served failed closed, "
             "or a save, release or probe was missed)", registry=r)
+        self.record_gaps = Counter(
+            "governor_record_gaps", "Events that could not be journaled (a full or failing data disk): their steps "
+            "were refused all the same, and the session's next event names the gap", registry=r)
+        self.duplicate_identities = Gauge(
+            "governor_duplicate_identities", "Other live governors on the shared store with this one's id or signing "
+            "key (governor.runtime.duplicates)", registry=r)
         self.streams_cut = Counter(
             "governor_streams_cut", "Streaming responses cut mid-flight because a limit fired",
             ["cause", "protocol"], registry=r)
@@ -428,6 +434,9 @@ class Metrics:
 
     def store_error(self) -> None:
         self.store_errors.inc()
+
+    def record_gap(self) -> None:
+        self.record_gaps.inc()
 
     # --- exposition --------------------------------------------------------------------
 

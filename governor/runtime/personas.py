@@ -53,6 +53,9 @@ class PersonaActivity:
 
     persona: str
     instance: str | None = None
+    # the session whose state counts the instance (its spawn and end, against max_parallel):
+    # the parent session its principal bound (governor.sessions.identity); None: its own
+    host: str | None = None
 
 
 def parse_persona(value: str) -> PersonaActivity:
@@ -96,6 +99,7 @@ class Instance:
     started: float
     last_active: float
     busy: int = 0  # requests of it in flight
+    host: str | None = None  # the session whose state counts it (None: its own)
 
     def view(self, now: float) -> dict[str, Any]:
         return {"persona": self.persona, "instance": self.instance, "lived_sec": round(now - self.started, 3),
@@ -164,13 +168,13 @@ class PersonaInstances:
                 if live is not None:
                     live.last_active = self.clock()
                     return Admission(PERMIT, session, InstanceLease(live, self.clock))
-                return await self._spawn(key)
+                return await self._spawn(key, activity.host or session)
         finally:
             spawning.waiting -= 1
             if spawning.waiting == 0:
                 del self._spawning[key]
 
-    async def _spawn(self, key: Key) -> Admission:
+    async def _spawn(self, key: Key, host: str) -> Admission:
         session, persona, instance = key
         runtime = self.runtime
         if len(self._by_session.get(session, ())) >= self.max_per_session:
@@ -182,20 +186,21 @@ class PersonaInstances:
                               "persona": persona})
         self._changing[session] = self._changing.get(session, 0) + 1
         try:
-            await self._settle_clock(session)
-            admission = await runtime.admit(session, PersonaSpawn(persona, instance=instance))
+            await self._settle_clock(host)
+            admission = await runtime.admit(host, PersonaSpawn(persona, instance=instance or _hosted(session, host)))
             decision = admission.decision
             if decision.action is Action.PAUSE and decision.enforced and decision.approval is not None:
                 held = admission  # a declared pause on on_sub_agent_denied: the reviewer decides
-                admission = await runtime.await_approval(session, decision.approval.id)
+                admission = await runtime.await_approval(host, decision.approval.id)
                 if held.ticket is not None and held.ticket is not admission.ticket:
-                    await runtime.finish(session, held.ticket)
+                    await runtime.finish(host, held.ticket)
             if admission.ticket is not None:
-                await runtime.finish(session, admission.ticket)  # a spawn holds no reservation
+                await runtime.finish(host, admission.ticket)  # a spawn holds no reservation
             if admission.decision.blocks:
-                return admission
+                return admission if host == session else Admission(admission.decision, session, None,
+                                                                   admission.governor_object)
             now = self.clock()
-            live = self._add(Instance(session, persona, instance, now, now))
+            live = self._add(Instance(session, persona, instance, now, now, host=None if host == session else host))
             log.info("persona %s%s spawned in session %s", persona, f" ({instance})" if instance else "", session)
             return Admission(admission.decision, session, InstanceLease(live, self.clock), admission.governor_object)
         finally:
@@ -246,11 +251,13 @@ class PersonaInstances:
         try:
             now = self.clock()
             view = live.view(now)
-            await self._settle_clock(session)
+            host = live.host or session  # the session whose state counted it
+            await self._settle_clock(host)
             admission = await self.runtime.admit(
-                session, PersonaExit(live.persona, instance=live.instance, reason=reason, lived_sec=now - live.started))
+                host, PersonaExit(live.persona, instance=live.instance or _hosted(session, live.host),
+                                  reason=reason, lived_sec=now - live.started))
             if admission.ticket is not None:
-                await self.runtime.finish(session, admission.ticket)
+                await self.runtime.finish(host, admission.ticket)
         finally:
             self._done_changing(session)
         log.info("persona %s%s ended in session %s (%s)", live.persona,
@@ -263,6 +270,10 @@ class PersonaInstances:
             live = self._remove(key)
             if live is not None:
                 await self._exit(live, reason)
+
+    def hosted(self, session: str) -> bool:
+        """Whether a live instance of `session` is counted in another (its parent) session."""
+        return any(i.host is not None for i in self._by_session.get(session, {}).values())
 
     def forget(self, session: str) -> None:
         """The session ended: its instances end with it (SessionEnd settled their wall-clock)."""
@@ -305,6 +316,11 @@ class PersonaInstances:
         now = self.clock()
         mine = self._by_session.get(session, {})
         return [mine[k].view(now) for k in sorted(mine, key=lambda k: (k[1], k[2] or ""))]
+
+
+def _hosted(session: str, host: str | None) -> str | None:
+    """The instance id of a child session's persona in its host's record: the child's id."""
+    return session if host is not None and host != session else None
 
 
 __all__ = ["DEFAULT_IDLE_SEC", "InstanceLease", "PersonaActivity", "PersonaHeaderError", "PersonaInstances",

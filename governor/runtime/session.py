@@ -32,6 +32,7 @@ class Ticket:
     reservation: str | None = None
     in_flight: bool = False
     done: bool = False
+    rates: Any = None  # what it drew on the rate limits' windows (governor.runtime.rates.RateHold)
 
 
 @dataclass(slots=True)

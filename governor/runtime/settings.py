@@ -22,6 +22,7 @@ class RuntimeSettings:
     notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
     tick_interval_sec: float = 1.0  # the sweeper's pass
     session_idle_sec: float = 900.0  # a session with nothing in flight this long is ended
+    duplicates: Any = None  # governor.runtime.duplicates.DuplicateWatch on a shared store, else None
 
 
 class SharedSetting:

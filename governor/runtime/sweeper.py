@@ -111,6 +111,8 @@ class Sweeper:
         pass yields to the proxy every SWEEP_SLICE sessions: with thousands of sessions it must
         not hold the loop."""
         await self.personas.sweep()
+        if self.settings.duplicates is not None:  # another live governor with this one's id or key
+            await self.settings.duplicates.tick(self.store_call)
         transparency_log = self.records.transparency_log
         if transparency_log is not None and transparency_log.checkpoint_size != transparency_log.size:
             # entries that waited past --log-checkpoint-seconds get their checkpoint without an append

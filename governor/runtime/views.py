@@ -69,8 +69,11 @@ class Views:
         except StoreError as exc:
             self.metrics.store_error()
             return {"ready": False, "store": f"unreachable: {exc}", "passport_digest": self.settings.limits.passport_digest}
-        return {"ready": True, "store": "ok", "passport_digest": self.settings.limits.passport_digest,
-                "tier": self.settings.limits.tier.value}
+        ready = {"ready": True, "store": "ok", "passport_digest": self.settings.limits.passport_digest,
+                 "tier": self.settings.limits.tier.value}
+        if self.settings.duplicates is not None:
+            self.settings.duplicates.mark(ready)
+        return ready
 
     async def acknowledge_store(self) -> dict[str, Any]:
         """An operator accepts that the store lost its data (StoreIntegrityError until then):

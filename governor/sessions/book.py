@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from governor.evidence.record import remove_stale_temp_files, write_durably
 from governor.policy import steps
+from governor.sessions.identity import Identity
 
 log = logging.getLogger("governor.sessions")
 
@@ -96,11 +97,12 @@ class Opened:
     ended_at: float | None = None
     halt_cause: str | None = None
     token_sha256: str | None = None  # a principal's session: its token, hashed
+    identity: Identity | None = None  # the persona and lineage its principal bound (governor.sessions.identity)
 
     def view(self) -> dict[str, Any]:
         return {"session": self.id, "opened_by": self.by, "opened_at": _iso(self.opened_at), "label": self.label,
                 "nonce": self.nonce, "ended_at": _iso(self.ended_at) if self.ended_at else None,
-                "halt_cause": self.halt_cause}
+                "halt_cause": self.halt_cause, "identity": self.identity.view() if self.identity else None}
 
 
 @dataclass(slots=True)
@@ -315,15 +317,16 @@ class SessionBook:
 
     # --- principals (control plane) ----------------------------------------------------
 
-    def open(self, *, label: str | None = None, nonce: str | None = None) -> tuple[Opened, str]:
+    def open(self, *, label: str | None = None, nonce: str | None = None,
+             identity: Identity | None = None) -> tuple[Opened, str]:
         """A new session for a principal: its entry and its token (shown once, kept only hashed)."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
         now = self.clock()
         session = f"session-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{secrets.token_hex(4)}"
         digest = _digest(token)
-        entry = Opened(session, "principal", now, label=label, nonce=nonce, token_sha256=digest)
-        self._append({"op": "open", "id": session, "by": "principal", "at": now, "token_sha256": digest,
-                      "label": label, "nonce": nonce}, sync=True)
+        entry = Opened(session, "principal", now, label=label, nonce=nonce, token_sha256=digest, identity=identity)
+        self._append({"op": "open", "id": session, "by": "principal", "at": now, "token_sha256": digest, "label": label,
+                      "nonce": nonce, **({"identity": identity.to_json()} if identity else {})}, sync=True)
         self._by_id[session] = self._by_digest[digest] = self._by_token[token] = entry
         self.principal_opened = True
         if self.metrics is not None:
@@ -447,6 +450,7 @@ class SessionBook:
             entry: dict[str, Any] = {"op": "open", "id": opened.id, "by": opened.by, "at": opened.opened_at}
             if opened.token_sha256 is not None:
                 entry["token_sha256"] = opened.token_sha256
+            entry.update({"identity": opened.identity.to_json()} if opened.identity is not None else {})
             for key in ("label", "nonce", "ended_at", "halt_cause"):
                 if (value := getattr(opened, key)) is not None:
                     entry[key] = value
@@ -517,7 +521,7 @@ class SessionBook:
         op = entry["op"]
         if op == "open":
             opened = Opened(entry["id"], entry["by"], float(entry["at"]), entry.get("label"), entry.get("nonce"),
-                            token_sha256=entry.get("token_sha256"))
+                            token_sha256=entry.get("token_sha256"), identity=Identity.from_json(entry.get("identity")))
             if entry.get("ended_at") is not None:  # a compacted log's ended session
                 opened.ended_at, opened.halt_cause = float(entry["ended_at"]), entry.get("halt_cause")
             self._by_id[opened.id] = opened

@@ -16,6 +16,8 @@ Layout, under a key prefix (default "governor:"):
   st:<session>, sessions           saved session state; the set of saved sessions
   n:<nonce>                        a nonce's expiry
   fence                            the epoch written by the first store opened on this Redis
+  w:<counter>@<window>             a rate limit's count in one tumbling window (governor.store.windows)
+  gi:<instance>, gis               a live governor's identity (expiring); the instances announced
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
 so no two names collide.) Per-day keys expire two buckets past the window after
 their last write. The scripts derive key names from their arguments and name the fence
@@ -89,7 +91,10 @@ from governor.store.redis_scripts import (
     RESERVE,
     SETTLE,
     SNAPSHOT,
+    ADJUST_WINDOW,
+    TAKE_WINDOW,
 )
+from governor.store.windows import WindowCharge, WindowTake, check_charges, window_index
 
 log = logging.getLogger("governor.store")
 
@@ -135,6 +140,8 @@ class RedisStore:
         self._snapshot = register(PRELUDE + SNAPSHOT)
         self._settle = register(PRELUDE + SETTLE)
         self._delete_session = register(PRELUDE + DELETE_SESSION)
+        self._take_window = register(PRELUDE + TAKE_WINDOW)
+        self._adjust_window = register(PRELUDE + ADJUST_WINDOW)
         self._lost: str | None = None  # why the store fails closed after losing its data
         self._fence_at_loss: str | None = None  # the fence as it stood when the loss was found
         self.epoch = ""
@@ -391,6 +398,51 @@ class RedisStore:
 
     def settle_reservations(self, before: float) -> int:
         return int(self._run(self._settle, repr(before)))
+
+    # --- rate limits' window counters (governor.store.windows) --------------------------
+    def take_window(self, charges: Sequence[WindowCharge], now: float) -> WindowTake:
+        check_charges(charges)
+        indexes = tuple(window_index(now, c.window_sec) for c in charges)
+        args: list[Any] = [len(charges)]
+        for c, index in zip(charges, indexes):
+            args += (c.counter, index, repr(float(c.amount)), "" if c.cap is None else repr(cap_limit(c.cap)),
+                     math.ceil(2 * c.window_sec * 1000))
+        result = self._run(self._take_window, *args)
+        if int(result[0]) == 1:
+            return WindowTake(True, indexes)
+        failed = int(result[1]) - 1
+        return WindowTake(False, failed=failed, observed=float(result[2]),
+                          rolls_at=(indexes[failed] + 1) * charges[failed].window_sec)
+
+    def adjust_window(self, adjustments: Sequence[tuple[WindowCharge, int, float]]) -> None:
+        args: list[Any] = [len(adjustments)]
+        for charge, index, delta in adjustments:
+            args += (f"{charge.counter}@{index}", repr(float(delta)))
+        self._run(self._adjust_window, *args)
+
+    # --- governors on this store (governor.runtime.duplicates) ---------------------------
+    def announce(self, instance: str, identity: dict[str, Any], ttl: float) -> list[dict[str, Any]]:
+        """Say this governor instance is live for `ttl` seconds; the other live instances' identities."""
+        members_key = f"{self.prefix}gis"
+        with self._guard():
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(f"{self.prefix}gi:{instance}", orjson.dumps(identity), px=max(1, math.ceil(ttl * 1000)))
+            pipe.sadd(members_key, instance)
+            pipe.smembers(members_key)
+            members = pipe.execute()[2]
+            found, gone = [], []
+            for other in sorted(m for m in members if m != instance):
+                try:
+                    value = self._client.get(f"{self.prefix}gi:{other}")
+                    if value is None:
+                        gone.append(other)
+                    else:
+                        found.append(orjson.loads(value))
+                except (UnicodeDecodeError, orjson.JSONDecodeError):  # not a governor's entry: ignored
+                    continue
+            if gone:
+                self._client.srem(members_key, *gone)
+        return found
 
     # --- sessions ----------------------------------------------------------------------
     def save_session(self, session: str, state: dict) -> None:

@@ -275,3 +275,44 @@ redis.call('DEL', P .. 'sr:' .. session, P .. 'sc:' .. session)
 redis.call('SREM', P .. 'sessions', session)
 return redis.call('DEL', P .. 'st:' .. session)
 """
+
+# The rate limits' window counters (governor.store.windows): one string per counter and
+# window, w:<counter>@<index>, expiring two windows after its last write.
+# ARGV: P, n, (counter, index, amount, cap or '', ttl_ms) * n -> {1} or {0, i, current}
+TAKE_WINDOW = r"""
+local n = tonumber(ARGV[2])
+local keys, totals = {}, {}
+for i = 1, n do
+  local j = 3 + 5 * (i - 1)
+  keys[i] = P .. 'w:' .. ARGV[j] .. '@' .. ARGV[j + 1]
+  totals[keys[i]] = (totals[keys[i]] or 0) + tonumber(ARGV[j + 2])
+end
+for i = 1, n do
+  local cap = ARGV[3 + 5 * (i - 1) + 3]
+  if cap ~= '' then
+    local v = tonumber(redis.call('GET', keys[i])) or 0
+    if v + totals[keys[i]] > tonumber(cap) then return {0, i, fmt(v)} end
+  end
+end
+for i = 1, n do
+  local j = 3 + 5 * (i - 1)
+  local v = tonumber(redis.call('GET', keys[i])) or 0
+  redis.call('SET', keys[i], fmt(v + tonumber(ARGV[j + 2])), 'PX', ARGV[j + 4])
+end
+return {1}
+"""
+
+# ARGV: P, n, (counter@index, delta) * n: a counter kept is corrected, never below zero
+ADJUST_WINDOW = r"""
+local n = tonumber(ARGV[2])
+for i = 1, n do
+  local key = P .. 'w:' .. ARGV[1 + 2 * i]
+  local v = redis.call('GET', key)
+  if v then
+    local nv = tonumber(v) + tonumber(ARGV[2 + 2 * i])
+    if nv < 0 then nv = 0 end
+    redis.call('SET', key, fmt(nv), 'KEEPTTL')
+  end
+end
+return 1
+"""

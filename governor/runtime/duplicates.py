@@ -1,0 +1,102 @@
+"""Duplicate-identity detection (issue #32 item 7): two live governors with one identifier or
+one signing key. Records of two governors under one `governor` id cannot be told apart (and a
+verifier resolving the id gets one key: the other's records fail), and two transparency logs
+under one origin and key fork each other's checkpoints.
+
+Every governor on a shared store (Redis: the store's `announce`) says, each sweep and at most
+every `interval` seconds, that it is live (an entry that expires after three intervals) with its
+id, its key's fingerprint (base64url SHA-256 of the raw Ed25519 public key) and its log's
+origin, and reads the others'. Another live instance with the same id or the same key is
+reported: logged as an error once per instance, `governor_duplicate_identities` (how many
+there are now), and `/readyz`'s `duplicate_identity` member (readiness itself does not fail:
+which of the two is the impostor is the operator's call). A store without `announce`
+(memory, SQLite: one process owns it) has no other governor to compare with.
+
+Forks of one log are also caught by its witnesses (a witness refuses a checkpoint inconsistent
+with one it cosigned: `governor_witness_refusals_total`, docs/transparency-log.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Callable
+
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from governor.common.canonical import sha256_b64url
+
+log = logging.getLogger("governor.runtime")
+
+DEFAULT_INTERVAL_SEC = 10.0
+
+
+def key_fingerprint(public_key: Any) -> str:
+    return sha256_b64url(public_key.public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+class DuplicateWatch:
+    def __init__(self, store: Any, *, governor_id: str, public_key: Any, log_origin: str | None = None,
+                 metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.interval = interval
+        self.clock = clock
+        self.instance = uuid.uuid4().hex
+        self.identity = {"instance": self.instance, "governor_id": governor_id, "key": key_fingerprint(public_key),
+                         "log_origin": log_origin, "host": socket.gethostname()[:200], "pid": os.getpid(),
+                         "started": clock()}
+        self.found: list[dict[str, Any]] = []
+        self._reported: set[str] = set()
+        self._last = -float("inf")
+
+    def check(self) -> list[dict[str, Any]]:
+        """Announce this instance, compare with the others (blocking: a store round trip)."""
+        others = self.store.announce(self.instance, self.identity, 3 * self.interval)
+        mine = self.identity
+        found = []
+        for other in others:
+            if not isinstance(other, dict) or other.get("instance") == self.instance:
+                continue
+            shared = [what for what in ("governor_id", "key") if other.get(what) == mine[what]]
+            if shared:
+                found.append({"instance": other.get("instance"), "host": other.get("host"), "pid": other.get("pid"),
+                              "governor_id": other.get("governor_id"), "shares": shared})
+        self.found = found
+        if self.metrics is not None:
+            self.metrics.duplicate_identities.set(len(found))
+        for duplicate in found:
+            if duplicate["instance"] not in self._reported:
+                self._reported.add(str(duplicate["instance"]))
+                log.error("another live governor on this store shares this governor's %s (%s, instance %s on %s, "
+                          "pid %s): their records and transparency logs cannot be told apart; give each its own "
+                          "--id and key", " and ".join(duplicate["shares"]), duplicate["governor_id"],
+                          duplicate["instance"], duplicate["host"], duplicate["pid"])
+        return found
+
+    async def tick(self, call: Callable[..., Any]) -> None:
+        """From the sweeper: a check when `interval` has passed (`call` runs it off the loop);
+        a store that does not answer is the store's problem, reported elsewhere."""
+        now = self.clock()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        try:
+            await call(self.check)
+        except Exception:
+            log.debug("the duplicate-identity check could not reach the store", exc_info=True)
+
+    def mark(self, ready: dict[str, Any]) -> None:
+        if self.found:
+            ready["duplicate_identity"] = self.found
+
+
+def watch_duplicates(store: Any, **kwargs: Any) -> DuplicateWatch | None:
+    """A watch when the store is shared across governors (it can `announce`), else None."""
+    if not callable(getattr(store, "announce", None)):
+        return None
+    return DuplicateWatch(store, **kwargs)

@@ -1,0 +1,112 @@
+"""Duplicate-identity detection (issue #32 item 7): two live governors on one shared store with
+one identifier or one signing key are found and reported (an error logged once, the gauge
+`governor_duplicate_identities`, `/readyz`'s `duplicate_identity`); governors with their own id
+and key are not; an instance that stopped is forgotten when its entry expires; garbage in the
+store's registry is ignored. Over a real redis-server, and two real governors end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import redis as redis_client
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from governor.runtime.duplicates import DuplicateWatch, watch_duplicates
+from governor.runtime.metrics import Metrics
+from governor.store import MemoryStore
+
+
+@pytest.fixture
+def redis_url():
+    from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(NOT_INSTALLED)
+    server = RedisServer()
+    yield server.url
+    server.stop()
+
+
+def watch(url: str, governor_id: str, key, interval: float = 10.0) -> DuplicateWatch:
+    from governor.store.redis import RedisStore
+
+    found = watch_duplicates(RedisStore(url), governor_id=governor_id, public_key=key.public_key(),
+                             metrics=Metrics(), interval=interval)
+    assert found is not None
+    return found
+
+
+def test_one_id_or_one_key_is_found_on_both_sides_and_distinct_ones_are_not(redis_url, caplog):
+    key_a, key_b = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    first = watch(redis_url, "did:web:example.com:governor", key_a)
+    assert first.check() == []
+    same_id = watch(redis_url, "did:web:example.com:governor", key_b)
+    same_key = watch(redis_url, "did:web:other.example:governor", key_a)
+    stranger = watch(redis_url, "did:web:third.example:governor", Ed25519PrivateKey.generate())
+    assert stranger.check() == []
+    found = {d["instance"]: d["shares"] for d in same_id.check()}
+    assert found == {first.instance: ["governor_id"]}
+    found = {d["instance"]: d["shares"] for d in first.check()}
+    assert found == {same_id.instance: ["governor_id"]}  # same_key has not announced yet
+    assert {d["instance"]: d["shares"] for d in same_key.check()} == {first.instance: ["key"]}
+    assert {d["instance"]: d["shares"] for d in first.check()} == {same_id.instance: ["governor_id"],
+                                                                     same_key.instance: ["key"]}
+    assert stranger.check() == []
+    assert first.metrics.duplicate_identities._value.get() == 2
+    ready: dict = {}
+    first.mark(ready)
+    assert len(ready["duplicate_identity"]) == 2
+    errors = [r for r in caplog.records if "shares this governor's" in r.getMessage()]
+    assert errors and all(r.levelname == "ERROR" for r in errors)
+    before = len(errors)
+    first.check()  # reported once per instance, not every check
+    assert len([r for r in caplog.records if "shares this governor's" in r.getMessage()]) == before
+
+
+def test_a_stopped_instance_is_forgotten_and_garbage_is_ignored(redis_url):
+    key = Ed25519PrivateKey.generate()
+    first = watch(redis_url, "did:web:example.com:governor", key, interval=0.1)
+    gone = watch(redis_url, "did:web:example.com:governor", Ed25519PrivateKey.generate(), interval=0.1)
+    gone.check()
+    assert len(first.check()) == 1
+    client = redis_client.Redis.from_url(redis_url)
+    prefix = first.store.prefix
+    client.set(f"{prefix}gi:hostile", b"\xff not json")
+    client.sadd(f"{prefix}gis", "hostile")
+    client.set(f"{prefix}gi:list", b"[1, 2]")
+    client.sadd(f"{prefix}gis", "list")
+    time.sleep(0.5)  # three intervals: `gone` stopped announcing
+    assert first.check() == []
+    assert first.metrics.duplicate_identities._value.get() == 0
+
+
+def test_a_store_only_this_process_uses_has_no_watch():
+    assert watch_duplicates(MemoryStore(), governor_id="x", public_key=Ed25519PrivateKey.generate().public_key()) is None
+
+
+async def test_two_governors_with_one_id_on_one_redis_report_each_other(redis_url, tmp_path):
+    from governor.proxy.server import Settings, serve
+
+    started = []
+    try:
+        for name in ("a", "b"):  # their own data dirs: their own keys, one (default) id
+            started.append(await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0),
+                                                data_dir=tmp_path / name, store=redis_url, tick_interval=0.1,
+                                                control_token="control-token-duplicates-0123456789")))
+        async with httpx.AsyncClient(base_url=started[1].control_url, trust_env=False, timeout=10) as control:
+            for _ in range(100):
+                ready = (await control.get("/readyz")).json()
+                if "duplicate_identity" in ready:
+                    break
+                await asyncio.sleep(0.1)
+            [duplicate] = ready["duplicate_identity"]
+            assert duplicate["shares"] == ["governor_id"] and duplicate["governor_id"] == started[0].runtime.governor_id
+            metrics = (await control.get("/metrics", headers={
+                "Authorization": "Bearer control-token-duplicates-0123456789"})).text
+            assert "governor_duplicate_identities 1.0" in metrics
+    finally:
+        for running in started:
+            await running.stop()
