@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 
-def instructions(running: Any) -> str:
+def governor_command(argv0: str | None = None, executable: str | None = None) -> str:
+    """How to run this governor's CLI from any directory, as printed: `governor` only when that
+    is what PATH finds; else the script's absolute path (`.venv/bin/governor` is not on PATH after
+    `bash .ci/dev run`), or `PYTHON -m governor` when started so."""
+    argv0, executable = argv0 or sys.argv[0], executable or sys.executable
+    script = Path(argv0)
+    if script.name == "governor" and script.exists():
+        found = shutil.which("governor")
+        if found and os.path.samefile(found, script):
+            return "governor"
+        return shlex.quote(os.path.abspath(script))
+    return f"{shlex.quote(os.path.abspath(executable))} -m governor"
+
+
+def instructions(running: Any, command: str | None = None) -> str:
+    """The banner. Every command it prints runs as printed, from any directory."""
+    command = command or governor_command()
     settings, runtime = running.settings, running.runtime
     data = settings.data_dir.resolve()
+    data_arg = shlex.quote(str(data))
     lines = ["governor running"]
     report, pinned = getattr(runtime, "admission", None), getattr(runtime, "pinned", None)
     if report is not None and pinned is not None:
@@ -28,11 +50,12 @@ def instructions(running: Any) -> str:
         token_file = getattr(running, "control_token_file", None)
         lines.append("  control token:  " + (f"{token_file} (mode 0600)" if token_file else "configured"))
         reviewer_file = getattr(running, "reviewer_token_file", None)
-        lines.append("  approvals:      " + (f"reviewer token {reviewer_file} (mode 0600): governor approvals list "
-                                             f"--data-dir {settings.data_dir}" if reviewer_file else
+        lines.append("  approvals:      " + (f"reviewer token {reviewer_file} (mode 0600)" if reviewer_file else
                                              f"{len(settings.reviewer_tokens)} reviewer token(s) configured"
                      if settings.reviewer_tokens else "no reviewer token configured (GOVERNOR_REVIEWER_TOKEN): "
                      "paused steps can only time out"))
+        if reviewer_file:
+            lines.append(f"  list approvals: {command} approvals list --data-dir {data_arg}")
     if settings.webhooks is not None:
         from governor.notify.webhooks import redacted
 
@@ -50,20 +73,21 @@ def instructions(running: Any) -> str:
 
         keys = KeyFiles(data / "keys")
         lines.append(f"  records:        {data / 'records'}")
-        lines.append(f"  verify with:    governor verify RECORD --key {keys.public_key}  (or --did-document {keys.did_document})")
-    lines += session_lines(settings, running)
+        lines.append(f"  verify with:    {command} verify {shlex.quote(str(data / 'records'))}/SESSION.json --key "
+                     f"{shlex.quote(str(keys.public_key))}  (or --did-document {shlex.quote(str(keys.did_document))})")
+    lines += session_lines(settings, running, command)
     lines.append("Set in the agent's environment:")
     lines += [f"  export {key}={value}" for key, value in running.agent_environment().items()]
     if not settings.mode.startswith("reverse:"):
-        lines.append(f"An agent that ignores those (Node 20's fetch, the npm openai client): governor exec --data-dir {settings.data_dir} "
-                     "-- node agent.js")
+        lines.append(f"An agent that ignores those (Node 20's fetch, the npm openai client): {command} exec "
+                     f"--data-dir {data_arg} -- node agent.js")
     lines.append("Ctrl-C stops.")
     return "\n".join(lines)
 
 
-def session_lines(settings: Any, running: Any) -> list[str]:
+def session_lines(settings: Any, running: Any, command: str = "governor") -> list[str]:
     """How sessions are opened here (the banner): the operator must know how to start afresh."""
-    data = settings.data_dir
+    data = shlex.quote(str(settings.data_dir.resolve()))
     default = {"auto": "token-less requests use a default session until a principal opens one here",
                "on": "token-less requests use the default session",
                "off": "token-less requests are refused"}[settings.default_session]
@@ -72,11 +96,15 @@ def session_lines(settings: Any, running: Any) -> list[str]:
         lines.append(f"                  agent-named: any ADL-Session value opens a session (trusts the agent; "
                      f"at most {settings.agent_sessions_per_day} a day)")
     if running.control_url:
-        lines.append(f"  open a session: governor sessions open --data-dir {data}   (or POST {running.control_url}"
-                     "/v1/sessions with the control token); the agent sends the token it returns as ADL-Session")
+        lines.append(f"  open a session: {command} sessions open --data-dir {data}")
+        lines.append(f"                  (or POST {running.control_url}/v1/sessions with the control token); the agent "
+                     "sends the token it returns as ADL-Session")
+        if settings.default_session == "auto":
+            lines.append("                  once one is opened, token-less requests are refused here (403 "
+                         "session_token_required); --default-session on keeps the default session")
         lines.append("                  a halted session stays halted: open a new one; "
                      + (f"a lock ({', '.join(settings.lock_on)}) stops every session until "
-                        f"`governor locks lift ID --by NAME --data-dir {data}`" if settings.lock_on else "no cause locks"))
+                        f"`{command} locks lift ID --by NAME --data-dir {data}`" if settings.lock_on else "no cause locks"))
     else:
         lines.append("  open a session: no control plane (--control off): only the default session is available")
     book = getattr(running, "sessions", None)
