@@ -8,14 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.upstreams import MockLLM
 
