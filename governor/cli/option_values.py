@@ -53,9 +53,10 @@ class Origins:
         return self.label(name) + message[match.end():]
 
 
-def scalar(name: str, value: Any, origin: str) -> Any:
-    """A config-file value for a one-value option: a list or a mapping there is refused, naming it."""
-    if origin == "file" and name not in LIST_OPTIONS and isinstance(value, (list, dict)):
+def scalar(name: str, value: Any, origin: str, lists: frozenset[str] | set[str] = frozenset()) -> Any:
+    """A config-file value for a one-value option: a list or a mapping there is refused, naming it
+    (`lists`: more options that take a list, e.g. the repeatable ones)."""
+    if origin == "file" and name not in LIST_OPTIONS and name not in lists and isinstance(value, (list, dict)):
         kind = "a list" if isinstance(value, list) else "a mapping"
         raise UsageError(f"--{name.replace('_', '-')}: expected a single value, got {kind}")
     return value

@@ -162,7 +162,7 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str], origins: Ori
         v = given(name) if name in OPTIONS else None
         if v is None and file.get(name) is not None:
             origins.note(name, "file")
-            return scalar(name, file[name], "file")
+            return scalar(name, file[name], "file", REPEATABLE)
         return v
 
     settings = Settings()
