@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci_strict import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (CI=true: skips fail)
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("GOVERNOR_SHARED_DIR", REPO.parent / "shared"))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.cli import UsageError
+from governor.cli.option_values import seconds, whole_number
 from governor.evidence.tlog.note import NoteError, parse_vkey
 
 LOG_OPTIONS: dict[str, tuple[str, str]] = {
@@ -31,13 +32,7 @@ LOG_OPTIONS: dict[str, tuple[str, str]] = {
 
 
 def seconds_value(value: Any, what: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{what}: expected a number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise UsageError(f"{what}: must be positive")
-    return number
+    return seconds(value, what)  # positive and finite (governor/cli/option_values.py)
 
 
 def apply_log_settings(settings: Any, value: Any) -> None:
@@ -63,9 +58,7 @@ def apply_log_settings(settings: Any, value: Any) -> None:
             raise UsageError(f"--log-origin: a name without spaces or plus signs, got {origin!r}")
         settings.log_origin = origin
     if (entries := value("log_checkpoint_entries")) is not None:
-        if not str(entries).isdigit() or int(entries) < 1:
-            raise UsageError(f"--log-checkpoint-entries: expected a whole number >= 1, got {entries!r}")
-        settings.log_checkpoint_entries = int(entries)
+        settings.log_checkpoint_entries = whole_number(entries, "--log-checkpoint-entries", least=1)
     if (seconds := value("log_checkpoint_seconds")) is not None:
         settings.log_checkpoint_seconds = seconds_value(seconds, "--log-checkpoint-seconds")
     apply_witness_settings(settings, value)
@@ -93,9 +86,7 @@ def apply_witness_settings(settings: Any, value: Any) -> None:
             witnesses.append((url, vkey))
         settings.witnesses = tuple(witnesses)
     if (quorum := value("witness_quorum")) is not None:
-        if not str(quorum).isdigit() or int(quorum) < 1:
-            raise UsageError(f"--witness-quorum: expected a whole number >= 1, got {quorum!r}")
-        if int(quorum) > len(settings.witnesses):
+        if whole_number(quorum, "--witness-quorum", least=1) > len(settings.witnesses):
             raise UsageError(f"--witness-quorum {quorum}: more than the {len(settings.witnesses)} witnesses given")
         settings.witness_quorum = int(quorum)
     if (wait := value("witness_wait")) is not None:

@@ -119,9 +119,10 @@ def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
                 f"{answer['delegation']}")
     elif args.action == "list":
         answer = call(args, "GET", "/v1/sessions")
-        rows = [f"{s.get('session')}  {s.get('state', '?')}  {s.get('opened_by') or ''}  {s.get('label') or ''}".rstrip()
-                for s in answer.get("sessions", [])]
+        rows = [session_line(s) for s in answer.get("sessions", [])]
         text = "\n".join(rows) if rows else "no sessions"
+        if answer.get("next"):
+            text += f"\n(more: GET /v1/sessions?after={answer['next']})"
     elif args.action == "show":
         answer = call(args, "GET", f"/v1/sessions/{quote(args.session)}")
         text = json.dumps(answer, indent=2)
@@ -140,6 +141,29 @@ def _sessions(args: argparse.Namespace) -> tuple[Any, str]:
         if proof_file is not None:
             text += f"\nits log proof is in {proof_file}, the record as logged in {record_file}"
     return answer, text
+
+
+def state_of(view: dict[str, Any]) -> str:
+    """A session's state as a reader needs it: one that halted says so (and why) after it ended."""
+    state = view.get("state", "?")
+    if view.get("halt_cause"):
+        return f"halted ({view['halt_cause']})" + (", ended" if state == "ended" else "")
+    return state
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    used, limit = budget.get("used", 0), budget.get("limit")
+    amount = f"{used:g}" if limit is None else f"{used:g}/{limit:g}"
+    where = budget.get("scope", "") + (f" persona {budget['persona']}" if budget.get("persona") else "")
+    return f"{budget.get('dimension')} {amount} {where}".rstrip()
+
+
+def session_line(view: dict[str, Any]) -> str:
+    """One line of `sessions list`: id, state, who opened it, label, then its budgets against their caps."""
+    head = "  ".join(str(part) for part in (view.get("session"), state_of(view), view.get("opened_by") or "",
+                                            view.get("label") or "") if part)
+    budgets = [budget_text(b) for b in view.get("budgets") or () if b.get("limit") is not None or b.get("used")]
+    return head + ("\n    budgets: " + "; ".join(budgets) if budgets else "")
 
 
 def run_locks(args: argparse.Namespace) -> int:

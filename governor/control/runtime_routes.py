@@ -4,7 +4,9 @@
   GET  /v1/sessions/{id}              one session's view (an ended one from the session book)
   GET  /v1/sessions/{id}/record       its signed record (`?nonce=`: bound to a nonce issued here)
   POST /v1/sessions/{id}/end          end it and return its final record
-  GET  /v1/approvals                  the steps held for a reviewer
+  GET  /v1/approvals                  the steps held for a reviewer, each with its agent, session label and
+                                      what approve, reject and the timeout do (`?reviewer=NAME`: NAME
+                                      is reviewing; `reviewers` lists who is, control/review_cards.py)
   POST /v1/approvals/{id}             a reviewer's answer (reviewer token, always)
   POST /v1/nonces                     issue a nonce, or register the caller's own
 
@@ -25,6 +27,7 @@ from aiohttp import web
 from governor.control.context import ControlContext
 from governor.control.guard import Refusal, page_query
 from governor.control.nonces import ExpiredNonce, MalformedNonce, NonceError, ReusedNonce, TooManyNonces
+from governor.control.review_cards import Presence, cards
 from governor.control.replies import (
     bearer_refusal, checked_body, error, jsonable, ok, operator_refusal, unknown_session,
 )
@@ -52,6 +55,7 @@ class RuntimeRoutes:
         self.reviewers = context.reviewers
         self.nonces = context.nonces
         self.book = context.sessions
+        self.presence = Presence()  # who is reviewing now (the console polls with ?reviewer=)
 
     def _operator_refusal(self, request: web.Request) -> web.Response | None:
         return operator_refusal(request, self.operators, self.reviewers)
@@ -100,7 +104,9 @@ class RuntimeRoutes:
     async def list_approvals(self, request: web.Request) -> web.Response:
         if refusal := self._operator_refusal(request):
             return refusal
-        return ok({"approvals": self.runtime.approvals()})
+        self.presence.note(request.query.get("reviewer"))
+        return ok({"approvals": cards(self.runtime.approvals(), self.runtime, self.book),
+                   "reviewers": self.presence.now_reviewing()})
 
     async def answer_approval(self, request: web.Request) -> web.Response:
         body, refusal = await checked_body(request, self._reviewer_refusal(request))

@@ -22,11 +22,12 @@ import re
 import tempfile
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from governor.common.canonical import sha256_b64url
+from governor.common.timefmt import iso_utc
 from governor.evidence._jcs import canonical
 
 FORMAT_VERSION = "1.0"
@@ -49,11 +50,6 @@ Timestamp = str | float  # ISO 8601 text, or seconds since the epoch (made UTC I
 # --- time -----------------------------------------------------------------------------
 
 
-def iso_utc(epoch_seconds: float) -> str:
-    """`2026-11-21T22:17:52.123Z`: UTC, millisecond precision (truncated, so never ahead)."""
-    total_ms = math.floor(epoch_seconds * 1000)
-    moment = datetime.fromtimestamp(total_ms // 1000, tz=UTC)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{total_ms % 1000:03d}Z"
 
 
 def parse_iso(text: str) -> datetime:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from governor.common.timefmt import iso_utc
 from governor.policy import degradation as _degradation
 from governor.policy.state import PENDING, Approval
 from governor.policy.steps import (
@@ -63,7 +64,8 @@ def _timeout(run: Run, approval: Approval, late_reviewer: str | None = None) -> 
             run.now + run.limits.response_time_sec,
             approval.trigger,
         )
-        detail.update(approval_id=request.id, previous_approval_id=approval.id, expires_at=request.expires_at)
+        detail.update(approval_id=request.id, previous_approval_id=approval.id,
+                      expires_at=iso_utc(request.expires_at))
         return run.stop(Action.PAUSE, ON_OVERSIGHT_TIMEOUT, detail, approval=request)
     if action is Action.CONTINUE:  # the session goes on; the held step does not
         detail["overridden_cause"] = ON_OVERSIGHT_TIMEOUT

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from governor.common.timefmt import iso_utc
 from governor.policy import degradation as _degradation
 from governor.policy.limits import Limits
 from governor.policy.state import GRANTED, PENDING, SessionState
@@ -162,7 +163,7 @@ class Run:
             self.now + self.limits.response_time_sec,
             trigger,
         )
-        detail.update(approval_id=request.id, step_digest=digest_value, expires_at=request.expires_at, reason=reason)
+        detail.update(approval_id=request.id, step_digest=digest_value, expires_at=iso_utc(request.expires_at), reason=reason)
         detail.setdefault("trigger", trigger)
         return self.stop(Action.PAUSE, cause, detail, approval=request)
 

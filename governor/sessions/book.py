@@ -263,8 +263,10 @@ class SessionBook:
                 "(default session: off); " + HOW_TO_OPEN))
         if self.default == "auto" and self.principal_opened:
             return self._refused(Refusal(
-                "session_token_required", "sessions on this governor are opened by a principal, so requests "
-                "without a session token are refused (default session: auto); " + HOW_TO_OPEN))
+                "session_token_required", "a principal opened a session on this governor's data directory, so "
+                "requests without a session token are refused from then on (--default-session auto); send a "
+                "session's token in the ADL-Session header: " + HOW_TO_OPEN + "; to let token-less requests use a "
+                "default session again, restart the governor with --default-session on"))
         if self.default_halted is not None:
             session, cause = self.default_halted
             return self._refused(Refusal(

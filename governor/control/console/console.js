@@ -10,6 +10,7 @@
   const POLL_MS = 1500;
   const DETAIL_EVERY = 4; // the open record is re-signed and re-verified every 4th poll
   const RECENT_EVENTS = 25;
+  const SESSIONS_PER_PAGE = 8; // a page of sessions, not all of them (twelve made a 5,864-pixel page)
   const storage = window.sessionStorage;
   let token = storage.getItem("governor.token");
   let reviewer = storage.getItem("governor.reviewer");
@@ -18,6 +19,8 @@
   let polls = 0;
   let pollTimer = null;
   const cards = new Map(); // approval id -> {node, expires, timeLeft}
+  let pageStarts = [null]; // the `after` cursor of each sessions page seen (null: the first)
+  let pageIndex = 0;
 
   const $ = (id) => document.getElementById(id);
 
@@ -126,10 +129,13 @@
   async function poll() {
     pollTimer = null;
     try {
+      const after = pageStarts[pageIndex];
       const [approvals, sessions, locks] = await Promise.all([
-        api("GET", "/v1/approvals"), api("GET", "/v1/sessions?limit=200"), api("GET", "/v1/locks"),
+        api("GET", "/v1/approvals?reviewer=" + encodeURIComponent(reviewer)),
+        api("GET", "/v1/sessions?limit=" + SESSIONS_PER_PAGE + (after === null ? "" : "&after=" + encodeURIComponent(after))),
+        api("GET", "/v1/locks"),
       ]);
-      renderApprovals(approvals.approvals || []);
+      renderApprovals(approvals.approvals || [], approvals.reviewers || []);
       renderLocks(locks.locks || []);
       renderSessions(sessions.sessions || [], sessions.next);
       if (selected !== null && polls % DETAIL_EVERY === 0) await showRecord(selected);
@@ -140,6 +146,11 @@
       setStatus("Cannot read the governor: " + failure.message, true);
     }
     if (token !== null) pollTimer = setTimeout(poll, POLL_MS);
+  }
+
+  function repoll() {
+    if (pollTimer !== null) clearTimeout(pollTimer);
+    poll();
   }
 
   function setStatus(text, bad) {
@@ -157,7 +168,10 @@
     return seconds + " s left";
   }
 
-  function renderApprovals(approvals) {
+  function renderApprovals(approvals, reviewers) {
+    const others = reviewers.filter((name) => name !== reviewer);
+    $("reviewers").textContent = others.length
+      ? "Also reviewing now: " + others.join(", ") + "." : "No other reviewer is looking now.";
     const seen = new Set();
     for (const approval of approvals) {
       const id = String(approval.id);
@@ -189,12 +203,22 @@
     const expires = Date.parse(approval.expires_at);
     const timeLeftNode = el("span", { class: "timeleft" });
     const details = el("dl");
-    field(details, "session", approval.session);
+    const step = approval.tool === null || approval.tool === undefined ? "(step)" : String(approval.tool);
+    const sessionName = String(approval.session) + (approval.session_label ? " (" + approval.session_label + ")" : "");
+    field(details, "agent", approval.agent);
+    field(details, "session", sessionName);
+    field(details, "step", "tool call " + step);
     field(details, "persona", approval.persona);
     field(details, "reason", approval.reason);
     field(details, "trigger", approval.trigger);
     field(details, "step digest", approval.step_digest);
     field(details, "approval", id);
+    const deadline = Number.isNaN(expires) ? "the deadline" : new Date(expires).toLocaleTimeString();
+    const consequences = el("ul", { class: "consequences" },
+      el("li", { class: "on-approve" }, el("strong", { text: "Approve: " }), approval.on_approve || "the step runs once"),
+      el("li", { class: "on-reject" }, el("strong", { text: "Reject: " }), approval.on_reject || "the step never runs"),
+      el("li", { class: "on-timeout" }, el("strong", { text: "No answer by " + deadline + ": " }),
+        approval.on_timeout || "the passport's on_oversight_timeout applies"));
     const args = el("pre", { class: "arguments", text: pretty(approval.arguments || {}) });
     const problem = el("p", { class: "error", role: "alert" });
     const approve = el("button", { type: "button", class: "approve", text: "Approve" });
@@ -231,7 +255,7 @@
     for (const button of buttons) button.disabled = !canAnswer;
     const node = el("article", { class: "approval", "data-approval": id },
       el("header", {}, el("span", { class: "tool", text: approval.tool === null ? "(step)" : String(approval.tool) }), timeLeftNode),
-      details, args, actions, editor, problem);
+      details, args, consequences, actions, editor, problem);
 
     async function answer(decision, edited) {
       problem.textContent = "";
@@ -242,7 +266,10 @@
       try {
         const result = await api("POST", "/v1/approvals/" + encodeURIComponent(id), body);
         node.classList.add("answered");
-        actions.replaceChildren(el("span", { class: "outcome", text: (decision === "approve" ? "Approved" : "Rejected") + " by " + reviewer + (result.edited ? " (edited)" : "") }));
+        const verb = decision === "approve" ? "Approved" : "Rejected";
+        actions.replaceChildren(el("span", { class: "outcome", text: verb + " by " + reviewer + (result.edited ? " (edited)" : "") }));
+        confirm(verb + (result.edited ? " (edited)" : "") + " " + step + " in session " + sessionName + " at "
+          + new Date().toLocaleTimeString() + ": " + (decision === "approve" ? approval.on_approve : approval.on_reject));
         if (editor) editor.hidden = true;
       } catch (failure) {
         if (failure.status === 401) { signOut("Your token was refused; sign in again."); return; }
@@ -255,6 +282,13 @@
     approve.addEventListener("click", () => answer("approve"));
     reject.addEventListener("click", () => answer("reject"));
     return { node, expires, timeLeft: timeLeftNode };
+  }
+
+  // The reviewer's answers stay listed after their cards leave the pending list.
+  function confirm(text) {
+    $("answered-panel").hidden = false;
+    $("answered").prepend(el("li", { class: "confirmation", text }));
+    setStatus(text, false);
   }
 
   // --- locks --------------------------------------------------------------------------
@@ -322,7 +356,8 @@
       return el("tr", { "data-session": String(view.session) },
         el("td", {}, el("div", { class: "id mono", text: String(view.session) }),
           view.label ? el("div", { class: "label", text: String(view.label) }) : null),
-        el("td", { class: "state-" + view.state, text: String(view.state) + (view.halt_cause ? " (" + view.halt_cause + ")" : "") }),
+        el("td", { class: "state-" + (view.halt_cause ? "halted" : view.state),
+          text: view.halt_cause ? "halted (" + view.halt_cause + ")" + (view.state === "ended" ? ", ended" : "") : String(view.state) }),
         el("td", { text: view.started_at || "" }), bars,
         el("td", { text: String(pending) }), el("td", { text: String(view.events) }), el("td", {}, open));
     });
@@ -330,8 +365,12 @@
     if (rows.length) parts.push(el("table", {},
       el("thead", {}, el("tr", {}, ...["session", "state", "started", "budgets", "pending", "events", ""].map((h) => el("th", { text: h })))),
       el("tbody", {}, ...rows)));
-    if (next) parts.push(el("p", { class: "empty", text: "The first " + sessions.length + " sessions are shown (governor sessions list shows all)." }));
     $("sessions").replaceChildren(...parts);
+    if (next && pageStarts.length === pageIndex + 1) pageStarts.push(next);
+    if (!next) pageStarts.length = pageIndex + 1;
+    $("sessions-next").disabled = !next;
+    $("sessions-prev").disabled = pageIndex === 0;
+    $("sessions-page").textContent = "page " + (pageIndex + 1) + (next ? "" : " (last)");
   }
 
   // --- a session's record -------------------------------------------------------------
@@ -374,6 +413,8 @@
     $("sign-out").addEventListener("click", () => signOut(""));
     $("detail-close").addEventListener("click", () => { selected = null; $("session-detail").hidden = true; });
     $("detail-refresh").addEventListener("click", () => { if (selected !== null) showRecord(selected); });
+    $("sessions-next").addEventListener("click", () => { if (pageStarts.length > pageIndex + 1) { pageIndex += 1; repoll(); } });
+    $("sessions-prev").addEventListener("click", () => { if (pageIndex > 0) { pageIndex -= 1; repoll(); } });
     setInterval(tick, 1000);
     if (token !== null && reviewer !== null) start();
   });
