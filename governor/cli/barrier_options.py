@@ -20,6 +20,8 @@ def apply_barrier_settings(settings: Any, value: Any) -> None:
     path = value("lock_lifter_tokens")
     if path is None:
         return
+    if not isinstance(path, str) or not path:
+        raise UsageError(f"--lock-lifter-tokens: expected the path of a file, got {path!r}")
     from governor.control.auth import TokenConfigError, TokenSet
 
     try:
