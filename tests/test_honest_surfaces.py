@@ -83,7 +83,7 @@ async def test_the_banner_commands_run_as_printed_and_the_403_says_how_to_go_bac
             assert "a principal opened a session on this governor's data directory" in message
             assert "--default-session on" in message and "ADL-Session" in message
             governed = await client.post("/v1/chat/completions", json=body,
-                                         headers={"ADL-Session": token, "ADL-Persona": "writer",
+                                         headers={"ADL-Session": token, "ADL-Agent-Note": "writer",
                                                   "ADL-Governor-Via": "forged-by-agent"})
             assert governed.status_code == 200, governed.text
         # what docs/reference/wire-protocols.md says an upstream sees: no ADL-* header of the agent's,

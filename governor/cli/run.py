@@ -106,7 +106,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                    "logger, message and the call's extras such as session and cause)"),
 }
 
-REPEATABLE = {"webhook", "allow", "witness"}
+REPEATABLE = {"webhook", "allow", "witness", "rate_limit"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
