@@ -67,6 +67,20 @@ RUNTIME = (  # called from inside the hooks
     "governor.runtime.core:Runtime.usage",
     "governor.runtime.core:Runtime.finish",
 )
+# Trees from before the rooms (issue #28): one mixin addon and a top-level runtime module.
+# `--tree` with such a tree times these instead, so that today's tree can be compared with
+# the ones "The floor" (bench/FINDINGS.md) was measured on.
+LEGACY_HOOKS = (
+    "governor.proxy.addon:Governor.request",
+    "governor.proxy.addon:Governor.responseheaders",
+    "governor.proxy.addon:Governor.response",
+    "governor.proxy.addon:StreamRelay.__call__",
+)
+LEGACY_RUNTIME = (
+    "governor.runtime:Runtime.admit",
+    "governor.runtime:Runtime.usage",
+    "governor.runtime:Runtime.finish",
+)
 _BOOT = ("import os, sys, hook_cpu_probe; hook_cpu_probe.install(os.environ['HOOK_CPU_TARGETS'].split(',')); "
          "from governor.cli import main; sys.exit(main(sys.argv[1:]))")
 
@@ -80,9 +94,17 @@ class TimedGovernor(Governor):
         return [PYTHON, "-P", "-c", _BOOT, "run", *args]
 
 
+def hooks_of(tree: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The hooks and runtime calls to time in a tree: today's, or a tree's from before the rooms."""
+    if tree and not (Path(tree) / "governor" / "proxy" / "chain.py").exists():
+        return LEGACY_HOOKS, LEGACY_RUNTIME
+    return HOOKS, RUNTIME
+
+
 def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: Sequence[str],
         gc_threshold: int | None = None, warmup: float = 2.0) -> dict[str, Any]:
-    targets = [*HOOKS, *RUNTIME, *extra]
+    hooks, runtime = hooks_of(tree)
+    targets = [*hooks, *runtime, *extra]
     with scratch("hook-cpu") as work:
         out = work / "table.json"
         path = [str(BENCH)] + ([str(Path(tree).resolve())] if tree else [])
@@ -137,7 +159,8 @@ def run(kind: str, concurrency: int, duration: float, tree: str | None, extra: S
         "process_cpu_us_per_request": round(measured["cpu_seconds"] / requests * 1e6, 1),
         "threads_us_per_request": {k: round(v, 1) for k, v in threads.items()},
         "timed": rows,
-        "hooks_us_per_request": round(sum(rows[t]["us_per_request"] for t in HOOKS), 1),
+        "hooks": list(hooks), "runtime_calls": list(runtime),
+        "hooks_us_per_request": round(sum(rows[t]["us_per_request"] for t in hooks), 1),
     }
 
 
@@ -147,7 +170,7 @@ def report(result: dict[str, Any]) -> str:
         if target in GC:
             name = f"garbage collection, generation {target[-1]}"
         else:
-            name = target.partition(":")[2] + ("  (inside the hooks)" if target in RUNTIME else "")
+            name = target.partition(":")[2] + ("  (inside the hooks)" if target in result["runtime_calls"] else "")
         rows.append([name, r["calls_per_request"], r["us_per_call"], r["us_per_request"]])
     threads = ", ".join(f"{k} {v}" for k, v in result["threads_us_per_request"].items())
     garbage = sum(result["timed"][g].get("collected_per_request", 0) for g in GC)

@@ -336,6 +336,15 @@ def test_the_hook_timer_times_each_hook_once_per_request_and_the_collector(kind:
     assert sum(timed[g]["collected_per_request"] for g in hook_cpu.GC) >= 1
 
 
+def test_the_hook_timer_times_a_tree_from_before_the_rooms_by_its_own_names(tmp_path) -> None:
+    """--tree with a tree whose addon was one class (no governor/proxy/chain.py) times that
+    addon's hooks and the top-level runtime module's calls; today's tree, the chain's."""
+    (tmp_path / "governor" / "proxy").mkdir(parents=True)
+    assert hook_cpu.hooks_of(str(tmp_path)) == (hook_cpu.LEGACY_HOOKS, hook_cpu.LEGACY_RUNTIME)
+    assert hook_cpu.hooks_of(None) == (hook_cpu.HOOKS, hook_cpu.RUNTIME)
+    assert hook_cpu.hooks_of(str(BENCH.parent)) == (hook_cpu.HOOKS, hook_cpu.RUNTIME)
+
+
 # --- two revisions side by side ---------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from governor.policy import (
     UsageReport,
     advance,
     decide,
+    quiet_charges,
     quiet_model_call,
     quiet_settlement,
     settlement,
@@ -324,10 +325,23 @@ def test_a_quiet_model_call_is_what_decide_and_advance_give(tier, session, model
     usual = persona is None and not state.halted and _plain_permit(decision, recorder.limits)
     event(f"quiet: {quiet is not None}")
     assert (quiet is not None) == usual
+    _charges_agree(recorder.limits, recorder.state, step, now, quiet)
     if quiet is not None:
         quiet_decision, quiet_state = quiet
         assert quiet_decision == decision
         assert quiet_state == advance(recorder.limits, state, step, decision, now)
+
+
+def _charges_agree(limits: Any, state: SessionState, step: ModelCall, now: float, quiet: Any) -> None:
+    """quiet_charges (what the runtime reserves with the counters' read, before deciding) is
+    exactly the charges of quiet_model_call's permit whenever it gives one, and empty only
+    where quiet_model_call gives None whatever the counters."""
+    charges = quiet_charges(limits, state, step, now)
+    if quiet is not None:
+        assert charges == quiet[0].charges and charges
+    if not charges:
+        assert quiet is None
+        assert quiet_model_call(limits, state, step, {}, now) is None  # not for want of counters
 
 
 _LIMITS = {tier: Recorder(tier).limits for tier in (Tier.R1, Tier.R2, Tier.R3)}
@@ -394,6 +408,7 @@ def test_a_quiet_model_call_at_every_threshold_is_what_decide_and_advance_give(d
     usual = step.persona is None and step.approval_id is None and not state.halted and _plain_permit(decision, limits)
     event(f"quiet: {quiet is not None}")
     assert (quiet is not None) == usual
+    _charges_agree(limits, state, step, now, quiet)
     if quiet is not None:
         assert quiet == (decision, advance(limits, snapshot, step, decision, now))
 
@@ -435,6 +450,7 @@ def test_a_quiet_model_call_at_each_boundary(counters, state, tokens, quiet):
     assert _plain_permit(decision, limits) == quiet
     answer = quiet_model_call(limits, session, step, counters, now)
     assert (answer is not None) == quiet
+    _charges_agree(limits, session, step, now, answer)
     if answer is not None:
         assert answer == (decision, advance(limits, snapshot, step, decision, now))
 

@@ -505,7 +505,7 @@ async def test_a_cancelled_response_hook_still_ends_the_exchange(addon_on_test_f
     from governor.proxy.flow_state import STATE_KEY
 
     hook, runtime, forward = addon_on_test_flows
-    answers = next(addon for addon in hook.chain.addons if isinstance(addon, Answers))
+    answers = next(addon for addon in hook.chain.members if isinstance(addon, Answers))
     reading = asyncio.Event()
 
     async def never_done(flow, flight):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from governor.policy import (
 )
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR, ON_OVERSIGHT_TIMEOUT, ON_SESSION_INTEGRITY
 from governor.runtime.core import Runtime
-from governor.store import Reservation, SQLiteStore, StoreIntegrityError, StoreUnavailable
+from governor.store import Reservation, SQLiteStore, StoreIntegrityError, StoreUnavailable, WriteBehindStore
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = 1_796_000_000.0  # 2026-11-30: inside the example passport's validity, after its issued_at
@@ -401,12 +402,18 @@ async def test_a_final_usage_that_cannot_be_recorded_still_frees_its_slot(runtim
 
 
 @contextlib.contextmanager
-def quick_and_full(pinned, tmp_path: Path, clock: Clock, shortcut: str):
+def quick_and_full(pinned, tmp_path: Path, clock: Clock, shortcut: str, backend: str = "sqlite"):
     """Two runtimes alike, but the second never takes `shortcut` (a Runtime method that
-    decides a step at once, answering None when it does not)."""
+    decides a step at once, answering None when it does not); `backend` "write-behind": on
+    the store `governor run` uses by default (its own reserve_within), else SQLite's."""
     (tmp_path / "quick").mkdir()
     (tmp_path / "full").mkdir()
-    quick, full = make_runtime(pinned, tmp_path / "quick", clock), make_runtime(pinned, tmp_path / "full", clock)
+
+    def store(where: Path) -> Any:
+        return WriteBehindStore(where / "state.db") if backend == "write-behind" else None
+
+    quick = make_runtime(pinned, tmp_path / "quick", clock, store=store(tmp_path / "quick"))
+    full = make_runtime(pinned, tmp_path / "full", clock, store=store(tmp_path / "full"))
     setattr(full, shortcut, lambda *args: None)
     try:
         yield quick, full
@@ -461,15 +468,16 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
 # After some usage (180 tokens of the session's 20,000, warned at 16,000), a model call that
 # fires nothing is admitted at once (Runtime._admit_at_once); one that warns or is refused
 # goes through the full round.
+@pytest.mark.parametrize("backend", ["sqlite", "write-behind"])
 @pytest.mark.parametrize("expected_in, expected_out, at_once", [
     (10, 10, True), (1_000, 14_000, True), (1_000, 15_000, False), (1_000, 19_000, False),
 ])
 async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path, clock, expected_in, expected_out,
-                                                                at_once):
+                                                                at_once, backend):
     """Same decision, session state, counters and ticket whether a model call is admitted at
     once or by the full round under the lock; and only a call that fires nothing goes at once."""
-    outcomes = []
-    with quick_and_full(pinned, tmp_path, clock, "_admit_at_once") as (quick, full):
+    outcomes, counters = [], []
+    with quick_and_full(pinned, tmp_path, clock, "_admit_at_once", backend) as (quick, full):
         for rt in (quick, full):
             clock.t = NOW
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
@@ -480,11 +488,19 @@ async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path
                                                       expected_output_tokens=expected_out))
             live = rt._sessions["s"]
             ticket = admission.ticket
-            outcomes.append((admission.decision, admission.governor_object, live.state, live.last_activity,
-                             rt.store.snapshot(rt.agent_id, "s", clock.t),
+            outcomes.append((admission.decision, admission.governor_object, replace(live.state, counters={}),
+                             live.last_activity,
                              None if ticket is None else (ticket.kind, ticket.charges, ticket.in_flight,
                                                           ticket.reservation is not None)))
+            counters.append((live.state.counters, rt.store.snapshot(rt.agent_id, "s", clock.t)))
         assert outcomes[0] == outcomes[1]
+        # the same counters; a call that is not admitted at once reserved its charges with the
+        # counters' read and released them (Store.reserve_within): x + c - c may differ from x
+        # in the last bits of a float, as settling a reservation at a different amount does
+        for quick_counters, full_counters in zip(*counters):
+            assert quick_counters == pytest.approx(full_counters, rel=1e-12, abs=1e-15)
+        if at_once:
+            assert counters[0] == counters[1]
         assert ("ModelCall" not in rounds) == at_once
 
 
@@ -538,6 +554,42 @@ async def test_a_reservation_refused_at_once_is_decided_again_in_full(runtime, m
     assert answers == ["refused", "held"]
     assert not admission.decision.blocks and admission.ticket.reservation is not None
     assert runtime._sessions["s"].state.in_flight == 1
+
+
+@pytest.mark.parametrize("answer", ["refused", "down", "quiet but not at once"])
+async def test_what_reserve_within_cannot_admit_is_decided_in_full(pinned, tmp_path, clock, monkeypatch, answer):
+    """On the write-behind store (governor run's): a reservation refused with the counters'
+    read (another replica's step got there first), a store that fails it, or a reservation
+    made for a call the quick check then does not permit: the full round decides again and
+    nothing stays held."""
+    rt = make_runtime(pinned, tmp_path, clock, store=WriteBehindStore(tmp_path / "state.db"))
+    try:
+        await model_step(rt, "s", 10, 10)
+        own, calls = rt.store.reserve_within, []
+
+        def once(*args, **kwargs):
+            calls.append(answer)
+            if answer == "refused":
+                return {}, Reservation(id=None, ok=False)
+            if answer == "down":
+                raise StoreUnavailable("state store down")
+            return own(*args, **kwargs)
+
+        monkeypatch.setattr(rt.store, "reserve_within", once)
+        if answer == "quiet but not at once":  # e.g. a warning level crossed: decide() records it
+            monkeypatch.setattr("governor.runtime.core.quiet_model_call", lambda *args: None)
+        rounds = full_rounds(rt)
+        admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
+                                                  expected_output_tokens=10))
+        assert calls == [answer] and rounds == ["ModelCall"]
+        assert not admission.decision.blocks and admission.ticket.reservation is not None
+        live = rt._sessions["s"]
+        assert live.state.in_flight == 1
+        # only the full round's reservation is held: the usage of one step of 10+10 expected
+        assert [held.totals for held in rt.store._held.values()] == [
+            {(c.scope, c.persona, c.dimension): float(c.amount) for c in admission.ticket.charges}]
+    finally:
+        rt.store.close()
 
 
 async def test_a_report_waits_for_a_step_that_holds_the_session(runtime):

@@ -214,6 +214,47 @@ def test_charges_no_counter_can_be_made_of_are_rejected(store: Store):
     assert store.snapshot("agent", "s1", T0) == {}
 
 
+def reserve_within_of(store: Store):
+    """The store's own reserve_within, or the default (snapshot, then reserve) it would use."""
+    from functools import partial
+
+    from governor.store.base import reserve_within
+
+    return getattr(store, "reserve_within", None) or partial(reserve_within, store)
+
+
+def test_reserve_within_reads_the_counters_before_it_reserves(store: Store):
+    reserve_within = reserve_within_of(store)
+    store.add("agent", "s1", [charge("per_session", "tokens", 30)], T0)
+    keys = [SESSION_TOKENS, DAY_TOKENS, DAY_COST, ("per_session", None, "wall_clock_sec")]
+    counters, held = reserve_within("agent", "s1", keys, model_call(50, 0.5, session_cap=100), T0)
+    assert held.ok and counters == {SESSION_TOKENS: 30, DAY_TOKENS: 0, DAY_COST: 0,
+                                    ("per_session", None, "wall_clock_sec"): 0}
+    counters, refused = reserve_within("agent", "s1", keys, model_call(21, 0.5, session_cap=100), T0)
+    assert not refused.ok and refused.failed == charge("per_session", "tokens", 21, 100) and refused.observed == 80
+    assert counters[SESSION_TOKENS] == 80 and store.snapshot("agent", "s1", T0, keys) == counters  # nothing held
+    # a charge on a counter the keys do not name is still checked against its value
+    counters, over = reserve_within("agent", "s1", [DAY_COST], [charge("per_session", "tokens", 21, 100)], T0)
+    assert not over.ok and counters == {DAY_COST: 0.5}
+    store.release(held.id)
+    assert store.snapshot("agent", "s1", T0, [SESSION_TOKENS]) == {SESSION_TOKENS: 30}
+
+
+def test_reserve_within_refuses_keys_and_charges_no_counter_can_be_made_of(store: Store):
+    reserve_within = reserve_within_of(store)
+    good = [charge("per_day", "tokens", 1)]
+    for keys, charges in (
+        ([("per_week", None, "tokens")], good),
+        ([("per_day", "", "tokens")], good),
+        ([DAY_TOKENS], [charge("per_day", "tokens", float("nan"))]),
+        ([DAY_TOKENS], [charge("per_day", "tokens", -1)]),
+        ([DAY_TOKENS], [charge("per_day", "bananas", 1)]),
+    ):
+        with pytest.raises(ValueError):
+            reserve_within("agent", "s1", keys, charges, T0)
+    assert store.snapshot("agent", "s1", T0) == {}
+
+
 # --- the rolling 24 hours -------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store import MemoryStore, RollingWindow, SQLiteStore, Store, UnknownReservation, WriteBehindStore
-from governor.store.base import cap_limit
+from governor.store.base import cap_limit, reserve_within as default_reserve_within
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, redis_url  # noqa: F401  (fixture)
 
 T0 = 1_699_999_980.0
@@ -138,6 +138,26 @@ class StoreModel(RuleBasedStateMachine):
             c.cap is None or current[key_of(c)] + wanted[key_of(c)] <= cap_limit(c.cap) for c in charges
         )
         r = self.store.reserve(agent, session, charges, self.now)
+        self.check_reserved(r, agent, session, charges, before, current, wanted, should_pass)
+
+    @rule(session=st.sampled_from(sorted(SESSIONS)), charges=charges_strategy,
+          keys=st.lists(st.sampled_from(KEYS), unique=True))
+    def reserve_within(self, session: str, charges: list[CounterCharge], keys: list[CounterKey]) -> None:
+        """Store.reserve_within: the snapshot of `keys` before the reservation, and the
+        reservation reserve() would make (a store without its own: the default)."""
+        before = self.observe()
+        agent = SESSIONS[session]
+        current, wanted = self.expected(session), totals(charges)
+        should_pass = all(
+            c.cap is None or current[key_of(c)] + wanted[key_of(c)] <= cap_limit(c.cap) for c in charges
+        )
+        own = getattr(self.store, "reserve_within", None)
+        counters, r = (own(agent, session, keys, charges, self.now) if own is not None
+                       else default_reserve_within(self.store, agent, session, keys, charges, self.now))
+        assert counters == {key: current[key] for key in keys}
+        self.check_reserved(r, agent, session, charges, before, current, wanted, should_pass)
+
+    def check_reserved(self, r, agent, session, charges, before, current, wanted, should_pass) -> None:
         assert r.ok is should_pass
         after = self.observe()
         if r.ok:

@@ -20,6 +20,7 @@ from governor.policy.engine import (
     step_digest,
 )
 from governor.policy.limits import Limits, LimitsError, PolicyConfig, compile_limits
+from governor.policy.quiet import quiet_charges
 from governor.policy.pricing import PricingError, PricingTable, load_pricing
 from governor.policy.state import SessionState
 from governor.policy.tools import step_tools
@@ -66,7 +67,7 @@ from governor.policy.steps import (
 
 __all__ = [
     "compile_limits", "Limits", "LimitsError", "PolicyConfig", "SessionState", "decide", "advance", "settlement",
-    "quiet_model_call", "quiet_settlement", "step_tools",
+    "quiet_model_call", "quiet_charges", "quiet_settlement", "step_tools",
     "step_digest", "governor_error", "store_unreachable", "load_pricing", "PricingTable", "PricingError",
     "KNOWN_CAUSES", "ON_ANOMALY", "ON_BUDGET_EXHAUSTED", "ON_DELEGATION_DENIED", "ON_GOVERNOR_ERROR",
     "ON_ITERATION_LIMIT", "ON_OVERSIGHT_TIMEOUT", "ON_OVERSIGHT_TRIGGER", "ON_SESSION_INTEGRITY",

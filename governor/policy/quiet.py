@@ -78,16 +78,41 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
         if (baseline is not None and baseline.cost_max is not None and session_cost > baseline.cost_max
                 and "cost_above_max" not in state.deviations):
             return None
-    capped = limits.enforce_hard
-    # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
-    charges = tuple([new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
-                                                m.cap if capped else None, m.persona))
-                     for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
+    charges = _charges(limits, meters, tokens, cost)
     if not charges:
         return None
     decision = permitted(charges, step_tools(limits, None), (), {}, False)
     return decision, state.evolve(counters=counters, seq=state.seq + 1, iterations=state.iterations + 1,
                                   in_flight=state.in_flight + 1)
+
+
+def quiet_charges(limits: Limits, state: SessionState, step: ModelCall, now: float) -> tuple[CounterCharge, ...]:
+    """The charges of quiet_model_call's permit for `step`, whenever it gives one: they depend
+    on the step and the limits only (not on the counters), so the runtime reserves them in
+    the same store operation that reads the counters (Store.reserve_within), and releases
+    them when quiet_model_call then gives None. Empty when quiet_model_call gives None
+    whatever the counters (its checks that read no counter: a halted session, a persona's or
+    a released call, the concurrency, iteration and duration caps), so nothing is reserved
+    for a call the session's state alone refuses."""
+    if state.halted or step.persona is not None or step.approval_id is not None:
+        return ()
+    if limits.max_concurrent is not None and state.in_flight + 1 > limits.max_concurrent:
+        return ()
+    if limits.max_iterations is not None and state.iterations + 1 > limits.max_iterations:
+        return ()
+    if limits.clock_checked and limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
+        return ()
+    tokens = step.expected_input_tokens + step.expected_output_tokens
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens, 0, step.units)
+    return _charges(limits, limits.meters[None], tokens, cost)
+
+
+def _charges(limits: Limits, meters: tuple[Meter, ...], tokens: int, cost: float | None) -> tuple[CounterCharge, ...]:
+    capped = limits.enforce_hard
+    # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
+    return tuple([new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
+                                             m.cap if capped else None, m.persona))
+                  for m in meters if (tokens if m.dimension == TOKENS else cost) is not None])
 
 
 def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decision | None:

@@ -16,11 +16,13 @@ one did to the flow, so each looks at the flow's state (and `flow.response`) fir
                    WebSocket governed event by event
   InFlight         request: tracked; response / error: the exchange ends; ticks, timeouts
 
-The `Chain` is added to the master as one addon whose sub-addons are these (mitmproxy's
-`addons` attribute: each is registered, loaded and called in order like any addon). One
-top-level addon, because mitmproxy wraps each top-level addon's call of every event in its
+The `Chain` is added to the master as one addon, and it calls its members' hooks itself, in
+this order (governor.proxy.dispatch: one callable per event, resolved at construction), after
+the connection guard's (governor.proxy.connections, when given: it keeps its own error guard).
+One top-level addon, because mitmproxy wraps each top-level addon's call of every event in its
 error guard: six of them cost ~70 us of dispatch per request, nested ~13 us (measured with
-mitmproxy's AddonManager, four lifecycle events and their updates). The guard being the
+mitmproxy's AddonManager, four lifecycle events and their updates); and no `addons` attribute,
+because mitmproxy walks sub-addons anew on every event (bench/FINDINGS.md). The guard being the
 chain's, an exception ends the event for the addons after the one that raised: so every
 hook that an addon after it depends on catches, logs and fails closed (and a cancelled
 answers' hook ends its exchange itself, through the shared `Exchanges`).
@@ -36,6 +38,7 @@ from governor.proxy.admission import Admission
 from governor.proxy.lineage import Lineage
 from governor.proxy.answers import Answers
 from governor.proxy.binding import SessionBinding
+from governor.proxy.dispatch import dispatcher, hook_table
 from governor.proxy.drain import Drain
 from governor.proxy.egress import EgressHosts
 from governor.proxy.enforcing import Enforcer
@@ -52,7 +55,7 @@ from governor.runtime.api import RuntimeAPI
 
 
 class Chain:
-    """The governor's addons (`addons`: mitmproxy's sub-addons, called in this order) and what
+    """The governor's addons (`members`, whose hooks the chain calls in this order) and what
     a running proxy, its tests and its benchmarks look at: the registry, the holds, the
     recordings, the traffic no adapter claimed, the policy."""
 
@@ -60,8 +63,12 @@ class Chain:
 
     def __init__(self, addons: list[Any], registry: AdapterRegistry, holds_: holds.Holds,
                  recording_: recording.Recording, unknown: UnknownTraffic, policy: ProxyPolicy,
-                 drain: Drain | None = None) -> None:
-        self.addons = addons
+                 drain: Drain | None = None, guard: Any = None) -> None:
+        self.members = addons
+        # mitmproxy finds each event's hook as an attribute: one dispatcher per event a member
+        # (or the connection guard, isolated) handles, resolved once
+        for event, found in hook_table(addons, () if guard is None else (guard,)).items():
+            setattr(self, event, dispatcher(event, found))
         self.drain = drain  # a graceful stop: new requests refused, those in flight finished or cut
         self.registry = registry
         self.holds = holds_
@@ -78,14 +85,14 @@ class Chain:
     def policy(self, policy: ProxyPolicy) -> None:
         """Every addon reads the new policy from its next hook on (tests change it live)."""
         self._policy = policy
-        for addon in self.addons:
+        for addon in self.members:
             if hasattr(addon, "policy"):
                 addon.policy = policy
 
     def hooks(self, name: str) -> list[Callable[..., Any]]:
         """The addons' `name` hooks in the order mitmproxy calls them, for drivers without a
         master (tests, benchmarks)."""
-        return [hook for addon in self.addons if (hook := getattr(addon, name, None)) is not None]
+        return [hook for addon in self.members if (hook := getattr(addon, name, None)) is not None]
 
 
 def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy, *, metrics: Any = None,
@@ -120,7 +127,7 @@ def assemble(runtime: RuntimeAPI, registry: AdapterRegistry, policy: ProxyPolicy
     ]
     if tracing is not None:  # the flow's span: current before the first addon, ended after the last
         addons = [tracing.opening, *addons, tracing.closing]
-    return Chain(addons, registry, held, recorded, unknown, policy, drain)
+    return Chain(addons, registry, held, recorded, unknown, policy, drain, guard=guard)
 
 
 def passport_digest(runtime: Any) -> str | None:

@@ -352,8 +352,9 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
     started = _Started()
     heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
     master = Master(options.Options())
+    # the connection guard's hooks are called by the chain, first (governor/proxy/dispatch.py)
     master.addons.add(core.Core(), mitm_proxyserver, next_layer.NextLayer(), tlsconfig.TlsConfig(),
-                      _StartupErrorCheck(), guard, chain, started)
+                      _StartupErrorCheck(), chain, started)
     try:
         master.options.update(**master_options(settings))
     except Exception as exc:  # mitmproxy's OptionsError, a bad mode spec, an unreadable CA file

@@ -56,6 +56,7 @@ from governor.policy import (
     advance,
     decide,
     governor_error,
+    quiet_charges,
     quiet_model_call,
     step_tools,
     quiet_settlement,
@@ -280,23 +281,29 @@ class Runtime:
         `_apply` would do for it under the lock, minus the engine's general run.
 
         Taken only when `_outside_the_round` allows it. None: not taken, and nothing changed (a
-        failed or refused reservation holds nothing); the full round then decides, records
-        what fires, and fails closed when the store is down."""
+        reservation it made is released; a failed or refused one holds nothing); the full round
+        then decides, records what fires, and fails closed when the store is down."""
         if not self._outside_the_round(live):
             return None
         now = self.clock()
+        limits = live.limits
+        held = quiet = None
         try:
-            counters = self.store.snapshot(self.agent_id, live.id, now, live.limits.counter_keys(step))
-            quiet = quiet_model_call(live.limits, live.state, step, counters, now)
-            if quiet is None:
+            # the counters read and the permit's charges reserved in one store operation (the
+            # charges depend on the step alone); anything but that permit releases them
+            charges = quiet_charges(limits, live.state, step, now)
+            if not charges:
                 return None
-            decision, state = quiet
-            held = self.store.reserve(self.agent_id, live.id, decision.charges, now)
+            counters, held = self.store.reserve_within(self.agent_id, live.id, limits.counter_keys(step), charges, now)
+            if held.ok:  # else over a cap, or a concurrent step got there first: the full round reports it
+                quiet = quiet_model_call(limits, live.state, step, counters, now)
         except Exception:
             log.debug("session %s: admitting a model call at once failed", live.id, exc_info=True)
+        if quiet is None or quiet[0].charges != charges:
+            if held is not None and held.ok:
+                self._release_quietly(held.id)
             return None
-        if not held.ok:  # a concurrent step got there first: the full round reports it
-            return None
+        decision, state = quiet
         self._advanced(live, state, now)
         return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
 

@@ -157,6 +157,15 @@ class Store(Protocol):
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         """Record usage unconditionally, dated `now` (caps are not checked)."""
 
+    def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey], charges: Sequence[CounterCharge],
+                       now: float) -> tuple[dict[CounterKey, float], Reservation]:
+        """`snapshot(agent, session, now, keys)` and then `reserve(agent, session, charges, now)`
+        as one operation: the counters `keys` as they were before the reservation, and the
+        reservation (refused: nothing held). What the runtime admits the usual model call with
+        (its charges do not depend on the counters; it decides on the snapshot and releases
+        the reservation when the decision is not that plain permit). `reserve_within` below
+        is the default, in two operations; a store may do it in one."""
+
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
     ) -> dict[CounterKey, float]:
@@ -195,6 +204,13 @@ class Store(Protocol):
 
 
 # --- helpers shared by the implementations ---------------------------------------------
+
+
+def reserve_within(store: Store, agent: str, session: str, keys: Sequence[CounterKey],
+                   charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
+    """Store.reserve_within in two of the store's operations: the snapshot, then the reservation."""
+    counters = store.snapshot(agent, session, now, keys)
+    return counters, store.reserve(agent, session, charges, now)
 
 
 def counter_key(charge: CounterCharge) -> CounterKey:

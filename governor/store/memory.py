@@ -101,6 +101,26 @@ class MemoryStore:
             self._held[rid] = HeldReservation(agent, session, bucket, now, totals)
             return Reservation(id=rid, ok=True)
 
+    def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey], charges: Sequence[CounterCharge],
+                       now: float) -> tuple[dict[CounterKey, float], Reservation]:
+        """snapshot() then reserve() under one hold of the lock, the counters read once."""
+        check_keys(keys)
+        totals = totals_by_key(charges)
+        with self._locked():
+            first_live = self.window.first_live(now)
+            counters = self._values(agent, session, keys, first_live)
+            # the charges' counters are among the snapshot's for a model call; read any that are not
+            current = counters if totals.keys() <= counters.keys() else \
+                {**counters, **self._values(agent, session, totals, first_live)}
+            overshoot = first_overshoot(charges, totals, current)
+            if overshoot is not None:
+                return counters, Reservation(id=None, ok=False, failed=overshoot[0], observed=overshoot[1])
+            bucket = self.window.bucket_of(now)
+            self._add(agent, session, totals, bucket, first_live)
+            rid = f"{self._id_prefix}{next(self._ids):x}"
+            self._held[rid] = HeldReservation(agent, session, bucket, now, totals)
+            return counters, Reservation(id=rid, ok=True)
+
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         actual_totals = None if actual is None else totals_by_key(actual)
         with self._locked():

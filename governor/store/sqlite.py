@@ -37,6 +37,7 @@ from governor.store.base import (
     check_keys,
     encode_state,
     first_overshoot,
+    reserve_within,
     totals_by_key,
 )
 
@@ -265,6 +266,8 @@ class SQLiteStore:
             )
 
     # --- counters ----------------------------------------------------------------------
+    reserve_within = reserve_within  # the default: snapshot, then reserve (governor.store.base)
+
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         totals = totals_by_key(charges)
         first_live, bucket = self.window.first_live(now), self.window.bucket_of(now)

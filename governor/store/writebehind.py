@@ -190,6 +190,12 @@ class WriteBehindStore(MemoryStore):
             self._load(agent, session)
         return super().reserve(agent, session, charges, now)
 
+    def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey], charges: Sequence[CounterCharge],
+                       now: float) -> tuple[dict[CounterKey, float], Reservation]:
+        if session not in self._loaded_sessions or agent not in self._loaded_agents:
+            self._load(agent, session)
+        return super().reserve_within(agent, session, keys, charges, now)
+
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         super().commit(reservation_id, actual, now)
         self._poke()  # committed as reserved (actual None) changes no counter, but ends the reservation
