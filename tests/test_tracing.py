@@ -216,9 +216,9 @@ async def test_without_tracing_the_chain_has_no_tracing_addon(tmp_path, monkeypa
 
     async with real_governor(tmp_path) as (running, _mock):
         assert running.tracing is None
-        assert not any(type(addon).__module__ == tracing.__name__ for addon in running.chain.addons)
+        assert not any(type(addon).__module__ == tracing.__name__ for addon in running.chain.members)
         assert running.metrics.exemplar is None
-        assert type(running.chain.addons[1].calls.runtime).__name__ != "TracedRuntime"
+        assert type(running.chain.members[1].calls.runtime).__name__ != "TracedRuntime"
 
 
 STREAMED = """
