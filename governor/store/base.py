@@ -135,6 +135,14 @@ class Store(Protocol):
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         """Hold `charges` atomically if every capped counter stays within its cap."""
 
+    def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
+                       charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
+        """The counters `keys` as they stood before this call (as `snapshot` gives them) and
+        `charges` reserved (as `reserve` does): the runtime reserves what a step would charge
+        and decides on the snapshot, releasing only when the decision does not permit. The
+        default is snapshot then reserve; a remote store does both in one round trip."""
+        return self.snapshot(agent, session, now, keys), self.reserve(agent, session, charges, now)
+
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
         """Replace a reservation by the step's actual usage (None: exactly what was reserved).
 
