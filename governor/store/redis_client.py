@@ -107,15 +107,14 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
         raise ValueError(f"{_safe(url)}: no HOST:PORT")
     tls = {"ssl": True} if scheme.startswith("rediss") else {}
     if options.kind == "cluster":
-        if asynchronous:
-            from redis.asyncio.cluster import ClusterNode, RedisCluster
-        else:
-            from redis.cluster import ClusterNode, RedisCluster  # type: ignore[assignment]
+        if asynchronous:  # see RedisStore.counters: redis-py's asyncio Cluster client loses replies
+            raise ValueError("no asyncio client for Redis Cluster")
+        from redis.cluster import ClusterNode, RedisCluster
         if path.strip("/"):
             raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
         # no retries here either: a retried reservation could count twice (MOVED and ASK
         # redirections are followed all the same)
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=FlavourRetry(NoBackoff(), 0),
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=Retry(NoBackoff(), 0),
                             **auth, **tls, **common)
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel
