@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from governor.cli import UsageError
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
+from governor.cli.workers import WORKER_OPTIONS, apply_worker_settings, supervise
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -77,6 +78,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "review_retry_after": ("GOVERNOR_REVIEW_RETRY_AFTER", "the Retry-After seconds of a 429 review_pending "
                            "(default 10)"),
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
+    **WORKER_OPTIONS,  # --workers N (governor/cli/workers.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -264,6 +266,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     apply_log_settings(settings, value)
+    apply_worker_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")
@@ -711,4 +714,6 @@ def configure_logging(level: str | None, fmt: str = "text") -> None:
 def run_command(args: argparse.Namespace) -> int:
     configure_logging(log_level(args), log_format(args))
     settings = resolve(args)
+    if settings.workers > 1:  # a supervisor of N workers (governor/cli/workers.py)
+        return supervise(settings)
     return asyncio.run(_serve_until_stopped(settings, args))
