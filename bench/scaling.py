@@ -8,14 +8,14 @@ same number of workers, side by side in one run.
 Paths (plain chat completions, closed loop, C kept-alive connections in all, default 32):
 - `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
 - `redis`: one `governor run --store redis://…` on a local redis-server (this run's own);
-- `redis-xN`: N `governor run` processes on that Redis, the connections split evenly over
-  them (what N workers on one port share through the store; `governor run --workers N` is
-  not built yet, so each has its own port and the split is the load generator's);
+- `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
+  (SO_REUSEPORT), sharing budgets through the store;
 - `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`) in front of the same mock
   upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
   one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
 
-Every path is measured in every round, in an order that alternates between rounds. CPU per
+Two load generator processes split the connections of every path (one alone would be the
+bottleneck on a small host). Every path is measured in every round, in an order that alternates between rounds. CPU per
 request is the serving processes' own CPU (utime + stime of each process and its children,
 from /proc) over the measured part; redis-server's CPU is reported beside it, not in it.
 Throughput is requests answered 200 per second. Targets (the issue's): `redis` costs at most
@@ -160,7 +160,7 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
     from tests.redis_server import RedisServer
 
     segments: dict[str, list[dict[str, Any]]] = {}
-    most = max([1, 2, *workers])
+    loaders = 2
     with scratch("scaling") as work:
         server = RedisServer()
         started: list[Role] = []
@@ -171,22 +171,22 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             url = upstream_url(upstream.port)
             embedded = Governor(passport, work / "embedded")
             started.append(embedded)
-            on_redis = []
-            for i in range(most):
-                g = Governor(passport, work / f"redis-{i}", extra=["--store", server.url])
+            on_redis = {}
+            for n in sorted({1, 2, *workers}):
+                g = Governor(passport, work / f"redis-x{n}",
+                             extra=["--store", server.url, *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
-                on_redis.append(g)
+                on_redis[n] = g
             loads = []
-            for _ in range(most):
+            for _ in range(loaders):
                 load = Role("load")
                 started.append(load)
                 loads.append(load)
             paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {
-                "embedded": ([(f"{HOST}:{embedded.port}", url)], [embedded.pid]),
-                "redis": ([(f"{HOST}:{on_redis[0].port}", url)], [on_redis[0].pid]),
+                "embedded": ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid]),
             }
-            for n in sorted(set([2, *workers]) - {1}):
-                paths[f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url) for g in on_redis[:n]], [g.pid for g in on_redis[:n]])
+            for n, g in on_redis.items():
+                paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
             if litellm is not None:
                 for n in workers:
                     try:
@@ -195,7 +195,7 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                         log(f"  litellm with {n} worker(s) could not start: {exc}")
                         continue
                     started.append(proxy)
-                    paths[f"litellm-x{n}"] = ([(None, f"http://{HOST}:{proxy.port}/v1/chat/completions")],
+                    paths[f"litellm-x{n}"] = ([(None, f"http://{HOST}:{proxy.port}/v1/chat/completions")] * loaders,
                                               [proxy.pid])
             order = list(paths)
             for round_no in range(rounds):
@@ -248,6 +248,8 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
             ours = paths.get("redis" if name == "litellm-x1" else f"redis-{name.split('-')[1]}", {})
             ratios[f"throughput_{name.replace('litellm', 'governor')}_over_{name}"] = ratio(
                 ours.get("throughput_rps"), paths[name]["throughput_rps"])
+            ratios[f"cpu_per_request_{name.replace('litellm', 'governor')}_over_{name}"] = ratio(
+                ours.get("cpu_ms_per_request"), paths[name]["cpu_ms_per_request"])
     return {"machine": machine(), "rounds": rounds, "duration": duration, "concurrency": concurrency,
             "paths": paths, "ratios": ratios, "targets": TARGETS}
 
