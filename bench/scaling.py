@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -57,6 +58,7 @@ TARGETS = {
     "throughput_redis_x2_over_embedded": 1.7,  # at least
 }
 LITELLM_DEFAULT = REPO / "bench" / ".venv-litellm" / "bin" / "litellm"
+LITELLM_KEY = "sk-governor-bench"  # LiteLLM's proxy refuses to start without a master key
 
 
 def tree_cpu(pid: int) -> float:
@@ -100,9 +102,14 @@ class LiteLLM(Role):
             "      api_key: bench\n"
             "litellm_settings:\n"
             "  telemetry: false\n"
-            "  drop_params: true\n")
+            "  drop_params: true\n"
+            "general_settings:\n"
+            f"  master_key: {LITELLM_KEY}\n")
         self._executable, self._config, self._workers = executable, config, workers
-        super().__init__(f"litellm-x{workers}", ready_timeout=120.0)
+        # the model cost map bundled with it, not fetched (loopback only)
+        super().__init__(f"litellm-x{workers}", ready_timeout=120.0, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                                                                               # uvicorn's workers read it, not the file
+                                                                               "LITELLM_MASTER_KEY": LITELLM_KEY})
 
     def command(self, role: str, args: Any) -> list[str]:
         return [str(self._executable), "--config", str(self._config), "--host", HOST, "--port", str(self._port),
@@ -124,7 +131,8 @@ class LiteLLM(Role):
 
 
 def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list[int], concurrency: int,
-            duration: float, warmup: float, redis_pid: int | None) -> dict[str, Any]:
+            duration: float, warmup: float, redis_pid: int | None,
+            headers: dict[str, str] | None = None) -> dict[str, Any]:
     """One segment: the connections split over `targets` ((proxy, url) each), one load
     generator per target, all at once; CPU of `pids` (and their children) around it."""
     share = [concurrency // len(targets) + (1 if i < concurrency % len(targets) else 0) for i in range(len(targets))]
@@ -133,7 +141,7 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
 
     def run(i: int) -> None:
         proxy, url = targets[i]
-        answers[i] = loads[i].ask({"op": "segment", "url": url, "proxy": proxy, "body": body,
+        answers[i] = loads[i].ask({"op": "segment", "url": url, "proxy": proxy, "body": body, "headers": headers,
                                    "concurrency": share[i], "duration": duration, "warmup": warmup})
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
@@ -204,7 +212,8 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                 for name in this:
                     targets, pids = paths[name]
                     segment = measure(loads, targets, pids, concurrency, duration, warmup,
-                                      server.process.pid if name.startswith("redis") else None)
+                                      server.process.pid if name.startswith("redis") else None,
+                                      {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None)
                     segments.setdefault(name, []).append(segment)
                     log(f"    {name}: {segment['ok'] / segment['elapsed']:.0f}/s, "
                         f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request"
@@ -280,6 +289,7 @@ def main() -> None:
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started on the way out
     if shutil.which("redis-server") is None:
         sys.exit("bench/scaling.py needs redis-server (apt-get install redis-server)")
     if args.quick:
