@@ -165,3 +165,39 @@ def test_no_asyncio_client_when_reservations_wait_for_replicas(redis_url: str):
 
     with RedisStore(redis_url + "?wait=1&wait_timeout=0.1", prefix=prefix()) as store:
         assert asyncio.run(made()) is None
+
+
+async def test_through_sentinel_the_asyncio_client_finds_a_failover_and_fails_closed_until_acknowledged(tmp_path):
+    """redis+sentinel:// without wait: the asyncio client's own connections read the new
+    primary's replication id, as the blocking client's do, and fail the store closed."""
+    from tests.redis_topology import sentinel_set, wait_until
+
+    with sentinel_set(tmp_path) as s:
+        store = RedisStore(s.url("timeout=0.5"))
+        try:
+            counters = store.counters()
+            assert counters is not None
+            _, held = await counters.reserve_within("agent", "a", KEYS, charges(10, 0), T0)
+            assert held.ok
+            old = s.primary.port
+            s.primary.kill()
+            await asyncio.to_thread(wait_until, lambda: s.primary_port() != old, 15, "Sentinel did not fail over")
+            deadline = asyncio.get_running_loop().time() + 15
+            while True:
+                try:
+                    await counters.reserve_within("agent", "a", KEYS, charges(10, 0), T0)
+                except StoreIntegrityError:
+                    break
+                except StoreUnavailable:
+                    assert asyncio.get_running_loop().time() < deadline, "the failover was not detected"
+                    await asyncio.sleep(0.2)
+                    continue
+                raise AssertionError("a reservation was admitted on a primary that may have missed writes")
+            assert "primary changed" in store.integrity
+            with pytest.raises(StoreIntegrityError):  # the blocking client fails closed too
+                store.snapshot("agent", "a", T0, KEYS)
+            assert store.acknowledge()["acknowledged"] is True
+            _, held = await counters.reserve_within("agent", "a", KEYS, charges(10, 0), T0)
+            assert held.ok
+        finally:
+            store.close()
