@@ -10,7 +10,7 @@ Paths (plain chat completions, closed loop, C kept-alive connections in all, def
 - `redis`: one `governor run --store redis://…` on a local redis-server (this run's own);
 - `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
   (SO_REUSEPORT), sharing budgets through the store;
-- `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`) in front of the same mock
+- `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
   upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
   one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
 
@@ -112,8 +112,9 @@ class LiteLLM(Role):
                                                                                "LITELLM_MASTER_KEY": LITELLM_KEY})
 
     def command(self, role: str, args: Any) -> list[str]:
+        # several workers under gunicorn: uvicorn's own workers died at start here (LiteLLM 1.108.7)
         return [str(self._executable), "--config", str(self._config), "--host", HOST, "--port", str(self._port),
-                "--num_workers", str(self._workers)]
+                "--num_workers", str(self._workers), *(["--run_gunicorn"] if self._workers > 1 else [])]
 
     def ready(self, timeout: float) -> dict[str, Any]:
         import urllib.request
