@@ -26,6 +26,7 @@ from governor.cli.run_checks import (WEBHOOK_FILE_SETTINGS, allow_list, audio_fl
                                      fitting, routes, session_settings, store_location, tokens_estimate, webhooks)
 from governor.cli.run_files import ensure_control_token, ensure_reviewer_token, write_control_file
 from governor.cli.run_logging import configure_logging, log_format, log_level
+from governor.cli.workers import WORKER_OPTIONS, apply_worker_settings, supervise
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -88,6 +89,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
     **BARRIER_OPTIONS,  # who may lift a lock (governor/cli/barrier_options.py)
     **IDENTITY_OPTIONS,  # rate limits, the agent's identity (governor/cli/identity_options.py)
+    **WORKER_OPTIONS,  # --workers N (governor/cli/workers.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -260,6 +262,7 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str], origins: Ori
         settings.governor_id = str(identifier)
     apply_log_settings(settings, value)
     apply_identity_settings(settings, value)
+    apply_worker_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")
@@ -395,4 +398,6 @@ def _freeze_startup_objects() -> None:
 def run_command(args: argparse.Namespace) -> int:
     configure_logging(log_level(args), log_format(args))
     settings = resolve(args)
+    if settings.workers > 1:  # a supervisor of N workers (governor/cli/workers.py)
+        return supervise(settings)
     return asyncio.run(_serve_until_stopped(settings, args))

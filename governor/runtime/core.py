@@ -72,6 +72,7 @@ from governor.runtime.api import Admission, admission_for
 from governor.runtime.approvals import Approvals
 from governor.runtime.audit import AuditTrail
 from governor.runtime.records import Records
+from governor.runtime.remote_steps import RemoteSteps
 from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
@@ -129,6 +130,9 @@ class Runtime:
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
+        counters = getattr(store, "counters", None)  # a remote store's asyncio client: the model call's path
+        self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock,
+                                  advanced=self._advanced) if self._store_in_thread and counters else None
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
@@ -236,7 +240,8 @@ class Runtime:
             drawn, refused = await self.rates.take(live, step)
             if refused is not None:
                 return admission_for(session, refused, None)
-        admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
+        admitted = None if type(step) is not ModelCall else (
+            self._admit_at_once(live, step) if self.remote is None else await self.remote.admit(live, step))
         seqs: tuple[int, ...] = ()
         if admitted is not None:
             decision, ticket = admitted
@@ -259,7 +264,8 @@ class Runtime:
         if ticket.rates is not None and report.final:  # its tokens and cost drawn corrected to its usage
             drawn, ticket.rates = ticket.rates, None
             await self.rates.settle(drawn, report)  # type: ignore[union-attr]
-        decision = self._settle_at_once(live, ticket, report)
+        decision = (self._settle_at_once(live, ticket, report) if self.remote is None
+                    else await self.remote.settle(live, ticket, report))
         if decision is None:
             async with live.lock:
                 # the final usage is the call's end: the same step frees its in-flight slot

@@ -53,6 +53,7 @@ counting until `settle_reservations` forgets it (the store errs on counting).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -72,11 +73,21 @@ from governor.store.base import (
     StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
-    cap_limit,
     check_keys,
     encode_state,
-    counter_key,
     totals_by_key,
+)
+from governor.store.redis_async import AsyncCounters
+from governor.store.redis_calls import (
+    SCOPE_CODE,
+    SCOPE_NAME,
+    ReserveWithin,
+    charge_args,
+    commit_args,
+    encode_totals,
+    refused,
+    reserve_args,
+    sub,
 )
 from governor.store.redis_client import make_client, parse_options
 from governor.store.redis_scripts import (
@@ -89,6 +100,7 @@ from governor.store.redis_scripts import (
     PRELUDE,
     RELEASE,
     RESERVE,
+    RESERVE_WITHIN,
     SETTLE,
     SNAPSHOT,
     ADJUST_WINDOW,
@@ -99,9 +111,6 @@ from governor.store.windows import WindowCharge, WindowTake, check_charges, wind
 log = logging.getLogger("governor.store")
 
 ACKNOWLEDGED = "ack-"  # how a fence an operator's acknowledgement wrote begins
-
-_SCOPE_CODE = {"per_session": "s", "per_day": "d"}
-_SCOPE_NAME = {"s": "per_session", "d": "per_day"}
 
 
 class RedisStore:
@@ -132,6 +141,9 @@ class RedisStore:
         self._client = make_client(rest, options, extra, on_connect)
         register = self._client.register_script
         self._reserve = register(PRELUDE + RESERVE)
+        self._reserve_within = register(PRELUDE + RESERVE_WITHIN)
+        self._url, self._extra = rest, extra
+        self._async: dict[Any, AsyncCounters] = {}  # event loop -> its asyncio client (counters() makes them)
         self._commit = register(PRELUDE + COMMIT)
         self._release = register(PRELUDE + RELEASE)
         self._extend = register(PRELUDE + EXTEND)
@@ -155,16 +167,24 @@ class RedisStore:
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """Turn any backend failure into StoreUnavailable, so the caller fails closed."""
+        self.check_usable()
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise self.failure(exc) from exc
+
+    def check_usable(self) -> None:
+        """Raise when the store is closed or fails closed after a loss (not acknowledged since)."""
         if self._closed:
             raise self._unavailable("Redis store is closed")
         if self._lost is not None and not self._acknowledged_elsewhere():
             raise StoreIntegrityError(self._lost)
-        try:
-            yield
-        except redis.RedisError as exc:
-            if self._lost is not None:  # a connection found the primary changed
-                raise StoreIntegrityError(self._lost) from exc
-            raise self._unavailable(f"Redis store: {type(exc).__name__}: {exc}") from exc
+
+    def failure(self, exc: Exception) -> StoreUnavailable:
+        """What a backend failure means to the caller (its asyncio client's too)."""
+        if self._lost is not None:  # a connection found the primary changed
+            return StoreIntegrityError(self._lost)
+        return self._unavailable(f"Redis store: {type(exc).__name__}: {exc}")
 
     def _on_connect(self, connection: Any) -> None:
         """Each new connection: the usual handshake, then whether the primary is the one this
@@ -175,31 +195,66 @@ class RedisStore:
             info = connection.read_response()
         except redis.ResponseError:  # INFO refused (a proxy in front of Redis): nothing to compare
             return
-        fields = dict(line.split(":", 1) for line in str(info).splitlines() if ":" in line)
-        replid, previous = fields.get("master_replid"), fields.get("master_replid2")
-        if not replid:
-            return
         with self._primary_lock:
-            known = self._primary
-            self._primary = replid
-            if known is None or known == replid:
-                return
-            if self.options.wait_replicas and previous == known:
-                log.warning("Redis store: a replica of the primary took over (replication id %s, was %s); "
-                            "reservations were acknowledged by %d replica(s)", replid, known,
-                            self.options.wait_replicas)
+            lost = self.primary_seen(info)
+            if lost is None:
                 return
             try:  # an acknowledgement anywhere clears the loss: it writes a new fence after this
                 connection.send_command("GET", self._keys[0])
-                self._fence_at_loss = connection.read_response()
+                fence = connection.read_response()
             except redis.RedisError:
-                self._fence_at_loss = None
-            self._lost = self._loss(
-                f"on a new primary (replication id {replid}, was {known}), and reservations were not "
-                "acknowledged by replicas (wait=0) or it is not a replica of the old one",
-                what="the primary changed and may have missed the last writes")
-        log.error("%s", self._lost)
+                fence = None
+            self.primary_lost(lost, fence)
         raise redis.ConnectionError("Redis store: the primary changed; writes may have been lost")
+
+    def primary_seen(self, info: Any) -> str | None:
+        """A connection read INFO replication: None when its primary is the one this store
+        wrote to (or one that had all it acknowledged); else why it may have lost writes."""
+        fields = dict(line.split(":", 1) for line in str(info).splitlines() if ":" in line)
+        replid, previous = fields.get("master_replid"), fields.get("master_replid2")
+        if not replid:
+            return None
+        known = self._primary
+        self._primary = replid
+        if known is None or known == replid:
+            return None
+        if self.options.wait_replicas and previous == known:
+            log.warning("Redis store: a replica of the primary took over (replication id %s, was %s); "
+                        "reservations were acknowledged by %d replica(s)", replid, known, self.options.wait_replicas)
+            return None
+        return (f"on a new primary (replication id {replid}, was {known}), and reservations were not "
+                "acknowledged by replicas (wait=0) or it is not a replica of the old one")
+
+    def primary_lost(self, why: str, fence: str | None) -> None:
+        """Fail closed after `primary_seen` found a primary that may have missed writes;
+        `fence` is the fence as it stood then (an acknowledgement after it clears the loss)."""
+        self._fence_at_loss = fence
+        self._lost = self._loss(why, what="the primary changed and may have missed the last writes")
+        log.error("%s", self._lost)
+
+    @property
+    def keys(self) -> list[str]:
+        """Each script's one declared key (the fence): its slot on Cluster."""
+        return self._keys
+
+    def counters(self) -> AsyncCounters | None:
+        """The asyncio client of the per-step path, for the running event loop (one per loop,
+        made on first use). None (the blocking client, from a thread, as before) when
+        reservations wait for replicas (wait=N), and on Redis Cluster: redis-py 8.1's asyncio
+        Cluster client, under concurrent calls, drops connections mid-command ("Connection
+        closed by server": scripts that ran lost their replies), and a reservation whose
+        outcome is lost cannot be retried."""
+        if self.options.wait_replicas or self.options.kind == "cluster":
+            return None
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            for stale in [other for other in self._async if other.is_closed()]:
+                del self._async[stale]
+            client = self._async[loop] = AsyncCounters(self._url, self.options, self._extra, self,
+                                                       ttl_ms=self._ttl_ms, reserve_within=PRELUDE + RESERVE_WITHIN,
+                                                       commit=PRELUDE + COMMIT, release=PRELUDE + RELEASE)
+        return client
 
     def _run(self, script: Any, *args: Any) -> Any:
         for attempt in (1, 2):
@@ -207,7 +262,7 @@ class RedisStore:
                 try:
                     return script(keys=self._keys, args=(self.prefix, self.epoch, *args))
                 except redis.ResponseError as exc:
-                    if not (self._fence_error(exc) and attempt == 1):
+                    if not (self.fence_error(exc) and attempt == 1):
                         raise
         raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
@@ -222,7 +277,7 @@ class RedisStore:
                 script(keys=self._keys, args=(self.prefix, self.epoch, *args), client=pipe)
                 pipe.execute_command("WAIT", self.options.wait_replicas, math.ceil(self.options.wait_timeout * 1000))
                 result, acked = pipe.execute(raise_on_error=False)
-                if isinstance(result, redis.ResponseError) and self._fence_error(result) and attempt == 1:
+                if isinstance(result, redis.ResponseError) and self.fence_error(result) and attempt == 1:
                     continue
                 for answer in (result, acked):
                     if isinstance(answer, Exception):
@@ -230,7 +285,7 @@ class RedisStore:
                 return result, int(acked)
         raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
-    def _fence_error(self, exc: Exception) -> bool:
+    def fence_error(self, exc: Exception) -> bool:
         """A script found the fence gone or replaced: fail closed from now on. True (the
         script did nothing and may run again): the fence is one an operator's acknowledgement
         wrote, after the loss that replaced this store's (acknowledged on another replica)."""
@@ -313,37 +368,37 @@ class RedisStore:
 
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
-        totals = totals_by_key(charges)
-        index = {key: i for i, key in enumerate(totals, start=1)}
-        capped = [c for c in charges if c.cap is not None]
         rid = uuid.uuid4().hex
-        args: list[Any] = [
-            agent, session, rid, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms, repr(now)
-        ]
-        args += encode_totals(totals)
-        args.append(len(capped))
-        for c in capped:
-            args += (index[counter_key(c)], repr(cap_limit(c.cap)))
+        args, capped = reserve_args(self.window, self._ttl_ms, agent, session, rid, charges, now)
+        result, acked = self._held(self._reserve, rid, args)
+        if int(result[0]) == 1:
+            self._short(acked, rid)
+            return Reservation(id=rid, ok=True)
+        return refused(capped, result[1], result[2])
+
+    def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
+                       charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
+        """The snapshot of `keys` and the reservation of `charges` in one script (one round trip)."""
+        call = ReserveWithin.of(self.window, self._ttl_ms, agent, session, keys, charges, now)
+        result, acked = self._held(self._reserve_within, call.rid, call.args)
+        snapshot, held = call.answer(result)
+        if held.id is not None:
+            self._short(acked, call.rid)
+        return snapshot, held
+
+    def _held(self, script: Any, rid: str, args: list[Any]) -> tuple[Any, int | None]:
+        """Run a script that reserves as `rid`; a failure drops what may have run unacknowledged."""
         try:
-            result, acked = self._run_acknowledged(self._reserve, *args)
+            return self._run_acknowledged(script, *args)
         except StoreIntegrityError:
             raise
         except StoreUnavailable:
             if self.options.wait_replicas:  # it may have run unacknowledged: drop it if it did
                 self._short(0, rid)
             raise
-        if int(result[0]) == 1:
-            self._short(acked, rid)
-            return Reservation(id=rid, ok=True)
-        return Reservation(id=None, ok=False, failed=capped[int(result[1]) - 1], observed=float(result[2]))
 
     def commit(self, reservation_id: str, actual: Sequence[CounterCharge] | None, now: float) -> None:
-        args: list[Any] = [reservation_id, self.window.first_live(now), self._ttl_ms]
-        if actual is None:
-            args += ("held", 0)
-        else:
-            args.append("actual")
-            args += encode_totals(totals_by_key(actual))
+        args = commit_args(self.window, self._ttl_ms, reservation_id, actual, now)
         result, acked = self._run_acknowledged(self._commit, *args)
         self._noted(acked)
         if int(result) != 1:
@@ -353,14 +408,8 @@ class RedisStore:
         return int(self._run(self._release, reservation_id)) == 1
 
     def extend(self, reservation_id: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
-        totals = totals_by_key(charges)
-        index = {key: i for i, key in enumerate(totals, start=1)}
-        capped = [c for c in charges if c.cap is not None]
-        args: list[Any] = [reservation_id, self.window.first_live(now), self._ttl_ms]
-        args += encode_totals(totals)
-        args.append(len(capped))
-        for c in capped:
-            args += (index[counter_key(c)], repr(cap_limit(c.cap)))
+        encoded, capped = charge_args(charges)
+        args: list[Any] = [reservation_id, self.window.first_live(now), self._ttl_ms, *encoded]
         result, acked = self._run_acknowledged(self._extend, *args)
         code = int(result[0])
         if code == -1:
@@ -371,7 +420,7 @@ class RedisStore:
                 raise self._unavailable(f"Redis store: the extension was acknowledged by {acked} of "
                                         f"{self.options.wait_replicas} replica(s)")
             return Reservation(id=reservation_id, ok=True)
-        return Reservation(id=None, ok=False, failed=capped[int(result[1]) - 1], observed=float(result[2]))
+        return refused(capped, result[1], result[2])
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
         args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]
@@ -388,12 +437,12 @@ class RedisStore:
             check_keys(keys)
             args.append(len(keys))
             for scope, persona, dimension in keys:
-                args += (_SCOPE_CODE[scope], _sub(dimension, persona))
+                args += (SCOPE_CODE[scope], sub(dimension, persona))
         flat = self._run(self._snapshot, *args)
         values: dict[CounterKey, float] = {}
         for i in range(0, len(flat), 3):
             dimension, _, persona = flat[i + 1].partition("|")
-            values[(_SCOPE_NAME[flat[i]], persona or None, dimension)] = float(flat[i + 2])
+            values[(SCOPE_NAME[flat[i]], persona or None, dimension)] = float(flat[i + 2])
         return values
 
     def settle_reservations(self, before: float) -> int:
@@ -482,6 +531,13 @@ class RedisStore:
     def close(self) -> None:
         self._closed = True
         self._client.close()
+        for loop, client in list(self._async.items()):  # their connections belong to their loops
+            if not loop.is_closed():
+                try:
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                except RuntimeError:  # the loop stopped meanwhile
+                    pass
+        self._async.clear()
 
     def __enter__(self) -> RedisStore:
         return self
@@ -489,13 +545,3 @@ class RedisStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _sub(dimension: str, persona: str | None) -> str:
-    return f"{dimension}|{persona or ''}"
-
-
-def encode_totals(totals: dict[CounterKey, float]) -> list[Any]:
-    args: list[Any] = [len(totals)]
-    for (scope, persona, dimension), amount in totals.items():
-        args += (_SCOPE_CODE[scope], _sub(dimension, persona), repr(amount))
-    return args

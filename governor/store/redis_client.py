@@ -83,13 +83,20 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
 
 
 def make_client(url: str, options: RedisOptions, extra: dict[str, str],
-                on_connect: Callable[[Any], None] | None = None) -> Any:
-    """The redis-py client for `url` (stripped of the governor's options)."""
+                on_connect: Callable[[Any], Any] | None = None, *, asynchronous: bool = False) -> Any:
+    """The redis-py client for `url` (stripped of the governor's options); with `asynchronous`,
+    its redis.asyncio twin (the per-step path on the event loop; `on_connect` a coroutine)."""
     # a reservation waits for its replicas on top of the command itself
     common: dict[str, Any] = dict(socket_timeout=options.timeout + (options.wait_timeout if options.wait_replicas else 0),
                                   socket_connect_timeout=options.timeout, decode_responses=True)
+    if asynchronous:
+        import redis.asyncio as flavour
+        from redis.asyncio.retry import Retry as FlavourRetry
+    else:
+        flavour, FlavourRetry = redis, Retry  # type: ignore[assignment]
     if options.kind == "redis":
-        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), redis_connect_func=on_connect, **common)
+        return flavour.Redis.from_url(url, retry=FlavourRetry(NoBackoff(), 0), redis_connect_func=on_connect,
+                                      **common)
     scheme, _, rest = url.partition("://")
     netloc, _, path = rest.partition("/")
     userinfo, _, hosts = netloc.rpartition("@")
@@ -100,6 +107,8 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
         raise ValueError(f"{_safe(url)}: no HOST:PORT")
     tls = {"ssl": True} if scheme.startswith("rediss") else {}
     if options.kind == "cluster":
+        if asynchronous:  # see RedisStore.counters: redis-py's asyncio Cluster client loses replies
+            raise ValueError("no asyncio client for Redis Cluster")
         from redis.cluster import ClusterNode, RedisCluster
         if path.strip("/"):
             raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
@@ -107,7 +116,10 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
         # redirections are followed all the same)
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=Retry(NoBackoff(), 0),
                             **auth, **tls, **common)
-    from redis.sentinel import Sentinel
+    if asynchronous:
+        from redis.asyncio.sentinel import Sentinel
+    else:
+        from redis.sentinel import Sentinel  # type: ignore[assignment]
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ValueError(f"{_safe(url)}: expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
@@ -116,7 +128,7 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
     if "sentinel_password" in extra:
         sentinel_kwargs["password"] = extra["sentinel_password"]
     sentinel = Sentinel(nodes, sentinel_kwargs=sentinel_kwargs)
-    return sentinel.master_for(service, db=db, retry=Retry(NoBackoff(), 0), redis_connect_func=on_connect,
+    return sentinel.master_for(service, db=db, retry=FlavourRetry(NoBackoff(), 0), redis_connect_func=on_connect,
                                **auth, **tls, **common)
 
 

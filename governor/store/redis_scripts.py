@@ -111,6 +111,19 @@ local function charges_within_caps(agent, session, first_live, at)
   return {scopes, subs, amounts, n}
 end
 
+-- hold the charges charges_within_caps admitted, as reservation rid
+local function hold(agent, session, rid, b, created, ok, first_live, ttl)
+  local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
+  local rkey = P .. 'r:' .. rid
+  redis.call('HSET', rkey, 'a', agent, 's', session, 'b', int(b), 'c', created, 'n', n)
+  for i = 1, n do
+    apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
+    redis.call('HSET', rkey, 'k' .. i, scopes[i] .. subs[i], 'v' .. i, fmt(amounts[i]))
+  end
+  redis.call('SADD', P .. 'sr:' .. session, rid)
+  redis.call('ZADD', P .. 'rt', created, rid)
+end
+
 -- take a reservation off its counters and forget it; false when not outstanding
 local function unhold(rid, take)
   local rkey = P .. 'r:' .. rid
@@ -142,16 +155,42 @@ local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
 local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local ok, refused = charges_within_caps(agent, session, first_live, 9)
 if not ok then return refused end
-local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
-local rkey = P .. 'r:' .. rid
-redis.call('HSET', rkey, 'a', agent, 's', session, 'b', int(b), 'c', created, 'n', n)
-for i = 1, n do
-  apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
-  redis.call('HSET', rkey, 'k' .. i, scopes[i] .. subs[i], 'v' .. i, fmt(amounts[i]))
-end
-redis.call('SADD', P .. 'sr:' .. session, rid)
-redis.call('ZADD', P .. 'rt', created, rid)
+hold(agent, session, rid, b, created, ok, first_live, ttl)
 return {1}
+"""
+
+# reserve, and the snapshot the step is decided on, in one round trip: the values of the
+# snapshot's keys as they stood before the reservation (what `snapshot` would have said)
+# ARGV: P, agent, session, rid, bucket, first_live, ttl_ms, created,
+#       n, (scope, sub, amount) * n, m, (counter index, limit) * m, k, (scope, sub) * k
+# returns {code, failed charge, its value, value of key 1, ..., value of key k}: code 1 held,
+# 0 refused by capped charge `failed` (whose counter was at `its value`), 2 nothing to hold
+RESERVE_WITHIN = r"""
+local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
+local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local n = tonumber(ARGV[9])
+local at = 10 + 3 * n
+at = at + 1 + 2 * tonumber(ARGV[at])
+local out = {1, 0, '0'}
+for i = 1, tonumber(ARGV[at]) do
+  local scope, sub = ARGV[at + 2 * i - 1], ARGV[at + 2 * i]
+  if scope == 's' then
+    out[3 + i] = redis.call('HGET', session_key(session), sub) or '0'
+  else
+    out[3 + i] = fmt(day_total(day_key(agent, sub), first_live))
+  end
+end
+if n == 0 then
+  out[1] = 2
+  return out
+end
+local ok, refused = charges_within_caps(agent, session, first_live, 9)
+if not ok then
+  out[1], out[2], out[3] = 0, refused[2], refused[3]
+  return out
+end
+hold(agent, session, rid, b, created, ok, first_live, ttl)
+return out
 """
 
 # ARGV: P, rid, first_live, ttl_ms, mode ("held" | "actual"), n, (scope, sub, amount) * n

@@ -1,0 +1,313 @@
+"""Scaling on Redis (issue #30): one governor on the embedded store against one on a local
+Redis, several governor processes sharing budgets through Redis, and LiteLLM's proxy with the
+same number of workers, side by side in one run.
+
+    .venv/bin/python bench/scaling.py [--quick] [--rounds N] [--duration S] [--concurrency C]
+                                      [--workers 1,2,4] [--litellm PATH]
+
+Paths (plain chat completions, closed loop, C kept-alive connections in all, default 32):
+- `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
+- `redis`: one `governor run --store redis://…` on a local redis-server (this run's own);
+- `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
+  (SO_REUSEPORT), sharing budgets through the store;
+- `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
+  upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
+  one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
+
+Two load generator processes split the connections of every path (one alone would be the
+bottleneck on a small host). Every path is measured in every round, in an order that alternates between rounds. CPU per
+request is the serving processes' own CPU (utime + stime of each process and its children,
+from /proc) over the measured part; redis-server's CPU is reported beside it, not in it.
+Throughput is requests answered 200 per second. Targets (the issue's): `redis` costs at most
+1.3x the CPU per request of `embedded`; `redis-x2` gives at least 1.7x the throughput of
+`embedded`. Prints a table and writes bench/results/scaling.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    HOST,
+    REPO,
+    Governor,
+    Role,
+    chat_body,
+    cpu_seconds,
+    machine,
+    ratio,
+    scratch,
+    table,
+    upstream_url,
+    write_passport,
+    write_result,
+)
+
+TARGETS = {
+    "cpu_per_request_redis_over_embedded": 1.3,  # at most
+    "throughput_redis_x2_over_embedded": 1.7,  # at least
+}
+LITELLM_DEFAULT = REPO / "bench" / ".venv-litellm" / "bin" / "litellm"
+LITELLM_KEY = "sk-governor-bench"  # LiteLLM's proxy refuses to start without a master key
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and of its live descendants (LiteLLM's workers are children)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            total += cpu_seconds(p)
+        except OSError:  # exited meanwhile
+            pass
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return found
+    for child in map(int, children):
+        found += [child, *descendants(child)]
+    return found
+
+
+class LiteLLM(Role):
+    """LiteLLM's proxy with `workers` workers, its one model routed to the mock upstream."""
+
+    def __init__(self, executable: Path, work: Path, upstream_port: int, workers: int) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            self._port = s.getsockname()[1]
+        config = work / f"litellm-{workers}.yaml"
+        config.write_text(
+            "model_list:\n"
+            "  - model_name: gpt-4o-mini\n"
+            "    litellm_params:\n"
+            "      model: openai/gpt-4o-mini\n"
+            f"      api_base: http://{HOST}:{upstream_port}/v1\n"
+            "      api_key: bench\n"
+            "litellm_settings:\n"
+            "  telemetry: false\n"
+            "  drop_params: true\n"
+            "general_settings:\n"
+            f"  master_key: {LITELLM_KEY}\n")
+        self._executable, self._config, self._workers = executable, config, workers
+        # the model cost map bundled with it, not fetched (loopback only)
+        super().__init__(f"litellm-x{workers}", ready_timeout=120.0, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                                                                               # uvicorn's workers read it, not the file
+                                                                               "LITELLM_MASTER_KEY": LITELLM_KEY})
+
+    def command(self, role: str, args: Any) -> list[str]:
+        # several workers under gunicorn: uvicorn's own workers died at start here (LiteLLM 1.108.7)
+        return [str(self._executable), "--config", str(self._config), "--host", HOST, "--port", str(self._port),
+                "--num_workers", str(self._workers), *(["--run_gunicorn"] if self._workers > 1 else [])]
+
+    def ready(self, timeout: float) -> dict[str, Any]:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"litellm exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self._port}/health/liveliness", timeout=2):
+                    return {"pid": self.pid, "port": self._port}
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("litellm did not answer in time")
+
+
+def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list[int], concurrency: int,
+            duration: float, warmup: float, redis_pid: int | None,
+            headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """One segment: the connections split over `targets` ((proxy, url) each), one load
+    generator per target, all at once; CPU of `pids` (and their children) around it."""
+    share = [concurrency // len(targets) + (1 if i < concurrency % len(targets) else 0) for i in range(len(targets))]
+    answers: list[dict[str, Any] | None] = [None] * len(targets)
+    body = chat_body()
+
+    def run(i: int) -> None:
+        proxy, url = targets[i]
+        answers[i] = loads[i].ask({"op": "segment", "url": url, "proxy": proxy, "body": body, "headers": headers,
+                                   "concurrency": share[i], "duration": duration, "warmup": warmup})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
+    # CPU is read around the whole segment, warm-up included (per request of both, below)
+    cpu_before, redis_before = sum(tree_cpu(p) for p in pids), tree_cpu(redis_pid) if redis_pid else 0.0
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    cpu = sum(tree_cpu(p) for p in pids) - cpu_before
+    redis_cpu = (tree_cpu(redis_pid) - redis_before) if redis_pid else None
+    ok = sum(a["statuses"].get("200", 0) for a in answers if a)
+    other = {s: n for a in answers if a for s, n in a["statuses"].items() if s != "200"}
+    elapsed = max(a["elapsed"] for a in answers if a)
+    requests_all = ok + sum(other.values()) + sum(a["warmup_count"] for a in answers if a)
+    return {"ok": ok, "other": other, "elapsed": elapsed, "wall": wall, "cpu": cpu, "redis_cpu": redis_cpu,
+            "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3]}
+
+
+def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: list[int],
+        litellm: Path | None, log=print) -> dict[str, Any]:
+    from tests.redis_server import RedisServer
+
+    segments: dict[str, list[dict[str, Any]]] = {}
+    loaders = 2
+    with scratch("scaling") as work:
+        server = RedisServer()
+        started: list[Role] = []
+        try:
+            upstream = Role("upstream")
+            started.append(upstream)
+            passport = write_passport(work / "passport.json")
+            url = upstream_url(upstream.port)
+            embedded = Governor(passport, work / "embedded")
+            started.append(embedded)
+            on_redis = {}
+            for n in sorted({1, 2, *workers}):
+                g = Governor(passport, work / f"redis-x{n}",
+                             extra=["--store", server.url, *(["--workers", str(n)] if n > 1 else [])])
+                started.append(g)
+                on_redis[n] = g
+            loads = []
+            for _ in range(loaders):
+                load = Role("load")
+                started.append(load)
+                loads.append(load)
+            paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {
+                "embedded": ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid]),
+            }
+            for n, g in on_redis.items():
+                paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
+            if litellm is not None:
+                for n in workers:
+                    try:
+                        proxy = LiteLLM(litellm, work, upstream.port, n)
+                    except RuntimeError as exc:
+                        log(f"  litellm with {n} worker(s) could not start: {exc}")
+                        continue
+                    started.append(proxy)
+                    paths[f"litellm-x{n}"] = ([(None, f"http://{HOST}:{proxy.port}/v1/chat/completions")] * loaders,
+                                              [proxy.pid])
+            order = list(paths)
+            for round_no in range(rounds):
+                this = order if round_no % 2 == 0 else order[::-1]
+                log(f"  round {round_no + 1}/{rounds}: {' -> '.join(this)}")
+                for name in this:
+                    targets, pids = paths[name]
+                    segment = measure(loads, targets, pids, concurrency, duration, warmup,
+                                      server.process.pid if name.startswith("redis") else None,
+                                      {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None)
+                    segments.setdefault(name, []).append(segment)
+                    log(f"    {name}: {segment['ok'] / segment['elapsed']:.0f}/s, "
+                        f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request"
+                        + (f", other {segment['other']}" if segment["other"] else ""))
+        finally:
+            for role in reversed(started):
+                role.stop()
+            server.stop()
+    return aggregate(segments, rounds=rounds, duration=duration, concurrency=concurrency)
+
+
+def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duration: float,
+              concurrency: int) -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for name, segs in segments.items():
+        ok = sum(s["ok"] for s in segs)
+        elapsed = sum(s["elapsed"] for s in segs)
+        cpu = sum(s["cpu"] for s in segs)
+        requests_all = sum(s["requests_all"] for s in segs)
+        redis_cpu = [s["redis_cpu"] for s in segs if s["redis_cpu"] is not None]
+        paths[name] = {
+            "requests": ok,
+            "throughput_rps": round(ok / elapsed, 1) if elapsed else None,
+            # the CPU was read around warm-up and measured part alike: per request of both
+            "cpu_ms_per_request": round(1000 * cpu / requests_all, 3) if requests_all else None,
+            "redis_cpu_ms_per_request": round(1000 * sum(redis_cpu) / requests_all, 3) if redis_cpu else None,
+            "other_statuses": {k: v for s in segs for k, v in s["other"].items()},
+            "errors": [e for s in segs for e in s["errors"]][:3],
+        }
+    embedded = paths.get("embedded", {})
+    ratios = {
+        "cpu_per_request_redis_over_embedded": ratio(paths.get("redis", {}).get("cpu_ms_per_request"),
+                                                     embedded.get("cpu_ms_per_request")),
+        "throughput_redis_over_embedded": ratio(paths.get("redis", {}).get("throughput_rps"),
+                                                embedded.get("throughput_rps")),
+        "throughput_redis_x2_over_embedded": ratio(paths.get("redis-x2", {}).get("throughput_rps"),
+                                                   embedded.get("throughput_rps")),
+    }
+    for name in paths:
+        if name.startswith("litellm-x"):
+            ours = paths.get("redis" if name == "litellm-x1" else f"redis-{name.split('-')[1]}", {})
+            ratios[f"throughput_{name.replace('litellm', 'governor')}_over_{name}"] = ratio(
+                ours.get("throughput_rps"), paths[name]["throughput_rps"])
+            ratios[f"cpu_per_request_{name.replace('litellm', 'governor')}_over_{name}"] = ratio(
+                ours.get("cpu_ms_per_request"), paths[name]["cpu_ms_per_request"])
+    return {"machine": machine(), "rounds": rounds, "duration": duration, "concurrency": concurrency,
+            "paths": paths, "ratios": ratios, "targets": TARGETS}
+
+
+def report(result: dict[str, Any]) -> str:
+    rows = [(name, p["throughput_rps"], p["cpu_ms_per_request"], p["redis_cpu_ms_per_request"] or "",
+             sum(p["other_statuses"].values()) or "") for name, p in result["paths"].items()]
+    lines = [table(rows, ("path", "req/s", "CPU ms/req", "redis CPU ms/req", "not 200"))]
+    r = result["ratios"]
+    for name, value in r.items():
+        target = TARGETS.get(name)
+        verdict = ""
+        if target is not None and value is not None:
+            met = value <= target if name.startswith("cpu") else value >= target
+            verdict = f" (target {'<=' if name.startswith('cpu') else '>='} {target}: {'met' if met else 'NOT met'})"
+        lines.append(f"{name}: {value}{verdict}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", default="1,2,4", help="worker counts for the governor-on-Redis and LiteLLM rows")
+    parser.add_argument("--litellm", type=Path, help=f"LiteLLM's executable (default {LITELLM_DEFAULT} when present)")
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started on the way out
+    if shutil.which("redis-server") is None:
+        sys.exit("bench/scaling.py needs redis-server (apt-get install redis-server)")
+    if args.quick:
+        args.rounds, args.duration = 2, 2.0
+    litellm = None if args.no_litellm else (args.litellm or (LITELLM_DEFAULT if LITELLM_DEFAULT.exists() else None))
+    if litellm is None and not args.no_litellm:
+        print("no LiteLLM (see --litellm): its rows are left out")
+    workers = sorted({int(w) for w in args.workers.split(",") if w.strip()})
+    result = run(args.rounds, args.duration, args.warmup, args.concurrency, workers, litellm)
+    result["litellm"] = str(litellm) if litellm else None
+    if litellm:
+        result["litellm_version"] = subprocess.run([str(litellm), "--version"], capture_output=True, text=True,
+                                                   timeout=60).stdout.strip()[-200:]
+    print(report(result))
+    print(f"written to {write_result('scaling', result)}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()

@@ -1,0 +1,92 @@
+"""The Redis store's script arguments and answers, shared by its blocking client
+(governor.store.redis) and its asyncio one (governor.store.redis_async): one encoding, so
+the two cannot disagree on what a reservation holds."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from governor.policy.steps import CounterCharge, CounterKey
+from governor.store.base import Reservation, RollingWindow, cap_limit, check_keys, counter_key, totals_by_key
+
+SCOPE_CODE = {"per_session": "s", "per_day": "d"}
+SCOPE_NAME = {"s": "per_session", "d": "per_day"}
+
+
+def sub(dimension: str, persona: str | None) -> str:
+    return f"{dimension}|{persona or ''}"
+
+
+def encode_totals(totals: dict[CounterKey, float]) -> list[Any]:
+    args: list[Any] = [len(totals)]
+    for (scope, persona, dimension), amount in totals.items():
+        args += (SCOPE_CODE[scope], sub(dimension, persona), repr(amount))
+    return args
+
+
+def charge_args(charges: Sequence[CounterCharge]) -> tuple[list[Any], list[CounterCharge]]:
+    """The charges' totals and cap checks, as RESERVE and EXTEND read them, and the capped
+    charges in the order the scripts number them (a refusal names one by its place)."""
+    totals = totals_by_key(charges)
+    index = {key: i for i, key in enumerate(totals, start=1)}
+    capped = [c for c in charges if c.cap is not None]
+    args = encode_totals(totals)
+    args.append(len(capped))
+    for c in capped:
+        args += (index[counter_key(c)], repr(cap_limit(c.cap)))
+    return args, capped
+
+
+def reserve_args(window: RollingWindow, ttl_ms: int, agent: str, session: str, rid: str,
+                 charges: Sequence[CounterCharge], now: float) -> tuple[list[Any], list[CounterCharge]]:
+    args: list[Any] = [agent, session, rid, window.bucket_of(now), window.first_live(now), ttl_ms, repr(now)]
+    encoded, capped = charge_args(charges)
+    return args + encoded, capped
+
+
+def refused(capped: Sequence[CounterCharge], index: Any, observed: Any) -> Reservation:
+    return Reservation(id=None, ok=False, failed=capped[int(index) - 1], observed=float(observed))
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveWithin:
+    """One RESERVE_WITHIN call: its arguments, and how to read its answer."""
+
+    rid: str
+    args: list[Any]
+    capped: list[CounterCharge]
+    keys: tuple[CounterKey, ...]
+
+    @classmethod
+    def of(cls, window: RollingWindow, ttl_ms: int, agent: str, session: str, keys: Sequence[CounterKey],
+           charges: Sequence[CounterCharge], now: float) -> ReserveWithin:
+        check_keys(keys)
+        rid = uuid.uuid4().hex
+        args, capped = reserve_args(window, ttl_ms, agent, session, rid, charges, now)
+        args.append(len(keys))
+        for scope, persona, dimension in keys:
+            args += (SCOPE_CODE[scope], sub(dimension, persona))
+        return cls(rid, args, capped, tuple(keys))
+
+    def answer(self, result: Sequence[Any]) -> tuple[dict[CounterKey, float], Reservation]:
+        """The snapshot, and the reservation (held, refused, or nothing to hold: ok without id)."""
+        snapshot = {key: float(value) for key, value in zip(self.keys, result[3:])}
+        code = int(result[0])
+        if code == 1:
+            return snapshot, Reservation(id=self.rid, ok=True)
+        if code == 2:
+            return snapshot, Reservation(id=None, ok=True)
+        return snapshot, refused(self.capped, result[1], result[2])
+
+
+def commit_args(window: RollingWindow, ttl_ms: int, reservation_id: str, actual: Sequence[CounterCharge] | None,
+                now: float) -> list[Any]:
+    args: list[Any] = [reservation_id, window.first_live(now), ttl_ms]
+    if actual is None:
+        args += ("held", 0)
+    else:
+        args.append("actual")
+        args += encode_totals(totals_by_key(actual))
+    return args

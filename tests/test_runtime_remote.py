@@ -1,0 +1,173 @@
+"""The runtime on a real redis-server: the usual model call admitted and settled with one
+round trip each on the store's asyncio client (no thread), the session's lock free while it
+waits, caps holding across replicas, and the full round taking over when it must."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+
+import pytest
+import redis
+
+from governor.policy import ModelCall, UsageReport
+from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR
+from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer, redis_url  # noqa: F401  (fixture)
+from tests.test_runtime import Clock, make_runtime, model_step, pinned  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
+
+from governor.store.redis import RedisStore  # noqa: E402  (after the skip: needs the client only)
+
+DAY_TOKENS = ("per_day", None, "tokens")
+
+
+def evalsha_calls(url: str) -> int:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    finally:
+        client.close()
+
+
+def call(expected_out: int = 100) -> ModelCall:
+    return ModelCall(model="gpt-4o-mini", expected_input_tokens=100, expected_output_tokens=expected_out)
+
+
+@pytest.fixture
+def own_server():
+    server = RedisServer()
+    yield server
+    if server.process.poll() is None:
+        os.kill(server.process.pid, signal.SIGCONT)
+    server.stop()
+
+
+async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without_a_thread(
+        pinned, tmp_path, redis_url, monkeypatch):
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        assert rt.remote is not None
+        await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session (its journal, from a thread)
+        threads = []
+        real_to_thread = asyncio.to_thread
+
+        async def counted(fn, *args, **kwargs):
+            threads.append(getattr(fn, "__qualname__", repr(fn)))
+            return await real_to_thread(fn, *args, **kwargs)
+
+        monkeypatch.setattr(asyncio, "to_thread", counted)
+        before = evalsha_calls(redis_url)
+        clock.t += 1
+        admission = await rt.admit("s", call())
+        assert not admission.decision.blocks and admission.ticket.reservation
+        assert evalsha_calls(redis_url) - before == 1  # the snapshot and the reservation together
+        await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=40))
+        await rt.finish("s", admission.ticket)
+        assert evalsha_calls(redis_url) - before == 2  # and the commit
+        assert threads == []
+        live = rt._sessions["s"]
+        assert live.state.in_flight == 0 and live.state.iterations == 2
+        view = await rt.session_view("s")
+        used = {(b["dimension"], b["scope"]): b["used"] for b in view["budgets"] if b["persona"] is None}
+        assert used[("tokens", "per_session")] == 150 + 140  # what was used, not what was reserved
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_the_session_lock_is_free_while_a_step_waits_on_redis(pinned, tmp_path, own_server):
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url, timeout=5.0))
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        live = rt._sessions["s"]
+        os.kill(own_server.process.pid, signal.SIGSTOP)
+        try:
+            waiting = [asyncio.create_task(rt.admit("s", call())) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            assert not any(task.done() for task in waiting)
+            assert not live.lock.locked()  # three steps wait on the network, none holds the session
+        finally:
+            os.kill(own_server.process.pid, signal.SIGCONT)
+        admitted = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        assert all(not a.decision.blocks for a in admitted)
+        assert live.state.in_flight == 3
+        for a in admitted:
+            await rt.finish("s", a.ticket)  # never settled: released
+        assert live.state.in_flight == 0
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, [("per_session", None, "tokens")]) == {
+            ("per_session", None, "tokens"): 150.0}
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_two_replicas_admitting_at_once_hold_the_per_day_cap(pinned, tmp_path, redis_url):
+    """32 calls at once, 16 through each of two runtimes on one Redis, each in its own
+    session: the per_day token cap (200000) admits exactly 20 of 10000 tokens."""
+    prefix = f"t-{uuid.uuid4().hex}:"
+    clock = Clock()
+    replicas = [make_runtime(pinned, tmp_path / f"r{i}", clock, store=RedisStore(redis_url, prefix=prefix))
+                for i in range(2)]
+    try:
+        admissions = await asyncio.gather(*(replicas[i % 2].admit(f"s{i}", call(expected_out=9900))
+                                            for i in range(32)))
+        admitted = [a for a in admissions if not a.decision.blocks]
+        refused = [a for a in admissions if a.decision.blocks]
+        assert len(admitted) == 20 and len(refused) == 12
+        assert all(a.governor_object["cause"] == ON_BUDGET_EXHAUSTED for a in refused)
+        assert replicas[0].store.snapshot(replicas[0].agent_id, "x", clock.t, [DAY_TOKENS]) == {DAY_TOKENS: 200000.0}
+    finally:
+        for rt in replicas:
+            await rt.close(end_sessions=False)
+            rt.store.close()
+
+
+async def test_a_call_that_must_be_recorded_goes_through_the_full_round_and_holds_one_reservation(
+        pinned, tmp_path, redis_url):
+    """A call past the per_session cap: the fast path's reservation is refused by Redis, the
+    full round decides, records the exhaustion and reserves nothing; a call that fits after
+    it in another session is quiet again."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        big = await rt.admit("s", call(expected_out=25000))
+        assert big.decision.halts and big.governor_object["cause"] == ON_BUDGET_EXHAUSTED
+        record = await rt.end_session("s")
+        assert [e["cause"] for e in record["events"]] == [ON_BUDGET_EXHAUSTED]
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, [DAY_TOKENS]) == {DAY_TOKENS: 0.0}
+        small = await rt.admit("t", call())
+        assert not small.decision.blocks
+        assert rt.store.snapshot(rt.agent_id, "t", clock.t, [DAY_TOKENS]) == {DAY_TOKENS: 200.0}
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_redis_down_refuses_the_call_as_retryable_and_records_it(pinned, tmp_path, own_server):
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3"))
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        os.kill(own_server.process.pid, signal.SIGSTOP)
+        try:
+            refused = await asyncio.wait_for(rt.admit("s", call()), 10)
+        finally:
+            os.kill(own_server.process.pid, signal.SIGCONT)
+        assert refused.decision.blocks and not refused.decision.halts
+        assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
+        assert rt._sessions["s"].state.in_flight == 0
+
+        await asyncio.sleep(0.2)
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # the session goes on
+        assert not again.decision.blocks
+        await rt.finish("s", again.ticket)
+        record = await rt.end_session("s")
+        assert [e["cause"] for e in record["events"]][0] == ON_GOVERNOR_ERROR  # the refusal was recorded
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
