@@ -149,8 +149,12 @@ class Cluster:
             subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
                             "--cluster-replicas", "0", "--cluster-yes"], check=True, timeout=30,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            with self.nodes[0].client() as c:
-                wait_until(lambda: "cluster_state:ok" in str(c.execute_command("CLUSTER", "INFO")), 15, "the cluster is not ok")
+            # every node, not only the first: until gossip reaches a node it answers CLUSTERDOWN
+            for node in self.nodes:
+                with node.client() as c:
+                    wait_until(lambda: "cluster_state:ok" in str(c.execute_command("CLUSTER", "INFO"))
+                               and "cluster_slots_ok:16384" in str(c.execute_command("CLUSTER", "INFO")),
+                               15, f"the cluster is not ok on node {node.port}")
         except BaseException:
             self.stop()
             raise

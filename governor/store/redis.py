@@ -73,6 +73,7 @@ from governor.store.base import (
     StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
+    cap_limit,
     check_keys,
     encode_state,
     totals_by_key,
