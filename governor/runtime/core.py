@@ -73,6 +73,7 @@ from governor.runtime.refusals import ended_refusal, transient, unrecorded_failu
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
+from governor.runtime.shared import SharedSteps
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -126,10 +127,14 @@ class Runtime:
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
+        # a store that shares sessions between replicas (Redis): rounds on shared state (runtime/shared.py)
+        shared_sessions = getattr(store, "shared_sessions", None)
+        self.shared = SharedSteps(sessions=shared_sessions(), store=store, metrics=self.metrics,
+                                  clock=clock) if shared_sessions is not None else None
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
-                                     governor_id=governor_id, agent_id=agent_id,
+                                     governor_id=governor_id, agent_id=agent_id, shared=self.shared,
                                      **({"write_final": transparency_log.write_record} if transparency_log else {}))
         self.table = SessionTable(opener=self.resumption.open_session, metrics=self.metrics)
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
@@ -141,14 +146,14 @@ class Runtime:
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
-                               transparency_log=transparency_log, witnessing=witnessing)
+                               transparency_log=transparency_log, witnessing=witnessing, shared=self.shared)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight)
         self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
                                store_call=self._store, save=self._save, apply=self._apply,
                                approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
-                               personas=self.personas, settings=settings)
+                               personas=self.personas, settings=settings, shared=self.shared)
 
     # settings the collaborators share, kept in `self.settings`: replaced after construction
     # by the proxy's start-up (the notifier) and by tests, each reaches every collaborator
@@ -166,7 +171,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
-        if end_sessions:
+        if end_sessions and self.shared is None:  # shared sessions go on on other replicas (or end idle)
             for session in list(self._sessions.values()):
                 if not session.ended:
                     try:
@@ -324,7 +329,7 @@ class Runtime:
         holds the lock (it may be between deciding and advancing: its state would overwrite
         ours), not for a store across the network (its calls go off the loop), and not in an
         ended session."""
-        return not (self._store_in_thread or live.ended or live.lock.locked())
+        return not (self._store_in_thread or self.shared is not None or live.ended or live.lock.locked())
 
     def _advanced(self, live: LiveSession, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
@@ -364,7 +369,13 @@ class Runtime:
                 await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
 
     async def _apply(self, live: LiveSession, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
-        """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
+        """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held
+        (and, for a session shared by replicas, its round in the store: runtime/shared.py)."""
+        if self.shared is not None:
+            return await self.shared.apply(live, step, ticket, self._apply_here)
+        return await self._apply_here(live, step, ticket)
+
+    async def _apply_here(self, live: LiveSession, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
         now = self.clock()
         if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
             live.last_activity = now

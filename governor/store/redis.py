@@ -77,6 +77,7 @@ from governor.store.base import (
     totals_by_key,
 )
 from governor.store.redis_client import make_client, parse_options
+from governor.store.redis_sessions import RedisSessions
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
@@ -405,6 +406,11 @@ class RedisStore:
         with self._guard():
             raw = self._client.get(f"{self.prefix}st:{session}")
         return None if raw is None else orjson.loads(raw)
+
+    def shared_sessions(self) -> RedisSessions:
+        """What replicas share of their sessions on this Redis (governor.store.redis_sessions)."""
+        return RedisSessions(self._client, self.prefix, self._keys, self._guard, self.options.wait_replicas,
+                             self.options.wait_timeout)
 
     def list_sessions(self) -> list[str]:
         with self._guard():

@@ -1,0 +1,181 @@
+"""A session's journal kept as one hash chain in a shared store, for governor replicas.
+
+The lines are the file journal's (`governor.evidence.journal`: header, events, end; each
+`{kind, body, prev, hash}`, `hash` = SHA-256 over JCS({kind, body, prev})), kept in the
+store as a list beside its head (length, last hash). A replica appends with a
+compare-and-append (`chain.append`: the length and last hash it knows -> its line and the
+new head, or nothing when another replica appended first); on a conflict it reads the
+lines it missed, checks each one (checksum, link, seq), and chains its event after them.
+So the one total order of a session's events is the order of successful appends, whatever
+replica made them; the hashes are computed here (the store runs no SHA-256).
+
+Every line read from the store is checked as the file journal checks its lines: an edited
+or forged line (checksum), a removed or moved one (link), a wrong seq is a
+CorruptJournalError, and the step that met it fails closed. Ending re-reads and re-checks
+the whole chain, so an edit behind what this replica already read is found before the
+record is signed. The end line is appended like any other: of replicas racing to end a
+session, exactly one succeeds (the others find the chain ended: JournalClosedError).
+
+`chain` is duck-typed (the Redis one is `governor.store.redis_sessions.RedisSessions`):
+  append(session, length, prev, line, digest) -> bool
+  read(session, start) -> list[bytes]            (the lines from index `start` on)
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
+from governor.evidence.journal import JOURNAL_FORMAT, Ending, encode_line, parse_line
+from governor.evidence.record import OUTCOMES, SessionHeader, SessionRecord, Timestamp, as_timestamp, make_event
+
+# Conflicts one append re-chains through before it gives up (fail closed): each round means
+# another replica's line got in first, so this bounds a pathological race, not a normal one.
+MAX_APPEND_ROUNDS = 64
+
+
+class SharedJournal:
+    """An open journal whose lines live in a shared chain; the same door as `Journal`
+    (`record`, `append`, `end`, `ending`, `close`, `path`, `repaired`). Thread-safe."""
+
+    def __init__(self, chain: Any, session: str, path: Path) -> None:
+        self.chain = chain
+        self.session = session
+        self.path = path  # where a file journal would be: names the session in errors
+        self.record: SessionRecord | None = None  # set once the header line is read
+        self.repaired = None  # a chain has no torn tail: a line is appended whole or not at all
+        self._prev = ""
+        self._length = 0
+        self._ending: Ending | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open_or_create(cls, chain: Any, session: str, header: SessionHeader, path: Path) -> SharedJournal:
+        """The session's chain as it stands, started with `header` when there is none yet."""
+        journal = cls(chain, session, path)
+        with journal._lock:
+            journal._catch_up()
+            if journal.record is None:
+                line, digest = encode_line("header", {"format": JOURNAL_FORMAT, **header.to_json()}, "")
+                if chain.append(session, 0, "", line.rstrip(b"\n"), digest):
+                    journal.record = SessionRecord(header, [])
+                    journal._prev, journal._length = digest, 1
+                else:  # another replica started it first: its header stands
+                    journal._catch_up()
+            if journal.record is None:
+                raise CorruptJournalError(path, "the shared chain has no header line", line=1)
+        return journal
+
+    @classmethod
+    def existing(cls, chain: Any, session: str, path: Path) -> SharedJournal | None:
+        """The session's chain, read and checked whole; None when the store holds none."""
+        journal = cls(chain, session, path)
+        with journal._lock:
+            journal._catch_up()
+        return journal if journal.record is not None else None
+
+    # --- reading ----------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """Take the lines other replicas appended since this one last read, each checked."""
+        for raw in self.chain.read(self.session, self._length):
+            self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        number = self._length + 1
+        try:
+            kind, body, digest = parse_line(raw, self._prev)
+            if self.record is None:
+                if kind != "header" or body.get("format") != JOURNAL_FORMAT:
+                    raise ValueError(f"line 1 is not a {JOURNAL_FORMAT} header")
+                self.record = SessionRecord(SessionHeader.from_json(body), [])
+            elif self._ending is not None:
+                raise ValueError("entry after the session's end")
+            elif kind == "event":
+                if body.get("seq") != len(self.record):
+                    raise ValueError(f"event seq {body.get('seq')!r}, expected {len(self.record)}")
+                self.record.add_event(make_event(body["cause"], body["action"], body["at"], body.get("detail")))
+            elif kind == "end":
+                if body.get("outcome") not in OUTCOMES:
+                    raise ValueError(f"unknown outcome {body.get('outcome')!r}")
+                self._ending = Ending(body["outcome"], as_timestamp(body["at"], "end at"))
+            else:
+                raise ValueError(f"unknown entry kind {kind!r}")
+        except Exception as exc:  # any damage to a line read from the store: nothing after it is trusted
+            raise CorruptJournalError(self.path, f"shared chain: {exc}", line=number) from None
+        self._prev = digest
+        self._length = number
+
+    def verify_whole(self) -> None:
+        """Re-read the chain from its first line and check that it is the one this journal
+        holds: an edit anywhere (even behind what was read before) raises CorruptJournalError."""
+        fresh = SharedJournal(self.chain, self.session, self.path)
+        fresh._catch_up()
+        if fresh.record is None or fresh._length < self._length or fresh.record.events()[:len(self.record or ())] \
+                != (self.record.events() if self.record is not None else []):
+            raise CorruptJournalError(self.path, "shared chain: it no longer holds the events this replica read "
+                                      "(edited or replaced in the store)", line=1)
+
+    # --- writing ----------------------------------------------------------------------
+
+    @property
+    def ending(self) -> Ending | None:
+        return self._ending
+
+    def append(self, cause: str, action: str, at: Timestamp, detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Chain one event after the chain's head (re-chained after lines other replicas
+        appended first) and return it ({seq, cause, action, at[, detail]})."""
+        event = make_event(cause, action, at, detail)
+        with self._lock:
+            body = self._append("event", lambda: {"seq": len(self.record or ()), **event})
+            assert self.record is not None
+            self.record.add_event(event)
+        return body
+
+    def end(self, outcome: str, at: Timestamp) -> Ending:
+        """Chain the session's end. JournalClosedError when another replica ended it first."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        ending = Ending(outcome, as_timestamp(at, "end at"))
+        with self._lock:
+            self._catch_up()
+            self.verify_whole()  # the record is signed over what the chain holds: check all of it
+            self._append("end", lambda: {"outcome": ending.outcome, "at": ending.at})
+            self._ending = ending
+        return ending
+
+    def _append(self, kind: str, make_body: Any) -> dict[str, Any]:
+        for _ in range(MAX_APPEND_ROUNDS):
+            self._check_open()
+            body = make_body()
+            line, digest = encode_line(kind, body, self._prev)
+            if self.chain.append(self.session, self._length, self._prev, line.rstrip(b"\n"), digest):
+                self._prev = digest
+                self._length += 1
+                return body
+            self._catch_up()  # another replica appended first: its lines, then ours after them
+            if self._length == 0:
+                raise CorruptJournalError(self.path, "shared chain: its lines are gone from the store", line=1)
+        raise JournalError(self.path, f"shared chain: {MAX_APPEND_ROUNDS} appends in a row lost to other replicas; "
+                           "event not recorded")
+
+    def refresh(self) -> None:
+        """Read what other replicas appended (an end included)."""
+        with self._lock:
+            self._catch_up()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalClosedError(self.path, "journal is closed")
+        if self._ending is not None:
+            raise JournalClosedError(self.path, f"session already ended ({self._ending.outcome} at {self._ending.at})")
+
+
+__all__ = ["MAX_APPEND_ROUNDS", "SharedJournal"]

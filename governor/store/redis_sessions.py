@@ -1,0 +1,168 @@
+"""What governor replicas share of their sessions in Redis (beside the counters of `redis.py`).
+
+Layout, under the store's prefix (a hash tag on Cluster, so every key is in the fence's slot
+and each script here runs atomically on one node):
+  ch:<session>       list: the session's journal lines (governor.evidence.shared_journal)
+  chh:<session>      hash: the chain's head {len, hash}, what a compare-and-append checks
+  chains             set: every session with a chain
+  act                hash: session -> its last step's time (any replica's), for idle ends
+  lk:<session>       a replica's decision round on the session (SET NX PX, an owner token)
+  rec:<session>      the session's signed final record (JSON), written once
+  book               list: the session book's log entries (governor.sessions.book), in order
+  held:<approval>    a held step's review answer (JSON), written once (SET NX)
+
+Every command goes through the store's guard: a Redis failure is StoreUnavailable (the step
+fails closed, retryable). Appends honour the store's `wait=N` (WAIT after the append).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from typing import Any, Callable, ContextManager
+
+import orjson
+
+from governor.store.base import StoreUnavailable
+
+# KEYS[1] the fence (its slot); ARGV: prefix, session, expected length, expected last hash,
+# the line, its hash. Appends when the head is the one expected; answers 1, else 0.
+APPEND = r"""
+local P, S = ARGV[1], ARGV[2]
+local list, head = P .. 'ch:' .. S, P .. 'chh:' .. S
+local h = redis.call('HMGET', head, 'len', 'hash')
+local n = tonumber(h[1] or '0')
+local last = h[2] or ''
+if n ~= tonumber(ARGV[3]) or last ~= ARGV[4] or redis.call('LLEN', list) ~= n then return 0 end
+redis.call('RPUSH', list, ARGV[5])
+redis.call('HSET', head, 'len', n + 1, 'hash', ARGV[6])
+redis.call('SADD', P .. 'chains', S)
+return 1
+"""
+
+# KEYS[1] the fence; ARGV: prefix, session, owner. Ends a decision round this owner holds.
+UNLOCK = r"""
+local key = ARGV[1] .. 'lk:' .. ARGV[2]
+if redis.call('GET', key) == ARGV[3] then return redis.call('DEL', key) end
+return 0
+"""
+
+LOCK_LEASE_MS = 10_000  # a replica that dies in a decision round holds it this long at most
+LOCK_WAIT_SEC = 5.0  # longer than this waiting for another replica's round: refused (retryable)
+
+
+class RedisSessions:
+    """The shared part of sessions, over the store's client (`guard` turns a Redis failure
+    into StoreUnavailable, the fence names the slot)."""
+
+    def __init__(self, client: Any, prefix: str, fence_keys: list[str], guard: Callable[[], ContextManager[None]],
+                 wait_replicas: int = 0, wait_timeout: float = 0.5) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.keys = fence_keys
+        self.guard = guard
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
+        self._append = client.register_script(APPEND)
+        self._unlock = client.register_script(UNLOCK)
+
+    # --- chains -------------------------------------------------------------------------
+
+    def append(self, session: str, length: int, prev: str, line: bytes, digest: str) -> bool:
+        with self.guard():
+            done = int(self._append(keys=self.keys, args=(self.prefix, session, length, prev, line, digest)))
+            if done and self.wait_replicas:
+                self.client.execute_command("WAIT", self.wait_replicas, math.ceil(self.wait_timeout * 1000))
+        return bool(done)
+
+    def read(self, session: str, start: int) -> list[bytes]:
+        with self.guard():
+            lines = self.client.lrange(f"{self.prefix}ch:{session}", start, -1)
+        return [line.encode() if isinstance(line, str) else line for line in lines]
+
+    def has_chain(self, session: str) -> bool:
+        with self.guard():
+            return bool(self.client.sismember(f"{self.prefix}chains", session))
+
+    def chains(self) -> list[str]:
+        with self.guard():
+            return sorted(self.client.smembers(f"{self.prefix}chains"))
+
+    # --- activity, decision rounds -------------------------------------------------------
+
+    def touch(self, session: str, now: float) -> None:
+        with self.guard():
+            self.client.hset(f"{self.prefix}act", session, repr(now))
+
+    def last_activity(self, session: str) -> float | None:
+        with self.guard():
+            raw = self.client.hget(f"{self.prefix}act", session)
+        return None if raw is None else float(raw)
+
+    def activity(self) -> dict[str, float]:
+        with self.guard():
+            return {session: float(at) for session, at in self.client.hgetall(f"{self.prefix}act").items()}
+
+    def forget_activity(self, session: str) -> None:
+        with self.guard():
+            self.client.hdel(f"{self.prefix}act", session)
+
+    def lock(self, session: str) -> str:
+        """Take the session's decision round (waiting for another replica's, bounded); the
+        owner token to hand to `unlock`. StoreUnavailable (retryable) past LOCK_WAIT_SEC."""
+        owner = secrets.token_hex(8)
+        key = f"{self.prefix}lk:{session}"
+        deadline = time.monotonic() + LOCK_WAIT_SEC
+        pause = 0.0005
+        while True:
+            with self.guard():
+                if self.client.set(key, owner, nx=True, px=LOCK_LEASE_MS):
+                    return owner
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(f"session {session}: another replica's step did not end within "
+                                       f"{LOCK_WAIT_SEC:.0f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def unlock(self, session: str, owner: str) -> None:
+        with self.guard():
+            self._unlock(keys=self.keys, args=(self.prefix, session, owner))
+
+    # --- final records ------------------------------------------------------------------
+
+    def put_record(self, session: str, record: dict[str, Any]) -> None:
+        with self.guard():
+            self.client.set(f"{self.prefix}rec:{session}", orjson.dumps(record), nx=True)
+
+    def get_record(self, session: str) -> dict[str, Any] | None:
+        with self.guard():
+            raw = self.client.get(f"{self.prefix}rec:{session}")
+        return None if raw is None else orjson.loads(raw)
+
+    # --- the session book's log -----------------------------------------------------------
+
+    def book_append(self, entry: bytes) -> None:
+        with self.guard():
+            self.client.rpush(f"{self.prefix}book", entry)
+
+    def book_read(self, start: int) -> list[bytes]:
+        with self.guard():
+            lines = self.client.lrange(f"{self.prefix}book", start, -1)
+        return [line.encode() if isinstance(line, str) else line for line in lines]
+
+    # --- held steps' answers ----------------------------------------------------------------
+
+    def answer_held(self, approval_id: str, answer: dict[str, Any], ttl_sec: float) -> bool:
+        """Write a review's answer once; False when the step was answered already."""
+        with self.guard():
+            return bool(self.client.set(f"{self.prefix}held:{approval_id}", orjson.dumps(answer), nx=True,
+                                        px=max(1, math.ceil(ttl_sec * 1000))))
+
+    def held_answer(self, approval_id: str) -> dict[str, Any] | None:
+        with self.guard():
+            raw = self.client.get(f"{self.prefix}held:{approval_id}")
+        return None if raw is None else orjson.loads(raw)
+
+
+__all__ = ["LOCK_LEASE_MS", "LOCK_WAIT_SEC", "RedisSessions"]
