@@ -104,14 +104,14 @@ class SharedSteps:
             return True
         return False
 
-    async def abandoned(self, now: float, idle_sec: float, live_here: Callable[[str], bool]) -> list[str]:
-        """Sessions no replica served within `idle_sec` and not live here: a replica that died
-        (or stopped) left them; any replica ends them."""
+    async def abandoned(self, now: float, idle_sec: float, kept_here: Callable[[str], bool]) -> list[str]:
+        """Sessions no replica served within `idle_sec` (but those `kept_here`): a replica that
+        died (or stopped) left them; any replica ends them."""
         try:
             activity = await asyncio.to_thread(self.sessions.activity)
         except StoreError:
             return []
-        return [session for session, at in activity.items() if now - at >= idle_sec and not live_here(session)]
+        return [session for session, at in activity.items() if now - at >= idle_sec and not kept_here(session)]
 
 
 __all__ = ["SharedSteps"]

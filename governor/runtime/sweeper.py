@@ -158,12 +158,13 @@ class Sweeper:
         await self._refresh_gauges()
 
     async def end_abandoned(self, now: float) -> None:
-        """End the shared sessions no replica served within the idle timeout and that are not
-        live here (their replica died or stopped): whichever replica comes first writes the one
-        record (the end line is a compare-and-append)."""
+        """End the shared sessions no replica served within the idle timeout (their replica died
+        or stopped; the in-flight calls a dead replica counted never end), unless a step is held
+        for review here: whichever replica comes first writes the one record (the end line is
+        a compare-and-append)."""
         shared = self.shared
         for session in await shared.abandoned(now, self.settings.session_idle_sec,  # type: ignore[union-attr]
-                                              lambda s: s in self.sessions and not self.sessions[s].ended):
+                                              lambda s: s in self.sessions and bool(self.sessions[s].pending)):
             try:
                 record = await self.records.end_session(session)
                 log.info("session %s, left by a replica, ended (%s)", session, record.get("outcome"))
