@@ -192,3 +192,57 @@ async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finali
         server.close()
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a_holds_every_event(
+        tmp_path, redis_url, llm, capsys):
+    from tests.oversight_world import TOOLS, ToolThenText
+
+    tools = ToolThenText()  # a model that asks for delete_note, which needs a reviewer's confirmation
+    await tools.start()
+    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    try:
+        session, token = await open_session(a, label="held across replicas")
+        assert (await c.chat(llm.url, token)).status_code == 200
+        body = {"model": "gpt-4o-mini", "max_tokens": 100, "tools": TOOLS,
+                "messages": [{"role": "user", "content": "tidy the notes"}]}
+        held = asyncio.ensure_future(b.agent.post(f"{tools.base_url}/v1/chat/completions",
+                                                  headers={"ADL-Session": token}, json=body))
+        listed: list = []
+        for _ in range(100):  # C lists the step B holds
+            answer = await c.control.get("/v1/approvals")
+            assert answer.status_code == 200, answer.text
+            listed = [v for v in answer.json()["approvals"] if v["session"] == session]
+            if listed or held.done():
+                break
+            await asyncio.sleep(0.1)
+        assert listed and not held.done(), (listed, held.done() and held.result().text)
+        assert listed[0]["tool"] == "delete_note"
+        approved = await c.reviewer.post(f"/v1/approvals/{listed[0]['id']}",
+                                         json={"decision": "approve", "reviewer": "lab lead on C"})
+        assert approved.status_code == 200, approved.text
+        answer = await asyncio.wait_for(held, 30)  # B's waiting request learns it and goes on
+        assert answer.status_code == 200, answer.text
+        calls = answer.json()["choices"][0]["message"]["tool_calls"]
+        assert calls[0]["function"]["name"] == "delete_note"
+        # answered once: a second answer, on any replica, is refused
+        again = await a.reviewer.post(f"/v1/approvals/{listed[0]['id']}",
+                                      json={"decision": "reject", "reviewer": "someone else"})
+        assert again.status_code in (404, 409), again.text
+        assert (await a.chat(llm.url, token)).status_code == 200
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code == 200, end.text
+        record = end.json()
+        verify(tmp_path, record, capsys)
+        pairs = [(e["cause"], e["action"]) for e in record["events"]]
+        assert any(action == "pause" for _, action in pairs), pairs  # held on B
+        assert any(e.get("detail", {}).get("reviewer") == "lab lead on C" for e in record["events"]), record["events"]
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chain = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        assert server.hlen("governor:holds") == 0  # nothing listed as waiting any more
+        server.close()
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]] == [
+            (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain[1:-1]]
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+        await tools.stop()

@@ -74,6 +74,7 @@ from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
+from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -141,8 +142,10 @@ class Runtime:
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
                                 settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
+        holds = SharedHolds(steps=self.shared, round_here=self._apply_here, open_session=self.table.open,
+                            clock=clock) if self.shared is not None else None
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
-                                   settings=settings, apply=self._apply, admit=self.admit)
+                                   settings=settings, apply=self._apply, admit=self.admit, holds=holds)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,

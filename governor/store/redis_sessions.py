@@ -9,6 +9,7 @@ and each script here runs atomically on one node):
   lk:<session>       a replica's decision round on the session (SET NX PX, an owner token)
   rec:<session>      the session's signed final record (JSON), written once
   book               list: the session book's log entries (governor.sessions.book), in order
+  holds              hash: approval -> a held step's view {session, ...} (what reviewers list)
   held:<approval>    a held step's review answer (JSON), written once (SET NX)
 
 Every command goes through the store's guard: a Redis failure is StoreUnavailable (the step
@@ -151,12 +152,30 @@ class RedisSessions:
             lines = self.client.lrange(f"{self.prefix}book", start, -1)
         return [line.encode() if isinstance(line, str) else line for line in lines]
 
-    # --- held steps' answers ----------------------------------------------------------------
+    # --- held steps: what waits (for any replica's reviewers), and their answers -----------
+
+    def publish_hold(self, approval_id: str, held: dict[str, Any]) -> None:
+        with self.guard():
+            self.client.hset(f"{self.prefix}holds", approval_id, orjson.dumps(held, default=str))
+
+    def withdraw_hold(self, approval_id: str) -> None:
+        with self.guard():
+            self.client.hdel(f"{self.prefix}holds", approval_id)
+
+    def hold(self, approval_id: str) -> dict[str, Any] | None:
+        with self.guard():
+            raw = self.client.hget(f"{self.prefix}holds", approval_id)
+        return None if raw is None else orjson.loads(raw)
+
+    def holds(self) -> list[dict[str, Any]]:
+        with self.guard():
+            return [orjson.loads(raw) for raw in self.client.hvals(f"{self.prefix}holds")]
+
 
     def answer_held(self, approval_id: str, answer: dict[str, Any], ttl_sec: float) -> bool:
         """Write a review's answer once; False when the step was answered already."""
         with self.guard():
-            return bool(self.client.set(f"{self.prefix}held:{approval_id}", orjson.dumps(answer), nx=True,
+            return bool(self.client.set(f"{self.prefix}held:{approval_id}", orjson.dumps(answer, default=str), nx=True,
                                         px=max(1, math.ceil(ttl_sec * 1000))))
 
     def held_answer(self, approval_id: str) -> dict[str, Any] | None:
