@@ -19,10 +19,16 @@ session, exactly one succeeds (the others find the chain ended: JournalClosedErr
 `chain` is duck-typed (the Redis one is `governor.store.redis_sessions.RedisSessions`):
   append(session, length, prev, line, digest) -> bool
   read(session, start) -> list[bytes]            (the lines from index `start` on)
+  reseed(session, lines, digest) -> bool         (put back a chain the store lost; False: one is there)
+
+A chain the store lost whole (an emptied Redis) is put back as the appending replica holds it,
+so the event that reports the loss is recorded (lines other replicas appended that this one
+never read are lost with the store: the store's fence fails every step closed meanwhile).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,6 +36,8 @@ from typing import Any, Mapping
 from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
 from governor.evidence.journal import JOURNAL_FORMAT, Ending, encode_line, parse_line
 from governor.evidence.record import OUTCOMES, SessionHeader, SessionRecord, Timestamp, as_timestamp, make_event
+
+log = logging.getLogger("governor.evidence")
 
 # Conflicts one append re-chains through before it gives up (fail closed): each round means
 # another replica's line got in first, so this bounds a pathological race, not a normal one.
@@ -48,6 +56,8 @@ class SharedJournal:
         self.repaired = None  # a chain has no torn tail: a line is appended whole or not at all
         self._prev = ""
         self._length = 0
+        self._lines: list[bytes] = []  # the chain as this replica holds it (put back if the store loses it)
+        self.deferred: list[dict[str, Any]] = []  # refusals met while the store was unreachable, to chain
         self._ending: Ending | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -63,6 +73,7 @@ class SharedJournal:
                 if chain.append(session, 0, "", line.rstrip(b"\n"), digest):
                     journal.record = SessionRecord(header, [])
                     journal._prev, journal._length = digest, 1
+                    journal._lines.append(line.rstrip(b"\n"))
                 else:  # another replica started it first: its header stands
                     journal._catch_up()
             if journal.record is None:
@@ -108,6 +119,7 @@ class SharedJournal:
             raise CorruptJournalError(self.path, f"shared chain: {exc}", line=number) from None
         self._prev = digest
         self._length = number
+        self._lines.append(raw)
 
     def verify_whole(self) -> None:
         """Re-read the chain from its first line and check that it is the one this journal
@@ -155,12 +167,35 @@ class SharedJournal:
             if self.chain.append(self.session, self._length, self._prev, line.rstrip(b"\n"), digest):
                 self._prev = digest
                 self._length += 1
+                self._lines.append(line.rstrip(b"\n"))
                 return body
+            before = self._length
             self._catch_up()  # another replica appended first: its lines, then ours after them
-            if self._length == 0:
-                raise CorruptJournalError(self.path, "shared chain: its lines are gone from the store", line=1)
+            if self._length == before and self._lines and self.chain.reseed(self.session, self._lines, self._prev):
+                # the store lost the chain (emptied, failed over to a replica without it): it is put
+                # back as this replica holds it, so the event that says so is recorded after it
+                log.error("%s: the shared chain was gone from the store; put back from this replica's copy "
+                          "(%d lines: lines other replicas appended that it never read are lost)",
+                          self.path, len(self._lines))
         raise JournalError(self.path, f"shared chain: {MAX_APPEND_ROUNDS} appends in a row lost to other replicas; "
                            "event not recorded")
+
+    def defer(self, cause: str, action: str, at: Timestamp, detail: Mapping[str, Any] | None = None) -> None:
+        """Keep the event of a refusal that could not be chained (the store is unreachable), to
+        chain it first once the store answers (`flush`). Only for refusals: a step that goes
+        ahead is chained before it does."""
+        with self._lock:
+            self.deferred.append(make_event(cause, action, at, detail))
+
+    def flush(self) -> None:
+        """Chain the deferred events, in the order they were met."""
+        with self._lock:
+            while self.deferred:
+                event = self.deferred[0]
+                self._append("event", lambda: {"seq": len(self.record or ()), **event})
+                assert self.record is not None
+                self.record.add_event(event)
+                self.deferred.pop(0)
 
     def refresh(self) -> None:
         """Read what other replicas appended (an end included)."""

@@ -406,10 +406,14 @@ class Runtime:
                 log.exception("session %s: could not decide %s", live.id, type(step).__name__)
                 decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
+        chained = 0
         try:
-            for event in decision.events:
+            for chained, event in enumerate(decision.events):
                 await asyncio.to_thread(live.journal.append, event["cause"], event["action"], now, event.get("detail"))
         except Exception as exc:  # the event cannot be recorded, so the step must not take effect
+            if self.shared is not None and reservation is None and self.shared.defer_refusal(
+                    live, decision, decision.events[chained:], exc, now):
+                return decision, None  # a refusal, recorded once the store holding the chain answers
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:
                 await self._store(self._release_quietly, reservation)
@@ -551,6 +555,8 @@ class Runtime:
         return await self.views.page(after, limit)
 
     async def session_view(self, session: str, gauges: bool = True) -> dict[str, Any] | None:
+        if self.shared is not None:  # as the last round on any replica left it
+            await self.shared.refresh(session, self._sessions, self.table.open)
         return await self.views.session_view(session, gauges)
 
     async def sweep(self) -> None:

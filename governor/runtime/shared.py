@@ -20,8 +20,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from governor.policy import Decision, SessionState, Step, Tick
-from governor.runtime.refusals import unrecorded_failure
+from governor.policy import Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
+from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import LiveSession, Ticket
 from governor.store import StoreError
 
@@ -49,13 +49,17 @@ class SharedSteps:
         try:
             owner = await asyncio.to_thread(self.sessions.lock, live.id)
         except StoreError as exc:  # the store is down or another replica's round hangs: retryable
-            self.metrics.store_error()
-            return unrecorded_failure(step, exc), None
+            return self.unreachable(live, step, ticket, exc), None
         try:
             try:
                 await asyncio.to_thread(self._load, live)
-            except Exception as exc:  # StoreError, or a state another writer made unreadable
-                self.metrics.store_error()
+                if live.journal.deferred:  # refusals met while the store was unreachable: chained first
+                    await asyncio.to_thread(live.journal.flush)
+            except StoreError as exc:
+                if transient(exc):
+                    return self.unreachable(live, step, ticket, exc), None
+                # a loss: the round goes on, on the state held here; its counters refuse and it records why
+            except Exception as exc:  # a state another writer made unreadable, a damaged chain
                 log.warning("session %s: its shared state could not be read: %s", live.id, exc)
                 return unrecorded_failure(step, exc), None
             result = await round_here(live, step, ticket)
@@ -66,6 +70,33 @@ class SharedSteps:
                 await asyncio.to_thread(self.sessions.unlock, live.id, owner)
             except StoreError:  # its lease runs out by itself
                 log.warning("session %s: could not end its round in the store (the lease expires)", live.id)
+
+    def unreachable(self, live: LiveSession, step: Step, ticket: Ticket | None, exc: StoreError) -> Decision:
+        """The step refused because the store did not answer: retryable when it is only
+        unreachable, its event kept to be chained once the store answers (the chain is in the
+        store); a loss fails closed (runtime/refusals.py)."""
+        self.metrics.store_error()
+        if not transient(exc):
+            return unrecorded_failure(step, exc)
+        log.log(logging.DEBUG if type(step) is Tick else logging.WARNING,
+                "session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
+        decision = store_unreachable(live.limits, live.state, step, str(exc), exc.retry_after)  # type: ignore[attr-defined]
+        if type(step) is UsageReport and ticket is not None:
+            ticket.reservation = None  # not settled: what it reserved keeps counting, never released as unused
+        now = self.clock()
+        for event in decision.events:
+            live.journal.defer(event["cause"], event["action"], now, event.get("detail"))
+        return decision
+
+    def defer_refusal(self, live: LiveSession, decision: Decision, events: Any, exc: Exception, now: float) -> bool:
+        """A refusal (deny: nothing goes ahead, nothing halts) whose events could not be chained
+        because the store stopped answering mid-round: kept to be chained first once it answers.
+        False for anything else (the caller fails closed, unrecorded)."""
+        if not (transient(exc) and decision.action is Action.DENY):
+            return False
+        for event in events:
+            live.journal.defer(event["cause"], event["action"], now, event.get("detail"))
+        return True
 
     def _load(self, live: LiveSession) -> None:
         saved = self.store.load_session(live.id)
@@ -86,6 +117,21 @@ class SharedSteps:
         except StoreError:  # the next round reads what the store holds; this one's events are chained
             self.metrics.store_error()
             log.exception("session %s: could not save its shared state", live.id)
+
+    async def refresh(self, session: str, live_sessions: dict[str, LiveSession],
+                      open_session: Callable[[str], Awaitable[LiveSession]]) -> None:
+        """For a view: the session opened here when another replica started it, and its state
+        read again (not while a round of this replica is on it: that round saves it)."""
+        try:
+            live = live_sessions.get(session)
+            if live is None:
+                if not await asyncio.to_thread(self.sessions.has_chain, session):
+                    return
+                live = await open_session(session)
+            if not live.lock.locked():
+                await asyncio.to_thread(self._load, live)
+        except Exception as exc:  # StoreError, a damaged chain: the view shows what this replica knows
+            log.warning("session %s: its shared state could not be read for a view: %s", session, exc)
 
     def mark_ended(self, live: LiveSession) -> None:
         """The session ended here: every replica reads it as ended from now on. Blocking."""

@@ -410,7 +410,7 @@ class RedisStore:
     def shared_sessions(self) -> RedisSessions:
         """What replicas share of their sessions on this Redis (governor.store.redis_sessions)."""
         return RedisSessions(self._client, self.prefix, self._keys, self._guard, self.options.wait_replicas,
-                             self.options.wait_timeout)
+                             self.options.wait_timeout, self.options.retry_after)
 
     def list_sessions(self) -> list[str]:
         with self._guard():

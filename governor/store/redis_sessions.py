@@ -13,7 +13,8 @@ and each script here runs atomically on one node):
   held:<approval>    a held step's review answer (JSON), written once (SET NX)
 
 Every command goes through the store's guard: a Redis failure is StoreUnavailable (the step
-fails closed, retryable). Appends honour the store's `wait=N` (WAIT after the append).
+fails closed, retryable); the chains, the rounds and the book's log do not check the store's
+fence (a loss is recorded in the chain it reports on). Appends honour the store's `wait=N`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from typing import Any, Callable, ContextManager
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator
 
 import orjson
+import redis
 
 from governor.store.base import StoreUnavailable
 
@@ -38,6 +41,18 @@ local last = h[2] or ''
 if n ~= tonumber(ARGV[3]) or last ~= ARGV[4] or redis.call('LLEN', list) ~= n then return 0 end
 redis.call('RPUSH', list, ARGV[5])
 redis.call('HSET', head, 'len', n + 1, 'hash', ARGV[6])
+redis.call('SADD', P .. 'chains', S)
+return 1
+"""
+
+# KEYS[1] the fence; ARGV: prefix, session, its head hash, then its lines. Puts back a chain
+# that is gone from the store (emptied Redis) as a replica holds it; 0 when one is there.
+RESEED = r"""
+local P, S = ARGV[1], ARGV[2]
+local list, head = P .. 'ch:' .. S, P .. 'chh:' .. S
+if redis.call('LLEN', list) ~= 0 or redis.call('EXISTS', head) == 1 then return 0 end
+for i = 4, #ARGV do redis.call('RPUSH', list, ARGV[i]) end
+redis.call('HSET', head, 'len', #ARGV - 3, 'hash', ARGV[3])
 redis.call('SADD', P .. 'chains', S)
 return 1
 """
@@ -58,27 +73,44 @@ class RedisSessions:
     into StoreUnavailable, the fence names the slot)."""
 
     def __init__(self, client: Any, prefix: str, fence_keys: list[str], guard: Callable[[], ContextManager[None]],
-                 wait_replicas: int = 0, wait_timeout: float = 0.5) -> None:
+                 wait_replicas: int = 0, wait_timeout: float = 0.5, retry_after: float = 1.0) -> None:
         self.client = client
         self.prefix = prefix
         self.keys = fence_keys
         self.guard = guard
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
+        self.retry_after = retry_after
+        self._stale: dict[str, str] = {}  # session -> a round of ours whose end the store missed
         self._append = client.register_script(APPEND)
+        self._reseed = client.register_script(RESEED)
         self._unlock = client.register_script(UNLOCK)
+
+    @contextmanager
+    def _io(self) -> Iterator[None]:
+        """A Redis failure is StoreUnavailable; unlike the store's guard, a store that lost its
+        data still reaches the chains (the event that reports the loss is chained)."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"Redis store: {type(exc).__name__}: {exc}", retry_after=self.retry_after) from exc
 
     # --- chains -------------------------------------------------------------------------
 
     def append(self, session: str, length: int, prev: str, line: bytes, digest: str) -> bool:
-        with self.guard():
+        with self._io():
             done = int(self._append(keys=self.keys, args=(self.prefix, session, length, prev, line, digest)))
             if done and self.wait_replicas:
                 self.client.execute_command("WAIT", self.wait_replicas, math.ceil(self.wait_timeout * 1000))
         return bool(done)
 
+    def reseed(self, session: str, lines: list[bytes], digest: str) -> bool:
+        """Put back a chain the store lost, as `lines` (ending in `digest`); False: one is there."""
+        with self._io():
+            return bool(int(self._reseed(keys=self.keys, args=(self.prefix, session, digest, *lines))))
+
     def read(self, session: str, start: int) -> list[bytes]:
-        with self.guard():
+        with self._io():
             lines = self.client.lrange(f"{self.prefix}ch:{session}", start, -1)
         return [line.encode() if isinstance(line, str) else line for line in lines]
 
@@ -114,21 +146,28 @@ class RedisSessions:
         owner token to hand to `unlock`. StoreUnavailable (retryable) past LOCK_WAIT_SEC."""
         owner = secrets.token_hex(8)
         key = f"{self.prefix}lk:{session}"
+        stale = self._stale.pop(session, None)
+        if stale is not None:  # a round of ours the store could not end (it was down): end it now
+            self.unlock(session, stale)
         deadline = time.monotonic() + LOCK_WAIT_SEC
         pause = 0.0005
         while True:
-            with self.guard():
+            with self._io():
                 if self.client.set(key, owner, nx=True, px=LOCK_LEASE_MS):
                     return owner
             if time.monotonic() >= deadline:
                 raise StoreUnavailable(f"session {session}: another replica's step did not end within "
-                                       f"{LOCK_WAIT_SEC:.0f}s")
+                                       f"{LOCK_WAIT_SEC:.0f}s", retry_after=self.retry_after)
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
     def unlock(self, session: str, owner: str) -> None:
-        with self.guard():
-            self._unlock(keys=self.keys, args=(self.prefix, session, owner))
+        try:
+            with self._io():
+                self._unlock(keys=self.keys, args=(self.prefix, session, owner))
+        except StoreUnavailable:
+            self._stale[session] = owner  # ended at this replica's next round on it (else its lease runs out)
+            raise
 
     # --- final records ------------------------------------------------------------------
 
@@ -144,11 +183,11 @@ class RedisSessions:
     # --- the session book's log -----------------------------------------------------------
 
     def book_append(self, entry: bytes) -> None:
-        with self.guard():
+        with self._io():
             self.client.rpush(f"{self.prefix}book", entry)
 
     def book_read(self, start: int) -> list[bytes]:
-        with self.guard():
+        with self._io():
             lines = self.client.lrange(f"{self.prefix}book", start, -1)
         return [line.encode() if isinstance(line, str) else line for line in lines]
 
