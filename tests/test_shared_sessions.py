@@ -252,3 +252,34 @@ async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
         await tools.stop()
+
+
+async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(tmp_path, redis_url, llm, capsys):
+    keys = shared_keys(tmp_path)
+    alone = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+    restarted = None
+    try:
+        session, token = await open_session(alone)
+        assert (await alone.chat(llm.url, token)).status_code == 200
+        assert (await alone.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
+        await alone.kill()  # no other replica: its restart finds the session abandoned
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chained = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        assert server.get(f"governor:rec:{session}") is None
+        restarted = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+        record = None
+        deadline = time.monotonic() + 30
+        while record is None and time.monotonic() < deadline:
+            raw = server.get(f"governor:rec:{session}")
+            record = json.loads(raw) if raw else None
+            await asyncio.sleep(0.3)
+        server.close()
+        assert record is not None, "the restarted replica ended the session its predecessor left"
+        verify(tmp_path, record, capsys)
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]][:len(chained) - 1] == [
+            (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chained[1:]]
+        assert (await restarted.chat(llm.url, token)).status_code == 403  # ended: its token is refused
+    finally:
+        await alone.stop()
+        if restarted is not None:
+            await restarted.stop()

@@ -141,7 +141,8 @@ class Runtime:
         self._sessions = self.table.live  # the live-session table, shared with the collaborators
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
-                                settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
+                                settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock,
+                                shared=self.shared)
         holds = SharedHolds(steps=self.shared, round_here=self._apply_here, open_session=self.table.open,
                             clock=clock) if self.shared is not None else None
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
