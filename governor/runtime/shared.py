@@ -4,7 +4,7 @@ With a store that shares sessions (`store.shared_sessions()`: Redis), any replic
 session. What a step needs is in the store, not in one process:
   * the journal is one hash chain in the store (`governor.evidence.shared_journal`), so
     the events of every replica are in one order and one record;
-  * each decision round takes the session's round in the store (a lease, `RedisSessions.lock`),
+  * each decision round takes the session's round in the store (a lease, `RedisSessions.begin_round`),
     reads the session's state as the last round left it (any replica's), decides, journals,
     and saves the state and the session's last activity before it lets the round go: two
     replicas never decide on the same state;
@@ -20,10 +20,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+import orjson
+
 from governor.policy import Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
 from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import LiveSession, Ticket
 from governor.store import StoreError
+from governor.store.base import encode_state
 
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
@@ -45,31 +48,48 @@ class SharedSteps:
     async def apply(self, live: LiveSession, step: Step, ticket: Ticket | None,
                     round_here: Round) -> tuple[Decision, Ticket | None]:
         """`round_here` (the runtime's decision round) on the session's shared state, as the
-        one round in progress on it across replicas; the state saved before the round ends."""
+        one round in progress on it across replicas; the state saved as the round ends. Two
+        store round trips besides the round's own: one takes the round and reads the state,
+        one saves the state and the activity and lets the round go."""
         try:
-            owner = await asyncio.to_thread(self.sessions.lock, live.id)
+            owner = await asyncio.to_thread(self._begin, live)
         except StoreError as exc:  # the store is down or another replica's round hangs: retryable
             return self.unreachable(live, step, ticket, exc), None
+        except Exception as exc:  # a state another writer made unreadable, a damaged chain: the round was let go
+            log.warning("session %s: its shared state could not be read: %s", live.id, exc)
+            return unrecorded_failure(step, exc), None
+        saved: bytes | None = None
+        activity: float | None = None
         try:
-            try:
-                await asyncio.to_thread(self._load, live)
-                if live.journal.deferred:  # refusals met while the store was unreachable: chained first
+            if live.journal.deferred:  # refusals met while the store was unreachable: chained first
+                try:
                     await asyncio.to_thread(live.journal.flush)
-            except StoreError as exc:
-                if transient(exc):
+                except StoreError as exc:
                     return self.unreachable(live, step, ticket, exc), None
-                # a loss: the round goes on, on the state held here; its counters refuse and it records why
-            except Exception as exc:  # a state another writer made unreadable, a damaged chain
-                log.warning("session %s: its shared state could not be read: %s", live.id, exc)
-                return unrecorded_failure(step, exc), None
             result = await round_here(live, step, ticket)
-            await asyncio.to_thread(self._save, live, type(step) is not Tick)
+            saved = encode_state(live.saved_state())
+            activity = self.clock() if type(step) is not Tick and not live.ended else None
             return result
         finally:
             try:
-                await asyncio.to_thread(self.sessions.unlock, live.id, owner)
-            except StoreError:  # its lease runs out by itself
-                log.warning("session %s: could not end its round in the store (the lease expires)", live.id)
+                await asyncio.to_thread(self.sessions.end_round, live.id, owner, saved, activity)
+                if saved is not None:
+                    live.unsaved = False
+            except StoreError:  # the next round reads what the store holds; this one's events are chained
+                self.metrics.store_error()
+                log.warning("session %s: could not save its shared state and end its round (its lease expires)",
+                            live.id)
+
+    def _begin(self, live: LiveSession) -> str:
+        """Take the session's round and adopt its shared state. Blocking."""
+        owner, saved = self.sessions.begin_round(live.id)
+        try:
+            if saved is not None:
+                self._adopt(live, orjson.loads(saved))
+        except BaseException:
+            self.sessions.end_round(live.id, owner, None, None)
+            raise
+        return owner
 
     def unreachable(self, live: LiveSession, step: Step, ticket: Ticket | None, exc: StoreError) -> Decision:
         """The step refused because the store did not answer: retryable when it is only
@@ -100,23 +120,15 @@ class SharedSteps:
 
     def _load(self, live: LiveSession) -> None:
         saved = self.store.load_session(live.id)
-        if saved is None:
-            return
+        if saved is not None:
+            self._adopt(live, saved)
+
+    def _adopt(self, live: LiveSession, saved: dict[str, Any]) -> None:
         state = SessionState.from_dict(saved)
         live.state = state
         if state.ended and not live.ended:  # another replica ended it: its chain holds the end
             live.journal.refresh()
             live.ended = True
-
-    def _save(self, live: LiveSession, activity: bool) -> None:
-        try:
-            self.store.save_session(live.id, live.saved_state())
-            live.unsaved = False
-            if activity and not live.ended:
-                self.sessions.touch(live.id, self.clock())
-        except StoreError:  # the next round reads what the store holds; this one's events are chained
-            self.metrics.store_error()
-            log.exception("session %s: could not save its shared state", live.id)
 
     async def refresh(self, session: str, live_sessions: dict[str, LiveSession],
                       open_session: Callable[[str], Awaitable[LiveSession]]) -> None:

@@ -57,11 +57,26 @@ redis.call('SADD', P .. 'chains', S)
 return 1
 """
 
-# KEYS[1] the fence; ARGV: prefix, session, owner. Ends a decision round this owner holds.
-UNLOCK = r"""
-local key = ARGV[1] .. 'lk:' .. ARGV[2]
-if redis.call('GET', key) == ARGV[3] then return redis.call('DEL', key) end
-return 0
+# KEYS[1] the fence; ARGV: prefix, session, owner, lease (ms). Takes the session's decision
+# round and reads its saved state: {1, state or nil}, or {0} when another round holds it.
+BEGIN_ROUND = r"""
+local P, S = ARGV[1], ARGV[2]
+if not redis.call('SET', P .. 'lk:' .. S, ARGV[3], 'NX', 'PX', ARGV[4]) then return {0} end
+return {1, redis.call('GET', P .. 'st:' .. S)}
+"""
+
+# KEYS[1] the fence; ARGV: prefix, session, owner, state ('' unchanged), activity ('' none).
+# Saves what the round left and lets it go (only the owner's: a lease that ran out is not ended).
+END_ROUND = r"""
+local P, S = ARGV[1], ARGV[2]
+if ARGV[4] ~= '' then
+  redis.call('SET', P .. 'st:' .. S, ARGV[4])
+  redis.call('SADD', P .. 'sessions', S)
+end
+if ARGV[5] ~= '' then redis.call('HSET', P .. 'act', S, ARGV[5]) end
+local key = P .. 'lk:' .. S
+if redis.call('GET', key) == ARGV[3] then redis.call('DEL', key) end
+return 1
 """
 
 LOCK_LEASE_MS = 10_000  # a replica that dies in a decision round holds it this long at most
@@ -84,7 +99,8 @@ class RedisSessions:
         self._stale: dict[str, str] = {}  # session -> a round of ours whose end the store missed
         self._append = client.register_script(APPEND)
         self._reseed = client.register_script(RESEED)
-        self._unlock = client.register_script(UNLOCK)
+        self._begin = client.register_script(BEGIN_ROUND)
+        self._end = client.register_script(END_ROUND)
 
     @contextmanager
     def _io(self) -> Iterator[None]:
@@ -141,30 +157,34 @@ class RedisSessions:
         with self.guard():
             self.client.hdel(f"{self.prefix}act", session)
 
-    def lock(self, session: str) -> str:
-        """Take the session's decision round (waiting for another replica's, bounded); the
-        owner token to hand to `unlock`. StoreUnavailable (retryable) past LOCK_WAIT_SEC."""
+    def begin_round(self, session: str) -> tuple[str, bytes | None]:
+        """Take the session's decision round (waiting for another replica's, bounded) and read
+        its saved state, in one round trip: (the owner token for `end_round`, the state).
+        StoreUnavailable (retryable) past LOCK_WAIT_SEC."""
         owner = secrets.token_hex(8)
-        key = f"{self.prefix}lk:{session}"
         stale = self._stale.pop(session, None)
         if stale is not None:  # a round of ours the store could not end (it was down): end it now
-            self.unlock(session, stale)
+            self.end_round(session, stale, None, None)
         deadline = time.monotonic() + LOCK_WAIT_SEC
         pause = 0.0005
         while True:
             with self._io():
-                if self.client.set(key, owner, nx=True, px=LOCK_LEASE_MS):
-                    return owner
+                taken = self._begin(keys=self.keys, args=(self.prefix, session, owner, LOCK_LEASE_MS))
+            if int(taken[0]):
+                state = taken[1] if len(taken) > 1 else None
+                return owner, state.encode() if isinstance(state, str) else state
             if time.monotonic() >= deadline:
                 raise StoreUnavailable(f"session {session}: another replica's step did not end within "
                                        f"{LOCK_WAIT_SEC:.0f}s", retry_after=self.retry_after)
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
-    def unlock(self, session: str, owner: str) -> None:
+    def end_round(self, session: str, owner: str, state: bytes | None, activity: float | None) -> None:
+        """Save the state (None: unchanged) and the last activity (None: none), and let the round go."""
         try:
             with self._io():
-                self._unlock(keys=self.keys, args=(self.prefix, session, owner))
+                self._end(keys=self.keys, args=(self.prefix, session, owner, state if state is not None else "",
+                                                repr(activity) if activity is not None else ""))
         except StoreUnavailable:
             self._stale[session] = owner  # ended at this replica's next round on it (else its lease runs out)
             raise
