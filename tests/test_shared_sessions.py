@@ -93,6 +93,11 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
         chained = [(line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain[1:-1]]
         assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]] == chained
         # written once: by A; B and C serve that same record, and refuse the ended token
+        served = await c.control.get(f"/v1/sessions/{session}/record")  # C serves the record A wrote
+        assert served.status_code == 200, served.text
+        unchained = lambda events: [{k: v for k, v in e.items() if k != "prev_hash"} for e in events]  # noqa: E731
+        assert unchained(served.json()["events"]) == unchained(record["events"])  # the same events, ended
+        assert served.json()["outcome"] == record["outcome"]
         for replica in (b, c):
             again = await replica.control.post(f"/v1/sessions/{session}/end")
             assert again.status_code == 200, again.text
@@ -140,8 +145,15 @@ async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tm
         server.lset(key, 1, json.dumps(event, separators=(",", ":")))
         # C reads the chain whole when it first serves the session: the edit fails the step closed
         refused = await c.chat(llm.url, token)
-        print(refused.status_code, refused.text)
         assert refused.status_code in (403, 503), refused.text
+        assert refused.json()["error"]["governor"]["cause"] == "on_governor_error"
+        assert "checksum mismatch" in refused.json()["error"]["governor"]["reason"]
+        # recorded where it can be: C's audit journal (the chain itself cannot take it)
+        audit = await c.control.get("/v1/audit/record")
+        assert audit.status_code == 200, audit.text
+        damage = [e for e in audit.json()["events"] if e["cause"] == "on_session_integrity"]
+        assert damage and damage[0]["detail"]["session"] == session, audit.json()["events"]
+        assert damage[0]["detail"]["reason"] == "shared_chain_damaged"
         # and no replica signs a record over the edited chain
         end = await a.control.post(f"/v1/sessions/{session}/end")
         assert end.status_code >= 400, end.text

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
 from governor.evidence.journal import JOURNAL_FORMAT, Ending, encode_line, parse_line
@@ -48,8 +48,10 @@ class SharedJournal:
     """An open journal whose lines live in a shared chain; the same door as `Journal`
     (`record`, `append`, `end`, `ending`, `close`, `path`, `repaired`). Thread-safe."""
 
-    def __init__(self, chain: Any, session: str, path: Path) -> None:
+    def __init__(self, chain: Any, session: str, path: Path,
+                 on_damage: Callable[[str, str], None] | None = None) -> None:
         self.chain = chain
+        self.on_damage = on_damage  # told (session, what) of each damaged chain found, to record it
         self.session = session
         self.path = path  # where a file journal would be: names the session in errors
         self.record: SessionRecord | None = None  # set once the header line is read
@@ -63,9 +65,10 @@ class SharedJournal:
         self._lock = threading.Lock()
 
     @classmethod
-    def open_or_create(cls, chain: Any, session: str, header: SessionHeader, path: Path) -> SharedJournal:
+    def open_or_create(cls, chain: Any, session: str, header: SessionHeader, path: Path,
+                       on_damage: Callable[[str, str], None] | None = None) -> SharedJournal:
         """The session's chain as it stands, started with `header` when there is none yet."""
-        journal = cls(chain, session, path)
+        journal = cls(chain, session, path, on_damage)
         with journal._lock:
             journal._catch_up()
             if journal.record is None:
@@ -116,7 +119,7 @@ class SharedJournal:
             else:
                 raise ValueError(f"unknown entry kind {kind!r}")
         except Exception as exc:  # any damage to a line read from the store: nothing after it is trusted
-            raise CorruptJournalError(self.path, f"shared chain: {exc}", line=number) from None
+            raise self._damaged(f"shared chain: {exc}", number) from None
         self._prev = digest
         self._length = number
         self._lines.append(raw)
@@ -125,11 +128,23 @@ class SharedJournal:
         """Re-read the chain from its first line and check that it is the one this journal
         holds: an edit anywhere (even behind what was read before) raises CorruptJournalError."""
         fresh = SharedJournal(self.chain, self.session, self.path)
-        fresh._catch_up()
+        try:
+            fresh._catch_up()
+        except CorruptJournalError as exc:
+            raise self._damaged(str(exc), exc.line) from None
         if fresh.record is None or fresh._length < self._length or fresh.record.events()[:len(self.record or ())] \
                 != (self.record.events() if self.record is not None else []):
-            raise CorruptJournalError(self.path, "shared chain: it no longer holds the events this replica read "
-                                      "(edited or replaced in the store)", line=1)
+            raise self._damaged("shared chain: it no longer holds the events this replica read "
+                                "(edited or replaced in the store)", 1)
+
+    def _damaged(self, what: str, line: int | None) -> CorruptJournalError:
+        """The error for a damaged chain, once its finder was told (to record it)."""
+        if self.on_damage is not None:
+            try:
+                self.on_damage(self.session, what if line is None else f"{what} (line {line})")
+            except Exception:
+                log.exception("%s: the damaged chain could not be recorded", self.path)
+        return CorruptJournalError(self.path, what, line=line)
 
     # --- writing ----------------------------------------------------------------------
 

@@ -145,6 +145,10 @@ class AuditTrail:
     async def record_audit(self, cause: str, action: str, detail: dict[str, Any], *, at: float | None = None) -> None:
         await asyncio.to_thread(self._audit_append, cause, action, self.clock() if at is None else at, detail)
 
+    def audit_event(self, cause: str, action: str, at: float, detail: dict[str, Any]) -> None:
+        """Journal one event in the audit journal (and write its record). Blocking."""
+        self._audit_append(cause, action, at, detail)
+
     def _audit_append(self, cause: str, action: str, at: float, detail: dict[str, Any]) -> None:
         with self._audit_guard:
             journal = self._audit_journal()

@@ -130,8 +130,9 @@ class Runtime:
         self._store_in_thread = bool(getattr(store, "remote", False))
         # a store that shares sessions between replicas (Redis): rounds on shared state (runtime/shared.py)
         shared_sessions = getattr(store, "shared_sessions", None)
-        self.shared = SharedSteps(sessions=shared_sessions(), store=store, metrics=self.metrics,
-                                  clock=clock) if shared_sessions is not None else None
+        self.shared = SharedSteps(sessions=shared_sessions(), store=store, metrics=self.metrics, clock=clock,
+                                  record_audit=lambda *event: self.audit.audit_event(*event)
+                                  ) if shared_sessions is not None else None
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
@@ -586,7 +587,8 @@ class Runtime:
         return self.audit.audit_record(nonce)
 
     def ended_record(self, session: str, nonce: str | None = None) -> dict[str, Any] | None:
-        return self.audit.ended_record(session, nonce)
+        record = self.audit.ended_record(session, nonce)
+        return record if record is not None or self.shared is None else self.shared.final_record(session, nonce)
 
     async def open_session(self, session: str) -> None:
         """Start a session the book opened for a principal: its journal (the record's window

@@ -167,7 +167,8 @@ class Resumption:
         replica before (its header, and so its pin, is the one that replica wrote)."""
         header = self.session_header(session_id, now) if saved is None else self.resumed_header(
             session_id, saved_pin(saved), now)
-        journal = SharedJournal.open_or_create(self.shared.sessions, session_id, header, Path(f"store:chain/{session_id}"))
+        journal = SharedJournal.open_or_create(self.shared.sessions, session_id, header, Path(f"store:chain/{session_id}"),
+                                               self.shared.damaged)
         session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)  # type: ignore[arg-type]
         if journal.ending is not None or state.ended:  # ended before (on any replica): it stays ended
             session.ended = True

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import orjson
 
-from governor.policy import Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
+from governor.policy import ON_SESSION_INTEGRITY, Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
 from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import LiveSession, Ticket
 from governor.store import StoreError
@@ -39,8 +39,11 @@ Round = Callable[[LiveSession, Step, "Ticket | None"], Awaitable["tuple[Decision
 class SharedSteps:
     """Decision rounds on sessions shared through the store (see the module docstring)."""
 
-    def __init__(self, *, sessions: Any, store: Any, metrics: Metrics, clock: Callable[[], float]) -> None:
+    def __init__(self, *, sessions: Any, store: Any, metrics: Metrics, clock: Callable[[], float],
+                 record_audit: Callable[[str, str, float, dict[str, Any]], None]) -> None:
         self.sessions = sessions  # governor.store.redis_sessions.RedisSessions
+        self.record_audit = record_audit  # the audit journal (blocking): a damaged chain is recorded there
+        self.damage_recorded: set[str] = set()  # sessions whose damaged chain this process recorded
         self.store = store
         self.metrics = metrics
         self.clock = clock
@@ -90,6 +93,17 @@ class SharedSteps:
             self.sessions.end_round(live.id, owner, None, None)
             raise
         return owner
+
+    def damaged(self, session: str, what: str) -> None:
+        """A session's chain in the store was found damaged (edited, forged, cut): its steps fail
+        closed; recorded in this governor's audit journal (once per session and process: every
+        later step meets it again), since the chain itself cannot take it. Blocking."""
+        log.error("session %s: its chain in the store is damaged, every step fails closed: %s", session, what)
+        if session in self.damage_recorded:
+            return
+        self.damage_recorded.add(session)
+        self.record_audit(ON_SESSION_INTEGRITY, "halt", self.clock(),
+                          {"session": session, "reason": "shared_chain_damaged", "error": what[:500]})
 
     def unreachable(self, live: LiveSession, step: Step, ticket: Ticket | None, exc: StoreError) -> Decision:
         """The step refused because the store did not answer: retryable when it is only
@@ -144,6 +158,16 @@ class SharedSteps:
                 await asyncio.to_thread(self._load, live)
         except Exception as exc:  # StoreError, a damaged chain: the view shows what this replica knows
             log.warning("session %s: its shared state could not be read for a view: %s", session, exc)
+
+    def final_record(self, session: str, nonce: str | None) -> dict[str, Any] | None:
+        """The final record another replica wrote for `session` (not bound to a nonce); None when
+        there is none (or a nonce is asked for). Blocking."""
+        if nonce is not None:
+            return None
+        try:
+            return self.sessions.get_record(session)
+        except StoreError:
+            return None
 
     def mark_ended(self, live: LiveSession) -> None:
         """The session ended here: every replica reads it as ended from now on. Blocking."""
