@@ -187,7 +187,7 @@ class Runtime:
                         log.info("session %s ended on shutdown (%s): final record %s", session.id,
                                  record.get("outcome"), record_path(self.data_dir, session.id))
         for session in self._sessions.values():
-            if session.unsaved:
+            if session.unsaved and self.shared is None:  # a shared state is saved by its round only
                 self._save(session)
             session.journal.close()
         self.audit.close()

@@ -138,7 +138,7 @@ class Sweeper:
                 # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.records.end_session(live.id)
                 continue
-            if live.unsaved:
+            if live.unsaved and self.shared is None:  # (a shared state is saved by its round only: never clobbered)
                 await self.store_call(self.save, live)
             if not live.limits.clock_checked or live.state.halted:
                 continue

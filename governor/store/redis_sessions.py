@@ -96,7 +96,9 @@ class RedisSessions:
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
         self.retry_after = retry_after
-        self._stale: dict[str, str] = {}  # session -> a round of ours whose end the store missed
+        # session -> rounds of ours the store may hold without our knowing (a begin that timed out may
+        # still run once the store answers; an end that failed): ended before our next round on it
+        self._stale: dict[str, dict[str, float]] = {}  # session -> {owner: when}
         self._append = client.register_script(APPEND)
         self._reseed = client.register_script(RESEED)
         self._begin = client.register_script(BEGIN_ROUND)
@@ -161,15 +163,24 @@ class RedisSessions:
         """Take the session's decision round (waiting for another replica's, bounded) and read
         its saved state, in one round trip: (the owner token for `end_round`, the state).
         StoreUnavailable (retryable) past LOCK_WAIT_SEC."""
-        owner = secrets.token_hex(8)
-        stale = self._stale.pop(session, None)
-        if stale is not None:  # a round of ours the store could not end (it was down): end it now
-            self.end_round(session, stale, None, None)
+        stale = self._stale.get(session)
+        if stale:
+            now = time.monotonic()
+            for owner, at in list(stale.items()):
+                if now - at < LOCK_LEASE_MS / 1000:  # (an older one's lease has run out by itself)
+                    self.end_round(session, owner, None, None)  # raises while the store is down: kept
+                stale.pop(owner, None)
+            self._stale.pop(session, None)
         deadline = time.monotonic() + LOCK_WAIT_SEC
         pause = 0.0005
         while True:
-            with self._io():
-                taken = self._begin(keys=self.keys, args=(self.prefix, session, owner, LOCK_LEASE_MS))
+            owner = secrets.token_hex(8)
+            try:
+                with self._io():
+                    taken = self._begin(keys=self.keys, args=(self.prefix, session, owner, LOCK_LEASE_MS))
+            except StoreUnavailable:
+                self._stale.setdefault(session, {})[owner] = time.monotonic()  # it may run once the store answers
+                raise
             if int(taken[0]):
                 state = taken[1] if len(taken) > 1 else None
                 return owner, state.encode() if isinstance(state, str) else state
@@ -185,8 +196,8 @@ class RedisSessions:
             with self._io():
                 self._end(keys=self.keys, args=(self.prefix, session, owner, state if state is not None else "",
                                                 repr(activity) if activity is not None else ""))
-        except StoreUnavailable:
-            self._stale[session] = owner  # ended at this replica's next round on it (else its lease runs out)
+        except StoreUnavailable:  # ended at this replica's next round on it (else its lease runs out)
+            self._stale.setdefault(session, {}).setdefault(owner, time.monotonic())
             raise
 
     # --- final records ------------------------------------------------------------------
