@@ -196,11 +196,11 @@ def test_mid_journal_corruption_is_detected_with_its_line(tmp_path, damage):
     elif damage == "swap":
         raw[2], raw[3] = raw[3], raw[2]
     elif damage == "seq":  # a well-formed, correctly hashed line with an impossible seq
-        from governor.evidence.journal import _encode_line
+        from governor.evidence.journal import encode_line
 
         entry = json.loads(raw[2])
         entry["body"]["seq"] = 7
-        raw[2] = _encode_line("event", entry["body"], entry["prev"])[0]
+        raw[2] = encode_line("event", entry["body"], entry["prev"])[0]
     path.write_bytes(b"".join(raw))
     with pytest.raises(CorruptJournalError) as caught:
         recover_journal(path)

@@ -48,7 +48,7 @@ from governor.evidence.record import (
 
 JOURNAL_FORMAT = "governor-journal/1"
 _LINE_MEMBERS = {"kind", "body", "prev", "hash"}
-_END_LINE_START = b'{"kind":"end"'  # how _encode_line writes an end line (compact JSON, kind first)
+_END_LINE_START = b'{"kind":"end"'  # how encode_line writes an end line (compact JSON, kind first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ def _line_hash(kind: str, body: Mapping[str, Any], prev: str) -> str:
     return sha256_b64url(canonical({"kind": kind, "body": body, "prev": prev}))
 
 
-def _encode_line(kind: str, body: Mapping[str, Any], prev: str) -> tuple[bytes, str]:
+def encode_line(kind: str, body: Mapping[str, Any], prev: str) -> tuple[bytes, str]:
     digest = _line_hash(kind, body, prev)
     line = json.dumps({"kind": kind, "body": body, "prev": prev, "hash": digest}, ensure_ascii=False, separators=(",", ":"))
     return (line + "\n").encode("utf-8"), digest
@@ -138,7 +138,7 @@ class _Contents:
     torn: TornTail | None
 
 
-def _parse_line(raw: bytes, prev: str) -> tuple[str, dict[str, Any], str]:
+def parse_line(raw: bytes, prev: str) -> tuple[str, dict[str, Any], str]:
     try:
         entry = json.loads(raw)
     except ValueError as exc:
@@ -172,7 +172,7 @@ def _read(path: Path) -> _Contents:
     for index, raw in enumerate(complete):
         number = index + 1
         try:
-            kind, body, digest = _parse_line(raw, prev)
+            kind, body, digest = parse_line(raw, prev)
             if header is None:
                 if kind != "header" or body.get("format") != JOURNAL_FORMAT:
                     raise _Invalid(f"line 1 is not a {JOURNAL_FORMAT} header")
@@ -242,7 +242,7 @@ class Journal:
         then lose events the caller believed recorded).
         """
         path = Path(path)
-        line, digest = _encode_line("header", {"format": JOURNAL_FORMAT, **header.to_json()}, "")
+        line, digest = encode_line("header", {"format": JOURNAL_FORMAT, **header.to_json()}, "")
         # whole or not at all: a kill between creating the file and writing its header would
         # leave a journal with no header, which no start could finalize (nor list)
         write_durably(path, line, sync=sync, exclusive=True)
@@ -317,7 +317,7 @@ class Journal:
             raise JournalClosedError(self.path, f"session already ended ({self._ending.outcome} at {self._ending.at})")
 
     def _write_line(self, kind: str, body: Mapping[str, Any]) -> None:
-        line, digest = _encode_line(kind, body, self._prev)
+        line, digest = encode_line(kind, body, self._prev)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:  # e.g. EMFILE: nothing written, the step fails closed

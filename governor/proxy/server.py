@@ -414,7 +414,8 @@ def session_book(settings: Settings, runtime: Any, metrics: Any = None) -> Any:
     if book is None:
         book = SessionBook(settings.data_dir, mode=settings.sessions, default=settings.default_session,
                            default_name=settings.session, agent_sessions_per_day=settings.agent_sessions_per_day,
-                           lock_causes=settings.lock_on, metrics=metrics)
+                           lock_causes=settings.lock_on, metrics=metrics,
+                           shared=getattr(getattr(runtime, "shared", None), "sessions", None))
         attach = getattr(runtime, "attach_sessions", None)
         if attach is not None:
             attach(book)

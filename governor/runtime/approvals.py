@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from governor.policy import (
@@ -33,6 +34,8 @@ from governor.notify import events as notify
 from governor.runtime.refusals import unrecorded_failure
 from governor.runtime.settings import RuntimeSettings
 
+log = logging.getLogger("governor.runtime")
+
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
 
@@ -45,8 +48,9 @@ class Approvals:
 
     def __init__(self, *, sessions: dict[str, LiveSession], metrics: Metrics, clock: Callable[[], float],
                  agent_id: str, settings: RuntimeSettings, apply: Apply,
-                 admit: Callable[[str, Step], Awaitable[Admission]]) -> None:
+                 admit: Callable[[str, Step], Awaitable[Admission]], holds: Any = None) -> None:
         self.sessions = sessions
+        self.holds = holds  # governor.runtime.shared_holds.SharedHolds: reviewers on any replica
         self.metrics = metrics
         self.clock = clock
         self.agent_id = agent_id
@@ -61,6 +65,9 @@ class Approvals:
             step=step, expires_at=request.expires_at, answer=asyncio.get_running_loop().create_future(),
             reason=request.reason, trigger=request.trigger, held_at=self.clock(),
         )
+        if self.holds is not None:
+            view = next(v for v in self.views_of(live) if v["id"] == request.id)
+            self.holds.publish({**view, "expires_at_epoch": request.expires_at})
         self.settings.notifier.emit(notify.held_step(self.agent_id, live.id, request, step))  # webhooks: a review waits
         self.pending_metrics()
         live.restate(self.metrics)
@@ -75,7 +82,13 @@ class Approvals:
                 return admission_for(session, decision, None)
             timeout = max(0.0, pending.expires_at - self.clock())
             try:
-                approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
+                if self.holds is None:
+                    approved, answered = await asyncio.wait_for(asyncio.shield(pending.answer), timeout)
+                else:  # the answer may come through another replica
+                    approved, answered = await self.holds.wait(  # type: ignore[assignment]
+                        pending, approval_id, timeout,
+                        lambda granted, admission: self.answer(live, approval_id, granted, admission,  # type: ignore[arg-type]
+                                                               "approved" if granted else "rejected"), session)
             except TimeoutError:
                 answered = await self.expire(live, approval_id)
                 approved = False
@@ -109,6 +122,8 @@ class Approvals:
     def answer(self, live: LiveSession, approval_id: str, approved: bool, admission: Admission | None,
                outcome: str) -> None:
         pending = live.pending.pop(approval_id, None)
+        if pending is not None and self.holds is not None:
+            self.holds.withdraw(approval_id)
         if pending is not None and not pending.answer.done():
             pending.answer.set_result((approved, admission))
         if pending is not None:
@@ -128,6 +143,8 @@ class Approvals:
         Raises KeyError (not pending) or governor.runtime.edit.EditRefused (an edit the passport or
         the step does not allow)."""
         live = next((s for s in self.sessions.values() if approval_id in s.pending), None)
+        if live is None and self.holds is not None:  # held on another replica
+            return await self.holds.resolve(approval_id, approve, reviewer, reason, edited_arguments)
         if live is None:
             raise KeyError(approval_id)
         async with live.lock:
@@ -174,7 +191,16 @@ class Approvals:
 
     def pending_views(self) -> list[dict[str, Any]]:
         """Every held step waiting for its review, as the control plane lists them."""
-        return [view for live in self.sessions.values() if live.pending for view in self.views_of(live)]
+        here = [view for live in self.sessions.values() if live.pending for view in self.views_of(live)]
+        if self.holds is None:
+            return here
+        known = {view["id"] for view in here}
+        try:  # the steps other replicas hold
+            elsewhere = [view for view in self.holds.listed() if view.get("id") not in known]
+        except Exception:
+            log.exception("the held steps of other replicas could not be listed")
+            elsewhere = []
+        return here + [{k: v for k, v in view.items() if k != "expires_at_epoch"} for view in elsewhere]
 
     def views_of(self, live: LiveSession) -> list[dict[str, Any]]:
         """The held steps of one session (its control-plane view lists them)."""

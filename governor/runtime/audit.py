@@ -57,8 +57,9 @@ class AuditTrail:
 
     def __init__(self, *, sessions: dict[str, LiveSession],
                  open_session: Callable[[str], Awaitable[LiveSession]], data_dir: Path, settings: RuntimeSettings,
-                 key: Any, governor_id: str, agent_id: str, clock: Callable[[], float]) -> None:
+                 key: Any, governor_id: str, agent_id: str, clock: Callable[[], float], shared: Any = None) -> None:
         self.sessions = sessions
+        self.shared = shared  # governor.runtime.shared.SharedSteps: a lock's session may be another replica's
         self.open_session = open_session
         self.data_dir = data_dir
         self.settings = settings  # limits, journal_sync, notifier: the runtime's, as they are now
@@ -102,6 +103,9 @@ class AuditTrail:
         action = "continue" if lifted else "halt"
         now = lock.lifted_at if lifted else lock.at
         live = self.sessions.get(lock.session)
+        if live is None and self.shared is not None and await asyncio.to_thread(self.shared.sessions.has_chain,
+                                                                                 lock.session):
+            live = await self.open_session(lock.session)  # its chain is in the store: the lift goes there
         if live is not None and not live.ended and live.journal.ending is None:
             await asyncio.to_thread(live.journal.append, ON_AGENT_LOCK, action, now, detail)
             detail = {**detail, "in_session_record": True}
@@ -146,6 +150,10 @@ class AuditTrail:
 
     async def record_audit(self, cause: str, action: str, detail: dict[str, Any], *, at: float | None = None) -> None:
         await asyncio.to_thread(self._audit_append, cause, action, self.clock() if at is None else at, detail)
+
+    def audit_event(self, cause: str, action: str, at: float, detail: dict[str, Any]) -> None:
+        """Journal one event in the audit journal (and write its record). Blocking."""
+        self._audit_append(cause, action, at, detail)
 
     def _audit_append(self, cause: str, action: str, at: float, detail: dict[str, Any]) -> None:
         with self._audit_guard:

@@ -77,6 +77,8 @@ from governor.runtime.refusals import ended_refusal, transient, unrecorded_failu
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
+from governor.runtime.shared import SharedSteps
+from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -130,13 +132,22 @@ class Runtime:
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
         self._store_in_thread = bool(getattr(store, "remote", False))
-        counters = getattr(store, "counters", None)  # a remote store's asyncio client: the model call's path
-        self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock,
-                                  advanced=self._advanced) if self._store_in_thread and counters else None
+        # a store that shares sessions between replicas (Redis, unless its URL says sessions=local):
+        # rounds on shared state (runtime/shared.py)
+        shared_sessions = getattr(store, "shared_sessions", None)
+        sessions = shared_sessions() if shared_sessions is not None else None
+        self.shared = SharedSteps(sessions=sessions, store=store, metrics=self.metrics, clock=clock,
+                                  record_audit=lambda *event: self.audit.audit_event(*event)
+                                  ) if sessions is not None else None
+        # a remote store's asyncio client: the model call's one round trip (runtime/remote_steps.py),
+        # for sessions of this process only (shared sessions decide in rounds on the shared state)
+        counters = getattr(store, "counters", None)
+        self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced
+                                  ) if self._store_in_thread and counters and self.shared is None else None
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
-                                     governor_id=governor_id, agent_id=agent_id,
+                                     governor_id=governor_id, agent_id=agent_id, shared=self.shared,
                                      **({"write_final": transparency_log.write_record} if transparency_log else {}))
         self.gaps = RecordGaps(self.metrics)  # events that could not be recorded (a full disk): named, not ready
         self.table = SessionTable(opener=self.gaps.opener(self.resumption.open_session), metrics=self.metrics)
@@ -144,20 +155,23 @@ class Runtime:
         self.personas = PersonaInstances(self, idle_sec=persona_idle_sec)  # persona instances on the wire
         self.rates = None  # governor.runtime.rates.RateLimiter once `limit_rates` sets limits
         self.audit = AuditTrail(sessions=self._sessions, open_session=self.table.open, data_dir=self.data_dir,
-                                settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
+                                settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock,
+                                shared=self.shared)
+        holds = SharedHolds(steps=self.shared, round_here=self._apply_here, open_session=self.table.open,
+                            clock=clock) if self.shared is not None else None
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
-                                   settings=settings, apply=self._apply, admit=self.admit)
+                                   settings=settings, apply=self._apply, admit=self.admit, holds=holds)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
-                               transparency_log=transparency_log, witnessing=witnessing)
+                               transparency_log=transparency_log, witnessing=witnessing, shared=self.shared)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight)
         self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
                                store_call=self._store, save=self._save, apply=self._apply,
                                approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
-                               personas=self.personas, settings=settings)
+                               personas=self.personas, settings=settings, shared=self.shared)
 
     # settings the collaborators share, kept in `self.settings`: replaced after construction
     # by the proxy's start-up (the notifier) and by tests, each reaches every collaborator
@@ -175,7 +189,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
-        if end_sessions:
+        if end_sessions and self.shared is None:  # shared sessions go on on other replicas (or end idle)
             for session in list(self._sessions.values()):
                 if not session.ended:
                     try:
@@ -186,7 +200,7 @@ class Runtime:
                         log.info("session %s ended on shutdown (%s): final record %s", session.id,
                                  record.get("outcome"), record_path(self.data_dir, session.id))
         for session in self._sessions.values():
-            if session.unsaved:
+            if session.unsaved and self.shared is None:  # a shared state is saved by its round only
                 self._save(session)
             session.journal.close()
         self.audit.close()
@@ -357,7 +371,7 @@ class Runtime:
         holds the lock (it may be between deciding and advancing: its state would overwrite
         ours), not for a store across the network (its calls go off the loop), and not in an
         ended session."""
-        return not (self._store_in_thread or live.ended or live.lock.locked())
+        return not (self._store_in_thread or self.shared is not None or live.ended or live.lock.locked())
 
     def _advanced(self, live: LiveSession, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
@@ -397,7 +411,13 @@ class Runtime:
                 await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
 
     async def _apply(self, live: LiveSession, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
-        """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held."""
+        """Decide `step`, reserve or settle its charges, journal its events, advance. Lock held
+        (and, for a session shared by replicas, its round in the store: runtime/shared.py)."""
+        if self.shared is not None:
+            return await self.shared.apply(live, step, ticket, self._apply_here)
+        return await self._apply_here(live, step, ticket)
+
+    async def _apply_here(self, live: LiveSession, step: Step, ticket: Ticket | None) -> tuple[Decision, Ticket | None]:
         now = self.clock()
         if type(step) is not Tick:  # the sweeper's own ticks are not the agent's activity
             live.last_activity = now
@@ -425,12 +445,19 @@ class Runtime:
                 log.exception("session %s: could not decide %s", live.id, type(step).__name__)
                 decision = governor_error(live.limits, live.state, step, exc)  # _decide holds nothing then
             state = live.state
+        chained = 0
         try:
-            if decision.events:  # their seqs: what a trace of the step names (governor.proxy.tracing)
-                live.recorded = tuple([(await asyncio.to_thread(live.journal.append, event["cause"], event["action"],
-                                                                now, event.get("detail")))["seq"]
-                                       for event in decision.events])
+            recorded = []  # their seqs: what a trace of the step names (governor.proxy.tracing)
+            for chained, event in enumerate(decision.events):
+                line = await asyncio.to_thread(live.journal.append, event["cause"], event["action"], now,
+                                               event.get("detail"))
+                recorded.append(line["seq"])
+            if recorded:
+                live.recorded = tuple(recorded)
         except Exception as exc:  # the event cannot be recorded, so the step must not take effect
+            if self.shared is not None and reservation is None and self.shared.defer_refusal(
+                    live, decision, decision.events[chained:], exc, now):
+                return decision, None  # a refusal, recorded once the store holding the chain answers
             log.exception("session %s: could not journal an enforcement event", live.id)
             if reservation is not None:
                 await self._store(self._release_quietly, reservation)
@@ -573,6 +600,8 @@ class Runtime:
         return await self.views.page(after, limit)
 
     async def session_view(self, session: str, gauges: bool = True) -> dict[str, Any] | None:
+        if self.shared is not None:  # as the last round on any replica left it
+            await self.shared.refresh(session, self._sessions, self.table.open)
         return await self.views.session_view(session, gauges)
 
     async def sweep(self) -> None:
@@ -601,7 +630,8 @@ class Runtime:
         return self.audit.audit_record(nonce)
 
     def ended_record(self, session: str, nonce: str | None = None) -> dict[str, Any] | None:
-        return self.audit.ended_record(session, nonce)
+        record = self.audit.ended_record(session, nonce)
+        return record if record is not None or self.shared is None else self.shared.final_record(session, nonce)
 
     async def open_session(self, session: str) -> None:
         """Start a session the book opened for a principal: its journal (the record's window

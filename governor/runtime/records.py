@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from governor.evidence import journal_path, record_path, sign_record, write_record
+from governor.evidence import JournalClosedError, journal_path, record_path, sign_record, write_record
 from governor.policy import SessionEnd
 from governor.runtime.api import admission_for
 from governor.runtime.approvals import Apply, Approvals
@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from governor.runtime.personas import PersonaInstances
 
 
+# a shared session another replica ended: how long its record is waited for before it is
+# signed here (that replica may have died between its end line and its record)
+ENDED_RECORD_POLLS = 20
+ENDED_RECORD_POLL_SEC = 0.1
+
+
 class Records:
     """Session ends and signed records. `open_session` opens a live session (resumed when it
     is not live yet); `ended` is told of each session this ends, once its record is written."""
@@ -36,8 +42,9 @@ class Records:
                  clock: Callable[[], float], open_session: Callable[[str], Awaitable[LiveSession]], apply: Apply,
                  approvals: Approvals, personas: PersonaInstances, audit: AuditTrail,
                  ended: Callable[[str, str | None], None], transparency_log: Any = None,
-                 witnessing: Any = None) -> None:
+                 witnessing: Any = None, shared: Any = None) -> None:
         self.sessions = sessions
+        self.shared = shared  # governor.runtime.shared.SharedSteps: the session may end on any replica
         # the transparency log (governor.evidence.translog): each final record's entry is
         # appended durably before the record is written; None: records are not logged
         self.transparency_log = transparency_log
@@ -63,19 +70,31 @@ class Records:
         return "completed"
 
     async def end_session(self, session: str) -> dict[str, Any]:
-        if session not in self.sessions and not journal_path(self.data_dir, session).exists():
+        if session not in self.sessions and not journal_path(self.data_dir, session).exists() and not (
+                self.shared is not None and await asyncio.to_thread(self.shared.sessions.has_chain, session)):
             raise KeyError(session)
         live = await self.open_session(session)
         if not live.ended:  # each persona instance's end is recorded beside its spawn
             await self.personas.end_all(session, "session_end")
         async with live.lock:
+            if live.ended and self.shared is not None:
+                return await self.ended_elsewhere(live)
             if live.ended:
                 return live.final_record or self.signed(live, None)
             await self.apply(live, SessionEnd(), None)
+            if live.ended and self.shared is not None:  # another replica ended it meanwhile
+                return await self.ended_elsewhere(live)
             outcome = self.outcome(live)
             now = self.clock()
-            await asyncio.to_thread(live.journal.end, outcome, now)
+            try:
+                await asyncio.to_thread(live.journal.end, outcome, now)
+            except JournalClosedError:
+                if self.shared is None or live.journal.ending is None:
+                    raise
+                return await self.ended_elsewhere(live)  # another replica's end line got in first
             live.ended = True
+            if self.shared is not None:
+                await asyncio.to_thread(self.shared.mark_ended, live)
             live.restate(self.metrics)
             for approval_id in list(live.pending):  # a held step never runs after its session ended
                 self.approvals.answer(live, approval_id, False, admission_for(live.id, ended_refusal(live), None),
@@ -83,7 +102,38 @@ class Records:
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, session), record)
             live.final_record = record
+            if self.shared is not None:  # any replica serves it
+                await asyncio.to_thread(self.shared.sessions.put_record, session, record)
         self.ended(session, live.state.halt_cause if live.state.halted else None)
+        return record
+
+    async def ended_elsewhere(self, live: LiveSession) -> dict[str, Any]:
+        """A shared session whose chain holds its end: the record the replica that ended it
+        wrote; when that replica died before writing it, signed and written here (one record
+        per session: only after waiting for the other's). Lock held."""
+        sessions = self.shared.sessions  # type: ignore[union-attr]
+        if live.final_record is not None:
+            return live.final_record
+        live.ended = True
+        live.restate(self.metrics)
+        record = None
+        for _ in range(ENDED_RECORD_POLLS):
+            record = await asyncio.to_thread(sessions.get_record, live.id)
+            if record is not None or live.journal.ending is None:
+                break
+            await asyncio.sleep(ENDED_RECORD_POLL_SEC)
+        if record is None:
+            await asyncio.to_thread(live.journal.refresh)
+            record = self.signed(live, None, kind="final")
+            await asyncio.to_thread(self.write_final, record_path(self.data_dir, live.id), record)
+            await asyncio.to_thread(sessions.put_record, live.id, record)
+            record = await asyncio.to_thread(sessions.get_record, live.id) or record  # the first one written stands
+        live.final_record = record
+        await asyncio.to_thread(sessions.forget_activity, live.id)
+        for approval_id in list(live.pending):
+            self.approvals.answer(live, approval_id, False, admission_for(live.id, ended_refusal(live), None),
+                                  "session_ended")
+        self.ended(live.id, live.state.halt_cause if live.state.halted else None)
         return record
 
     async def end_by_principal(self, session: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from governor.common.canonical import canonicalize, sha256_b64url
 from governor.evidence.finalize import FinalizeReport, Pin, finalize_interrupted
 from governor.evidence.record import SessionHeader, write_durably, write_record
 from governor.evidence import Journal, journal_path
+from governor.evidence.shared_journal import SharedJournal
 from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, SessionState, Tier, advance, compile_limits
 from governor.policy.integrity import pin_changed
 from governor.runtime.session import PIN_KEY, LiveSession
@@ -104,8 +105,9 @@ class Resumption:
 
     def __init__(self, *, store: Store, data_dir: Path, key: Any, clock: Callable[[], float],
                  settings: RuntimeSettings, governor_id: str, agent_id: str,
-                 write_final: Callable[..., Path] = write_record) -> None:
+                 write_final: Callable[..., Path] = write_record, shared: Any = None) -> None:
         self.store = store
+        self.shared = shared  # governor.runtime.shared.SharedSteps: journals are chains in the store
         self.write_final = write_final  # how a final record is written (logged first, with a log)
         self.data_dir = data_dir
         self.key = key
@@ -134,6 +136,8 @@ class Resumption:
         path = journal_path(self.data_dir, session_id)
         saved = self.store.load_session(session_id)
         state = SessionState.from_dict(saved) if saved else SessionState.start(session_id, now)
+        if self.shared is not None:
+            return self.open_shared(session_id, state, saved, path, now)
         if path.exists():
             journal = Journal.open(path, repair_torn_tail=True, sync=self.settings.journal_sync)
             if journal.repaired is not None:
@@ -155,6 +159,26 @@ class Resumption:
         journal = Journal.create(path, self.resumed_header(session_id, pin, now), sync=self.settings.journal_sync)
         session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)
         self.check_pin(session, pin and pin["digest"], pin and pin["tier"], now)
+        return session
+
+    def open_shared(self, session_id: str, state: SessionState, saved: Mapping[str, Any] | None, path: Path,
+                    now: float) -> LiveSession:
+        """A session whose journal is its chain in the store: started here, or served by another
+        replica before (its header, and so its pin, is the one that replica wrote)."""
+        header = self.session_header(session_id, now) if saved is None else self.resumed_header(
+            session_id, saved_pin(saved), now)
+        journal = SharedJournal.open_or_create(self.shared.sessions, session_id, header, Path(f"store:chain/{session_id}"),
+                                               self.shared.damaged)
+        session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)  # type: ignore[arg-type]
+        if journal.ending is not None or state.ended:  # ended before (on any replica): it stays ended
+            session.ended = True
+            return session
+        if saved is None:
+            self.store.save_session(session_id, session.saved_state())
+            self.shared.sessions.touch(session_id, now)
+            return session
+        started = journal.record.header  # type: ignore[union-attr]
+        self.check_pin(session, started.passport_digest, started.tier, now)
         return session
 
     def resumed_header(self, session: str, pin: Mapping[str, Any] | None, now: float) -> SessionHeader:

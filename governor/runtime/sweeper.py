@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from governor.policy import Tick
 from governor.runtime.approvals import Apply, Approvals
@@ -39,6 +39,7 @@ IDLE_SWEEP_SEC = 30.0
 IDLE_SWEEPS_PER_PASS = 200
 SWEEP_SLICE = 200  # sessions the sweeper handles before letting the proxy run
 GAUGE_BATCH = 50  # sessions whose budget gauges one tick refreshes
+ABANDONED_SWEEP_SEC = 5.0  # how often a replica looks for shared sessions a dead replica left
 SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
 
 
@@ -48,8 +49,10 @@ class Sweeper:
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
                  clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
                  apply: Apply, approvals: Approvals, records: Records, views: Views, audit: AuditTrail,
-                 personas: PersonaInstances, settings: RuntimeSettings) -> None:
+                 personas: PersonaInstances, settings: RuntimeSettings, shared: Any = None) -> None:
         self.sessions = sessions
+        self.shared = shared  # governor.runtime.shared.SharedSteps: sessions other replicas serve too
+        self.abandoned_at = 0.0  # when the last look for sessions a dead replica left was taken
         self.index = index
         self.metrics = metrics
         self.clock = clock
@@ -130,12 +133,14 @@ class Sweeper:
                 if now >= pending.expires_at and not pending.answer.done():
                     await self.approvals.expire(live, approval_id)
             idle = not live.pending and live.state.in_flight == 0 and now - live.last_activity >= self.settings.session_idle_sec
+            if idle and self.shared is not None:  # idle here, but maybe served by another replica
+                idle = not await self.shared.still_active(live, now, self.settings.session_idle_sec)
             book = self.audit.book
             if idle and not (book is not None and book.holds_lock(live.id)):
                 # (a session holding the agent's lock stays open, so its lift is recorded in its record)
                 await self.records.end_session(live.id)
                 continue
-            if live.unsaved:
+            if live.unsaved and self.shared is None:  # (a shared state is saved by its round only: never clobbered)
                 await self.store_call(self.save, live)
             if not live.limits.clock_checked or live.state.halted:
                 continue
@@ -149,7 +154,24 @@ class Sweeper:
             live.swept_at = now
             async with live.lock:
                 await self.apply(live, Tick(), None)
+        if self.shared is not None and now - self.abandoned_at >= ABANDONED_SWEEP_SEC:
+            self.abandoned_at = now
+            await self.end_abandoned(now)
         await self._refresh_gauges()
+
+    async def end_abandoned(self, now: float) -> None:
+        """End the shared sessions no replica served within the idle timeout (their replica died
+        or stopped; the in-flight calls a dead replica counted never end), unless a step is held
+        for review here: whichever replica comes first writes the one record (the end line is
+        a compare-and-append)."""
+        shared = self.shared
+        for session in await shared.abandoned(now, self.settings.session_idle_sec,  # type: ignore[union-attr]
+                                              lambda s: s in self.sessions and bool(self.sessions[s].pending)):
+            try:
+                record = await self.records.end_session(session)
+                log.info("session %s, left by a replica, ended (%s)", session, record.get("outcome"))
+            except Exception:
+                log.exception("session %s, left by a replica, could not be ended", session)
 
     async def _refresh_gauges(self) -> None:
         """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Protocol
 from governor.evidence.record import remove_stale_temp_files, write_durably
 from governor.policy import steps
 from governor.sessions.identity import Identity
+from governor.sessions.shared_log import SharedLog, is_news
 
 log = logging.getLogger("governor.sessions")
 
@@ -152,6 +153,7 @@ class SessionBook:
         metrics: Any = None,
         ended_retention: float = ENDED_RETENTION,
         compact_min_lines: int = COMPACT_MIN_LINES,
+        shared: Any = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"sessions mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -185,8 +187,12 @@ class SessionBook:
         self._compact_at = compact_min_lines  # the line count that triggers the next compaction
         self._compact_min_lines = compact_min_lines
         self._path = Path(data_dir) / "sessions" / "book.jsonl" if data_dir is not None else None
+        # replicas sharing sessions: the log kept in the store too (governor.sessions.shared_log)
+        self.shared = SharedLog(shared, self._replay_shared, clock) if shared is not None else None
         if self._path is not None:
             self._load()
+        if self.shared is not None:
+            self.shared.catch_up(force=True)
 
     # --- per request -------------------------------------------------------------------
 
@@ -194,6 +200,8 @@ class SessionBook:
         """The session a request naming `value` (its ADL-Session, None when absent) acts in,
         or why it may not act. Opens nothing but the default session or, in agent-named
         mode, a capped new name."""
+        if self.shared is not None:  # other replicas' opens, ends, locks and lifts (at most every REFRESH_SEC)
+            self.shared.catch_up()
         if self._active:
             return self._refused(self._locked())
         if not value:
@@ -210,6 +218,8 @@ class SessionBook:
     def _lookup(self, value: str) -> Opened | str | Refusal:
         if _TOKEN.fullmatch(value):
             entry = self._by_digest.get(_digest(value))
+            if entry is None and self.shared is not None and self.shared.catch_up(force=True):
+                entry = self._by_digest.get(_digest(value))  # opened on another replica just now
             if entry is None:
                 return self._refused(Refusal(
                     "session_unknown", "this governor never opened a session with that token (ADL-Session); "
@@ -411,7 +421,9 @@ class SessionBook:
 
     # --- persistence -------------------------------------------------------------------
 
-    def _append(self, entry: dict[str, Any], *, sync: bool = False) -> None:
+    def _append(self, entry: dict[str, Any], *, sync: bool = False, share: bool = True) -> None:
+        if self.shared is not None and share:
+            self.shared.append(entry)
         if self._path is None:
             return
         line = (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
@@ -554,6 +566,16 @@ class SessionBook:
             self._active.pop(lock.id, None)
         else:
             raise ValueError(f"unknown op {op!r}")
+
+    def _replay_shared(self, entry: dict[str, Any]) -> None:
+        """Another replica's entry (its open, end, lock or lift), learnt here and kept in this
+        replica's log too; one this book holds already (or knows nothing of) changes nothing."""
+        if not is_news(entry, self._by_id, self.locks):
+            return
+        self._replay(entry, self.clock())
+        self._append(entry, share=False)
+        if self.metrics is not None:
+            self.metrics.set_locks(len(self._active))
 
     def locks_view(self) -> list[dict[str, Any]]:
         return [lock.view() for lock in self.locks.values()]

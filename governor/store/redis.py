@@ -91,6 +91,7 @@ from governor.store.redis_calls import (
     sub,
 )
 from governor.store.redis_client import make_client, parse_options
+from governor.store.redis_sessions import RedisSessions
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
@@ -507,6 +508,14 @@ class RedisStore:
         with self._guard():
             raw = self._client.get(f"{self.prefix}st:{session}")
         return None if raw is None else orjson.loads(raw)
+
+    def shared_sessions(self) -> RedisSessions | None:
+        """What replicas share of their sessions on this Redis (governor.store.redis_sessions);
+        None with `?sessions=local` (each process its own sessions, budgets shared)."""
+        if self.options.sessions == "local":
+            return None
+        return RedisSessions(self._client, self.prefix, self._keys, self._guard, self.options.wait_replicas,
+                             self.options.wait_timeout, self.options.retry_after)
 
     def list_sessions(self) -> list[str]:
         with self._guard():

@@ -36,7 +36,7 @@ from redis.retry import Retry
 
 SCHEMES = ("redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://", "redis+cluster://",
            "rediss+cluster://")
-_OURS = ("timeout", "retry_after", "wait", "wait_timeout", "sentinel_password", "prefix")
+_OURS = ("timeout", "retry_after", "wait", "wait_timeout", "sentinel_password", "prefix", "sessions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,9 @@ class RedisOptions:
     wait_replicas: int = 0
     wait_timeout: float = 0.5
     prefix: str = "governor:"
+    # shared (default): replicas share sessions (governor.store.redis_sessions); local: each
+    # process keeps its own sessions and shares budgets only, with the model call's one-round-trip path
+    sessions: str = "shared"
 
 
 def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
@@ -70,8 +73,12 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
         raise ValueError(f"{_safe(url)}: prefix must be non-empty and without braces, got {prefix!r}")
     if kind == "cluster":
         prefix = "{" + prefix.rstrip(":") + "}:"
+    sessions = ours.get("sessions", "shared")
+    if sessions not in ("shared", "local"):
+        raise ValueError(f"{_safe(url)}: sessions must be shared or local, got {sessions!r}")
     options = RedisOptions(
         kind=kind,
+        sessions=sessions,
         timeout=_seconds(url, "timeout", ours.get("timeout", "2")),
         retry_after=_seconds(url, "retry_after", ours.get("retry_after", "1")),
         wait_replicas=int(wait),

@@ -1,0 +1,297 @@
+"""Sessions shared by three governor processes on one real Redis (issue #30 item 1;
+docs/reference/shared-sessions.md): a session opened on A is served through B and C and ended
+on A, and its one record, verified by `governor verify`, holds every event of every replica
+in one chain; an unknown token is refused on every replica; an entry edited in Redis is
+found and the step fails closed; a replica killed -9 loses nothing another cannot finalize.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis
+
+from governor.cli import main as governor_cli
+from tests.shared_replicas import Replica, public_key, shared_keys
+
+pytestmark = pytest.mark.asyncio
+
+# a call the example passport's 20,000-token session budget refuses even with output fitting
+UNFITTABLE = {"max_tokens": 30_000, "answers": 100}
+
+
+@pytest.fixture
+def redis_url():
+    from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(NOT_INSTALLED)
+    server = RedisServer()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+async def start_three(tmp_path, url, **options) -> list[Replica]:
+    keys = shared_keys(tmp_path)
+    started = await asyncio.gather(*[Replica.start(name, tmp_path, keys, url, **options) for name in "abc"],
+                                   return_exceptions=True)
+    failed = [r for r in started if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*[r.stop() for r in started if not isinstance(r, BaseException)])
+        raise failed[0]
+    return started  # type: ignore[return-value]
+
+
+def verify(tmp_path, record: dict, capsys) -> dict:
+    path = tmp_path / f"record-{record['session']}.json"
+    path.write_text(json.dumps(record))
+    capsys.readouterr()
+    code = governor_cli(["verify", str(path), "--key", str(public_key(tmp_path / "gateway-keys" / "keys")), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    return report
+
+
+async def open_session(replica: Replica, **body) -> tuple[str, str]:
+    answer = await replica.control.post("/v1/sessions", json=body)
+    assert answer.status_code == 201, answer.text
+    opened = answer.json()
+    return opened["session"], opened["token"]
+
+
+async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in_one_chain(tmp_path, redis_url, llm,
+                                                                                           capsys):
+    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    try:
+        session, token = await open_session(a, label="across replicas")
+        # round robin over the three replicas: every one serves the session it never opened
+        statuses = [(await replica.chat(llm.url, token)).status_code for replica in (a, b, c, b, c, a)]
+        assert statuses == [200] * 6, statuses
+        for replica in replicas:  # the view any replica gives is the shared one
+            view = await replica.control.get(f"/v1/sessions/{session}")
+            assert view.status_code == 200, (replica.name, view.text)
+            assert view.json()["state"] == "active"
+        # a call the 20,000-token session budget refuses, on C: its event is in the chain
+        refused = await c.chat(llm.url, token, **UNFITTABLE)
+        assert refused.status_code in (403, 429), refused.text
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code == 200, end.text
+        record = end.json()
+        verify(tmp_path, record, capsys)
+        causes = [event["cause"] for event in record["events"]]
+        assert refused.json()["error"]["governor"]["cause"] in causes, "C's refusal is in the record A wrote"
+        # every event of the one chain in Redis, in its order, and nothing else
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chain = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        server.close()
+        assert chain[0]["kind"] == "header" and chain[-1]["kind"] == "end"
+        chained = [(line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain[1:-1]]
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]] == chained
+        # written once: by A; B and C serve that same record, and refuse the ended token
+        served = await c.control.get(f"/v1/sessions/{session}/record")  # C serves the record A wrote
+        assert served.status_code == 200, served.text
+        unchained = lambda events: [{k: v for k, v in e.items() if k != "prev_hash"} for e in events]  # noqa: E731
+        assert unchained(served.json()["events"]) == unchained(record["events"])  # the same events, ended
+        assert served.json()["outcome"] == record["outcome"]
+        for replica in (b, c):
+            again = await replica.control.post(f"/v1/sessions/{session}/end")
+            assert again.status_code == 200, again.text
+            assert again.json()["signature"] == record["signature"]
+            answer = await replica.chat(llm.url, token)
+            assert answer.status_code == 403, answer.text
+        assert (a.data_dir / "records").exists()
+        assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):
+    replicas = await start_three(tmp_path, redis_url)
+    try:
+        # garbage in the shared book's log (not JSON, not an entry, an op nobody knows) is skipped
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        server.rpush("governor:book", "not json {", '["a", "list"]', '{"op": "teleport", "id": "x"}',
+                     '{"op": "end", "id": "no-such-session", "at": 1}')
+        server.close()
+        session, token = await open_session(replicas[0])  # principals open sessions here: no default one
+        for replica in replicas:  # the book goes on after the garbage: the real token works everywhere
+            assert (await replica.chat(llm.url, token)).status_code == 200, replica.name
+        for replica in replicas:
+            for value in ("adls_" + "A" * 32, "adls_short", "someone-elses-session"):
+                answer = await replica.chat(llm.url, value)
+                assert answer.status_code == 403, (replica.name, value, answer.text)
+                assert answer.json()["error"]["governor"]["refusal"] in ("session_unknown", "session_token_malformed")
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tmp_path, redis_url, llm):
+    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    try:
+        session, token = await open_session(a)
+        assert (await b.chat(llm.url, token)).status_code == 200
+        assert (await a.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)  # an event on the chain
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        key = f"governor:ch:{session}"
+        lines = server.lrange(key, 0, -1)
+        assert len(lines) >= 2, lines
+        event = json.loads(lines[1])
+        event["body"]["action"] = "continue" if event["body"]["action"] != "continue" else "deny"  # forged
+        server.lset(key, 1, json.dumps(event, separators=(",", ":")))
+        # C reads the chain whole when it first serves the session: the edit fails the step closed
+        refused = await c.chat(llm.url, token)
+        assert refused.status_code in (403, 503), refused.text
+        assert refused.json()["error"]["governor"]["cause"] == "on_governor_error"
+        assert "checksum mismatch" in refused.json()["error"]["governor"]["reason"]
+        # recorded where it can be: C's audit journal (the chain itself cannot take it)
+        audit = await c.control.get("/v1/audit/record")
+        assert audit.status_code == 200, audit.text
+        damage = [e for e in audit.json()["events"] if e["cause"] == "on_session_integrity"]
+        assert damage and damage[0]["detail"]["session"] == session, audit.json()["events"]
+        assert damage[0]["detail"]["reason"] == "shared_chain_damaged"
+        # and no replica signs a record over the edited chain
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code >= 400, end.text
+        server.close()
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finalize(tmp_path, redis_url, llm, capsys):
+    a, b, c = replicas = await start_three(tmp_path, redis_url, tick=0.3, idle=2.0)
+    try:
+        # two sessions served by B and C, two that only C ever knew (opened and served there):
+        # no other replica has those live, so only the look for abandoned sessions finds them
+        shared = [await open_session(a, label=f"load {n}") for n in range(2)]
+        only_c = [await open_session(c, label=f"c only {n}") for n in range(2)]
+        sessions = shared + only_c
+
+        async def load(replica: Replica, token: str, calls: int) -> list[int]:
+            statuses = []
+            for _ in range(calls):
+                try:
+                    statuses.append((await replica.chat(llm.url, token, **(UNFITTABLE if _ == 3 else {})))
+                                    .status_code)
+                except Exception:  # the killed replica's connections break
+                    statuses.append(0)
+            return statuses
+
+        work = [asyncio.ensure_future(load(replica, token, 40)) for _, token in shared for replica in (b, c)]
+        on_c = [asyncio.ensure_future(load(c, token, 40)) for _, token in only_c]
+        await asyncio.sleep(0.3)
+        await c.kill()  # under load: its sessions are A's and B's to finalize
+        await asyncio.gather(*work)
+        assert any(0 in statuses for statuses in await asyncio.gather(*on_c)), "C was killed mid-load"
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chained = {session: server.lrange(f"governor:ch:{session}", 0, -1) for session, _ in sessions}
+        # no replica ends them by hand: idle past 2 s on every replica, a sweeper ends each one once
+        deadline = time.monotonic() + 40
+        records: dict[str, dict] = {}
+        while time.monotonic() < deadline and len(records) < len(sessions):
+            for session, _ in sessions:
+                raw = server.get(f"governor:rec:{session}")
+                if raw:
+                    records[session] = json.loads(raw)
+            await asyncio.sleep(0.5)
+        assert len(records) == len(sessions), (sorted(records), [s for s, _ in sessions])
+        for session, _ in sessions:
+            record = records[session]
+            verify(tmp_path, record, capsys)
+            events = chained[session][1:]  # the header, then every event that was chained before
+            recorded = [(e["cause"], e["action"]) for e in record["events"]]
+            before = [(json.loads(line)["body"]["cause"], json.loads(line)["body"]["action"])
+                      for line in events if json.loads(line)["kind"] == "event"]
+            assert recorded[:len(before)] == before, "nothing chained before the kill is missing"
+        server.close()
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a_holds_every_event(
+        tmp_path, redis_url, llm, capsys):
+    from tests.oversight_world import TOOLS, ToolThenText
+
+    tools = ToolThenText()  # a model that asks for delete_note, which needs a reviewer's confirmation
+    await tools.start()
+    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    try:
+        session, token = await open_session(a, label="held across replicas")
+        assert (await c.chat(llm.url, token)).status_code == 200
+        body = {"model": "gpt-4o-mini", "max_tokens": 100, "tools": TOOLS,
+                "messages": [{"role": "user", "content": "tidy the notes"}]}
+        held = asyncio.ensure_future(b.agent.post(f"{tools.base_url}/v1/chat/completions",
+                                                  headers={"ADL-Session": token}, json=body))
+        listed: list = []
+        for _ in range(100):  # C lists the step B holds
+            answer = await c.control.get("/v1/approvals")
+            assert answer.status_code == 200, answer.text
+            listed = [v for v in answer.json()["approvals"] if v["session"] == session]
+            if listed or held.done():
+                break
+            await asyncio.sleep(0.1)
+        assert listed and not held.done(), (listed, held.done() and held.result().text)
+        assert listed[0]["tool"] == "delete_note"
+        approved = await c.reviewer.post(f"/v1/approvals/{listed[0]['id']}",
+                                         json={"decision": "approve", "reviewer": "lab lead on C"})
+        assert approved.status_code == 200, approved.text
+        answer = await asyncio.wait_for(held, 30)  # B's waiting request learns it and goes on
+        assert answer.status_code == 200, answer.text
+        calls = answer.json()["choices"][0]["message"]["tool_calls"]
+        assert calls[0]["function"]["name"] == "delete_note"
+        # answered once: a second answer, on any replica, is refused
+        again = await a.reviewer.post(f"/v1/approvals/{listed[0]['id']}",
+                                      json={"decision": "reject", "reviewer": "someone else"})
+        assert again.status_code in (404, 409), again.text
+        assert (await a.chat(llm.url, token)).status_code == 200
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code == 200, end.text
+        record = end.json()
+        verify(tmp_path, record, capsys)
+        pairs = [(e["cause"], e["action"]) for e in record["events"]]
+        assert any(action == "pause" for _, action in pairs), pairs  # held on B
+        assert any(e.get("detail", {}).get("reviewer") == "lab lead on C" for e in record["events"]), record["events"]
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chain = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        assert server.hlen("governor:holds") == 0  # nothing listed as waiting any more
+        server.close()
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]] == [
+            (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain[1:-1]]
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+        await tools.stop()
+
+
+async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(tmp_path, redis_url, llm, capsys):
+    keys = shared_keys(tmp_path)
+    alone = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+    restarted = None
+    try:
+        session, token = await open_session(alone)
+        assert (await alone.chat(llm.url, token)).status_code == 200
+        assert (await alone.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
+        await alone.kill()  # no other replica: its restart finds the session abandoned
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        chained = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        assert server.get(f"governor:rec:{session}") is None
+        restarted = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+        record = None
+        deadline = time.monotonic() + 30
+        while record is None and time.monotonic() < deadline:
+            raw = server.get(f"governor:rec:{session}")
+            record = json.loads(raw) if raw else None
+            await asyncio.sleep(0.3)
+        server.close()
+        assert record is not None, "the restarted replica ended the session its predecessor left"
+        verify(tmp_path, record, capsys)
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]][:len(chained) - 1] == [
+            (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chained[1:]]
+        assert (await restarted.chat(llm.url, token)).status_code == 403  # ended: its token is refused
+    finally:
+        await alone.stop()
+        if restarted is not None:
+            await restarted.stop()
