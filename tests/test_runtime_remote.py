@@ -48,7 +48,7 @@ def own_server():
 async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without_a_thread(
         pinned, tmp_path, redis_url, monkeypatch):
     clock = Clock()
-    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url + "?sessions=local", prefix=f"t-{uuid.uuid4().hex}:"))
     try:
         assert rt.remote is not None
         await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session (its journal, from a thread)
@@ -81,7 +81,7 @@ async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without
 
 async def test_the_session_lock_is_free_while_a_step_waits_on_redis(pinned, tmp_path, own_server):
     clock = Clock()
-    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url, timeout=5.0))
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?sessions=local", timeout=5.0))
     try:
         await model_step(rt, "s", 100, 50, expected_out=100)
         live = rt._sessions["s"]
@@ -111,7 +111,7 @@ async def test_two_replicas_admitting_at_once_hold_the_per_day_cap(pinned, tmp_p
     session: the per_day token cap (200000) admits exactly 20 of 10000 tokens."""
     prefix = f"t-{uuid.uuid4().hex}:"
     clock = Clock()
-    replicas = [make_runtime(pinned, tmp_path / f"r{i}", clock, store=RedisStore(redis_url, prefix=prefix))
+    replicas = [make_runtime(pinned, tmp_path / f"r{i}", clock, store=RedisStore(redis_url + "?sessions=local", prefix=prefix))
                 for i in range(2)]
     try:
         admissions = await asyncio.gather(*(replicas[i % 2].admit(f"s{i}", call(expected_out=9900))
@@ -133,7 +133,7 @@ async def test_a_call_that_must_be_recorded_goes_through_the_full_round_and_hold
     full round decides, records the exhaustion and reserves nothing; a call that fits after
     it in another session is quiet again."""
     clock = Clock()
-    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url + "?sessions=local", prefix=f"t-{uuid.uuid4().hex}:"))
     try:
         big = await rt.admit("s", call(expected_out=25000))
         assert big.decision.halts and big.governor_object["cause"] == ON_BUDGET_EXHAUSTED
@@ -150,7 +150,7 @@ async def test_a_call_that_must_be_recorded_goes_through_the_full_round_and_hold
 
 async def test_redis_down_refuses_the_call_as_retryable_and_records_it(pinned, tmp_path, own_server):
     clock = Clock()
-    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3"))
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3&sessions=local"))
     try:
         await model_step(rt, "s", 100, 50, expected_out=100)
         os.kill(own_server.process.pid, signal.SIGSTOP)

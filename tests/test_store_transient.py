@@ -93,8 +93,15 @@ async def test_redis_stopped_for_3s_under_load_refuses_as_retryable_and_the_same
         assert governor["cause"] == "on_governor_error" and governor["action"] == "deny", governor
         assert governor["retryable"] is True and governor["retry_after"] == 2
 
+    # the same sessions, served again: no acknowledgement, no operator step. With shared sessions
+    # (the Redis default) a round whose lease was taken as Redis stopped may hold the session a
+    # little longer (docs/reference/shared-sessions.md): each is retried as a client would (bounded)
+    recovered = time.monotonic()
+    for session in SESSIONS:
+        while (await chat(world, session)).status_code == 503 and time.monotonic() - recovered < 15:
+            await asyncio.sleep(0.2)
     served_before = len(mock.requests)
-    for session in SESSIONS:  # the same sessions, served again: no acknowledgement, no operator step
+    for session in SESSIONS:
         answer = await chat(world, session)
         assert answer.status_code == 200, answer.text
         view = await running.runtime.session_view(session)

@@ -63,8 +63,10 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 @pytest.fixture
 def redis_url():
+    # sessions=local: each worker keeps its own sessions and journals (what these tests read);
+    # workers sharing sessions are the shared-sessions tests' (tests/test_shared_sessions.py)
     server = RedisServer()
-    yield server.url
+    yield server.url + "?sessions=local"
     server.stop()
 
 
