@@ -99,10 +99,11 @@ async def verified(running, session: str, tmp_path, capsys) -> dict:
     path = tmp_path / f"{session}.json"
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(running.settings.data_dir / "keys" / "governor-pub.pem"),
-                         "--passport", str(example_passport_path())])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(running.settings.data_dir / "keys" / "governor-pub.pem"),
+                         "--passport", str(example_passport_path()), "--no-nonce"])
     text = capsys.readouterr().out
-    assert code == 0 and "VALID" in text, text
+    # every step but the key's resolution (a loopback governor publishes no did:web)
+    assert code == 3 and "INCOMPLETE: not every step ran in full: 2 (governor key) partial\n" in text, text
     return record
 
 
