@@ -131,7 +131,7 @@ def test_tampered_record_names_the_first_failing_step(tmp_path, capsys, keydir, 
     code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", edited), "--offline", "--key", str(keydir / "governor-pub.pem"))
     assert code == 1
     assert "INVALID: step 3 (signature): Ed25519 signature does not verify" in out
-    assert "FAIL     6 hash chain" in out and "event 3: prev_hash does not match the hash of event 2" in out
+    assert "FAIL     6 hash chain" in out and "event 2 was changed: its hash no longer matches event 3's prev_hash"  in out
     assert "not evidence of anything" in out
 
 
@@ -141,7 +141,7 @@ def test_resigned_record_with_broken_chain_fails_at_step_6(tmp_path, capsys, key
     resigned = sign_record(edited, key)
     code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", resigned), "--offline", "--key", str(keydir / "governor-pub.pem"))
     assert code == 1
-    assert "INVALID: step 6 (hash chain): event 2: prev_hash does not match the hash of event 1" in out
+    assert "INVALID: step 6 (hash chain): event 1 was changed: its hash no longer matches event 2's prev_hash" in out
 
 
 def test_https_governor_resolved_through_its_did_web_document(tmp_path, capsys):
@@ -245,7 +245,7 @@ def test_json_report(tmp_path, capsys, keydir, key):
     assert code == 1 and report["valid"] is False and report["verdict"] == "INVALID"
     assert report["first_failure"]["step"] == 3 and report["first_failure"]["name"] == "signature"
     assert [s["status"] for s in report["steps"]] == ["pass", "partial", "fail", "skip", "skip", "fail"]
-    assert report["steps"][5]["message"] == "event 0: prev_hash does not match the hash of the record header"
+    assert report["steps"][5]["message"].startswith("the record header was changed: its hash no longer matches")
 
 
 @pytest.mark.parametrize("case", ["missing", "not-json", "duplicate-member", "not-an-object", "no-key", "bad-key", "bad-ttl-args", "bad-issued-at"])

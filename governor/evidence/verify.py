@@ -371,23 +371,38 @@ def _check_nonce(
 
 
 def check_chain(record: Mapping[str, Any], event_bytes: list[bytes] | None = None) -> str | None:
-    """The first broken §8.4 link in a (schema-valid) record, or None when the chain holds.
+    """The first broken §8.4 link in a (schema-valid) record, said as what was changed, or None.
 
+    A changed event shows at the next link (its hash no longer matches the next event's
+    prev_hash): the message names the changed event, not the link (#33 item 5). A link
+    that matches another event's hash is a reordering; a seq that jumps is a removal.
     `event_bytes`: the JCS bytes of record["events"], when already computed.
     """
     events = record["events"]
     if event_bytes is None:
         event_bytes = [canonical(e) for e in events]
-    expected = sha256_b64url(canonical(record_header(record)))
+    hashes = [sha256_b64url(b) for b in event_bytes]
+    header_hash = sha256_b64url(canonical(record_header(record)))
     for index, event in enumerate(events):
+        expected = header_hash if index == 0 else hashes[index - 1]
         if event["prev_hash"] != expected:
-            if index == 0:
-                return "event 0: prev_hash does not match the hash of the record header"
-            return f"event {index}: prev_hash does not match the hash of event {index - 1}"
+            return _broken_link(index, event, hashes)
         if event["seq"] != index:
-            return f"event {index}: seq is {event['seq']}, expected {index}"
-        expected = sha256_b64url(event_bytes[index])
+            return f"event {index} was changed: its seq is {event['seq']}, expected {index}"
     return None
+
+
+def _broken_link(index: int, event: Mapping[str, Any], hashes: list[str]) -> str:
+    before = "the record header" if index == 0 else f"event {index - 1}"
+    linked = next((j for j, h in enumerate(hashes) if h == event["prev_hash"] and j != index), None)
+    if linked is not None:
+        return (f"events out of order: event {index} (seq {event['seq']}) follows event {linked} in the chain, "
+                f"not {before}")
+    if event["seq"] != index:
+        return (f"an event was removed before event {index}: its seq is {event['seq']} and its prev_hash "
+                "matches no event in the record")
+    return (f"{before} was changed: its hash no longer matches event {index}'s prev_hash "
+            f"(or event {index}'s prev_hash was changed)")
 
 
 # --- the procedure --------------------------------------------------------------------
