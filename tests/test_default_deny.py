@@ -110,9 +110,9 @@ def verified(running: Any, record: dict, tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
 
 
 # --- default deny ----------------------------------------------------------------------------

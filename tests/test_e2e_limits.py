@@ -88,11 +88,10 @@ async def verified_events(world, session, tmp_path, capsys):
     path.write_text(json.dumps(record))
     keys = running.settings.data_dir / "keys"
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(keys / "governor-pub.pem"),
-                         "--passport", str(example_passport_path())])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(keys / "governor-pub.pem"),
+                         "--passport", str(example_passport_path()), "--no-nonce"])
     out = capsys.readouterr().out
-    assert code == 0, out
-    assert "VALID" in out
+    assert code == 3 and "\nINCOMPLETE: not every step ran in full: 2 (governor key) partial" in out and "FAIL " not in out, out  # every step but the key's resolution
     return [(e["cause"], e["action"]) for e in record["events"]], record
 
 

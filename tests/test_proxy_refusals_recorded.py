@@ -88,9 +88,9 @@ def verified(running, record: dict, tmp_path, capsys) -> None:
     path.write_text(json.dumps(record))
     capsys.readouterr()
     keys = KeyFiles(running.settings.data_dir / "keys")
-    code = governor_cli(["verify", str(path), "--key", str(keys.public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(keys.public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
 
 
 def refusal_events(record: dict) -> list[dict]:

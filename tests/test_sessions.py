@@ -84,9 +84,9 @@ class World:
         path.write_text(json.dumps(record))
         capsys.readouterr()
         keys = KeyFiles(self.running.settings.data_dir / "keys")
-        code = governor_cli(["verify", str(path), "--key", str(keys.public_key), "--json"])
+        code = governor_cli(["verify", str(path), "--offline", "--key", str(keys.public_key), "--json"])
         report = json.loads(capsys.readouterr().out)
-        assert code == 0, report
+        assert code == 3 and report["verdict"] == "INCOMPLETE" and report["first_failure"] is None, report
         return report
 
 
@@ -336,7 +336,7 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
     assert [(e["cause"], e["action"], e["detail"].get("lifted_by")) for e in audit["events"]] == [
         ("on_agent_lock", "halt", None), ("on_agent_lock", "continue", "alice")]
     report = world.verify(audit, "audit", capsys)
-    assert report["valid"] is True
+    assert report["verdict"] == "INCOMPLETE" and report["not_checked"] == [2, 4, 5]  # pinned key, no passport, no nonce decision
 
 
 async def test_a_lock_survives_a_restart(tmp_path, llm):

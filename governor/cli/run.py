@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from governor.cli import UsageError
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
+from governor.cli.passport_options import PASSPORT_OPTIONS, SWITCH_OPTIONS, apply_passport_settings
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -77,6 +78,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "review_retry_after": ("GOVERNOR_REVIEW_RETRY_AFTER", "the Retry-After seconds of a 429 review_pending "
                            "(default 10)"),
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
+    **PASSPORT_OPTIONS,  # admitting an unsigned passport (governor/cli/passport_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -112,7 +114,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     for name, (env, text) in OPTIONS.items():
         run.add_argument("--" + name.replace("_", "-"), dest=name, metavar=name.split("_")[-1].upper(),
-                         help=f"{text} [${env}]", **({"action": "append"} if name in REPEATABLE else {}))
+                         help=f"{text} [${env}]", **({"action": "append"} if name in REPEATABLE else
+                                                     {"nargs": "?", "const": "yes"} if name in SWITCH_OPTIONS else {}))
     run.set_defaults(func=run_command)
 
 
@@ -264,6 +267,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     if (identifier := value("id") or file.get("governor_id")) is not None:
         settings.governor_id = str(identifier)
     apply_log_settings(settings, value)
+    apply_passport_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")

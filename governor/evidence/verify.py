@@ -263,7 +263,7 @@ def _resolve_governor_keys(
         try:
             document = resolver(did)
         except DidResolutionError as exc:
-            raise _Fail(f"{governor} did not resolve: {exc}") from None
+            raise _Fail(f"{governor} did not resolve: {exc} (to check a pinned key without resolving: --offline)") from None
         keys_out.extend(_bound(_document_keys(document, governor), public_key, governor))
         names = ", ".join(key_fingerprint(k) for k in keys_out)
         return f"{governor} resolved over HTTPS to its DID document, naming {names}"

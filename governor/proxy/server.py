@@ -93,6 +93,7 @@ class Settings:
     """Everything `governor run` can be told (CLI flags, GOVERNOR_* variables, --config file)."""
 
     passport: Path | None = None  # None: the bundled example passport
+    allow_unsigned_passport: bool = False  # admit an unsigned passport; every record says so (docs/passports.md)
     config: Path | None = None
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
@@ -489,7 +490,15 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from datetime import datetime, timezone
 
     from governor.evidence import EvidenceError, ensure_governor_key
-    from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
+    from governor.passport import (
+        UNSIGNED_PASSPORT,
+        UNSIGNED_PASSPORT_MEMBER,
+        AdmissionConfig,
+        PassportError,
+        admit,
+        example_passport_path,
+        load_passport,
+    )
     from governor.policy import compile_limits, load_pricing
     from governor.policy.pricing import default_pricing_path
     from governor.runtime.core import Runtime
@@ -500,15 +509,24 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         document = load_passport(path)
     except PassportError as exc:
         raise StartupError(f"passport {path}: {exc}") from None
-    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
+    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc),
+                                             require_signature=not settings.allow_unsigned_passport))
     if not report.verified or report.pinned is None:
-        raise StartupError(f"passport {path} refused at admission", report)
+        unsigned = report.blocked_at_section == "1.1.5" and "no security.attestation.signature" in \
+            (report.step("1.1.5").message if report.step("1.1.5") else "")
+        hint = " (unsigned: sign it with `governor passport sign`, or admit it with --allow-unsigned-passport)" \
+            if unsigned else ""
+        raise StartupError(f"passport {path} refused at admission{hint}", report)
     pricing = settings.pricing or default_pricing_path()
     try:
         limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=load_pricing(pricing),
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    if report.unsigned:  # only with allow_unsigned_passport: the fail-open override is in every record's header
+        log.warning("passport %s is UNSIGNED, admitted by --allow-unsigned-passport: every record names it "
+                    "(limits.%s)", path, UNSIGNED_PASSPORT_MEMBER)
+        limits = dataclasses.replace(limits, summary={**limits.summary, UNSIGNED_PASSPORT_MEMBER: UNSIGNED_PASSPORT})
     from governor.runtime.resume import archive_passport
 
     try:  # a session admitted with this passport keeps its limits across a restart with another
