@@ -202,7 +202,7 @@ async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path, brow
         await sign_in(page, world, name="Lee Lifter")
         row = page.locator("tr[data-lock]")
         await row.locator("button.lift").wait_for(timeout=15_000)
-        assert "on_session_integrity" in await row.text_content()
+        assert "on_governor_session_integrity" in await row.text_content()
         await row.locator("button.lift").click()
         await row.filter(has_text="lifted by Lee Lifter").wait_for(timeout=10_000)
         locks = await world.get("/v1/locks")

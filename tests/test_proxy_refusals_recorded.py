@@ -6,7 +6,7 @@ sessions opened by a principal), records fetched from the control plane and chec
 A refusal made before any step was decided (a model call on a path no adapter claims:
 403; another method at a model endpoint: 405; a body too large: 413; an encoding the
 governor cannot read: 415) goes into the record of the session it belongs to, as an
-`on_request_refused` / `fallback` event whose detail says why; one that belongs to no
+`on_governor_request_refused` / `fallback` event whose detail says why; one that belongs to no
 session is counted (`governor_proxy_refusals_total{reason, recorded="false"}`).
 """
 
@@ -94,7 +94,7 @@ def verified(running, record: dict, tmp_path, capsys) -> None:
 
 
 def refusal_events(record: dict) -> list[dict]:
-    return [e for e in record["events"] if e["cause"] == "on_request_refused"]
+    return [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
 
 
 async def test_refusals_at_selection_are_recorded_in_the_session_of_their_token(world, tmp_path, capsys):

@@ -252,8 +252,8 @@ async def test_a_restart_with_caps_x100_never_gives_an_admitted_session_the_new_
     assert record["limits"]["budget"]["tokens"]["per_session"] == 20_000
     assert record["outcome"] == "halted"
     causes = [(e["cause"], e["action"]) for e in record["events"]]
-    assert ("on_session_integrity", "halt") in causes and ("on_governor_error", "halt") in causes
-    [fault] = [e for e in record["events"] if e["cause"] == "on_session_integrity"]
+    assert ("on_governor_session_integrity", "halt") in causes and ("on_governor_error", "halt") in causes
+    [fault] = [e for e in record["events"] if e["cause"] == "on_governor_session_integrity"]
     assert fault["detail"]["pinned_digest"] == record["subject"]["passport_digest"]
     assert fault["detail"]["admitted_digest"] == passport_digest(json.loads(looser.read_text()))
     pub = public_key_file(data)
@@ -272,7 +272,7 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
     store, a passport with caps x100) gets the session's next request."""
     def integrity(document: dict) -> None:
         if declared:
-            document["runtime"]["degradation"]["on_session_integrity"] = {"action": declared}
+            document["runtime"]["degradation"]["on_governor_session_integrity"] = {"action": declared}
 
     original = write_passport(tmp_path / "original.json", mutate=integrity)
     looser = write_passport(tmp_path / "looser.json", scale=100)
@@ -300,7 +300,7 @@ async def test_a_session_resumed_from_the_store_under_another_passport_keeps_its
         b.stop()
     assert beyond.status_code != 200, beyond.text  # never the new caps
     assert record["subject"]["passport_digest"] == passport_digest(json.loads(original.read_text()))
-    [fault] = [e for e in record["events"] if e["cause"] == "on_session_integrity"]
+    [fault] = [e for e in record["events"] if e["cause"] == "on_governor_session_integrity"]
     assert fault["detail"]["admitted_digest"] == passport_digest(json.loads(looser.read_text()))
     if declared is None:  # halt, the fail-closed default
         assert fault["action"] == "halt" and record["outcome"] == "halted"

@@ -279,7 +279,7 @@ print(json.dumps(out))
     if corrupt != "garbage":  # the garbage is the upstream's last write
         assert mock.streams[0].disconnected and not mock.streams[0].completed
     record = running.runtime.record(f"bad-{corrupt}")
-    assert any(e["cause"] == "on_request_refused" and e["detail"]["reason"] == "event_too_large"
+    assert any(e["cause"] == "on_governor_request_refused" and e["detail"]["reason"] == "event_too_large"
                for e in record["events"]), record["events"]
 
 

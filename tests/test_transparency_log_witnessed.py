@@ -228,7 +228,7 @@ async def test_the_operators_lies_are_each_detected(tmp_path, caplog):
                 async with http.get("/v1/audit/record") as answer:
                     assert answer.status == 200, await answer.text()
                     audit = await answer.text()
-                assert "on_log_refused" in audit and "rollback" in audit
+                assert "on_governor_log_refused" in audit and "rollback" in audit
                 # the checkpoint served is the log's own, with no cosignature of the witnesses
                 async with http.get("/log/checkpoint") as answer:
                     served = await answer.read()

@@ -49,7 +49,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "agent_sessions_per_day": ("GOVERNOR_AGENT_SESSIONS_PER_DAY", "agent-named mode: sessions the agent may open "
                                "per rolling day (default 100)"),
     "lock_on": ("GOVERNOR_LOCK_ON", "halt causes that also lock every session until a principal lifts the lock, "
-                "comma-separated, or none (default on_session_integrity)"),
+                "comma-separated, or none (default on_governor_session_integrity)"),
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
     "client_header_timeout": ("GOVERNOR_CLIENT_HEADER_TIMEOUT", "seconds a new client connection has to send its "

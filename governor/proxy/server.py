@@ -106,7 +106,7 @@ class Settings:
     sessions: str = "principal"  # who opens sessions: "principal" (tokens) or "agent-named" (trusts the agent)
     default_session: str = "auto"  # token-less traffic: "auto" (until a principal opens one), "on", "off"
     agent_sessions_per_day: int = 100  # agent-named mode: new names per rolling day
-    lock_on: tuple[str, ...] = ("on_session_integrity",)  # halt causes that lock every session
+    lock_on: tuple[str, ...] = ("on_governor_session_integrity",)  # halt causes that lock every session
     unknown_traffic: str = "deny"  # "deny" (unless the allow-list names it) | "forward" (ungoverned, logged)
     allow: tuple[AllowEntry, ...] = ()  # the operator's allow-list: destinations that spend nothing
     upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
@@ -478,7 +478,7 @@ def witness_alarm(runtime: Any) -> Any:
         if loop is not None and not loop.is_closed():
             detail = {"refused_by_witness": message,
                       "effect": "no transparency-log proof is served until the log is restored"}
-            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_log_refused", "halt", detail), loop)
+            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_governor_log_refused", "halt", detail), loop)
 
     return alarm
 
@@ -500,6 +500,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         load_passport,
     )
     from governor.policy import compile_limits, load_pricing
+    from governor.policy.causes import canonical_cause
     from governor.policy.pricing import default_pricing_path
     from governor.runtime.core import Runtime
     from governor.store import open_store
@@ -523,6 +524,11 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    from governor.policy.degradation import legacy_degradation_names
+
+    for old in legacy_degradation_names(report.pinned.document.get("runtime")):
+        log.warning("passport %s: runtime.degradation.%s is a deprecated cause name: it is read as %s "
+                    "(docs/reference/deciding.md)", path, old, canonical_cause(old))
     if report.unsigned:  # only with allow_unsigned_passport: the fail-open override is in every record's header
         log.warning("passport %s is UNSIGNED, admitted by --allow-unsigned-passport: every record names it "
                     "(limits.%s)", path, UNSIGNED_PASSPORT_MEMBER)
