@@ -7,6 +7,7 @@ With the opt-in, every record of the governor says so in its header (limits.pass
 from __future__ import annotations
 
 import argparse
+import ssl
 import subprocess
 import sys
 
@@ -75,7 +76,8 @@ def test_governor_run_refuses_an_unsigned_passport_and_says_how_to_proceed(tmp_p
 
 
 async def _one_record(running, mock, session: str) -> dict:
-    async with httpx.AsyncClient(proxy=running.proxy_url, verify=str(running.ca_file), trust_env=False,
+    async with httpx.AsyncClient(proxy=running.proxy_url, verify=ssl.create_default_context(cafile=str(running.ca_file)),
+                                 trust_env=False,
                                  timeout=30) as agent:
         answer = await agent.post(f"{mock.base_url}/v1/chat/completions", headers={"ADL-Session": session},
                                   json={"model": "gpt-4o-mini", "max_tokens": 16,
