@@ -30,7 +30,7 @@ START = 1_795_000_000.0
 CAUSES = [
     ("on_budget_exhausted", "halt", lambda i: {"dimension": "tokens", "scope": "per_session", "observed": 1000 + i, "limit": 1000}),
     ("on_tool_error", "continue", lambda i: {"tool": "search", "message": "upstream 503", "persona": "doc-reviewer"}),
-    ("on_oversight_trigger", "pause", lambda i: {"approval": f"ap-{i}", "cost_usd": 0.0125 * (i % 97)}),
+    ("on_governor_oversight_trigger", "pause", lambda i: {"approval": f"ap-{i}", "cost_usd": 0.0125 * (i % 97)}),
     ("on_iteration_limit", "fallback", lambda i: {"observed": i % 13, "limit": 12}),
 ]
 

@@ -74,8 +74,8 @@ class ScriptedRuntime:
         self.steps.append((session, step))
         self.events.setdefault(session, [])
         if session in self.ended:
-            return Admission(Decision(action=Action.HALT, cause="on_session_integrity"), session,
-                             governor_object={"cause": "on_session_integrity", "action": "halt",
+            return Admission(Decision(action=Action.HALT, cause="on_governor_session_integrity"), session,
+                             governor_object={"cause": "on_governor_session_integrity", "action": "halt",
                                               "message": "session ended"})
         decision = self.decide(session, step)
         if decision.event is not None:

@@ -55,7 +55,8 @@ class World:
         """The session's recorded pause events (one per approval asked for)."""
         resp = await self.control.get(f"/v1/sessions/{session}/record")
         assert resp.status_code == 200, resp.text
-        return [e for e in resp.json()["events"] if e["action"] == "pause"]
+        # an approval is recorded as `pause` too, closing the pause it answers (detail.review)
+        return [e for e in resp.json()["events"] if e["action"] == "pause" and "review" not in (e.get("detail") or {})]
 
 
 # the start of a program the tests run with the openai SDK in a subprocess: record(name, fn)

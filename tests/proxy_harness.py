@@ -137,7 +137,7 @@ class ScriptedRuntime:
         approved = await self.pending[approval_id]
         if approved:
             return Admission(PERMIT, session, self._ticket(session, 0))
-        return Admission(Decision(action=Action.DENY, cause="on_oversight_trigger",
+        return Admission(Decision(action=Action.DENY, cause="on_governor_oversight_trigger",
                                   details={"reason": "rejected by reviewer"}), session)
 
     async def usage(self, session: str, ticket: Any, report: UsageReport) -> Decision:
@@ -193,7 +193,7 @@ class ScriptedRuntime:
 
 def pause_rule(predicate: Callable[[str, Step], bool], approval_id: str) -> Rule:
     def make(session: str, step: Step) -> Decision:
-        return Decision(action=Action.PAUSE, cause="on_oversight_trigger",
+        return Decision(action=Action.PAUSE, cause="on_governor_oversight_trigger",
                         approval=ApprovalRequest(id=approval_id, reason="requires_confirmation",
                                                  step_digest="", expires_at=time.time() + 60,
                                                  trigger="requires_confirmation"))

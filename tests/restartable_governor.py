@@ -25,26 +25,33 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from governor.passport import example_passport_path, load_passport
+from governor.passport import example_passport_path, load_passport, sign_passport
 
 _URL = re.compile(r"^\s*(proxy|control plane):\s+(http://\S+)")
+
+
+EXAMPLE_PASSPORT_KEY = Path(__file__).resolve().parents[1] / "policies" / "example-passport.key.pem"
 
 
 def example_passport() -> dict[str, Any]:
     return copy.deepcopy(load_passport(example_passport_path()))
 
 
-def write_passport(path: Path, *, scale: float = 1.0, mutate: Callable[[dict], None] | None = None) -> Path:
+def write_passport(path: Path, *, scale: float = 1.0, mutate: Callable[[dict], None] | None = None,
+                   signed: bool = True) -> Path:
     """The bundled example passport with every token cap multiplied by `scale`, then `mutate`
-    applied; written as JSON. A changed passport is written unsigned (admitted by default)."""
+    applied; written as JSON. A changed passport is re-signed with the example's key (its
+    author's), or written unsigned with signed=False (refused unless allow_unsigned_passport)."""
     document = example_passport()
     budget = document["permissions"]["resource_limits"]["budget"]
     for scope in budget["tokens"]:
         budget["tokens"][scope] = int(budget["tokens"][scope] * scale)
     if mutate is not None:
         mutate(document)
-    if scale != 1 or mutate is not None:  # changed: its signature no longer holds, so drop it (unsigned)
+    if scale != 1 or mutate is not None or not signed:  # changed: its old signature no longer holds
         document.get("security", {}).get("attestation", {}).pop("signature", None)
+        if signed:
+            document = sign_passport(document, EXAMPLE_PASSPORT_KEY.read_bytes())
     path.write_text(json.dumps(document), encoding="utf-8")
     return path
 

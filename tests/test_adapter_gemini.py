@@ -353,7 +353,7 @@ def test_errors_and_the_cut_event_are_googles_carrying_the_governor_object():
     terminal = watcher.terminal("governor: cut", governor)
     assert terminal.startswith(b"data: {\"error\":") and terminal.endswith(b"\r\n\r\n")
     assert orjson.loads(terminal[6:])["error"]["status"] == "RESOURCE_EXHAUSTED"
-    denied = watcher.terminal("governor: denied", {"cause": "on_tool_denied"})
+    denied = watcher.terminal("governor: denied", {"cause": "on_governor_tool_denied"})
     assert orjson.loads(denied[6:])["error"]["code"] == 403
 
 

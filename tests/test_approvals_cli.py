@@ -115,7 +115,7 @@ async def test_a_reviewer_lists_shows_and_approves_a_held_step_and_the_agent_con
     async with httpx.AsyncClient(base_url=governor.control_url, trust_env=False, timeout=HANG_GUARD) as control:
         record = (await control.get("/v1/sessions/review-1/record",
                                     headers={"Authorization": f"Bearer {control_token}"})).json()
-    released = [e for e in record["events"] if e["action"] == "continue" and e["cause"] == "on_oversight_trigger"]
+    released = [e for e in record["events"] if e["action"] == "pause" and e["detail"].get("review") == "approved" and e["cause"] == "on_governor_oversight_trigger"]
     assert released and released[0]["detail"]["reviewer"] == "lab lead"
     assert released[0]["detail"]["reason"] == "checked the path"
 
@@ -133,7 +133,7 @@ async def test_a_rejection_needs_a_reason_and_the_agent_is_refused(world):
     assert code == 0, err
     assert json.loads(out)["decision"] == "reject" and json.loads(out)["session"] == "review-2"
     done = (await asyncio.wait_for(call, HANG_GUARD)).json()
-    assert done["error"]["data"]["governor"]["cause"] == "on_oversight_trigger"
+    assert done["error"]["data"]["governor"]["cause"] == "on_governor_oversight_trigger"
     assert ran(tools, {"path": "/workspace/notes/keep.md"}) == []  # it never ran
 
 

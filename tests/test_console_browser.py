@@ -119,7 +119,8 @@ async def test_a_plan_edit_sends_the_edited_arguments_upstream_and_records_both_
         assert approval["detail"]["step_digest"] == _step_digest("delete_note", edited)
         # the record verifies, shown on the page, its passport binding checked against the pinned passport
         await page.locator("tr[data-session]", has_text="edit me").locator("button.open-record").click()
-        assert (await page.locator("#verdict").text_content()).startswith("Valid enforcement record")
+        verdict = await page.locator("#verdict").text_content()
+        assert verdict.startswith("No step failed; not every step ran in full (step 2)"), verdict
         binding = page.locator("#verification li", has_text="passport binding")
         assert await binding.get_attribute("class") == "pass"
         assert (await binding.text_content()).startswith("4. passport binding: pass — subject.passport_digest matches")
@@ -202,7 +203,7 @@ async def test_an_agent_lock_is_shown_and_lifted_through_the_page(tmp_path, brow
         await sign_in(page, world, name="Rita Reviewer")
         row = page.locator("tr[data-lock]")
         await row.locator("button.lift").wait_for(timeout=15_000)
-        assert "on_session_integrity" in await row.text_content()
+        assert "on_governor_session_integrity" in await row.text_content()
         await row.locator("button.lift").click()
         await row.locator(".error").filter(has_text="lifted only by the principal").wait_for(timeout=10_000)
         assert (await world.get("/v1/locks"))["locked"] is True

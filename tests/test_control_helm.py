@@ -323,7 +323,7 @@ def test_the_session_settings_reach_governor_run(rendered, values):
     parsed.passport = None
     settings = resolve(parsed, {})
     assert (settings.sessions, settings.default_session, settings.lock_on) == (
-        "principal", "auto", ("on_session_integrity",))
+        "principal", "auto", ("on_governor_session_integrity",))
 
 
 def test_the_output_fitting_settings_reach_governor_run(rendered, values):

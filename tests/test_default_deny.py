@@ -103,16 +103,16 @@ def refused(answer: httpx.Response, refusal: str, status: int = 403) -> dict[str
 
 
 def refusals_in(record: dict[str, Any]) -> list[str]:
-    return [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_request_refused"]
+    return [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_governor_request_refused"]
 
 
 def verified(running: Any, record: dict, tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
 
 
 # --- default deny ----------------------------------------------------------------------------
@@ -133,7 +133,7 @@ async def test_unknown_traffic_is_refused_by_default_naming_what_allows_it_and_r
         record = await world.record(opened["session"])
         verified(world.running, record, tmp_path, capsys)
         assert refusals_in(record) == ["unknown_traffic"] * 4
-        routes = [e["detail"]["route"] for e in record["events"] if e["cause"] == "on_request_refused"]
+        routes = [e["detail"]["route"] for e in record["events"] if e["cause"] == "on_governor_request_refused"]
         assert routes == ["/robots.txt", "/v1/widgets", "/v1/chat", "/v1/models"]
         metrics = (await world.control.get("/metrics")).text
         assert 'governor_proxy_refusals_total{reason="unknown_traffic",recorded="true"} 4.0' in metrics

@@ -148,11 +148,11 @@ def test_s6_undeclarable_response_refuses_the_passport(runtime, message):
 
 def test_s6_declared_response_for_an_unlisted_cause_applies():
     # the map is open (^on_[a-z0-9_]+$): the governor's own causes can be declared too
-    doc = with_runtime(passport(), degradation={"on_session_integrity": {"action": "continue"}})
+    doc = with_runtime(passport(), degradation={"on_governor_session_integrity": {"action": "continue"}})
     from governor.policy import PassportPresented
 
     decision = Driver(doc).run(PassportPresented("not-the-pinned-digest"))
-    assert decision.action is Action.CONTINUE and decision.event["detail"]["overridden_cause"] == "on_session_integrity"
+    assert decision.action is Action.CONTINUE and decision.event["detail"]["overridden_cause"] == "on_governor_session_integrity"
 
 
 def _record_event_schema() -> dict:
@@ -174,8 +174,8 @@ def test_s6_events_conform_to_the_official_record_schema():
         seen_actions.add(event["action"])
     assert seen_actions == {"halt", "pause", "fallback", "continue"}
     assert {"on_budget_exhausted", "on_iteration_limit", "on_sub_agent_denied", "on_delegation_denied",
-            "on_oversight_timeout", "on_tool_error", "on_anomaly", "on_session_integrity",
-            "on_oversight_trigger", "on_governor_error"} <= seen_causes
+            "on_oversight_timeout", "on_tool_error", "on_anomaly", "on_governor_session_integrity",
+            "on_governor_oversight_trigger", "on_governor_error"} <= seen_causes
 
 
 def test_s6_after_halt_nothing_is_permitted():

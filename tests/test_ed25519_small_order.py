@@ -185,7 +185,7 @@ def test_governor_verify_refuses_the_identity_key_with_exit_2(tmp_path, capsys):
     pem.write_bytes(b"-----BEGIN PUBLIC KEY-----\n"
                     + base64.encodebytes(_spki(bytes.fromhex(SMALL_ORDER_POINTS[0])))
                     + b"-----END PUBLIC KEY-----\n")
-    code = main(["verify", str(record), "--key", str(pem)])
+    code = main(["verify", str(record), "--offline", "--key", str(pem)])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "small-order Ed25519 public key" in err, (code, out, err)
 

@@ -47,7 +47,7 @@ from tests.proxy_harness import real_governor  # noqa: E402
 
 CONTROL_TOKEN = "endpoint-walk-control-token-0123456789"
 # the defaults `governor run` has (real_governor's are agent-named): sessions opened by a principal
-DEFAULTS = dict(sessions="principal", default_session="auto", lock_on=("on_session_integrity",),
+DEFAULTS = dict(sessions="principal", default_session="auto", lock_on=("on_governor_session_integrity",),
                 control=("127.0.0.1", 0), control_token=CONTROL_TOKEN)
 # a call the bundled passport's 20,000-token session budget refuses even fitted: it halts the session
 UNFITTABLE = (b'{"model":"gpt-4o-mini","max_tokens":30000,"n":100,'

@@ -54,7 +54,7 @@ EVENTS = [
     ("on_tool_error", "continue", {"tool": "search", "message": "upstream 503", "persona": "doc-reviewer"}),
     ("on_iteration_limit", "fallback", {"limit": 8, "observed": 9, "value": "stopped early"}),
     ("on_oversight_timeout", "pause", {"trigger": "cost over 0.50", "cost_usd": 0.75}),
-    ("on_session_integrity", "halt", {"reason": "passport digest changed", "presented": "xyz"}),
+    ("on_governor_session_integrity", "halt", {"reason": "passport digest changed", "presented": "xyz"}),
 ]
 
 
@@ -164,8 +164,8 @@ def test_records_validate_against_official_and_own_schema(key, variant):
     events = {
         "empty": [],
         "governor-causes": [("on_governor_error", "halt", {"error": "store down"}),
-                            ("on_oversight_trigger", "pause", {"approval": "a-1"}),
-                            ("on_session_integrity", "halt", None)],
+                            ("on_governor_oversight_trigger", "pause", {"approval": "a-1"}),
+                            ("on_governor_session_integrity", "halt", None)],
     }.get(variant, EVENTS)
     overrides = {"https-governor": {"governor": "https://gov.example/governor"}, "r3": {"tier": "R3"}}.get(variant, {})
     record = signed_record(key, events=events, nonce=None if variant == "no-nonce" else "n", **overrides)

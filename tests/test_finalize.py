@@ -90,7 +90,7 @@ def test_a_changed_pin_is_recorded_and_a_corrupt_journal_left_alone(tmp_path):
     for session, digest in (("swapped", DIGEST), ("retiered", "B" * 43)):
         record = json.loads(record_path(tmp_path, session).read_text())
         assert record["subject"]["passport_digest"] == digest  # still the pin it was admitted with
-        [fault] = [e for e in record["events"] if e["cause"] == "on_session_integrity"]
+        [fault] = [e for e in record["events"] if e["cause"] == "on_governor_session_integrity"]
         assert fault["action"] == "halt"
         assert (fault["detail"]["pinned_digest"], fault["detail"]["admitted_digest"]) == (digest, "B" * 43)
         assert (fault["detail"]["pinned_tier"], fault["detail"]["configured_tier"]) == ("R2", "R3")
@@ -222,7 +222,7 @@ async def test_a_saved_state_without_a_pin_is_resumed_halted(pinned, tmp_path): 
         assert refused.decision.blocks
         [fault] = rt.record("foreign")["events"]
         assert (fault["cause"], fault["action"], fault["detail"]["limits_in_force"]) == \
-            ("on_session_integrity", "halt", "unavailable")
+            ("on_governor_session_integrity", "halt", "unavailable")
     finally:
         store.close()
 
@@ -232,7 +232,7 @@ async def test_a_resumed_session_keeps_its_original_limits(pinned, tmp_path):  #
     whose passport allows 100 times more, with `continue` declared for integrity faults."""
     clock = Clock()
     document = pinned.pinned.document
-    document["runtime"]["degradation"]["on_session_integrity"] = {"action": "continue"}
+    document["runtime"]["degradation"]["on_governor_session_integrity"] = {"action": "continue"}
     from governor.passport import passport_digest
 
     original_digest = passport_digest(document)
@@ -258,7 +258,7 @@ async def test_a_resumed_session_keeps_its_original_limits(pinned, tmp_path):  #
         record = rt.record("roaming")
         assert record["subject"]["passport_digest"] == original_digest
         assert record["limits"]["budget"]["tokens"]["per_session"] == 20_000
-        assert [e["cause"] for e in record["events"]][:1] == ["on_session_integrity"]
+        assert [e["cause"] for e in record["events"]][:1] == ["on_governor_session_integrity"]
     finally:
         store.close()
 
@@ -273,13 +273,13 @@ async def test_a_resumed_session_keeps_its_original_limits(pinned, tmp_path):  #
 def test_the_resumed_sessions_fault_resolves_with_its_own_degradation(pinned, declared, action, fail_closed):  # noqa: F811
     document = pinned.pinned.document
     if declared is not None:
-        document["runtime"]["degradation"]["on_session_integrity"] = declared
+        document["runtime"]["degradation"]["on_governor_session_integrity"] = declared
     limits = compile_limits(document, tier=Tier.R2, pricing=price_book())
     decision = pin_changed(limits, {"pinned_digest": "a", "admitted_digest": "b"})
-    assert (decision.action, decision.fail_closed, decision.cause) == (action, fail_closed, "on_session_integrity")
+    assert (decision.action, decision.fail_closed, decision.cause) == (action, fail_closed, "on_governor_session_integrity")
     assert decision.event["detail"]["reason"] == "pin_changed_across_restart"
     if action is not Action.HALT:
-        assert decision.event["detail"]["overridden_cause"] == "on_session_integrity"
+        assert decision.event["detail"]["overridden_cause"] == "on_governor_session_integrity"
     unknown = pin_changed(None, {})
     assert unknown.halts and unknown.fail_closed and unknown.event["detail"]["limits_in_force"] == "unavailable"
     # anti-swap has no tier exemption: R1 resolves the fault as R2 does

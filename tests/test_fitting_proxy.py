@@ -2,7 +2,7 @@
 runtime, in front of the loopback mock upstream, with raw HTTP and the official openai and
 anthropic SDKs. A call whose output limit (or the 4,096 guess, for one naming none) does not
 fit what remains of its caps is sent upstream with the largest limit that fits; the client
-learns it from ADL-Fitted-Output-Tokens and the record says so (on_output_fitted).
+learns it from ADL-Fitted-Output-Tokens and the record says so (on_governor_output_fitted).
 
 The mock's text deltas are "abcd", one token each, and it honours whichever output-limit
 field the request carries, so the tokens counted at the client are the tokens delivered.
@@ -132,13 +132,13 @@ async def test_64_parallel_calls_without_max_tokens_stay_within_a_token_cap(tmp_
         served = assert_served_within_their_fitted_limits(results, gov)
         delivered = sum(r["tokens"] + r["usage"]["prompt_tokens"] for r in served)
         used = await gov.used("tokens", "tokens")
-        fitted = gov.events("tokens", "on_output_fitted")
+        fitted = gov.events("tokens", "on_governor_output_fitted")
     print(f"\n64 calls, no max_tokens, {cap}-token cap: {len(served)} served with limits "
           f"{sorted(int(r['fitted']) for r in served)}, {delivered} tokens delivered, counter {used}")
     assert delivered <= cap and used <= cap
     assert any(int(r["fitted"]) < 4096 for r in served)  # the last one admitted was fitted below the guess...
     assert fitted and fitted[0]["detail"]["output_tokens_requested"] == 4096  # ...and recorded
-    assert fitted[0]["action"] == "continue" and fitted[0]["detail"]["decision"] == "permit"
+    assert fitted[0]["action"] == "fallback" and fitted[0]["detail"]["decision"] == "permit"
 
 
 async def test_64_parallel_calls_without_max_tokens_stay_within_a_cost_cap(tmp_path):
@@ -148,7 +148,7 @@ async def test_64_parallel_calls_without_max_tokens_stay_within_a_cost_cap(tmp_p
         served = assert_served_within_their_fitted_limits(results, gov)
         spent = sum(r["usage"]["prompt_tokens"] * MINI_IN + r["tokens"] * MINI_OUT for r in served) / 1e6
         used = await gov.used("cost", "cost_usd")
-        fitted = gov.events("cost", "on_output_fitted")
+        fitted = gov.events("cost", "on_governor_output_fitted")
     print(f"\n64 calls, no max_tokens, ${cap} cap: {len(served)} served with limits "
           f"{sorted(int(r['fitted']) for r in served)}, ${spent:.6f} delivered, counter ${used:.6f}")
     assert spent <= cap and used <= cap
@@ -202,7 +202,7 @@ print(json.dumps(out))
 """, gov.sdk_env)
         sent = {r.headers.get("adl-session", r.path): r.body for r in gov.mock.requests}
         bodies = [r.body for r in gov.mock.requests]
-        record = gov.events("chat", "on_output_fitted")
+        record = gov.events("chat", "on_governor_output_fitted")
     for name in ("chat", "responses", "messages", "named"):
         served = out[name]
         assert "raised" not in served, served

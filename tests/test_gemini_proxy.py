@@ -62,7 +62,7 @@ async def tokens_used(running, session: str, dimension: str = "tokens") -> float
 
 async def refusals_recorded(running, session: str) -> list[dict]:
     record = await running.runtime.end_session(session)
-    return [e["detail"] for e in record["events"] if e["cause"] == "on_request_refused"]
+    return [e["detail"] for e in record["events"] if e["cause"] == "on_governor_request_refused"]
 
 
 def google_error(body: bytes) -> dict:

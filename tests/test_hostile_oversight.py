@@ -160,7 +160,7 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
             assert {g["cause"] for g in held} == {"review_pending"}, held
             for index in range(MAX_PENDING_REVIEWS, MAX_PENDING_REVIEWS + 3):
                 refused = await call(index)
-                assert refused["action"] == "deny" and refused["cause"] == "on_oversight_trigger", refused
+                assert refused["action"] == "deny" and refused["cause"] == "on_governor_oversight_trigger", refused
             again = await call(0)  # a retry of a held step still attaches to its hold
             assert again["cause"] == "review_pending"
         async with httpx.AsyncClient(base_url=gov.control_url, trust_env=False, timeout=30) as control:

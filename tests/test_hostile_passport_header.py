@@ -76,7 +76,7 @@ async def test_a_billion_laughs_header_is_refused_at_once_and_recorded(running, 
         response, _ = await timed(chat(agent, llm, "bomb", header))
     error = refusal(response)
     assert "YAML anchors (&a0) are not accepted" in error["message"]
-    assert error["governor"]["cause"] == "on_session_integrity"  # recorded as a presented, unmatched passport
+    assert error["governor"]["cause"] == "on_governor_session_integrity"  # recorded as a presented, unmatched passport
     assert llm.served == 0
     async with httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30) as control:
         view = (await control.get("/v1/sessions/bomb")).json()

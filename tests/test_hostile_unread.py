@@ -83,11 +83,11 @@ async def test_an_mcp_body_the_governor_cannot_govern_is_refused_and_runs_nothin
         assert gov is not None, (response.status_code, response.text)
         assert server.calls == []  # no tool ran
         record = await session_record(governor)
-        refusals = [e for e in record["events"] if e["cause"] in ("on_request_refused", "on_tool_denied")]
+        refusals = [e for e in record["events"] if e["cause"] in ("on_governor_request_refused", "on_governor_tool_denied")]
         assert refusals, record["events"]  # and the refusal is in the session's record
         if headers is MCP_SESSION and isinstance(body, dict) and body["params"].get("name") == "shell":
             # governed as the tools/call it is, and refused by the passport (shell is undeclared)
-            assert response.json()["error"]["code"] == GOVERNOR_ERROR_CODE and gov["cause"] == "on_tool_denied"
+            assert response.json()["error"]["code"] == GOVERNOR_ERROR_CODE and gov["cause"] == "on_governor_tool_denied"
 
 
 # --- model calls in disguise, to the mock upstream ------------------------------------------
@@ -150,5 +150,5 @@ async def test_a_model_call_in_disguise_is_governed_or_refused_never_forwarded_u
         assert response.status_code >= 400 and gov is not None, (response.status_code, response.text)
     if reason is not None:
         assert not reached, path
-        detail = [e["detail"] for e in running.runtime.record(session)["events"] if e["cause"] == "on_request_refused"]
+        detail = [e["detail"] for e in running.runtime.record(session)["events"] if e["cause"] == "on_governor_request_refused"]
         assert [d["reason"] for d in detail] == [reason], detail

@@ -19,7 +19,8 @@ from governor.demo.mock_llm import MockLLM
 from governor.evidence import KeyFiles
 from governor.proxy.identity_headers import NOT_READ, identity_of
 from governor.proxy.server import Settings, serve
-from governor.sessions.identity import (ON_GOVERNOR_IDENTITY, Identity, IdentityError, mint_delegation,
+from governor.policy.causes import ON_GOVERNOR_IDENTITY
+from governor.sessions.identity import (Identity, IdentityError, mint_delegation,
                                         verify_delegation)
 
 CONTROL = "control-token-for-identity-tests-0123456789"

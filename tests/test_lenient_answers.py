@@ -51,7 +51,7 @@ def messages_body(stream: bool = False) -> dict:
 
 def refusals(running, session: str) -> list[str]:
     return [e["detail"].get("reason") for e in running.runtime.record(session)["events"]
-            if e["cause"] == "on_request_refused"]
+            if e["cause"] == "on_governor_request_refused"]
 
 
 def chat_chunk(text: str) -> bytes:

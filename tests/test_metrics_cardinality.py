@@ -80,7 +80,7 @@ async def test_series_count_does_not_grow_with_sessions(tmp_path):
         grown = [s for s in counts[after] if s not in counts[before] and "session" not in s[1]]
         assert all(name.startswith(("governor_decisions", "governor_threshold_warnings")) for name, _ in grown), grown
         assert {labels.get("cause") for name, labels in grown if "cause" in labels} <= \
-            {"on_budget_exhausted", "on_output_fitted"}, grown
+            {"on_budget_exhausted", "on_governor_output_fitted"}, grown
         assert {labels.get("dimension") for name, labels in grown} <= {None, "tokens", "cost_usd", "wall_clock_sec"}
     # and nothing else: every series of 1,200 sessions but those is one of 1,000 sessions'
     assert len(counts[1200]) <= len(counts[1000]) + len(grown)

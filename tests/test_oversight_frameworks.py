@@ -13,7 +13,7 @@ sessions at once per framework, each with the documented behaviour:
 * past: a review (3 s) that outlasts them (no retries): the framework raises the 429
   (review_pending, naming the approval); the identical call made again after the approval
   gets the approved answer and the agent continues, without a second model call for it;
-* rejected: the framework raises the 403 (on_oversight_trigger); the tool never runs.
+* rejected: the framework raises the 403 (on_governor_oversight_trigger); the tool never runs.
 """
 
 from __future__ import annotations
@@ -180,6 +180,6 @@ async def test_a_review_past_the_frameworks_timeout_behaves_as_documented(world,
     assert await _counted(world, f"past-{framework}") == (2, 2, 1)
     # rejected: the framework's 403, and the tool never ran
     rejected = out["rejected"]
-    assert rejected["status"] == 403 and rejected["governor"]["cause"] == "on_oversight_trigger", out
+    assert rejected["status"] == 403 and rejected["governor"]["cause"] == "on_governor_oversight_trigger", out
     assert f"rejected-{framework}" not in out["deleted"]
     assert await _counted(world, f"rejected-{framework}") == (1, 1, 1)

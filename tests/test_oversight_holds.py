@@ -108,7 +108,7 @@ record("again", run)
     assert out["first"]["status"] == 429, out
     again = out["again"]
     assert again["raised"] == "PermissionDeniedError" and again["status"] == 403, again
-    assert again["body"]["governor"]["cause"] == "on_oversight_trigger"
+    assert again["body"]["governor"]["cause"] == "on_governor_oversight_trigger"
     assert await _counted(world, "rejected") == (1, 1, 1)
 
 

@@ -56,7 +56,8 @@ async def _world(tmp, document, metrics, **settings):
 async def _pauses(control: httpx.AsyncClient, session: str) -> list[dict]:
     resp = await control.get(f"/v1/sessions/{session}/record")
     assert resp.status_code == 200, resp.text
-    return [e for e in resp.json()["events"] if e["action"] == "pause"]
+    # an approval is recorded as `pause` too, closing the pause it answers (detail.review)
+    return [e for e in resp.json()["events"] if e["action"] == "pause" and "review" not in (e.get("detail") or {})]
 
 
 # --- MCP: a tools/call of a tool that requires confirmation ----------------------------------

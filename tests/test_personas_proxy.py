@@ -119,7 +119,7 @@ async def test_a_permitted_spawn_is_in_the_verified_record_once_per_instance(wor
     for _ in range(2):  # the second request is the same instance: no second spawn
         assert (await world.chat("spawn", "reviewer; instance=r1")).status_code == 200
     record = await world.verified("spawn")
-    assert _events(record) == [("on_sub_agent_spawned", "continue"), ("on_sub_agent_ended", "continue")]
+    assert _events(record) == [("on_governor_sub_agent_spawned", "continue"), ("on_governor_sub_agent_ended", "continue")]
     spawned, ended = (e["detail"] for e in record["events"])
     assert (spawned["persona"], spawned["instance"], spawned["decision"]) == ("reviewer", "r1", "permit")
     assert spawned["matched_rule"] == "permissions.sub_agents[0]" and spawned["max_parallel"] == 2
@@ -134,7 +134,7 @@ async def test_requests_without_an_instance_share_the_implicit_one(world):
     listed = (await world.control.get("/v1/sessions/implicit/personas")).json()["instances"]
     assert [(i["persona"], i["instance"]) for i in listed] == [("reviewer", None)]
     record = await world.verified("implicit")
-    assert _events(record).count(("on_sub_agent_spawned", "continue")) == 1
+    assert _events(record).count(("on_governor_sub_agent_spawned", "continue")) == 1
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
     report = verify_record(record, public_key=runtime.key.public_key(), passport=passport)
     assert report.ok, report.summary()
     [event] = record["events"]
-    assert (event["cause"], event["action"]) == ("on_delegation_admitted", "continue")
+    assert (event["cause"], event["action"]) == ("on_governor_delegation_admitted", "continue")
     detail = event["detail"]
     assert detail["peer"] == "https://127.0.0.1/agents/summarizer" and detail["decision"] == "permit"
     assert detail["matched_rule"] == "match:https://127.0.0.1/agents/*" and detail["chain_depth"] == 1
@@ -181,7 +181,7 @@ async def test_a_permitted_delegation_is_in_the_verified_record(tmp_path, peers)
     assert by_persona.status_code == 200 and "result" in by_persona.json()
     assert verify_record(scouted, public_key=runtime.key.public_key(), passport=passport).ok
     assert [(e["cause"], e["detail"].get("persona")) for e in scouted["events"]] == [
-        ("on_sub_agent_spawned", "scout"), ("on_delegation_admitted", "scout"), ("on_sub_agent_ended", "scout")]
+        ("on_governor_sub_agent_spawned", "scout"), ("on_governor_delegation_admitted", "scout"), ("on_governor_sub_agent_ended", "scout")]
 
 
 async def test_persona_refusals_on_a2a_are_json_rpc_errors_and_the_peer_sees_nothing(tmp_path, peers):
@@ -222,7 +222,7 @@ async def test_max_parallel_2_refuses_the_third_live_instance_and_records_it(wor
     assert (governor["cause"], governor["reason"], governor["limit"]) == ("on_sub_agent_denied", "max_parallel", 2)
     assert world.llm.served == 2  # the third never reached the model
     record = await world.verified("parallel")
-    assert _events(record)[:3] == [("on_sub_agent_spawned", "continue"), ("on_sub_agent_spawned", "continue"),
+    assert _events(record)[:3] == [("on_governor_sub_agent_spawned", "continue"), ("on_governor_sub_agent_spawned", "continue"),
                                    ("on_sub_agent_denied", "halt")]
     denied = record["events"][2]["detail"]
     assert (denied["persona"], denied["observed"], denied["limit"]) == ("reviewer", 2, 2)
@@ -234,7 +234,7 @@ async def test_concurrent_first_requests_of_instances_never_exceed_max_parallel(
     listed = (await lenient.control.get("/v1/sessions/race/personas")).json()["instances"]
     assert len(listed) == 2  # two of the four instances live, the others were refused (fallback)
     record = await lenient.verified("race")
-    assert _events(record).count(("on_sub_agent_spawned", "continue")) == 2
+    assert _events(record).count(("on_governor_sub_agent_spawned", "continue")) == 2
 
 
 async def test_an_instance_ended_through_the_control_plane_frees_its_slot(lenient):
@@ -251,8 +251,8 @@ async def test_an_instance_ended_through_the_control_plane_frees_its_slot(lenien
     assert lenient.llm.served == 3
     record = await lenient.verified("slots")
     assert _events(record)[:5] == [
-        ("on_sub_agent_spawned", "continue"), ("on_sub_agent_spawned", "continue"),
-        ("on_sub_agent_denied", "fallback"), ("on_sub_agent_ended", "continue"), ("on_sub_agent_spawned", "continue")]
+        ("on_governor_sub_agent_spawned", "continue"), ("on_governor_sub_agent_spawned", "continue"),
+        ("on_sub_agent_denied", "fallback"), ("on_governor_sub_agent_ended", "continue"), ("on_governor_sub_agent_spawned", "continue")]
     assert record["events"][3]["detail"]["instance"] == "a"
 
 
@@ -271,7 +271,7 @@ async def test_an_idle_instance_ends_by_itself_and_frees_its_slot(tmp_path):
         record = await world.verified("idle")
     finally:
         await _close(world)
-    ends = [e["detail"] for e in record["events"] if e["cause"] == "on_sub_agent_ended"]
+    ends = [e["detail"] for e in record["events"] if e["cause"] == "on_governor_sub_agent_ended"]
     assert [(d["instance"], d["reason"]) for d in ends][:2] == [("a", "idle"), ("b", "idle")]
 
 
@@ -294,7 +294,7 @@ async def test_a_personas_wall_clock_share_cap_fires_through_the_proxy(tmp_path)
         record = await world.verified("clock")
     finally:
         await _close(world)
-    assert _events(record)[:2] == [("on_sub_agent_spawned", "continue"), ("on_budget_exhausted", "halt")]
+    assert _events(record)[:2] == [("on_governor_sub_agent_spawned", "continue"), ("on_budget_exhausted", "halt")]
     fired = record["events"][1]["detail"]
     assert (fired["dimension"], fired["budget_share"], fired["limit"]) == ("wall_clock_sec", "timed", 1)
     assert fired["projected"] > 1
@@ -343,7 +343,7 @@ async def test_a_malformed_persona_header_is_refused_clearly_and_touches_nothing
     # the refusal is its session's only event (governor.proxy.refusals): no persona instance
     # was spawned, no step decided
     record = (await world.control.get("/v1/sessions/hostile/record")).json()
-    assert [(e["cause"], e["detail"]["reason"]) for e in record["events"]] == [("on_request_refused", "bad_request")]
+    assert [(e["cause"], e["detail"]["reason"]) for e in record["events"]] == [("on_governor_request_refused", "bad_request")]
 
 
 async def test_control_characters_in_the_persona_header_are_refused(world):
@@ -377,7 +377,7 @@ async def test_an_undeclared_persona_is_refused_recorded_and_halts_only_its_sess
     record = await world.verified("ghostly")
     assert _events(record) == [("on_sub_agent_denied", "halt")]
     other = await world.verified("other")
-    assert _events(other) == [("on_sub_agent_spawned", "continue"), ("on_sub_agent_ended", "continue")]
+    assert _events(other) == [("on_governor_sub_agent_spawned", "continue"), ("on_governor_sub_agent_ended", "continue")]
 
 
 async def test_ending_an_unknown_instance_or_session_is_a_clear_404(world):

@@ -64,7 +64,7 @@ async def test_a_busy_instance_is_not_idle_and_ends_once_idle(world):
     clock.t += 1
     await runtime.sweep()
     assert runtime.personas.instances("s") == []
-    assert _causes(runtime, "s") == [("on_sub_agent_spawned", "a", None), ("on_sub_agent_ended", "a", "idle")]
+    assert _causes(runtime, "s") == [("on_governor_sub_agent_spawned", "a", None), ("on_governor_sub_agent_ended", "a", "idle")]
     assert runtime._sessions["s"].state.personas_live == {}
 
 
@@ -73,7 +73,7 @@ async def test_concurrent_first_requests_of_one_instance_spawn_it_once(world):
     admissions = await asyncio.gather(*(runtime.admit("s", PersonaActivity("summarizer", "x")) for _ in range(8)))
     assert all(not a.decision.blocks for a in admissions)
     assert runtime._sessions["s"].state.personas_live == {"summarizer": 1}  # max_parallel 1 holds
-    assert [c for c, _, _ in _causes(runtime, "s")] == ["on_sub_agent_spawned"]
+    assert [c for c, _, _ in _causes(runtime, "s")] == ["on_governor_sub_agent_spawned"]
     assert runtime.personas._spawning == {}  # nothing left behind
 
 
@@ -98,7 +98,7 @@ async def test_a_session_resumed_after_a_restart_gets_its_held_slots_back(pinned
         await second.close()
     assert verify_record(record, public_key=second.key.public_key()).ok
     ends = sorted((e["detail"]["instance"], e["detail"]["reason"]) for e in record["events"]
-                  if e["cause"] == "on_sub_agent_ended")
+                  if e["cause"] == "on_governor_sub_agent_ended")
     assert ends == [("b", "idle"), ("resumed-1", "idle")]
 
 

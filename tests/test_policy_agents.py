@@ -310,7 +310,7 @@ def test_s4_1_undeclared_tool_resolves_the_declared_response():
     from governor.policy import ON_TOOL_DENIED
 
     document = with_runtime(passport(tools=tools("search")), degradation={
-        "on_tool_denied": {"action": "fallback", "value": {"error": "tool_not_declared"}}})
+        "on_governor_tool_denied": {"action": "fallback", "value": {"error": "tool_not_declared"}}})
     driver = Driver(document)
     refused = driver.run(ToolCall(tool="shell", arguments={}))
     assert refused.action is Action.FALLBACK and refused.cause == ON_TOOL_DENIED and not refused.halts

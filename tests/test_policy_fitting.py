@@ -31,7 +31,7 @@ def test_the_first_call_of_a_3000_token_budget_is_fitted_not_refused():
     assert decision.details[FITTED_KEY] == 3000 - 113 - 16  # the input's margin left free
     assert reserved(decision, TOKENS_S) == 3000 - 16  # the reservation: all the rest
     event = decision.event
-    assert event["cause"] == ON_OUTPUT_FITTED and event["action"] == "continue"
+    assert event["cause"] == ON_OUTPUT_FITTED and event["action"] == "fallback"
     detail = event["detail"]
     assert detail["decision"] == "permit" and detail["output_tokens_requested"] == 4096
     assert detail[FITTED_KEY] == 2871 and detail["fit_floor"] == 256

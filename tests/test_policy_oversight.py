@@ -66,7 +66,7 @@ def test_s5_approval_releases_only_the_named_step_once():
     request = driver.run(step).approval
     granted = driver.run(ApprovalGranted(request.id, "alice"), now=T0 + 60)
     assert granted.event["cause"] == ON_OVERSIGHT_TRIGGER and granted.event["detail"]["reviewer"] == "alice"
-    assert granted.event["detail"]["review"] == "approved" and granted.event["action"] == "continue"
+    assert granted.event["detail"]["review"] == "approved" and granted.event["action"] == "pause"
     # another step naming the approval is not released: it pauses afresh
     other = driver.run(ToolCall("send_email", {"to": "b@example.com"}, approval_id=request.id))
     assert other.action is Action.PAUSE and other.approval.id != request.id
@@ -314,6 +314,6 @@ def test_s5_a_step_held_twice_is_not_asked_about_a_cause_already_approved():
         causes.append(decision.cause)
         driver.run(ApprovalGranted(decision.approval.id, "lead"))
         step = _replace(step, approval_id=decision.approval.id)
-    assert causes == ["on_oversight_trigger", "on_anomaly"] and not decision.blocks
+    assert causes == ["on_governor_oversight_trigger", "on_anomaly"] and not decision.blocks
     # both grants are used up: the same step again is reviewed afresh
-    assert driver.run(_replace(step, approval_id=None)).cause == "on_oversight_trigger"
+    assert driver.run(_replace(step, approval_id=None)).cause == "on_governor_oversight_trigger"

@@ -154,7 +154,7 @@ def every_event_scenario() -> Iterator[dict[str, Any]]:
                 degradation = {cause: {"action": declared, "value": {"v": 1}, "message": "m", "notify": True}
                                for cause in ("on_budget_exhausted", "on_iteration_limit", "on_sub_agent_denied",
                                              "on_delegation_denied", "on_tool_error", "on_anomaly",
-                                             "on_session_integrity", "on_oversight_timeout")}
+                                             "on_governor_session_integrity", "on_oversight_timeout")}
             doc = with_runtime(full_passport(), degradation=degradation)
             steps = [
                 ModelCall("gpt-4o", 10, 10, persona="nobody"),
@@ -186,4 +186,4 @@ def test_catalogue_fires_every_cause():
     causes = {event["cause"] for event in every_event_scenario()}
     assert {"on_budget_exhausted", "on_iteration_limit", "on_sub_agent_denied", "on_delegation_denied",
             "on_oversight_timeout", "on_tool_error", "on_anomaly", ON_SESSION_INTEGRITY,
-            "on_oversight_trigger", ON_GOVERNOR_ERROR} <= causes
+            "on_governor_oversight_trigger", ON_GOVERNOR_ERROR} <= causes

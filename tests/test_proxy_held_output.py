@@ -70,18 +70,18 @@ async def test_an_upstream_flooding_while_a_tool_call_is_held_is_cut_at_the_boun
     counted = 'governor_proxy_refusals_total{reason="held_output_exceeded",recorded="true"} 1.0'
     for _ in range(400):
         record = running.runtime.record("flooded")
-        refused = [e for e in record["events"] if e["cause"] == "on_request_refused"]
+        refused = [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
         if refused and counted in running.runtime.metrics.exposition().decode():
             break
         await asyncio.sleep(0.05)
     assert [(e["action"], e["detail"]["reason"]) for e in refused] == [("fallback", "held_output_exceeded")]
-    assert record["events"][0]["cause"] == "on_oversight_trigger"  # the pause that held the stream
+    assert record["events"][0]["cause"] == "on_governor_oversight_trigger"  # the pause that held the stream
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
     assert counted in running.runtime.metrics.exposition().decode()
 
 

@@ -6,7 +6,7 @@ sessions opened by a principal), records fetched from the control plane and chec
 A refusal made before any step was decided (a model call on a path no adapter claims:
 403; another method at a model endpoint: 405; a body too large: 413; an encoding the
 governor cannot read: 415) goes into the record of the session it belongs to, as an
-`on_request_refused` / `fallback` event whose detail says why; one that belongs to no
+`on_governor_request_refused` / `fallback` event whose detail says why; one that belongs to no
 session is counted (`governor_proxy_refusals_total{reason, recorded="false"}`).
 """
 
@@ -88,13 +88,13 @@ def verified(running, record: dict, tmp_path, capsys) -> None:
     path.write_text(json.dumps(record))
     capsys.readouterr()
     keys = KeyFiles(running.settings.data_dir / "keys")
-    code = governor_cli(["verify", str(path), "--key", str(keys.public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(keys.public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
 
 
 def refusal_events(record: dict) -> list[dict]:
-    return [e for e in record["events"] if e["cause"] == "on_request_refused"]
+    return [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
 
 
 async def test_refusals_at_selection_are_recorded_in_the_session_of_their_token(world, tmp_path, capsys):

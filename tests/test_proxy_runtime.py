@@ -126,7 +126,7 @@ async def test_a_swapped_passport_is_a_session_integrity_fault(env):
         client.close()
     assert status == 403
     governor = orjson.loads(data)["error"]["governor"]
-    assert governor["cause"] == "on_session_integrity" and governor["action"] == "halt"
+    assert governor["cause"] == "on_governor_session_integrity" and governor["action"] == "halt"
 
 
 async def test_openai_sdk_through_the_real_runtime(env):

@@ -50,7 +50,7 @@ def fresh(env):
 
 
 def refused_reasons(record) -> list[str]:
-    return [e["detail"]["reason"] for e in events_of(record, "on_request_refused")]
+    return [e["detail"]["reason"] for e in events_of(record, "on_governor_request_refused")]
 
 
 async def test_unreadable_client_events_are_not_forwarded_and_the_socket_goes_on(env):
@@ -244,7 +244,7 @@ print(json.dumps(out))
         assert status == 429 and orjson.loads(data)["error"]["governor"]["cause"] == "on_budget_exhausted"
         assert len([kind for kind, _ in mock.raw if kind == "http"]) == 1
         record = await running.runtime.end_session("rt-mint")
-        minted = events_of(record, "on_key_minted")
+        minted = events_of(record, "on_governor_key_minted")
         assert len(minted) == 1 and minted[0]["action"] == "continue" and verified(running, record)
 
 

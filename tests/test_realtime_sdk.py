@@ -204,7 +204,7 @@ print(json.dumps(out))
     assert [t["name"] for t in create["response"]["tools"]] == ["search_papers"]
     assert "tool_choice" not in create["response"]  # it named the withheld tool
     record = await running.runtime.end_session("rt-withhold")
-    withheld = events_of(record, "on_tools_withheld")
+    withheld = events_of(record, "on_governor_tools_withheld")
     assert len(withheld) == 2 and all(e["detail"]["tools"] == ["run_shell"] for e in withheld)
     assert verified(running, record)
 
@@ -228,10 +228,10 @@ print(json.dumps(out))
     kinds = [e["type"] for e in out["events"]]
     # the undeclared tool: its completed call never reached the client; the socket was cut
     assert "response.function_call_arguments.done" not in kinds and "response.done" not in kinds
-    assert kinds[-1] == "error" and out["events"][-1]["error"]["code"] == "on_tool_denied", out
+    assert kinds[-1] == "error" and out["events"][-1]["error"]["code"] == "on_governor_tool_denied", out
     assert out["raised"]["code"] == 1008
     record = await running.runtime.end_session("rt-tools")
-    assert events_of(record, "on_tool_denied") and verified(running, record)
+    assert events_of(record, "on_governor_tool_denied") and verified(running, record)
 
 
 async def test_the_beta_realtime_client_is_governed_alike(env):

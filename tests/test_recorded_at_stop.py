@@ -63,14 +63,14 @@ async def until_cut(agent: httpx.AsyncClient, url: str, session: str) -> bytes:
 def verified_final_record(data_dir, session: str, capsys) -> dict:
     path = record_path(data_dir, session)
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
     return json.loads(path.read_text())
 
 
 def refusals(record: dict) -> list[tuple[str, str]]:
-    return [(e["action"], e["detail"]["reason"]) for e in record["events"] if e["cause"] == "on_request_refused"]
+    return [(e["action"], e["detail"]["reason"]) for e in record["events"] if e["cause"] == "on_governor_request_refused"]
 
 
 async def test_the_cut_is_in_the_final_record_when_governor_run_is_stopped_right_after_it(tmp_path, capsys):
@@ -91,7 +91,7 @@ async def test_the_cut_is_in_the_final_record_when_governor_run_is_stopped_right
         await mock.stop()
     record = verified_final_record(tmp_path / "data", "cut-then-stopped", capsys)
     assert refusals(record) == [("fallback", "held_output_exceeded")]
-    assert record["events"][0]["cause"] == "on_oversight_trigger"  # the pause that held the stream
+    assert record["events"][0]["cause"] == "on_governor_oversight_trigger"  # the pause that held the stream
 
 
 async def test_a_stop_waits_for_the_cut_and_the_held_call_to_be_recorded_when_appends_are_slow(tmp_path, capsys):
@@ -131,7 +131,7 @@ async def test_a_stop_waits_for_the_cut_and_the_held_call_to_be_recorded_when_ap
         await mock.stop()
     record = verified_final_record(data_dir, "slow-disk", capsys)
     assert refusals(record) == [("fallback", "held_output_exceeded")]
-    assert [e["cause"] for e in record["events"]][:1] == ["on_oversight_trigger"]  # the held call, recorded too
+    assert [e["cause"] for e in record["events"]][:1] == ["on_governor_oversight_trigger"]  # the held call, recorded too
 
 
 async def test_close_lets_a_sweep_pass_record_an_expiry_when_appends_are_slow(pinned, tmp_path):  # noqa: F811
@@ -158,5 +158,5 @@ async def test_close_lets_a_sweep_pass_record_an_expiry_when_appends_are_slow(pi
         gate.set()
     record = json.loads(record_path(tmp_path, "s").read_text())
     causes = [e["cause"] for e in record["events"]]
-    assert causes[:2] == ["on_oversight_trigger", ON_OVERSIGHT_TIMEOUT], causes
+    assert causes[:2] == ["on_governor_oversight_trigger", ON_OVERSIGHT_TIMEOUT], causes
     assert record["outcome"] == "halted"  # the undeclared timeout fails closed

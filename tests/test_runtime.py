@@ -148,7 +148,7 @@ async def test_requires_confirmation_pauses_and_approval_releases_only_that_step
         await runtime.resolve_approval(approval_id, True, "lab-lead")
     record = runtime.record("s")
     reviews = [e for e in record["events"] if e.get("detail", {}).get("review") == "approved"]
-    assert reviews and reviews[0]["detail"]["reviewer"] == "lab-lead" and reviews[0]["action"] == "continue"
+    assert reviews and reviews[0]["detail"]["reviewer"] == "lab-lead" and reviews[0]["action"] == "pause"
     assert verify_record(record, public_key=runtime.key.public_key()).ok
 
 

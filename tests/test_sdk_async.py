@@ -175,7 +175,7 @@ record("batch", lambda: client.batches.create(input_file_id="file-elsewhere", en
     assert "'file-elsewhere' was not uploaded through this governor" in refused["message"]
     assert mock.requests == []
     record = verified(running, "batch-unseen")
-    assert any(e["cause"] == "on_request_refused" and "file-elsewhere" in e["detail"]["message"]
+    assert any(e["cause"] == "on_governor_request_refused" and "file-elsewhere" in e["detail"]["message"]
                for e in record["events"])
 
 

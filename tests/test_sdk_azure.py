@@ -99,7 +99,7 @@ print(json.dumps(out))
     # charged at the price of the model the answers name (the stream's empty first model is not taken)
     assert await used(running, "azure-chat", "cost_usd") == pytest.approx(price(running, 31, 12) + price(running, 23, 9))
     record = await verified_record(running, "azure-chat", tmp)
-    assert [cause for cause, _ in events(record) if cause != "on_anomaly"] == ["on_tools_withheld"]
+    assert [cause for cause, _ in events(record) if cause != "on_anomaly"] == ["on_governor_tools_withheld"]
 
 
 async def test_a_mapped_deployment_is_priced_as_its_model_and_an_unpriced_one_refused(env):

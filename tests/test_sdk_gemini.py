@@ -126,7 +126,7 @@ print(json.dumps(out))
     view = await running.runtime.session_view("gem")
     assert view["tool_calls"] == 1 and view["iterations"] >= 2
     record = await verified(running, "gem")
-    withheld = [e for e in record["events"] if e["cause"] == "on_tools_withheld"]
+    withheld = [e for e in record["events"] if e["cause"] == "on_governor_tools_withheld"]
     assert withheld and set(withheld[0]["detail"]["tools"]) == {"run_shell", "googleSearch"}
 
 
@@ -267,5 +267,5 @@ print(json.dumps(out))
         refused = out[name]
         assert refused.get("code") == 403 and refused["status"] == "PERMISSION_DENIED", (name, refused)
         governor = refused["body"]["error"]["governor"]
-        assert governor["cause"] == "on_tool_denied" and governor["tool"] == "run_shell"
+        assert governor["cause"] == "on_governor_tool_denied" and governor["tool"] == "run_shell"
     assert len(mock.requests) == 2  # both model calls went; the calls they asked for were refused

@@ -335,7 +335,7 @@ async def test_a_form_the_governor_cannot_read_as_a_server_would_is_refused_and_
     assert error["type"] == "invalid_request_error" and error["message"], error
     assert mock.requests == []
     record = await verified_record(running, session)
-    refusals = [e for e in record["events"] if e["cause"] == "on_request_refused"]
+    refusals = [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
     assert [e["detail"]["reason"] for e in refusals] == ["bad_request"], record["events"]
 
 

@@ -160,7 +160,7 @@ print(json.dumps(out))
     # the model never saw run_shell; when it asks for it anyway the stream is cut with an error line
     assert [t["function"]["name"] for t in upstream.requests[0].body["tools"]] == ["search_papers"]
     refused = out["undeclared"]
-    assert refused["raised"] == "ResponseError" and "on_tool_denied" in refused["error"], refused
+    assert refused["raised"] == "ResponseError" and "on_governor_tool_denied" in refused["error"], refused
     assert "'run_shell'" in refused["error"], refused
     record = await verified_record(running, "tools", tmp)
     assert any(e["detail"].get("tool") == "run_shell" for e in record["events"])
@@ -284,7 +284,7 @@ print(json.dumps(out))
     assert "NDJSON line that is not JSON" in out["stream"]["error"], out
     await asyncio.sleep(0.2)  # the cut is recorded by a task beside the relay
     record = await verified_record(running, session, tmp)
-    [refusal] = [e for e in record["events"] if e["cause"] == "on_request_refused"]
+    [refusal] = [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
     assert refusal["detail"]["reason"] == "unreadable_answer"
 
 
@@ -312,7 +312,7 @@ async def test_a_line_past_the_size_bound_cuts_the_stream(env):
     assert "holds at most" in orjson.loads(last)["error"]
     await asyncio.sleep(0.2)
     record = await verified_record(running, "endless", tmp)
-    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_request_refused"] == [
+    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_governor_request_refused"] == [
         "event_too_large"]
 
 
@@ -336,4 +336,4 @@ async def test_a_malformed_request_is_in_the_record(env):
     answer = await post(running, upstream, "/api/chat", b'{"model":"llama3.2","stream":"yes"}', "malformed-rec")
     assert answer.status_code == 400
     record = await verified_record(running, "malformed-rec", tmp)
-    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_request_refused"][0] == "bad_request"
+    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_governor_request_refused"][0] == "bad_request"

@@ -84,9 +84,9 @@ class World:
         path.write_text(json.dumps(record))
         capsys.readouterr()
         keys = KeyFiles(self.running.settings.data_dir / "keys")
-        code = governor_cli(["verify", str(path), "--key", str(keys.public_key), "--json"])
+        code = governor_cli(["verify", str(path), "--offline", "--key", str(keys.public_key), "--json"])
         report = json.loads(capsys.readouterr().out)
-        assert code == 0, report
+        assert code == 3 and report["verdict"] == "INCOMPLETE" and report["first_failure"] is None, report
         return report
 
 
@@ -267,7 +267,7 @@ async def test_the_agent_named_cap_holds_under_64_concurrent_new_names(tmp_path,
         assert len((await world.control.get("/v1/sessions")).json()["sessions"]) == 10
         # the refusal that hit the cap is an enforcement event of the governor's audit journal
         audit = (await world.control.get("/v1/audit/record")).json()
-        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_session_cap", "halt")]
+        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_governor_session_cap", "halt")]
         assert audit["events"][0]["detail"]["limit"] == 10
         _, record_file, _ = audit_paths(world.running.settings.data_dir, world.running.runtime.limits.passport_digest)
         world.verify(json.loads(record_file.read_text()), "audit", capsys)
@@ -285,7 +285,7 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
     a, b = await world.open(label="a"), await world.open(label="b")
     assert (await world.chat(b["token"])).status_code == 200
     swapped = refusal(await world.chat(a["token"], **{"ADL-Passport": "sha256=" + "A" * 43}))
-    assert swapped["cause"] == "on_session_integrity"
+    assert swapped["cause"] == "on_governor_session_integrity"
     served = world.llm.served
 
     c = await world.open(label="opened while locked")
@@ -297,7 +297,7 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
     locks = (await world.control.get("/v1/locks")).json()
     assert locks["locked"] and len(locks["locks"]) == 1
     lock = locks["locks"][0]
-    assert lock["session"] == a["session"] and lock["cause"] == "on_session_integrity"
+    assert lock["session"] == a["session"] and lock["cause"] == "on_governor_session_integrity"
 
     async with httpx.AsyncClient(base_url=world.running.control_url, trust_env=False) as other:
         for headers in ({}, {"Authorization": f"Bearer {WRONG}"}):
@@ -323,18 +323,18 @@ async def test_a_locking_cause_locks_every_session_until_a_valid_lift(world, cap
     assert (await world.chat(b["token"])).status_code == 200
     assert (await world.chat(c["token"])).status_code == 200
     halted = refusal(await world.chat(a["token"]))  # the halt itself holds
-    assert halted["cause"] == "on_session_integrity" and "halted" in halted["reason"]
+    assert halted["cause"] == "on_governor_session_integrity" and "halted" in halted["reason"]
 
     record = (await world.control.get(f"/v1/sessions/{a['session']}/record")).json()
     events = [(e["cause"], e["action"]) for e in record["events"]]
-    assert events == [("on_session_integrity", "halt"), ("on_agent_lock", "halt"), ("on_agent_lock", "continue")]
+    assert events == [("on_governor_session_integrity", "halt"), ("on_governor_agent_lock", "halt"), ("on_governor_agent_lock", "continue")]
     assert record["events"][2]["detail"]["lifted_by"] == "alice as principal"
     world.verify(record, "locked-session", capsys)
     audit = (await world.control.get("/v1/audit/record")).json()
     assert [(e["cause"], e["action"], e["detail"].get("lifted_by")) for e in audit["events"]] == [
-        ("on_agent_lock", "halt", None), ("on_agent_lock", "continue", "alice as principal")]
+        ("on_governor_agent_lock", "halt", None), ("on_governor_agent_lock", "continue", "alice as principal")]
     report = world.verify(audit, "audit", capsys)
-    assert report["valid"] is True
+    assert report["verdict"] == "INCOMPLETE" and report["not_checked"] == [2, 4, 5]  # pinned key, no passport, no nonce decision
 
 
 async def test_a_lock_survives_a_restart(tmp_path, llm):
@@ -354,8 +354,8 @@ async def test_a_lock_survives_a_restart(tmp_path, llm):
         assert refusal(await world.chat(a["token"]))["refusal"] == "session_ended"
         assert (await world.chat((await world.open())["token"])).status_code == 200
         audit = (await world.control.get("/v1/audit/record")).json()
-        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_agent_lock", "halt"),
-                                                                       ("on_agent_lock", "continue")]
+        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_governor_agent_lock", "halt"),
+                                                                       ("on_governor_agent_lock", "continue")]
         assert audit["events"][1]["detail"]["in_session_record"] is False
 
 

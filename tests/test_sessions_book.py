@@ -47,7 +47,7 @@ def test_the_book_survives_a_restart_and_sets_a_torn_line_aside(tmp_path):
     live, live_token = book.open()
     gone, gone_token = book.open(nonce="n" * 22)
     book.ended(gone.id, None)
-    lock = book.lock(live.id, "on_session_integrity")
+    lock = book.lock(live.id, "on_governor_session_integrity")
     with open(tmp_path / "sessions" / "book.jsonl", "ab") as fh:
         fh.write(b'{"op": "open", "id": "half')  # the write a crash cut short
     again = SessionBook(tmp_path)
@@ -184,13 +184,13 @@ def test_the_default_session_name_and_its_renewal(tmp_path):
 
 def test_lock_causes_setting():
     assert parse_lock_causes("none") == ()
-    assert parse_lock_causes("on_session_integrity, on_anomaly") == ("on_session_integrity", "on_anomaly")
+    assert parse_lock_causes("on_governor_session_integrity, on_anomaly") == ("on_governor_session_integrity", "on_anomaly")
     with pytest.raises(ValueError):
         parse_lock_causes("halt-everything")
     # a typo of a real cause is refused, naming the known ones (it would disable the lock)
-    with pytest.raises(ValueError, match="on_session_integrity"):
+    with pytest.raises(ValueError, match="on_governor_session_integrity"):
         parse_lock_causes("on_session_integirty")
-    assert parse_lock_causes(["on_budget_exhausted", "on_tool_denied"]) == ("on_budget_exhausted", "on_tool_denied")
+    assert parse_lock_causes(["on_budget_exhausted", "on_governor_tool_denied"]) == ("on_budget_exhausted", "on_governor_tool_denied")
     book = SessionBook(None, lock_causes=("on_anomaly",))
     assert book.lock("s", "on_budget_exhausted") is None and not book.locked
     assert book.lock("s", "on_anomaly") is not None and book.lock("s", "on_anomaly") is None

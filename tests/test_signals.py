@@ -57,15 +57,15 @@ def output(governor: GovernorProcess) -> str:
 def verified(data_dir, session: str, capsys) -> dict:
     path = record_path(data_dir, session)
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
     return json.loads(path.read_text())
 
 
 def shutdown_refusals(record: dict) -> list[dict]:
     return [e["detail"] for e in record["events"]
-            if e["cause"] == "on_request_refused" and e["detail"]["reason"] == "shutting_down"]
+            if e["cause"] == "on_governor_request_refused" and e["detail"]["reason"] == "shutting_down"]
 
 
 async def stream_until(client: httpx.AsyncClient, url: str, session: str, started: asyncio.Event) -> bytes:
@@ -323,7 +323,7 @@ async def test_a_call_held_for_a_reviewer_is_answered_review_pending_when_the_dr
     text = output(governor)
     assert "Traceback" not in text, text[-3000:]
     record = verified(data, "held", capsys)
-    assert record["events"][0]["cause"] == "on_oversight_trigger"
+    assert record["events"][0]["cause"] == "on_governor_oversight_trigger"
 
 
 async def test_sighup_reloads_the_webhooks(tmp_path):

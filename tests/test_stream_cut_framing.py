@@ -234,7 +234,7 @@ REQUESTS = {
 
 
 def refusals(running, session: str) -> list[str]:
-    return [e["detail"].get("reason") if e["cause"] == "on_request_refused" else e["cause"]
+    return [e["detail"].get("reason") if e["cause"] == "on_governor_request_refused" else e["cause"]
             for e in running.runtime.record(session)["events"]]
 
 

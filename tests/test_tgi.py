@@ -156,7 +156,7 @@ async def test_an_event_that_is_not_json_cuts_the_stream_and_is_recorded(env):
     assert "not a JSON object" in last["error"], streamed.text
     await asyncio.sleep(0.2)
     record = await verified_record(running, "tgi-garbage", tmp)
-    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_request_refused"] == [
+    assert [e["detail"]["reason"] for e in record["events"] if e["cause"] == "on_governor_request_refused"] == [
         "unreadable_answer"]
 
 

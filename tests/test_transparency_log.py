@@ -90,11 +90,11 @@ async def test_fifty_sessions_every_record_proof_verifies_offline(env, tmp_path)
     (tmp_path / "record.json").write_text(json.dumps(record))
     (tmp_path / "record.tlog-proof").write_bytes(data)
     public = KeyFiles(running.settings.data_dir / "keys").public_key
-    command = [sys.executable, "-m", "governor", "verify", str(tmp_path / "record.json"), "--key", str(public),
+    command = [sys.executable, "-m", "governor", "verify", str(tmp_path / "record.json"), "--offline", "--key", str(public),
                "--proof", str(tmp_path / "record.tlog-proof"), "--log-key",
                str(running.settings.data_dir / "log" / "log.vkey")]
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr  # the proof is valid; the key pinned, not resolved
     assert "LOG PROOF VALID" in done.stdout
 
     # a record edited after it was logged: its proof fails, saying why; the CLI exits 1
@@ -212,18 +212,18 @@ async def test_sessions_end_with_proof_writes_a_proof_that_governor_verify_accep
     assert "its log proof is in" in done.stdout
     record_file = tmp_path / "ended.tlog-proof.record.json"
     public = KeyFiles(running.settings.data_dir / "keys").public_key
-    command = [sys.executable, "-m", "governor", "verify", str(record_file), "--key", str(public), "--proof",
+    command = [sys.executable, "-m", "governor", "verify", str(record_file), "--offline", "--key", str(public), "--proof",
                str(proof_file), "--log-key", (running.settings.data_dir / "log" / "log.vkey").read_text().strip(),
                "--json"]
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr  # the proof is valid; the key pinned, not resolved
     report = json.loads(done.stdout)
     assert report["log_proof"]["valid"] and report["log_proof"]["entry"]["session"] == "ended-by-cli"
     # usage errors: a proof without a log key, a witness quorum above the keys given
     for extra in (["--proof", str(proof_file)], ["--proof", str(proof_file), "--log-key", "not-a-vkey"],
                   ["--log-key", "x"]):
         done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "governor", "verify", str(record_file),
-                                                        "--key", str(public), *extra],
+                                                        "--offline", "--key", str(public), *extra],
                                        capture_output=True, text=True, timeout=60, cwd=REPO)
         assert done.returncode == 2, (extra, done.stdout, done.stderr)
     # a witness the checkpoint does not carry: a quorum of 1 fails, as the witness slice will rely on

@@ -1,4 +1,6 @@
-"""`governor keygen` and `governor verify`: files, exit codes 0/1/2, messages."""
+"""`governor keygen` and `governor verify` offline: files, exit codes 1/2/3, messages.
+
+The did:web resolution over HTTPS (the only way to a VALID, exit 0) is tests/test_verify_did_web.py."""
 
 from __future__ import annotations
 
@@ -77,11 +79,15 @@ def test_keygen_rejects_a_bad_identifier(tmp_path, capsys):
 def test_valid_record(tmp_path, capsys, keydir, key):
     path = write(tmp_path, "r.json", signed_record(key, governor="did:web:gov.example:governor"))
     code, out, _ = run(capsys, "verify", path, "--did-document", str(keydir / "did.json"))
-    assert code == 0
-    assert "\nVALID\n" in out
+    # a local DID document is not a resolution, no passport, no nonce decision: not VALID
+    assert code == 3
+    assert "\nINCOMPLETE: not every step ran in full: 2 (governor key) partial, 4 (passport binding) skip, " \
+        "5 (nonce) skip\n" in out
+    assert "\nVALID" not in out
     assert "does NOT prove completeness" in out and "tamper-evidence" in out
     assert "freshness not shown" in out and "No passport was given" in out
-    assert "SKIP  4 passport binding" in out and "PASS  6 hash chain" in out
+    assert "PARTIAL  2 governor key" in out and "was not resolved" in out
+    assert "SKIP     4 passport binding" in out and "PASS     6 hash chain" in out
 
 
 def test_events_are_listed_one_a_line_and_hostile_text_is_escaped(tmp_path, capsys, keydir, key):
@@ -89,7 +95,7 @@ def test_events_are_listed_one_a_line_and_hostile_text_is_escaped(tmp_path, caps
               ("on_budget_exhausted", "halt", {"dimension": "tokens", "observed": 1040, "limit": 1000})]
     path = write(tmp_path, "r.json", signed_record(key, events=events, governor="did:web:gov.example:governor"))
     code, out, _ = run(capsys, "verify", path, "--did-document", str(keydir / "did.json"), "--events")
-    assert code == 0 and "VALID" in out
+    assert code == 3 and "INCOMPLETE" in out
     listed = out[out.index("Events (2)"):].splitlines()[1:]
     assert len(listed) == 2
     assert listed[0].split()[:4] == ["0", "2026-11-18T11:06:41.500Z", "on_tool_error", "continue"]
@@ -101,16 +107,20 @@ def test_events_are_listed_one_a_line_and_hostile_text_is_escaped(tmp_path, caps
 def test_pinned_key_and_nonce_with_ttl(tmp_path, capsys, keydir, key):
     path = write(tmp_path, "r.json", signed_record(key, nonce="c-1"))  # iat = START + 61
     issued = "2026-11-18T11:07:00Z"  # START + 20 s
-    ok = run(capsys, "verify", path, "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
+    ok = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
              "--nonce-issued-at", issued, "--nonce-ttl", "60")
-    assert ok[0] == 0 and "produced after your challenge" in ok[1]
-    expired = run(capsys, "verify", path, "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
+    assert ok[0] == 3 and "produced after your challenge" in ok[1] and "PASS     5 nonce" in ok[1]
+    assert "INCOMPLETE: not every step ran in full: 2 (governor key) partial, 4 (passport binding) skip\n" in ok[1]
+    assert "is not bound to did:web:governor.example:gov" in ok[1]
+    no_ttl = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1")
+    assert no_ttl[0] == 3 and "PARTIAL  5 nonce" in no_ttl[1] and "time to live was not checked" in no_ttl[1]
+    expired = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
                   "--nonce-issued-at", issued, "--nonce-ttl", "30")
     assert expired[0] == 1 and "INVALID: step 5 (nonce)" in expired[1] and "after the nonce expired" in expired[1]
-    early = run(capsys, "verify", path, "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
+    early = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-1",
                 "--nonce-issued-at", "2026-11-18T11:08:00Z", "--nonce-ttl", "300")
     assert early[0] == 1 and "before the nonce was issued" in early[1]
-    wrong = run(capsys, "verify", path, "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-2")
+    wrong = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"), "--nonce", "c-2")
     assert wrong[0] == 1 and "is not the issued nonce 'c-2'" in wrong[1]
 
 
@@ -118,10 +128,10 @@ def test_tampered_record_names_the_first_failing_step(tmp_path, capsys, keydir, 
     record = signed_record(key)
     edited = copy.deepcopy(record)
     edited["events"][2]["action"] = "continue"
-    code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", edited), "--key", str(keydir / "governor-pub.pem"))
+    code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", edited), "--offline", "--key", str(keydir / "governor-pub.pem"))
     assert code == 1
     assert "INVALID: step 3 (signature): Ed25519 signature does not verify" in out
-    assert "FAIL  6 hash chain" in out and "event 3: prev_hash does not match the hash of event 2" in out
+    assert "FAIL     6 hash chain" in out and "event 2 was changed: its hash no longer matches event 3's prev_hash"  in out
     assert "not evidence of anything" in out
 
 
@@ -129,9 +139,9 @@ def test_resigned_record_with_broken_chain_fails_at_step_6(tmp_path, capsys, key
     edited = copy.deepcopy(signed_record(key))
     edited["events"][1]["detail"]["message"] = "nothing happened"
     resigned = sign_record(edited, key)
-    code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", resigned), "--key", str(keydir / "governor-pub.pem"))
+    code, out, _ = run(capsys, "verify", write(tmp_path, "t.json", resigned), "--offline", "--key", str(keydir / "governor-pub.pem"))
     assert code == 1
-    assert "INVALID: step 6 (hash chain): event 2: prev_hash does not match the hash of event 1" in out
+    assert "INVALID: step 6 (hash chain): event 1 was changed: its hash no longer matches event 2's prev_hash" in out
 
 
 def test_https_governor_resolved_through_its_did_web_document(tmp_path, capsys):
@@ -141,7 +151,7 @@ def test_https_governor_resolved_through_its_did_web_document(tmp_path, capsys):
     key = load_private_key(out_dir / "governor-key.pem")
     path = write(tmp_path, "r.json", signed_record(key, governor="https://gov.example/governor"))
     code, out, _ = run(capsys, "verify", path, "--did-document", str(out_dir / "did.json"))
-    assert code == 0 and "https://gov.example/governor resolved through its DID document" in out
+    assert code == 3 and "https://gov.example/governor was not resolved: a local copy of its DID document names" in out
 
 
 def test_did_document_for_another_governor(tmp_path, capsys, key):
@@ -174,10 +184,10 @@ def test_passport_binding_json_and_yaml(tmp_path, capsys, keydir, key):
     path = write(tmp_path, "r.json", signed_record(key, passport_digest=digest))
     pub = str(keydir / "governor-pub.pem")
     for passport in ("p.yaml", "p.json"):
-        code, out, _ = run(capsys, "verify", path, "--key", pub, "--passport", str(tmp_path / passport))
-        assert code == 0 and "PASS  4 passport binding" in out
+        code, out, _ = run(capsys, "verify", path, "--offline", "--key", pub, "--passport", str(tmp_path / passport))
+        assert code == 3 and "PASS     4 passport binding" in out
     (tmp_path / "p2.yaml").write_text(passport_yaml.replace("1.0.0", "1.0.1"))
-    code, out, _ = run(capsys, "verify", path, "--key", pub, "--passport", str(tmp_path / "p2.yaml"))
+    code, out, _ = run(capsys, "verify", path, "--offline", "--key", pub, "--passport", str(tmp_path / "p2.yaml"))
     assert code == 1 and "INVALID: step 4 (passport binding)" in out and "different passport version" in out
 
 
@@ -221,19 +231,21 @@ def test_passport_digest_of_an_official_example(tmp_path, capsys, keydir, key):
 
     document = load_passport(example)
     path = write(tmp_path, "r.json", signed_record(key, subject_id=document["id"], passport_digest=passport_digest(document)))
-    code, _, _ = run(capsys, "verify", path, "--key", str(keydir / "governor-pub.pem"), "--passport", str(example))
-    assert code == 0
+    code, out, _ = run(capsys, "verify", path, "--offline", "--key", str(keydir / "governor-pub.pem"),
+                       "--passport", str(example), "--no-nonce")
+    assert code == 3 and "PASS     4 passport binding" in out
+    assert "INCOMPLETE: not every step ran in full: 2 (governor key) partial\n" in out
 
 
 def test_json_report(tmp_path, capsys, keydir, key):
     edited = signed_record(key)
     edited["outcome"] = "completed"
-    code, out, _ = run(capsys, "verify", write(tmp_path, "r.json", edited), "--key", str(keydir / "governor-pub.pem"), "--json")
+    code, out, _ = run(capsys, "verify", write(tmp_path, "r.json", edited), "--offline", "--key", str(keydir / "governor-pub.pem"), "--json")
     report = json.loads(out)
-    assert code == 1 and report["valid"] is False
+    assert code == 1 and report["valid"] is False and report["verdict"] == "INVALID"
     assert report["first_failure"]["step"] == 3 and report["first_failure"]["name"] == "signature"
-    assert [s["status"] for s in report["steps"]] == ["pass", "pass", "fail", "skip", "skip", "fail"]
-    assert report["steps"][5]["message"] == "event 0: prev_hash does not match the hash of the record header"
+    assert [s["status"] for s in report["steps"]] == ["pass", "partial", "fail", "skip", "skip", "fail"]
+    assert report["steps"][5]["message"].startswith("the record header was changed: its hash no longer matches")
 
 
 @pytest.mark.parametrize("case", ["missing", "not-json", "duplicate-member", "not-an-object", "no-key", "bad-key", "bad-ttl-args", "bad-issued-at"])
@@ -245,20 +257,20 @@ def test_usage_and_input_errors_exit_2(tmp_path, capsys, keydir, key, case):
     (tmp_path / "list.json").write_text('[{"session": "a"}]')
     (tmp_path / "bad.pem").write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
     argv = {
-        "missing": ["verify", str(tmp_path / "nope.json"), "--key", pub],
-        "not-json": ["verify", str(tmp_path / "junk.json"), "--key", pub],
-        "duplicate-member": ["verify", str(tmp_path / "dup.json"), "--key", pub],
-        "not-an-object": ["verify", str(tmp_path / "list.json"), "--key", pub],
-        "no-key": ["verify", good],
-        "bad-key": ["verify", good, "--key", str(tmp_path / "bad.pem")],
-        "bad-ttl-args": ["verify", good, "--key", pub, "--nonce-ttl", "5"],
-        "bad-issued-at": ["verify", good, "--key", pub, "--nonce", "n", "--nonce-issued-at", "noon", "--nonce-ttl", "5"],
+        "missing": ["verify", str(tmp_path / "nope.json"), "--offline", "--key", pub],
+        "not-json": ["verify", str(tmp_path / "junk.json"), "--offline", "--key", pub],
+        "duplicate-member": ["verify", str(tmp_path / "dup.json"), "--offline", "--key", pub],
+        "not-an-object": ["verify", str(tmp_path / "list.json"), "--offline", "--key", pub],
+        "no-key": ["verify", good, "--offline"],
+        "bad-key": ["verify", good, "--offline", "--key", str(tmp_path / "bad.pem")],
+        "bad-ttl-args": ["verify", good, "--offline", "--key", pub, "--nonce-ttl", "5"],
+        "bad-issued-at": ["verify", good, "--offline", "--key", pub, "--nonce", "n", "--nonce-issued-at", "noon", "--nonce-ttl", "5"],
     }[case]
     code, out, err = run(capsys, *argv)
     assert code == 2 and err.startswith("governor verify: ") and "Traceback" not in err
     expected = {"missing": "cannot read", "not-json": "invalid JSON", "duplicate-member": "duplicate key 'session'",
                 "not-an-object": "a record must be a JSON object",
-                "no-key": "no governor key", "bad-key": "not a PEM public key", "bad-ttl-args": "go together",
+                "no-key": "--offline needs a governor key", "bad-key": "not a PEM public key", "bad-ttl-args": "go together",
                 "bad-issued-at": "ISO 8601"}[case]
     assert expected in err
 
@@ -270,7 +282,7 @@ def test_verify_runs_in_a_fresh_interpreter_without_proxy_or_policy(tmp_path, ke
         from governor.cli.evidence import register
         import argparse
         parser = argparse.ArgumentParser(); register(parser.add_subparsers())
-        args = parser.parse_args(["verify", {path!r}, "--key", {str(keydir / 'governor-pub.pem')!r}])
+        args = parser.parse_args(["verify", {path!r}, "--offline", "--key", {str(keydir / 'governor-pub.pem')!r}])
         code = args.func(args)
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("mitmproxy", "aiohttp", "orjson")
                        or m.startswith(("governor.proxy", "governor.policy", "governor.passport", "governor.store")))
@@ -279,5 +291,5 @@ def test_verify_runs_in_a_fresh_interpreter_without_proxy_or_policy(tmp_path, ke
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "LOADED []" in done.stdout and "VALID" in done.stdout
+    assert done.returncode == 3, done.stderr
+    assert "LOADED []" in done.stdout and "INCOMPLETE" in done.stdout

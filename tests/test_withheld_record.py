@@ -6,7 +6,7 @@ mock upstream, the official openai and anthropic SDKs in subprocesses, the `mcp`
 client and FastMCP server, and a hostile tool server. Each session is ended (its final
 record written to <data-dir>/records/) and that file is checked by `governor verify`.
 
-A request (or tools/list answer) that withholds something records one `on_tools_withheld`
+A request (or tools/list answer) that withholds something records one `on_governor_tools_withheld`
 / `fallback` event naming what went, before the request is forwarded or the answer
 delivered; one that withholds nothing records no such event; a hostile offer (thousands of
 tools, names of a megabyte) records a bounded event.
@@ -32,7 +32,7 @@ from tests.upstreams import MockLLM, make_tls
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the sync test below needs no loop
 
 DECLARED = "search_papers"
-WITHHELD = "on_tools_withheld"
+WITHHELD = "on_governor_tools_withheld"
 
 
 def chat_tool(name: str) -> dict:
@@ -60,9 +60,9 @@ async def final_record(running, session: str, capsys) -> dict:
     await running.runtime.end_session(session)
     path = record_path(running.settings.data_dir, session)
     capsys.readouterr()
-    code = governor_cli(["verify", str(path), "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
+    code = governor_cli(["verify", str(path), "--offline", "--key", str(KeyFiles(running.settings.data_dir / "keys").public_key)])
     out = capsys.readouterr().out
-    assert code == 0 and "VALID" in out, out
+    assert code == 3 and "\nINCOMPLETE" in out and "FAIL " not in out, out  # pinned key: not VALID
     return json.loads(path.read_text())
 
 
@@ -131,7 +131,7 @@ print(json.dumps({{"header": raw.headers.get("adl-withheld-tools")}}))
                                "persona": "searcher"}
     # recorded before the request went upstream: the spawn of the persona, then the withholding
     causes = [e["cause"] for e in record["events"]]
-    assert causes.index("on_sub_agent_spawned") < causes.index(WITHHELD)
+    assert causes.index("on_governor_sub_agent_spawned") < causes.index(WITHHELD)
 
 
 @module_loop

@@ -161,7 +161,7 @@ async def test_a_persona_is_offered_only_its_own_tools(env, caplog):
 @module_loop
 async def test_an_honest_agent_offering_undeclared_tools_is_not_halted(env):
     """Before: the offered `shell_exec` reached the model, the model called it, and
-    on_tool_denied halted the session. Now the model never sees it; the session goes on."""
+    on_governor_tool_denied halted the session. Now the model never sees it; the session goes on."""
     running, mock, _ = env
     mock.reset()
     mock.script(Behaviour(tool_calls=((DECLARED, {"query": "agents"}),)), Behaviour(), Behaviour())
@@ -181,7 +181,7 @@ async def test_a_call_the_model_makes_anyway_to_a_withheld_tool_is_still_denied(
     answer = await _post(running, mock, "/v1/chat/completions", body, "model-anyway")
     assert answer.status_code == 403, answer.text
     governor = answer.json()["error"]["governor"]
-    assert governor["cause"] == "on_tool_denied" and governor["tool"] == "shell_exec"
+    assert governor["cause"] == "on_governor_tool_denied" and governor["tool"] == "shell_exec"
     assert names_of(mock.requests[0].body["tools"]) == [DECLARED]
 
 

@@ -242,7 +242,7 @@ def rendered(names: Iterable[str], limit: int = MAX_HEADER_CHARS) -> str:
 
 
 def recorded_detail(names: Sequence[str]) -> dict[str, Any]:
-    """The withheld names as the record keeps them (the on_tools_withheld detail's part):
+    """The withheld names as the record keeps them (the on_governor_tools_withheld detail's part):
     `count` (distinct names withheld), `tools` (the first RECORDED_NAMES, in offered order,
     each cut to RECORDED_NAME_CHARS characters), and, only when they apply, `tools_omitted`
     (names past the first RECORDED_NAMES) and `names_cut` (listed names that were cut).

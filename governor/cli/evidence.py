@@ -29,7 +29,11 @@ from governor.evidence.passport_file import load_passport
 from governor.evidence.logproof import verify_logged_record
 from governor.evidence.tlog.merkle import ProofError
 from governor.evidence.tlog.note import COSIGNATURE_V1, ED25519, NoteError, parse_vkey
-from governor.evidence.verify import VerificationReport, load_record, verify_record
+from governor.evidence.verify import INCOMPLETE, VALID, VerificationReport, load_record, verify_record
+from governor.cli.did_web import DEFAULT_TIMEOUT_SEC, HttpsDidResolver
+
+# `governor verify`'s exit codes (docs/reference/records.md, "Verdicts")
+EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +55,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify",
         help="verify an enforcement record offline (Runtime §8.6)",
         description="Verify an enforcement record: schema, governor key, signature, passport binding, "
-        "nonce and hash chain (Runtime §8.6 steps 1-6). Exit 0 valid, 1 invalid, 2 usage or input error.",
+        "nonce and hash chain (Runtime §8.6 steps 1-6). The governor's did:web is resolved over HTTPS "
+        "unless --offline or --did-document. Exit 0 VALID (all six steps ran in full and passed), "
+        "1 INVALID (a step failed), 2 usage or input error, 3 INCOMPLETE (none failed, but a step was "
+        "skipped or ran in part: no --passport, no --nonce/--no-nonce, a nonce without its time to live, "
+        "a governor key not resolved from the record's identifier).",
     )
     verify.add_argument("record", type=Path, metavar="RECORD", help="the record (JSON)")
     key = verify.add_mutually_exclusive_group()
@@ -60,8 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--did-document", type=Path, metavar="did.json",
         help="the governor's DID document (fetched from its did:web location); its id must be the record's governor",
     )
+    verify.add_argument("--offline", action="store_true",
+                        help="do not resolve the governor's did:web (step 2 is then PARTIAL: the verdict is at best INCOMPLETE)")
+    verify.add_argument("--ca-bundle", type=Path, metavar="PEM",
+                        help="the CA certificates trusted for the did:web fetch, and only those (default: the system's)")
+    verify.add_argument("--resolve-timeout", type=float, default=DEFAULT_TIMEOUT_SEC, metavar="SECONDS",
+                        help=f"give up the did:web fetch after this long (default {DEFAULT_TIMEOUT_SEC:g})")
     verify.add_argument("--passport", type=Path, metavar="FILE", help="the admitted passport (JSON or YAML), for step 4")
-    verify.add_argument("--nonce", metavar="VALUE", help="the nonce you issued (step 5)")
+    nonce = verify.add_mutually_exclusive_group()
+    nonce.add_argument("--nonce", metavar="VALUE", help="the nonce you issued (step 5; give --nonce-issued-at and --nonce-ttl too)")
+    nonce.add_argument("--no-nonce", action="store_true", help="you issued no nonce: step 5 has nothing to check")
     verify.add_argument("--nonce-issued-at", metavar="ISO", help="when you issued it (ISO 8601 with a zone)")
     verify.add_argument("--nonce-ttl", type=float, metavar="SECONDS", help="its time to live")
     verify.add_argument("--proof", type=Path, metavar="FILE",
@@ -106,9 +122,22 @@ def run_keygen(args: argparse.Namespace) -> int:
 # --- verify ---------------------------------------------------------------------------
 
 
+def _resolver(args: argparse.Namespace) -> HttpsDidResolver | None:
+    if args.offline or args.did_document is not None:
+        if args.ca_bundle is not None:
+            raise UsageError("--ca-bundle is for the did:web fetch, which --offline and --did-document skip")
+        return None
+    if not args.resolve_timeout > 0:
+        raise UsageError("--resolve-timeout must be a number of seconds > 0")
+    try:
+        return HttpsDidResolver(args.ca_bundle, timeout=args.resolve_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run_verify(args: argparse.Namespace) -> int:
-    if args.key is None and args.did_document is None:
-        raise UsageError("no governor key given: pass --key PUB.pem or --did-document did.json")
+    if args.offline and args.key is None and args.did_document is None:
+        raise UsageError("--offline needs a governor key: pass --key PUB.pem or --did-document did.json")
     if (args.nonce_issued_at is None) != (args.nonce_ttl is None):
         raise UsageError("--nonce-issued-at and --nonce-ttl go together")
     if args.nonce_issued_at is not None and args.nonce is None:
@@ -116,6 +145,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.nonce_ttl is not None and not args.nonce_ttl >= 0:
         raise UsageError("--nonce-ttl must be a number of seconds >= 0")
     proof = _log_proof_arguments(args)
+    resolver = _resolver(args)
     try:
         record = load_record(args.record)
         public_key = load_public_key(args.key) if args.key else None
@@ -129,6 +159,8 @@ def run_verify(args: argparse.Namespace) -> int:
             expected_nonce=args.nonce,
             nonce_issued_at=args.nonce_issued_at,
             nonce_ttl=args.nonce_ttl,
+            no_nonce=args.no_nonce,
+            resolver=resolver,
         )
     except (InputError, SchemaNotFoundError) as exc:
         raise UsageError(str(exc)) from None
@@ -153,7 +185,9 @@ def run_verify(args: argparse.Namespace) -> int:
         if args.events:
             for line in event_lines(record):
                 print(line)
-    return 0 if report.ok and log_problem is None else 1
+    if not report.ok or log_problem is not None:
+        return EXIT_INVALID
+    return EXIT_VALID if report.verdict == VALID else EXIT_INCOMPLETE
 
 
 def _vkey(text: str, what: str) -> Any:
@@ -258,11 +292,14 @@ def _print_report(path: Path, record: Any, report: VerificationReport) -> None:
     print(file=out)
     width = max(len(s.name) for s in report.steps)
     for step in report.steps:
-        print(f"  {step.status.upper():4}  {step.number} {step.name:<{width}}  {step.message}", file=out)
+        print(f"  {step.status.upper():7}  {step.number} {step.name:<{width}}  {step.message}", file=out)
     print(file=out)
     failure = report.first_failure
-    if failure is None:
+    if report.verdict == VALID:
         print("VALID", file=out)
+    elif report.verdict == INCOMPLETE:
+        steps = ", ".join(f"{s.number} ({s.name}) {s.status}" for s in report.not_checked)
+        print(f"INCOMPLETE: not every step ran in full: {steps}", file=out)
     else:
         print(f"INVALID: step {failure.number} ({failure.name}): {failure.message}", file=out)
     for line in report.interpretation():

@@ -27,6 +27,7 @@ from governor.cli.run_checks import (WEBHOOK_FILE_SETTINGS, allow_list, audio_fl
 from governor.cli.run_files import ensure_control_token, ensure_reviewer_token, write_control_file
 from governor.cli.run_logging import configure_logging, log_format, log_level
 from governor.cli.workers import WORKER_OPTIONS, apply_worker_settings, supervise
+from governor.cli.passport_options import PASSPORT_OPTIONS, SWITCH_OPTIONS, apply_passport_settings
 
 # option name -> (environment variable, help)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -58,7 +59,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "agent_sessions_per_day": ("GOVERNOR_AGENT_SESSIONS_PER_DAY", "agent-named mode: sessions the agent may open "
                                "per rolling day (default 100)"),
     "lock_on": ("GOVERNOR_LOCK_ON", "halt causes that also lock every session until a principal lifts the lock, "
-                "comma-separated, or none (default on_session_integrity)"),
+                "comma-separated, or none (default on_governor_session_integrity)"),
     "upstream_ca": ("GOVERNOR_UPSTREAM_CA", "an extra CA bundle to trust for upstream TLS"),
     "upstream_timeout": ("GOVERNOR_UPSTREAM_TIMEOUT", "seconds an upstream may stay silent (default 300)"),
     "client_header_timeout": ("GOVERNOR_CLIENT_HEADER_TIMEOUT", "seconds a new client connection has to send its "
@@ -90,6 +91,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     **BARRIER_OPTIONS,  # who may lift a lock (governor/cli/barrier_options.py)
     **IDENTITY_OPTIONS,  # rate limits, the agent's identity (governor/cli/identity_options.py)
     **WORKER_OPTIONS,  # --workers N (governor/cli/workers.py)
+    **PASSPORT_OPTIONS,  # admitting an unsigned passport (governor/cli/passport_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -120,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     for name, (env, text) in OPTIONS.items():
         run.add_argument("--" + name.replace("_", "-"), dest=name, metavar=name.split("_")[-1].upper(),
-                         help=f"{text} [${env}]", **({"action": "append"} if name in REPEATABLE else {}))
+                         help=f"{text} [${env}]", **({"action": "append"} if name in REPEATABLE else
+                                                     {"nargs": "?", "const": "yes"} if name in SWITCH_OPTIONS else {}))
     run.set_defaults(func=run_command)
 
 
@@ -263,6 +266,7 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str], origins: Ori
     apply_log_settings(settings, value)
     apply_identity_settings(settings, value)
     apply_worker_settings(settings, value)
+    apply_passport_settings(settings, value)
     peers = file.get("peers") or {}
     if not isinstance(peers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
         raise UsageError(f"config {config_path}: peers must map peer URL prefixes to passport files")

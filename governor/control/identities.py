@@ -15,7 +15,8 @@ from typing import Any
 from aiohttp import web
 
 from governor.control.replies import error, ok
-from governor.sessions.identity import (ON_GOVERNOR_IDENTITY, Identity, IdentityError, bind, mint_delegation,
+from governor.policy.causes import ON_GOVERNOR_IDENTITY
+from governor.sessions.identity import (Identity, IdentityError, bind, mint_delegation,
                                         verify_delegation)
 
 log = logging.getLogger("governor.control")

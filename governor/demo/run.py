@@ -390,17 +390,22 @@ class Demo:
     async def verify_offline(self) -> None:
         term = self.term
         term.heading(6, "Verifying the record offline, with nothing running")
-        command = ["verify", str(self.record_file), "--key", str(self.public_key_file), "--passport", str(self.passport)]
+        # --offline: the demo publishes no did:web, so step 2 uses the pinned key (PARTIAL, exit 3)
+        command = ["verify", str(self.record_file), "--offline", "--key", str(self.public_key_file),
+                   "--passport", str(self.passport), "--no-nonce"]
         term.say(f"   $ governor {' '.join(command)}")
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-c", VERIFY_MAIN, *command,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(process.communicate(), 30)
-        for line in output.decode("utf-8", "replace").splitlines():
+        text = output.decode("utf-8", "replace")
+        for line in text.splitlines():
             term.say("     " + line)
-        if process.returncode != 0:
+        only_key_unresolved = "INCOMPLETE: not every step ran in full: 2 (governor key) partial\n" in text
+        if process.returncode != 0 and not (process.returncode == 3 and only_key_unresolved):
             raise DemoFailed(f"the offline verifier rejected the record (exit {process.returncode})")
-        term.say(term.ok("   ✓ the record verified: signature, passport binding and hash chain all check out"))
+        term.say(term.ok("   ✓ the record verified: signature, passport binding and hash chain all check out; "
+                         "the key is pinned, not resolved from a did:web, hence INCOMPLETE rather than VALID"))
 
 
 async def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
@@ -428,7 +433,7 @@ async def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
     if options.keep:
         term.say()
         term.say(f"Kept the demo's files in {workdir}")
-        term.say(f"  governor verify {workdir / 'record.json'} --key {workdir / 'governor-public.pem'}")
+        term.say(f"  governor verify {workdir / 'record.json'} --offline --key {workdir / 'governor-public.pem'}")
     if failure is not None:
         return 1
     term.say()

@@ -17,6 +17,7 @@ Typical use by the runtime:
 from governor.evidence.errors import (
     CorruptJournalError,
     DidDocumentError,
+    DidResolutionError,
     EvidenceError,
     InputError,
     JournalClosedError,
@@ -63,7 +64,7 @@ from governor.evidence.verify import (
 )
 
 __all__ = [
-    "CorruptJournalError", "DidDocumentError", "EvidenceError", "InputError", "JournalClosedError",
+    "CorruptJournalError", "DidDocumentError", "DidResolutionError", "EvidenceError", "InputError", "JournalClosedError",
     "JournalError", "KeyFileError", "RecordVerificationError", "SchemaNotFoundError", "TornJournalError",
     "Ending", "Journal", "Recovery", "TornTail", "recover_journal",
     "DEFAULT_IDENTIFIER", "KeyFiles", "assertion_keys", "did_document", "ensure_governor_key", "generate_key",

@@ -50,3 +50,7 @@ class CorruptJournalError(JournalError):
 
 class JournalClosedError(JournalError):
     """An append to a journal whose session has already ended (or that was closed)."""
+
+
+class DidResolutionError(EvidenceError):
+    """A governor's did:web could not be resolved to a DID document (fetch, redirect, size, format)."""

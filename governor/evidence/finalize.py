@@ -11,7 +11,7 @@ the proxy serves traffic, each such journal is:
      governor stopped without ending the session; `last_recorded_at` is the last instant the
      journal attests (its last event, else its start), `at` the time of finalization;
   3. when the governor now runs another pin than the one the session was admitted with (a
-     different passport digest or tier): also `on_session_integrity` / `halt`, detail
+     different passport digest or tier): also `on_governor_session_integrity` / `halt`, detail
      `reason: pin_changed_across_restart` with both digests and tiers: the operator swapped
      the passport under a live session (Runtime §1.3); the record keeps naming the
      passport the session was admitted with (its journal header);
@@ -52,7 +52,7 @@ log = logging.getLogger("governor.evidence.finalize")
 
 # the causes recorded here (the policy room names them too: governor.policy.steps)
 ON_GOVERNOR_ERROR = "on_governor_error"
-ON_SESSION_INTEGRITY = "on_session_integrity"
+ON_SESSION_INTEGRITY = "on_governor_session_integrity"
 GOVERNOR_STOPPED = "governor_stopped"
 PIN_CHANGED = "pin_changed_across_restart"
 WORKERS = 8
@@ -89,7 +89,7 @@ class FinalizeReport:
                 f"({self.already_ended} already ended")
         swapped = sum(1 for f in self.finalized if f.pin_changed)
         if swapped:
-            text += f"; {swapped} admitted under another passport or tier: recorded as on_session_integrity"
+            text += f"; {swapped} admitted under another passport or tier: recorded as on_governor_session_integrity"
         if self.never_started:
             text += f"; {len(self.never_started)} never started (no header), set aside"
         if self.failed:

@@ -13,6 +13,8 @@ from governor.passport.admission import (
     AdmissionConfig,
     AdmissionReport,
     Retrieval,
+    UNSIGNED_PASSPORT,
+    UNSIGNED_PASSPORT_MEMBER,
     StepOutcome,
     admit,
     format_report,
@@ -35,6 +37,7 @@ from governor.passport.schema import SchemaIssue
 from governor.passport.signature import sign_passport
 
 __all__ = [
+    "UNSIGNED_PASSPORT", "UNSIGNED_PASSPORT_MEMBER",
     "AdmissionConfig",
     "AdmissionReport",
     "DidResolutionError",

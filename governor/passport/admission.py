@@ -35,6 +35,8 @@ WARN = "warn"
 INFO = "info"
 
 ENFORCE = "enforce"  # production: draft passports are refused
+# A record's `limits` member naming a passport admitted without a signature (--allow-unsigned-passport)
+UNSIGNED_PASSPORT_MEMBER, UNSIGNED_PASSPORT = "passport_signature", "unsigned"
 DEVELOPMENT = "development"  # draft passports are admitted with a warning
 MODES = (ENFORCE, DEVELOPMENT)
 
@@ -152,6 +154,12 @@ class AdmissionReport:
 
     def step(self, section: str) -> StepOutcome | None:
         return next((step for step in self.steps if step.section == section), None)
+
+    @property
+    def unsigned(self) -> bool:
+        """Admitted without a signature (§1.1.5 passed as a warning: only when signatures are not required)."""
+        signature = self.step("1.1.5")
+        return signature is not None and signature.passed and signature.severity == WARN
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -95,7 +95,8 @@ def decide_approval_granted(run: Run, step: ApprovalGranted) -> Decision:
         detail.update(edited=True, original_step_digest=approval.step_digest, step_digest=step.edited_digest)
     return Decision(
         action=Action.CONTINUE, cause=approval.cause, details=detail,
-        event=enforcement_event(approval.cause, Action.CONTINUE.value, detail),
+        # recorded as the pause it closes (review: approved), not `continue`: no response was overridden
+        event=enforcement_event(approval.cause, Action.PAUSE.value, detail),
     )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from governor.policy.digests import enforcement_event
 from governor.policy.limits import Limits
+from governor.policy.causes import ON_GOVERNOR_BUDGET_WARNING
 
-ON_GOVERNOR_BUDGET_WARNING = "on_governor_budget_warning"
 
 
 def warning_events(limits: Limits, kind: str, warnings: tuple[tuple[str, str, float], ...]) -> tuple[dict[str, Any], ...]:

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from governor.policy.causes import LEGACY_NAMES, canonical_cause
 from governor.policy.steps import ON_TOOL_ERROR, Action
 
 _CAUSE = re.compile(r"^on_[a-z0-9_]+$")
@@ -120,8 +121,16 @@ def compile_degradation(runtime: Mapping[str, Any] | None) -> dict[str, Resoluti
             continue
         if not isinstance(cause, str) or not _CAUSE.match(cause):
             raise DegradationError(f"runtime.degradation: key {cause!r} is not a cause (^on_[a-z0-9_]+$)")
-        compiled[cause] = response(entry, f"runtime.degradation.{cause}")  # wins over error_handling
+        # a name from before the on_governor_ namespace is read as the new one (causes.LEGACY_NAMES);
+        # the caller says it is deprecated (legacy_degradation_names)
+        compiled[canonical_cause(cause)] = response(entry, f"runtime.degradation.{cause}")  # wins over error_handling
     return compiled
+
+
+def legacy_degradation_names(runtime: Any) -> list[str]:
+    """The causes a passport's runtime.degradation declares under their pre-namespace names."""
+    degradation = runtime.get("degradation") if isinstance(runtime, Mapping) else None
+    return [name for name in degradation if name in LEGACY_NAMES] if isinstance(degradation, Mapping) else []
 
 
 def resolve(cause: str, degradation_map: DegradationMap, *, first: Resolution | None = None) -> Resolution:

@@ -11,7 +11,7 @@ smaller), which the caps refuse as budget-exhausted unless only the margin was m
 the reservation is what the call may spend, not a guess.
 
 Pure: no I/O, no clock. `fit_output` decides; the engine charges what it projects and,
-when the call goes ahead, `recorded` adds the `on_output_fitted` event that says so.
+when the call goes ahead, `recorded` adds the `on_governor_output_fitted` event that says so.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from governor.policy.causes import ON_GOVERNOR_OUTPUT_FITTED as ON_OUTPUT_FITTED
 from governor.policy.limits import COST, TOKENS, Limits, Meter
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, Action, Decision, ModelCall
 
 # Not a §6 cause: a call that went ahead with a lower output limit than it asked for is
-# recorded under this cause with action `continue` overriding nothing (detail.decision
-# "permit"), as permitted persona spawns are (docs/fitting.md).
-ON_OUTPUT_FITTED = "on_output_fitted"
+# recorded under this cause with action `fallback` (the request went upstream reduced;
+# governor/policy/causes.py says why not `continue`), detail.decision "permit" (docs/fitting.md).
 
 # Decision.details key of the fitted output limit, per answer (what the adapter sends).
 FITTED_KEY = "output_tokens_fitted"
@@ -80,7 +80,7 @@ class Fit:
         return {"output_tokens_requested": self.requested, "fit_room": self.fitted, "fit_floor": self.floor}
 
     def detail(self) -> dict[str, Any]:
-        """The on_output_fitted event's detail: what was asked, what was sent, which cap bound."""
+        """The on_governor_output_fitted event's detail: what was asked, what was sent, which cap bound."""
         detail: dict[str, Any] = {
             "decision": "permit", "output_tokens_requested": self.requested, FITTED_KEY: self.limit,
             "dimension": self.meter.dimension, "scope": self.meter.scope, "observed": self.used,
@@ -152,13 +152,13 @@ def fit_output(limits: Limits, counters: Mapping[Any, float], meters: tuple[Mete
 
 def recorded(decision: Decision, fit: Fit, step_kind: str, persona: str | None) -> Decision:
     """A fitted call that goes ahead: its decision names the fitted limit (details) and
-    records it (an on_output_fitted event after any the call's checks recorded)."""
+    records it (an on_governor_output_fitted event after any the call's checks recorded)."""
     if decision.blocks:
         return decision
     detail = fit.detail()
     detail["step"] = step_kind
     if persona is not None:
         detail["persona"] = persona
-    event = {"cause": ON_OUTPUT_FITTED, "action": Action.CONTINUE.value, "detail": detail}
+    event = {"cause": ON_OUTPUT_FITTED, "action": Action.FALLBACK.value, "detail": detail}
     return replace(decision, details={**decision.details, FITTED_KEY: fit.limit}, event=event,
                    prior_events=decision.events)

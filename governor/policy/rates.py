@@ -30,9 +30,9 @@ from typing import Any
 
 from governor.policy.digests import STEP_KINDS, enforcement_event
 from governor.policy.steps import Action, Decision, ModelCall, ToolCall
+from governor.policy.causes import ON_GOVERNOR_RATE_LIMIT
 
 # The governor's own cause for a full window (not one of §8.3's seven: the governor's namespace).
-ON_GOVERNOR_RATE_LIMIT = "on_governor_rate_limit"
 
 RATE_SCOPES = ("agent", "tool", "fleet")
 RATE_DIMENSIONS = ("requests", "tool_calls", "tokens", "cost_usd")

@@ -30,7 +30,7 @@ class Approval:
 
     id: str
     step_digest: str
-    cause: str  # the cause that paused the step (on_oversight_trigger for triggers)
+    cause: str  # the cause that paused the step (on_governor_oversight_trigger for triggers)
     trigger: str
     expires_at: float
     status: str = PENDING  # pending | granted | rejected | expired | used

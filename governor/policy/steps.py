@@ -13,43 +13,25 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-# --- causes (Runtime §6; Core §11.5) -------------------------------------------------
+# --- causes: the table and the extension namespace are governor/policy/causes.py ----------
 
-ON_BUDGET_EXHAUSTED = "on_budget_exhausted"
-ON_ITERATION_LIMIT = "on_iteration_limit"
-ON_SUB_AGENT_DENIED = "on_sub_agent_denied"
-ON_DELEGATION_DENIED = "on_delegation_denied"
-ON_OVERSIGHT_TIMEOUT = "on_oversight_timeout"
-ON_TOOL_ERROR = "on_tool_error"
-ON_ANOMALY = "on_anomaly"
-# Not named by the spec: §1.3 says a passport swap is a session-integrity fault
-# resolved through §6; this is the cause name the governor gives it.
-ON_SESSION_INTEGRITY = "on_session_integrity"
-# Not named by the spec either: the governor could not decide (store down,
-# internal error, unparseable traffic that must not pass). Always halts unless
-# the passport declares otherwise.
-ON_GOVERNOR_ERROR = "on_governor_error"
-# Not named by the spec: a call to a tool outside the passport's declared tools[]
-# (Core §8.1), by the agent itself. §4.1 forbids granting a persona "a tool the parent
-# itself lacks"; the same holds for the parent. Resolved through §6: halt unless declared.
-ON_TOOL_DENIED = "on_tool_denied"
-# Not named by the spec: a request (or an upstream's answer) the enforcement point refused
-# on its own before any step was decided: a model call on a path no adapter claims, a
-# method or body the governor does not forward, an encoding it cannot read, a stream whose
-# held-back output outgrew its bound. Recorded with action `fallback` (the record's action
-# vocabulary has no "deny": the request was replaced by the governor's error answer and
-# the session goes on), detail.reason saying which (governor/proxy/refusals.py).
-ON_REQUEST_REFUSED = "on_request_refused"
-# A step the oversight procedure (§5) paused: recorded when the pause begins and
-# when a reviewer approves or rejects it.
-ON_OVERSIGHT_TRIGGER = "on_oversight_trigger"
-# Not degradation causes: §4.1.5 and §4.2.5 ask for every spawn and admission decision
-# in the record, permitted ones too. A permitted step is recorded under these causes
-# with action `continue` (the step went ahead) and detail.decision "permit"; it
-# overrides nothing, so its detail has no overridden_cause (docs/personas.md).
-ON_SUB_AGENT_SPAWNED = "on_sub_agent_spawned"
-ON_SUB_AGENT_ENDED = "on_sub_agent_ended"  # a persona instance ended: its parallel slot is free
-ON_DELEGATION_ADMITTED = "on_delegation_admitted"
+from governor.policy.causes import (
+    ON_ANOMALY,
+    ON_BUDGET_EXHAUSTED,
+    ON_DELEGATION_DENIED,
+    ON_GOVERNOR_DELEGATION_ADMITTED as ON_DELEGATION_ADMITTED,
+    ON_GOVERNOR_ERROR,
+    ON_GOVERNOR_OVERSIGHT_TRIGGER as ON_OVERSIGHT_TRIGGER,
+    ON_GOVERNOR_REQUEST_REFUSED as ON_REQUEST_REFUSED,
+    ON_GOVERNOR_SESSION_INTEGRITY as ON_SESSION_INTEGRITY,
+    ON_GOVERNOR_SUB_AGENT_ENDED as ON_SUB_AGENT_ENDED,
+    ON_GOVERNOR_SUB_AGENT_SPAWNED as ON_SUB_AGENT_SPAWNED,
+    ON_GOVERNOR_TOOL_DENIED as ON_TOOL_DENIED,
+    ON_ITERATION_LIMIT,
+    ON_OVERSIGHT_TIMEOUT,
+    ON_SUB_AGENT_DENIED,
+    ON_TOOL_ERROR,
+)
 
 KNOWN_CAUSES = (
     ON_BUDGET_EXHAUSTED,

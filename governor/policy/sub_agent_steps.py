@@ -2,8 +2,8 @@
 spawn and exit (§4.1) and a delegation to a peer agent (§4.2, admitted by
 governor.policy.peers).
 
-Kept together because both record the sub-agent that went ahead (on_sub_agent_spawned,
-on_delegation_admitted) as well as the one that was refused.
+Kept together because both record the sub-agent that went ahead (on_governor_sub_agent_spawned,
+on_governor_delegation_admitted) as well as the one that was refused.
 """
 
 from __future__ import annotations

@@ -3,18 +3,19 @@
 Pure: a function of the compiled limits and the step's persona. The proxy's adapters
 withhold every offered tool outside this set before the model sees it
 (governor/adapters/withhold.py); a call the model makes anyway is still decided as a
-tool-call step (on_tool_denied, on_sub_agent_denied).
+tool-call step (on_governor_tool_denied, on_sub_agent_denied).
 
 Tool names are compared exactly, as the passport spells them: a name that differs only
 by letter case or Unicode normalization is another tool, so it is not declared and is
 withheld (fail closed; docs/tools.md).
 
 What was withheld is recorded by the proxy, which alone sees the offered entries (the
-request's, or an MCP server's tools/list answer): cause `on_tools_withheld`, below.
+request's, or an MCP server's tools/list answer): cause `on_governor_tools_withheld`, below.
 """
 
 from __future__ import annotations
 
+from governor.policy.causes import ON_GOVERNOR_TOOLS_WITHHELD as ON_TOOLS_WITHHELD
 from governor.policy.limits import Limits
 
 # Not named by the spec: offered tools the step may not use were removed before the model
@@ -23,7 +24,6 @@ from governor.policy.limits import Limits
 # substituted the narrowed request or answer for the offered one and the session goes on;
 # it is not `continue`: nothing undeclared went ahead), detail naming what was withheld,
 # bounded (governor/adapters/withhold.py `recorded_detail`; docs/tools.md).
-ON_TOOLS_WITHHELD = "on_tools_withheld"
 
 
 def step_tools(limits: Limits, persona: str | None) -> frozenset[str] | None:

@@ -9,7 +9,7 @@ relay cuts a stream whose output, kept back while a step awaits admission, outgr
 bound. None of these reach the decision point, so none would be in a record: here each is
 
   * recorded in the session it belongs to (the request carried a valid session token, or
-    went to the default session): cause `on_request_refused`, action `fallback` (the
+    went to the default session): cause `on_governor_request_refused`, action `fallback` (the
     request or stream was replaced by the governor's error answer; the session goes on),
     detail {reason, status, method, host, route, message};
   * counted, `governor_proxy_refusals_total{reason, recorded}`: recorded="false" when it

@@ -93,6 +93,7 @@ class Settings:
     """Everything `governor run` can be told (CLI flags, GOVERNOR_* variables, --config file)."""
 
     passport: Path | None = None  # None: the bundled example passport
+    allow_unsigned_passport: bool = False  # admit an unsigned passport; every record says so (docs/passports.md)
     config: Path | None = None
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     control: tuple[str, int] | None = ("127.0.0.1", 8081)  # None: no control plane
@@ -105,7 +106,7 @@ class Settings:
     sessions: str = "principal"  # who opens sessions: "principal" (tokens) or "agent-named" (trusts the agent)
     default_session: str = "auto"  # token-less traffic: "auto" (until a principal opens one), "on", "off"
     agent_sessions_per_day: int = 100  # agent-named mode: new names per rolling day
-    lock_on: tuple[str, ...] = ("on_session_integrity",)  # halt causes that lock every session
+    lock_on: tuple[str, ...] = ("on_governor_session_integrity",)  # halt causes that lock every session
     unknown_traffic: str = "deny"  # "deny" (unless the allow-list names it) | "forward" (ungoverned, logged)
     allow: tuple[AllowEntry, ...] = ()  # the operator's allow-list: destinations that spend nothing
     upstream_ca: Path | None = None  # extra CA bundle trusted for upstream TLS
@@ -492,7 +493,7 @@ def witness_alarm(runtime: Any) -> Any:
         if loop is not None and not loop.is_closed():
             detail = {"refused_by_witness": message,
                       "effect": "no transparency-log proof is served until the log is restored"}
-            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_log_refused", "halt", detail), loop)
+            asyncio.run_coroutine_threadsafe(runtime.audit.record_audit("on_governor_log_refused", "halt", detail), loop)
 
     return alarm
 
@@ -504,8 +505,17 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from datetime import datetime, timezone
 
     from governor.evidence import EvidenceError, ensure_governor_key
-    from governor.passport import AdmissionConfig, PassportError, admit, example_passport_path, load_passport
+    from governor.passport import (
+        UNSIGNED_PASSPORT,
+        UNSIGNED_PASSPORT_MEMBER,
+        AdmissionConfig,
+        PassportError,
+        admit,
+        example_passport_path,
+        load_passport,
+    )
     from governor.policy import compile_limits
+    from governor.policy.causes import canonical_cause
     from governor.runtime.prices import price_book
     from governor.runtime.core import Runtime
     from governor.runtime.duplicates import watch_duplicates
@@ -516,15 +526,29 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
         document = load_passport(path)
     except PassportError as exc:
         raise StartupError(f"passport {path}: {exc}") from None
-    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc)))
+    report = admit(document, AdmissionConfig(now=datetime.now(timezone.utc),
+                                             require_signature=not settings.allow_unsigned_passport))
     if not report.verified or report.pinned is None:
-        raise StartupError(f"passport {path} refused at admission", report)
+        unsigned = report.blocked_at_section == "1.1.5" and "no security.attestation.signature" in \
+            (report.step("1.1.5").message if report.step("1.1.5") else "")
+        hint = " (unsigned: sign it with `governor passport sign`, or admit it with --allow-unsigned-passport)" \
+            if unsigned else ""
+        raise StartupError(f"passport {path} refused at admission{hint}", report)
     pricing = settings.pricing or "genai-prices and the bundled overrides"
     try:  # genai-prices, under the bundled overrides, under the operator's (governor.runtime.prices)
         limits = compile_limits(report.pinned.document, tier=settings.tier, pricing=price_book(settings.pricing),
                                 passport_digest=report.digest)
     except Exception as exc:  # LimitsError, PricingError: say which file and why
         raise StartupError(f"cannot compile the limits of {path} (pricing {pricing}): {exc}") from None
+    from governor.policy.degradation import legacy_degradation_names
+
+    for old in legacy_degradation_names(report.pinned.document.get("runtime")):
+        log.warning("passport %s: runtime.degradation.%s is a deprecated cause name: it is read as %s "
+                    "(docs/reference/deciding.md)", path, old, canonical_cause(old))
+    if report.unsigned:  # only with allow_unsigned_passport: the fail-open override is in every record's header
+        log.warning("passport %s is UNSIGNED, admitted by --allow-unsigned-passport: every record names it "
+                    "(limits.%s)", path, UNSIGNED_PASSPORT_MEMBER)
+        limits = dataclasses.replace(limits, summary={**limits.summary, UNSIGNED_PASSPORT_MEMBER: UNSIGNED_PASSPORT})
     from governor.runtime.resume import archive_passport
 
     try:  # a session admitted with this passport keeps its limits across a restart with another

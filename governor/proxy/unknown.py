@@ -9,7 +9,7 @@ In this order:
     through;
   * `unknown_traffic: forward` (the explicit opt-out): forwarded ungoverned, logged once per
     host and counted (`unknown_seen`).
-Every refusal is recorded in its session (`on_request_refused`, governor.proxy.refusals).
+Every refusal is recorded in its session (`on_governor_request_refused`, governor.proxy.refusals).
 Raw TCP that is not HTTP (a tunnel the proxy cannot read) is closed unless the opt-out is
 set: it is traffic no adapter governs either.
 """

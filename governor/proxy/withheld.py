@@ -4,7 +4,7 @@ The adapters withhold offered tools the step may not use (governor/adapters/with
 and leave the names in `exchange.state["withheld"]`; only then, and only when a name was
 withheld, the proxy logs it and records it in the exchange's session before anything goes
 on: before the request is forwarded (OpenAI, Anthropic) or the tools/list answer is
-delivered (MCP). Cause `on_tools_withheld`, action `fallback`, detail:
+delivered (MCP). Cause `on_governor_tools_withheld`, action `fallback`, detail:
 
     {"decision": "withhold", "step": "model_call" | "tools_list", "protocol", "route",
      "count", "tools": [first 32 names, each cut to 128 characters],

@@ -5,16 +5,16 @@
 `recorder` is this object):
 
   * a lock (a halt with a locking cause) and its lift, with who lifted it: an event
-    (cause on_agent_lock, action halt / continue) in the record of the session that
+    (cause on_governor_agent_lock, action halt / continue) in the record of the session that
     caused it, while that session's journal is open, and always in the audit journal;
-  * the refusal that hit the agent-named cap (cause on_session_cap, action halt): in
+  * the refusal that hit the agent-named cap (cause on_governor_session_cap, action halt): in
     the audit journal, since it belongs to no session;
   * a refusal the proxy made on its own, before any step was decided (a model call on a
     path no adapter claims, a stream whose held-back output outgrew its bound: cause
-    on_request_refused, action fallback), in the record of the session it belongs to;
+    on_governor_request_refused, action fallback), in the record of the session it belongs to;
   * the tools the proxy withheld from a request or a tools/list answer (cause
-    on_tools_withheld, action fallback), likewise;
-  * an ephemeral Realtime key the operator allowed to be minted (cause on_key_minted,
+    on_governor_tools_withheld, action fallback), likewise;
+  * an ephemeral Realtime key the operator allowed to be minted (cause on_governor_key_minted,
     action continue: the step went ahead; what the key spends is not governed), likewise.
 
 The audit journal is a session journal like any other (`governor.evidence.Journal`),
@@ -33,16 +33,16 @@ from typing import Any, Awaitable, Callable
 
 from governor.evidence import Journal, SessionHeader, journal_path, recover_journal, sign_record, write_record
 from governor.notify import events as notify
+from governor.policy.causes import ON_GOVERNOR_KEY_MINTED as ON_KEY_MINTED  # docs/realtime.md
 from governor.policy.steps import ON_REQUEST_REFUSED
 from governor.policy.tools import ON_TOOLS_WITHHELD
-from governor.sessions.identity import ON_GOVERNOR_IDENTITY
+from governor.policy.causes import ON_GOVERNOR_IDENTITY
 from governor.runtime.session import LiveSession
 from governor.runtime.settings import RuntimeSettings
 from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
 
 log = logging.getLogger("governor.runtime")
 
-ON_KEY_MINTED = "on_key_minted"  # an ephemeral key minted through the governor (docs/realtime.md)
 
 
 def audit_paths(data_dir: Path, passport_digest: str) -> tuple[Path, Path, str]:

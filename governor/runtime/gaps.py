@@ -19,8 +19,8 @@ import threading
 from typing import Any, Callable
 
 from governor.evidence.journal import JournalClosedError
+from governor.policy.causes import ON_GOVERNOR_RECORD_GAP
 
-ON_GOVERNOR_RECORD_GAP = "on_governor_record_gap"
 MAX_CAUSES = 16  # causes named per gap event (the count says how many were lost in all)
 
 

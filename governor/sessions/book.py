@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 from governor.evidence.record import remove_stale_temp_files, write_durably
-from governor.policy import steps
+from governor.policy import causes, steps
 from governor.sessions.identity import Identity
 from governor.sessions.shared_log import SharedLog, is_news
 
@@ -47,7 +47,7 @@ log = logging.getLogger("governor.sessions")
 
 MODES = ("principal", "agent-named")
 DEFAULT_MODES = ("auto", "on", "off")
-DEFAULT_LOCK_CAUSES = ("on_session_integrity",)
+DEFAULT_LOCK_CAUSES = (causes.ON_GOVERNOR_SESSION_INTEGRITY,)
 DEFAULT_AGENT_SESSIONS_PER_DAY = 100
 
 TOKEN_PREFIX = "adls_"
@@ -59,8 +59,8 @@ DAY = 86400.0
 ENDED_RETENTION = DAY  # how long a compacted book keeps a session after it ended
 COMPACT_MIN_LINES = 10_000  # a running governor compacts its book past this many lines, then past double
 
-ON_AGENT_LOCK = "on_agent_lock"  # the cause of lock and lift events (records: action halt / continue)
-ON_SESSION_CAP = "on_session_cap"  # the agent-named cap's refusal (audit journal, action halt)
+ON_AGENT_LOCK = causes.ON_GOVERNOR_AGENT_LOCK  # the cause of lock and lift events (records: action halt / continue)
+ON_SESSION_CAP = causes.ON_GOVERNOR_SESSION_CAP  # the agent-named cap's refusal (audit journal, action halt)
 
 HOW_TO_OPEN = ("a principal opens a new session with `governor sessions open` (or POST /v1/sessions on the "
                "control plane) and gives the agent its token for the ADL-Session header")
@@ -614,6 +614,10 @@ def parse_lock_causes(value: Any) -> tuple[str, ...]:
     items = [v for v in items if v]
     if items == ["none"]:
         return ()
+    for old in [v for v in items if v in causes.LEGACY_NAMES]:  # typed as before the on_governor_ namespace
+        log.warning("lock cause %s is deprecated: it is now %s (docs/reference/deciding.md)", old,
+                    causes.LEGACY_NAMES[old])
+    items = [causes.canonical_cause(v) for v in items]
     bad = [v for v in items if v not in LOCKABLE_CAUSES]
     if bad:  # a typo would otherwise disable the lock it meant to set
         raise ValueError(f"lock causes must be causes a session halts for (or none), not {', '.join(bad)}; known: "

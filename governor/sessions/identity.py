@@ -29,7 +29,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from governor.common.canonical import b64url, b64url_decode, canonicalize
 
-ON_GOVERNOR_IDENTITY = "on_governor_identity"  # the record's note of the identity a principal bound
 AGENT_IDENTITY_MODES = ("principal", "headers")
 MAX_LINEAGE = 64  # links; a chain longer than any max_depth a passport declares in practice
 DELEGATION_TTL_SEC = 3600.0

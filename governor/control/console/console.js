@@ -395,9 +395,12 @@
     const steps = el("ul", { class: "steps" }, ...(verdict.steps || []).map((step) =>
       el("li", { class: step.status, text: step.step + ". " + step.name + ": " + step.status + (step.message ? " — " + step.message : "") })));
     $("verification").replaceChildren(
-      el("span", { id: "verdict", class: "verdict " + (verdict.valid ? "valid" : "invalid"),
-        text: verdict.valid ? "Valid enforcement record (each step below)"
-          : "Invalid record: step " + (failure ? failure.step + " (" + failure.name + "): " + failure.message : "?") }),
+      el("span", { id: "verdict", class: "verdict " + (verdict.verdict === "INVALID" ? "invalid" : "valid"),
+        text: verdict.verdict === "VALID" ? "Valid enforcement record (each step below)"
+          : verdict.verdict === "INCOMPLETE"
+            ? "No step failed; not every step ran in full (step " + (verdict.not_checked || []).join(", ") +
+              "): this governor checked its own record with its own key, an auditor resolves it with governor verify"
+            : "Invalid record: step " + (failure ? failure.step + " (" + failure.name + "): " + failure.message : "?") }),
       el("p", { class: "empty", text: "Outcome " + record.outcome + ", " + (record.events || []).length + " events, signed " + record.iat + ". An auditor checks it offline with governor verify." }),
       steps);
     const events = (record.events || []).slice(-RECENT_EVENTS).reverse();
