@@ -18,7 +18,7 @@ LIFTER = "lock-lifter-token-for-barrier-tests-0123456789"
 async def _locked(world) -> tuple[dict, dict]:
     """Two principal sessions; `a` presents another passport: halted, and the agent locked."""
     a, b = await world.open(label="a"), await world.open(label="b")
-    assert refusal(await world.chat(a["token"], **{"ADL-Passport": "sha256=" + "A" * 43}))["cause"] == "on_session_integrity"
+    assert refusal(await world.chat(a["token"], **{"ADL-Passport": "sha256=" + "A" * 43}))["cause"] == "on_governor_session_integrity"
     assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"
     (lock,) = (await world.control.get("/v1/locks")).json()["locks"]
     return lock, b
@@ -52,7 +52,7 @@ async def test_a_reviewer_or_a_stranger_cannot_lift_and_nothing_is_recorded(tmp_
         assert refusal(await world.chat(b["token"]))["refusal"] == "agent_locked"
         assert (await world.control.get("/v1/locks")).json()["locked"] is True
         audit = (await world.control.get("/v1/audit/record")).json()
-        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_agent_lock", "halt")]
+        assert [(e["cause"], e["action"]) for e in audit["events"]] == [("on_governor_agent_lock", "halt")]
         # the principal then lifts it, once
         assert (await _lift(world, lock, CONTROL, "lead")).json()["lifted_by"] == "lead as principal"
         assert (await _lift(world, lock, LIFTER, "late")).status_code == 409
@@ -61,7 +61,7 @@ async def test_a_reviewer_or_a_stranger_cannot_lift_and_nothing_is_recorded(tmp_
 async def test_without_a_control_token_a_reviewer_still_cannot_lift(tmp_path, llm):
     async with served_world(llm, tmp_path, tmp_path / "data", control_token=None) as world:
         world.control.headers.pop("Authorization")
-        assert refusal(await world.chat(None, **{"ADL-Passport": "sha256=" + "A" * 43}))["cause"] == "on_session_integrity"
+        assert refusal(await world.chat(None, **{"ADL-Passport": "sha256=" + "A" * 43}))["cause"] == "on_governor_session_integrity"
         (lock,) = (await world.control.get("/v1/locks")).json()["locks"]
         answer = await _lift(world, lock, REVIEWER, "alice")
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "principal_token_not_configured"

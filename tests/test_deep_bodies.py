@@ -52,9 +52,9 @@ async def test_a_body_nested_too_deep_is_a_400_before_any_work_and_recorded(worl
     assert TOO_DEEP in message or "not valid JSON" in message or "lenient" in message, message
     assert llm.served == 0
     record = (await control.get(f"/v1/sessions/{session['session']}/record")).json()
-    refused = [e for e in record["events"] if e["cause"] == "on_request_refused"]
+    refused = [e for e in record["events"] if e["cause"] == "on_governor_request_refused"]
     assert len(refused) == 1 and refused[0]["detail"]["status"] == 400
-    assert not [e for e in record["events"] if e["cause"] not in ("on_request_refused",)]  # no step admitted
+    assert not [e for e in record["events"] if e["cause"] not in ("on_governor_request_refused",)]  # no step admitted
 
 
 async def test_a_body_within_the_bound_is_governed_as_usual(world):

@@ -135,11 +135,11 @@ async def test_refusals_on_a_full_disk_are_refused_the_gap_reported_then_named(f
     causes = [e["cause"] for e in record["events"]]
     assert causes.count(ON_GOVERNOR_RECORD_GAP) == 1
     gap = record["events"][causes.index(ON_GOVERNOR_RECORD_GAP)]
-    assert gap["detail"]["missed"] == missed and gap["detail"]["causes"] == ["on_request_refused"]
+    assert gap["detail"]["missed"] == missed and gap["detail"]["causes"] == ["on_governor_request_refused"]
     # every refusal is either in the record or counted in its gap
-    assert causes.count("on_request_refused") - 1 + missed == REFUSALS
+    assert causes.count("on_governor_request_refused") - 1 + missed == REFUSALS
     assert "ENOSPC" in gap["detail"]["error"] or "No space" in gap["detail"]["error"]
-    assert causes[causes.index(ON_GOVERNOR_RECORD_GAP) + 1] == "on_request_refused"  # then the refusal itself
+    assert causes[causes.index(ON_GOVERNOR_RECORD_GAP) + 1] == "on_governor_request_refused"  # then the refusal itself
 
 
 async def test_a_step_that_cannot_be_recorded_is_refused_not_run(full_disk):

@@ -181,8 +181,8 @@ class Recorder(Driver):
         if self.limits.tier is Tier.R1 and not isinstance(step, (ApprovalGranted, ApprovalRejected, ApprovalExpired)):
             # R1 blocks only what binds every tier: a requires_confirmation tool held for a human
             # (§5), a passport swap (§1.3), and after that halt, everything
-            binding = (decision.cause == "on_oversight_trigger" and decision.details.get("requires_confirmation")
-                       or decision.cause == "on_session_integrity" or was_halted)
+            binding = (decision.cause == "on_governor_oversight_trigger" and decision.details.get("requires_confirmation")
+                       or decision.cause == "on_governor_session_integrity" or was_halted)
             assert not decision.blocks or binding, decision
         for recorded in decision.events:
             assert re.fullmatch(r"on_[a-z0-9_]+", recorded["cause"])

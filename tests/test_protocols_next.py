@@ -138,7 +138,7 @@ async def test_mcp2_a_declared_tool_runs_an_undeclared_one_is_refused_and_record
         [["list"], ["call", "read_note", {"path": "/notes/a.md"}], ["call", "shell", {"cmd": "id"}]]))
     assert listed["tools"] == ["delete_note", "read_note"]  # shell withheld from the 2.x listing
     assert read == {"text": "contents of /notes/a.md", "is_error": False}
-    assert shell["code"] == GOVERNOR_ERROR_CODE and "on_tool_denied" in shell["error"]
+    assert shell["code"] == GOVERNOR_ERROR_CODE and "on_governor_tool_denied" in shell["error"]
     assert shell["data"]["governor"]["tool"] == "shell"
     assert [c["tool"] for c in _lines(calls)] == ["read_note"]  # shell never ran
     record = await _record(governor)

@@ -260,7 +260,7 @@ async def test_over_the_limit_the_agent_gets_429_with_retry_after_and_the_record
         path.write_text(json.dumps(record))
         capsys.readouterr()
         keys = KeyFiles(running.settings.data_dir / "keys")
-        assert governor_cli(["verify", str(path), "--key", str(keys.public_key)]) == 0
+        assert governor_cli(["verify", str(path), "--offline", "--key", str(keys.public_key)]) == 3  # pinned key: INCOMPLETE
     finally:
         await agent.aclose()
         await control.aclose()

@@ -50,7 +50,7 @@ async def test_r1_holds_a_requires_confirmation_tool_until_a_human_approves(r1):
     record = await session_record(governor)
     assert record["tier"] == "R1"
     pause = next(e for e in record["events"] if e["action"] == "pause")
-    assert pause["cause"] == "on_oversight_trigger" and pause["detail"]["requires_confirmation"] is True
+    assert pause["cause"] == "on_governor_oversight_trigger" and pause["detail"]["requires_confirmation"] is True
     approved = next(e for e in record["events"] if e["detail"].get("review") == "approved")
     assert approved["detail"]["reviewer"] == "lab-lead"
     shell = next(e for e in record["events"] if e["detail"].get("tool") == "shell")
@@ -106,11 +106,11 @@ async def test_r1_a_passport_swap_mid_session_halts_it(r1):
         with pytest.raises(McpError) as after:  # the session is halted for everyone in it
             await honest.call_tool("read_note", {"path": "/notes/c.md"})
     assert refused.status_code == 403, refused.text
-    assert orjson.loads(refused.content)["error"]["data"]["governor"]["cause"] == "on_session_integrity"
+    assert orjson.loads(refused.content)["error"]["data"]["governor"]["cause"] == "on_governor_session_integrity"
     assert after.value.error.data["governor"]["action"] == "halt"
     assert [p["path"] for name, p in server.calls if name == "read_note"] == ["/notes/a.md"]
     record = await session_record(governor)
-    integrity = next(e for e in record["events"] if e["cause"] == "on_session_integrity")
+    integrity = next(e for e in record["events"] if e["cause"] == "on_governor_session_integrity")
     assert integrity["action"] == "halt" and integrity["detail"]["reason"] == "passport_changed"
     assert "observed_only" not in integrity["detail"] and record["outcome"] == "halted"
 
@@ -123,7 +123,7 @@ async def test_r1_presenting_the_pinned_passport_is_not_a_swap(r1):
         second = await session.call_tool("read_note", {"path": "/notes/b.md"})
     assert not first.isError and not second.isError
     record = await session_record(governor)
-    assert not any(e["cause"] == "on_session_integrity" for e in record["events"])
+    assert not any(e["cause"] == "on_governor_session_integrity" for e in record["events"])
 
 
 async def test_r1_holds_a_confirmation_tool_the_model_proposes_until_a_human_approves(tmp_path):

@@ -21,7 +21,7 @@ FEEDS: dict[str, tuple[str, str, float]] = {
     "budget": ("§2", "budget boundaries: warnings (on_governor_budget_warning) and exhaustion (on_budget_exhausted)", 0.05),
     "iteration": ("§3", "loop and limit events (on_iteration_limit)", 0.02),
     "agents": ("§4", "persona spawns and peer delegations, admitted or denied", 0.25),
-    "oversight": ("§5", "oversight trigger firings (on_oversight_trigger pauses and monitor_only records)", 0.10),
+    "oversight": ("§5", "oversight trigger firings (on_governor_oversight_trigger pauses and monitor_only records)", 0.10),
 }
 MIN_EVENTS = 3  # fewer events of a feed in a session are never material, whatever the rate
 
