@@ -68,6 +68,7 @@ from governor.runtime import stream_budget
 from governor.runtime.api import Admission, admission_for
 from governor.runtime.approvals import Approvals
 from governor.runtime.audit import AuditTrail
+from governor.runtime.envelope import EnvelopeWatch
 from governor.runtime.records import Records
 from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
@@ -77,6 +78,7 @@ from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
 from governor.store import Store, StoreError
+from governor.store.envelope_books import open_envelope_book
 
 log = logging.getLogger("governor.runtime")
 
@@ -138,6 +140,9 @@ class Runtime:
                                 settings=settings, key=key, governor_id=governor_id, agent_id=agent_id, clock=clock)
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
                                    settings=settings, apply=self._apply, admit=self.admit)
+        self.envelope = EnvelopeWatch(open_book=lambda: open_envelope_book(store), agent_id=agent_id, clock=clock,  # R3
+                                      remote=self._store_in_thread, apply=self._apply, hold=self.oversight.hold,
+                                      await_approval=self.oversight.await_approval, record_audit=self.audit.record_audit)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
@@ -166,6 +171,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
+        await self.envelope.close()  # the pending tally reaches the store
         if end_sessions:
             for session in list(self._sessions.values()):
                 if not session.ended:
@@ -222,12 +228,16 @@ class Runtime:
             log.exception("session %s could not be opened", session)
             decision = unrecorded_failure(step, exc)
             return admission_for(session, decision, None)
+        if live.limits.enforce_anomaly and (stop := await self.envelope.before(live)) is not None:
+            return admission_for(session, stop, None)  # the agent's envelope deviation, resolved through §6
         admitted = self._admit_at_once(live, step) if type(step) is ModelCall else None
         if admitted is not None:
             decision, ticket = admitted
         else:
             async with live.lock:
                 decision, ticket = await self._apply(live, step, None)
+        if live.limits.enforce_anomaly:
+            self.envelope.observed(step, decision, live.limits)
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self.oversight.hold(live, step, decision)
@@ -250,6 +260,8 @@ class Runtime:
                     ticket.in_flight = False
                     if live.state is before and not live.ended:  # not applied (it could not be recorded)
                         await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+        if live.limits.enforce_anomaly:
+            self.envelope.observed(report, decision, live.limits)
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 
