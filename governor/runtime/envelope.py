@@ -134,6 +134,11 @@ class EnvelopeWatch:
         self.deviation = dict(deviation) if deviation is not None else None
 
     @property
+    def opened(self) -> bool:
+        """Whether the book was opened (never below R3)."""
+        return self._book is not None
+
+    @property
     def book(self) -> Any:
         if self._book is None:
             self._book = self._open_book()
