@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from governor.cli import UsageError
 from governor.cli.barrier_options import BARRIER_OPTIONS, apply_barrier_settings
+from governor.cli.envelope_options import ENVELOPE_OPTIONS, apply_envelope_settings
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
 
 # option name -> (environment variable, help)
@@ -79,6 +80,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                            "(default 10)"),
     **LOG_OPTIONS,  # the transparency log (governor/cli/log_options.py)
     **BARRIER_OPTIONS,  # who may lift a lock (governor/cli/barrier_options.py)
+    **ENVELOPE_OPTIONS,  # the R3 statistical envelope (governor/cli/envelope_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -306,6 +308,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     except TokenConfigError as exc:
         raise UsageError(str(exc)) from None
     apply_barrier_settings(settings, value)
+    apply_envelope_settings(settings, value)
     return settings
 
 

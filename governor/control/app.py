@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from governor.control import log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
+from governor.control import envelope_routes, log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.context import ControlContext
 from governor.control.guard import ControlGuard, Refusal
@@ -103,6 +103,7 @@ def create_app(context: ControlContext) -> web.Application:
     store_ack.add_routes(app, context)
     reviewer_console.add_routes(app, context)
     log_routes.add_routes(app, context)
+    envelope_routes.add_routes(app, context)
     return app
 
 

@@ -144,6 +144,7 @@ class Settings:
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
     lock_lifter_tokens: tuple[str, ...] = ()  # may lift locks besides the control token (cli/barrier_options.py)
+    envelope: Any = None  # the R3 envelope's EnvelopeConfig (cli/envelope_options.py); None: its defaults
     control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
     webhooks: Any = None  # governor.notify.webhooks.WebhookConfig: signed notifications; None: none
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
@@ -555,6 +556,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
                       persona_idle_sec=settings.persona_idle, transparency_log=transparency_log,
                       witnessing=witnessing)
     runtime.admission = report  # shown at startup: warnings such as trust on first use
+    if settings.envelope is not None:
+        runtime.envelope.config = settings.envelope
     runtime.start()
     if witnessing is not None:
         witnessing.on_alarm = witness_alarm(runtime)
