@@ -43,7 +43,8 @@ def pinned():
     return report
 
 
-def runtime_at_r3(pinned, data_dir: Path, clock: Clock, *, on_anomaly: dict | None = None, key=None) -> Runtime:
+def runtime_at_r3(pinned, data_dir: Path, clock: Clock, *, on_anomaly: dict | None = None, key=None,
+                  store=None) -> Runtime:
     document = copy.deepcopy(pinned.pinned.document)
     del document["anomaly_baseline"]["cost_per_session_usd"]  # short sessions: not the subject here
     degradation = document["runtime"]["degradation"]
@@ -53,7 +54,7 @@ def runtime_at_r3(pinned, data_dir: Path, clock: Clock, *, on_anomaly: dict | No
         degradation["on_anomaly"] = on_anomaly
     limits = compile_limits(document, tier=Tier.R3, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
                             passport_digest=pinned.digest)
-    rt = Runtime(limits=limits, store=SQLiteStore(data_dir / "state.db"), data_dir=data_dir, key=key or generate_key(),
+    rt = Runtime(limits=limits, store=store or SQLiteStore(data_dir / "state.db"), data_dir=data_dir, key=key or generate_key(),
                  governor_id="did:web:localhost:governor", agent_id=pinned.pinned.id, clock=clock, owns_store=True)
     rt.envelope.config = CONFIG
     return rt

@@ -2,8 +2,12 @@
 
 `EnvelopeWatch` counts what the agent's sessions do (model calls, tool calls, tokens, cost)
 in a small pending tally, O(1) per step, and hands it to the envelope book of the store
-(`governor.store.envelope_books`: the store's SQLite file, or one Redis hash for the fleet)
-at most once every FLUSH_SEC and at each window boundary, before the next step is decided.
+(`governor.store.envelope_books`): a local book (the store's SQLite file) at most once every
+FLUSH_SEC and at each window boundary, before the next step is decided, the tally fed at the
+time it was counted; a Redis book (one hash for the fleet) right after the steps that were
+counted, in one background flush for the steps of a loop turn (one EVALSHA, off the loop), so
+each governor's counts reach the fleet's window they belong to before another governor
+closes it.
 A flush that closes a window judges it (pure) and marks the agent's sticky deviation in the
 book; while a deviation stands, each of the agent's sessions records it once as on_anomaly,
 resolved through §6 (`EnvelopeDeviation`, decided by the PDP) before its next step: a halt or
@@ -53,6 +57,7 @@ class EnvelopeWatch:
         self._pending_at = 0.0  # when the tally was last added to
         self._flushed_at = -math.inf
         self._flushing = asyncio.Lock()
+        self._soon: asyncio.Task[None] | None = None  # a scheduled flush (remote books)
 
     # --- per step ----------------------------------------------------------------------
 
@@ -78,6 +83,12 @@ class EnvelopeWatch:
         else:
             return
         self._pending_at = self.clock()
+        if self.remote and self._soon is None:  # the fleet's window gets it now, not at our next step
+            self._soon = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        self._soon = None  # a step counted from here on schedules the next flush
+        await self.flush()
 
     async def before(self, live: LiveSession) -> Decision | None:
         """Before a step of `live` is decided: flush when due, then the standing deviation's
@@ -172,6 +183,8 @@ class EnvelopeWatch:
     async def close(self) -> None:
         if self._book is None:
             return
+        if self._soon is not None:
+            await self._soon
         await self.flush()
         try:
             await self._call(self._book.close)
