@@ -19,10 +19,24 @@ from governor.evidence.verify import verify_record
 from governor.policy.envelope import EnvelopeConfig
 from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
+from tests.conftest import SHARED
 from tests.test_mcp_sdk_runtime import PASSPORT, JumpingClock
 from tests.test_sessions import CONTROL, REVIEWER, WRONG, World
 
 WINDOW = 60.0
+SCHEMA = SHARED / "adl" / "schemas" / "schema-enforcement-record.json"
+
+
+def schema_errors(record: dict) -> list:
+    """The official enforcement-record schema's complaints (none checked without ../shared:
+    the rest of the test still runs)."""
+    if not SCHEMA.exists():
+        return []
+    import json
+
+    import jsonschema
+
+    return list(jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).iter_errors(record))
 DOCUMENT = copy.deepcopy(PASSPORT)  # on_anomaly undeclared: the fail-closed halt
 
 
@@ -82,6 +96,7 @@ async def test_a_burst_halts_the_next_session_with_on_anomaly_in_its_record_unti
         ended = await world.control.post(f"/v1/sessions/{nxt['session']}/end")
         record = ended.json()
         assert verify_record(record, public_key=world.running.runtime.key.public_key()).ok
+        assert not schema_errors(record)  # the official enforcement-record schema
         (event,) = [e for e in record["events"] if e["cause"] == "on_anomaly"]
         assert event["detail"]["across_sessions"] is True
         requests = next(d for d in event["detail"]["deviations"] if d.get("metric") == "requests")
@@ -117,6 +132,7 @@ async def test_a_burst_halts_the_next_session_with_on_anomaly_in_its_record_unti
         after = await world.open(label="after")
         assert (await world.chat(after["token"])).status_code == 200
         audit = (await world.control.get("/v1/audit/record")).json()
+        assert not schema_errors(audit)
         (entry,) = [e for e in audit["events"] if e["cause"] == "on_governor_envelope_reset"]
         assert entry["detail"]["reset_by"] == "lead as principal"
         assert entry["detail"]["cleared"]["window"] == first + 4
