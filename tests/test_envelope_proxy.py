@@ -21,7 +21,7 @@ from governor.proxy.server import Settings, serve
 from tests.control_harness import real_runtime
 from tests.conftest import SHARED
 from tests.test_mcp_sdk_runtime import PASSPORT, JumpingClock
-from tests.test_sessions import CONTROL, REVIEWER, WRONG, World
+from tests.test_sessions import CONTROL, REVIEWER, WRONG, World, _cli
 
 WINDOW = 60.0
 SCHEMA = SHARED / "adl" / "schemas" / "schema-enforcement-record.json"
@@ -126,15 +126,27 @@ async def test_a_burst_halts_the_next_session_with_on_anomaly_in_its_record_unti
         still = await world.open(label="still")
         assert (await world.chat(still["token"])).json()["error"]["governor"]["cause"] == "on_anomaly"
 
+        # the CLI: show; a reset with a reviewer's token file refused (exit 1); the principal's done
+        url = ["--control-url", world.running.control_url]
+        tokens = {}
+        for name, token in (("control", CONTROL), ("reviewer", REVIEWER)):
+            tokens[name] = tmp_path / f"{name}-token"
+            tokens[name].write_text(token + "\n")
+        code, out, err = await _cli("envelope", "show", *url, "--token-file", str(tokens["control"]))
+        assert code == 0 and "DEVIATION in window" in out and "requests" in out, err
+        code, out, err = await _cli("envelope", "reset", "--by", "lead", *url, "--token-file", str(tokens["reviewer"]))
+        assert code == 1 and "reviewer_cannot_reset" in err
+        assert (await world.control.get("/v1/envelope")).json()["deviation"] is not None
         # the principal resets it: recorded in the audit journal; a new session goes on
-        done = await reset(world, CONTROL, {"by": "lead"})
-        assert done.status_code == 200 and done.json()["reset"] is True
+        code, out, err = await _cli("envelope", "reset", "--by", "lead", *url, "--token-file", str(tokens["control"]))
+        assert code == 0 and "reset by lead" in out, err
+        assert (await reset(world, CONTROL, {"by": "lead"})).json()["reset"] is False  # nothing left to reset
         after = await world.open(label="after")
         assert (await world.chat(after["token"])).status_code == 200
         audit = (await world.control.get("/v1/audit/record")).json()
         assert not schema_errors(audit)
-        (entry,) = [e for e in audit["events"] if e["cause"] == "on_governor_envelope_reset"]
-        assert entry["detail"]["reset_by"] == "lead as principal"
+        entry, again = [e for e in audit["events"] if e["cause"] == "on_governor_envelope_reset"]
+        assert entry["detail"]["reset_by"] == "lead as principal" and again["detail"]["cleared"] is None
         assert entry["detail"]["cleared"]["window"] == first + 4
 
 

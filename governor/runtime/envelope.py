@@ -98,8 +98,8 @@ class EnvelopeWatch:
         if now - self._flushed_at >= FLUSH_SEC or self.config.window_of(now) != self.config.window_of(self._flushed_at):
             await self.flush(now)
         deviation = self.deviation
-        if deviation is None or envelope.session_key(deviation) in live.state.deviations:
-            return None
+        if deviation is None or live.state.halted or envelope.session_key(deviation) in live.state.deviations:
+            return None  # (a halted session refuses the step on its own)
         async with live.lock:
             if envelope.session_key(deviation) in live.state.deviations or live.ended:
                 return None

@@ -46,6 +46,7 @@ class EnvelopeBook:
         if path is not None:
             try:
                 self._db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA synchronous=NORMAL")  # as the store's own connections
                 self._db.execute("CREATE TABLE IF NOT EXISTS envelope (agent TEXT PRIMARY KEY, state TEXT NOT NULL)")
             except sqlite3.Error as exc:
                 raise StoreError(f"the envelope table in {path} cannot be opened: {exc}") from exc
