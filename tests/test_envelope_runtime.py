@@ -177,3 +177,44 @@ async def test_below_r3_nothing_is_counted(pinned, tmp_path):
         assert not rt.envelope.opened  # never opened below R3
     finally:
         await rt.close()
+
+
+def test_two_books_on_one_sqlite_file_merge_their_counts(tmp_path):
+    """Processes that share one SQLite file (sqlite:///PATH?shared=true) feed one envelope: each
+    feed reads and writes the agent's row in one transaction, so neither overwrites the other."""
+    from governor.store.envelope_books import EnvelopeBook
+
+    path = str(tmp_path / "state.db")
+    a, b = EnvelopeBook(path), EnvelopeBook(path)
+    try:
+        for w in range(3):
+            for book in (a, b):
+                book.feed("agent", CONFIG, BASE + w * WINDOW + 1, {"requests": 1.0}, {"search": 1})
+        state, closed = a.feed("agent", CONFIG, BASE + 3 * WINDOW + 1, {}, {})
+        assert closed is not None and closed.counts == {"requests": 2.0} and closed.tools == {"search": 2}
+        assert state.stats["requests"].n == 3 and state.stats["requests"].mean == 2.0
+        assert b.load("agent").tool_history == {"search": 6}
+        assert a.mark("agent", {"id": "first"})["id"] == "first" and b.mark("agent", {"id": "second"})["id"] == "first"
+        assert b.reset("agent") == {"id": "first"} and a.load("agent").deviation is None
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_book_that_fails_keeps_the_tally_for_the_next_flush(pinned, tmp_path):
+    from governor.store import StoreError
+
+    clock = Clock(BASE + 1)
+    rt = runtime_at_r3(pinned, tmp_path, clock)
+    try:
+        await model_calls(rt, "s", 2)
+        book = rt.envelope.book
+        real = book.feed
+        book.feed = lambda *args: (_ for _ in ()).throw(StoreError("disk full"))  # type: ignore[method-assign]
+        clock.t += 2
+        await rt.envelope.flush()  # logged; nothing lost
+        book.feed = real  # type: ignore[method-assign]
+        await rt.envelope.flush()
+        assert (await rt.envelope.view())["current"]["requests"] == 2.0
+    finally:
+        await rt.close()

@@ -2,8 +2,9 @@
 sessions and restarts. `open_envelope_book(store)` picks the book for the governor's store:
 
   memory            `EnvelopeBook` in memory (a memory store keeps nothing across restarts either)
-  SQLite, write-behind  `EnvelopeBook` persisted in the store's own file, table `envelope`
-                    (one row per agent, written at each feed: at most once a second per agent)
+  SQLite, write-behind  `EnvelopeBook` in the store's own file, table `envelope` (one row per
+                    agent, read and written in one BEGIN IMMEDIATE transaction per feed, at most
+                    once a second: processes sharing the file (?shared=true) merge atomically)
   Redis             `RedisEnvelopeBook` (redis_envelope.py): fleet-wide, folded by a Lua script
 
 Each book does the window arithmetic of `policy.envelope.feed` atomically per agent and
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any, Mapping, Protocol
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Protocol
 
 import orjson
 
@@ -52,18 +54,16 @@ class EnvelopeBook:
                 raise StoreError(f"the envelope table in {path} cannot be opened: {exc}") from exc
 
     def _state(self, agent: str) -> EnvelopeState:
-        state = self._states.get(agent)
-        if state is None:
-            state = EnvelopeState()
-            if self._db is not None:
-                try:
-                    row = self._db.execute("SELECT state FROM envelope WHERE agent = ?", (agent,)).fetchone()
-                except sqlite3.Error as exc:
-                    raise StoreError(f"the envelope cannot be read: {exc}") from exc
-                if row is not None:
-                    state = EnvelopeState.from_json(orjson.loads(row[0]))
-            self._states[agent] = state
-        return state
+        """The agent's state: from the file when there is one (another process sharing the
+        file may have fed it: sqlite:///PATH?shared=true), else from memory."""
+        if self._db is None:
+            return self._states.get(agent) or EnvelopeState()
+        try:
+            # fetchall: a statement left unfinished would keep its read snapshot open
+            rows = self._db.execute("SELECT state FROM envelope WHERE agent = ?", (agent,)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"the envelope cannot be read: {exc}") from exc
+        return EnvelopeState.from_json(orjson.loads(rows[0][0])) if rows else EnvelopeState()
 
     def _put(self, agent: str, state: EnvelopeState) -> None:
         if self._db is not None:
@@ -72,17 +72,39 @@ class EnvelopeBook:
                                  "DO UPDATE SET state = excluded.state", (agent, orjson.dumps(state.to_json()).decode()))
             except sqlite3.Error as exc:
                 raise StoreError(f"the envelope cannot be written: {exc}") from exc
-        self._states[agent] = state
+        else:
+            self._states[agent] = state
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One read-modify-write, atomic against other processes sharing the file (BEGIN IMMEDIATE)."""
+        with self._lock:
+            if self._db is None:
+                yield
+                return
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"the envelope cannot be updated: {exc}") from exc
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"the envelope cannot be written: {exc}") from exc
 
     def feed(self, agent: str, config: EnvelopeConfig, now: float, increments: Mapping[str, float],
              tools: Mapping[str, int]) -> tuple[EnvelopeState, ClosedWindow | None]:
-        with self._lock:
+        with self._transaction():
             state, closed = feed(config, self._state(agent), now, increments, tools)
             self._put(agent, state)
             return state, closed
 
     def mark(self, agent: str, deviation: Mapping[str, Any]) -> Mapping[str, Any]:
-        with self._lock:
+        with self._transaction():
             state = self._state(agent)
             if state.deviation is None:  # the first deviation stands until the principal resets it
                 state = EnvelopeState(state.window, state.counts, state.tools, state.stats, state.tool_history,
@@ -95,7 +117,7 @@ class EnvelopeBook:
             return self._state(agent)
 
     def reset(self, agent: str) -> Mapping[str, Any] | None:
-        with self._lock:
+        with self._transaction():
             state = self._state(agent)
             if state.deviation is not None:
                 self._put(agent, reset(state))
