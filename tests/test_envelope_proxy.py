@@ -158,3 +158,35 @@ async def test_without_a_burst_nothing_fires(tmp_path, llm):
             await calls(world, session["token"], 2)
         shown = (await world.control.get("/v1/envelope")).json()
         assert shown["deviation"] is None and shown["closed_windows"] == 5 and shown["cold_start"] is False
+
+
+class _Settings:
+    envelope = None
+
+
+def test_the_envelope_options_make_its_configuration_and_refuse_bad_values():
+    from governor.cli import UsageError
+    from governor.cli.envelope_options import apply_envelope_settings
+
+    settings = _Settings()
+    apply_envelope_settings(settings, {}.get)
+    assert settings.envelope is None  # none given: the defaults
+    apply_envelope_settings(settings, {"envelope_window": "60", "envelope_k": "3.5", "envelope_min_windows": "4",
+                                       "envelope_concentration": "0.8"}.get)
+    assert settings.envelope == EnvelopeConfig(window_sec=60.0, k=3.5, min_windows=4, concentration_share=0.8)
+    for bad in ({"envelope_window": "soon"}, {"envelope_window": "0"}, {"envelope_k": "-1"},
+                {"envelope_min_windows": "1"}, {"envelope_min_windows": "2.5"}, {"envelope_concentration": "1.5"}):
+        try:
+            apply_envelope_settings(_Settings(), bad.get)
+        except UsageError as exc:
+            assert "envelope" in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+async def test_governor_run_settings_reach_the_runtime(tmp_path):
+    from tests.proxy_harness import real_governor
+
+    config = EnvelopeConfig(window_sec=30.0, min_windows=3)
+    async with real_governor(tmp_path, envelope=config) as (running, _):
+        assert running.runtime.envelope.config == config

@@ -132,7 +132,7 @@ class EnvelopeBook:
 
 def open_envelope_book(store: Any) -> Book:
     """The envelope book for `store`: fleet-wide on Redis, in the store's file for SQLite."""
-    if type(store).__name__ == "RedisStore":
+    if getattr(store, "remote", False) and hasattr(store, "client"):  # RedisStore
         from governor.store.redis_envelope import RedisEnvelopeBook  # redis is an optional dependency
         return RedisEnvelopeBook(store.client, store.prefix)
     return EnvelopeBook(getattr(store, "path", None))
