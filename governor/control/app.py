@@ -7,7 +7,7 @@ default), apart from the proxy, and refuses requests that came through the proxy
 
 `create_app(context)` assembles it: the guard middleware, then each route module's
 `add_routes(app, context)` (probes, runtime_routes, sessions_api, personas, store_ack,
-reviewer_console, log_routes), which keeps what it needs of the `ControlContext`; `start_control`
+reviewer_console, log_routes, envelope_routes), which keeps what it needs of the `ControlContext`; `start_control`
 serves it.
 
 Access:
