@@ -9,6 +9,13 @@ patched out) and R3 (baseline + feeds). CPU is process time (time.process_time_n
 whole runs, rounds interleaved, the median kept. Memory: 1,000 sessions, each advanced through
 the mix, their states kept alive; tracemalloc's count of what they hold.
 
+The statistical envelope (policy/envelope.py, runtime/envelope.py) is the runtime's, not the
+PDP's: its configuration "R3 + envelope" adds to the R3 run, per step, the runtime's real
+`EnvelopeWatch.observed` (the tally), and every 100 steps its real `flush` into an in-memory
+book (the pure feed and judge; with steps 10 ms apart and a 1 s window, a window closes at
+every flush: the upper bound). Memory per agent: 1,000 agents' envelopes after 50 windows of
+6 tools each.
+
     .venv/bin/python bench/bench_r3.py [--steps 30000] [--rounds 5] [--sessions 1000]
 
 Prints a table and writes bench/results/r3.json.
@@ -17,6 +24,7 @@ Prints a table and writes bench/results/r3.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import gc
 import json
@@ -37,6 +45,9 @@ from governor.policy import (  # noqa: E402
     advance, compile_limits, decide, load_pricing
 )
 from governor.policy import engine, feeds, transition  # noqa: E402
+from governor.policy.envelope import EnvelopeConfig  # noqa: E402
+from governor.runtime.envelope import EnvelopeWatch  # noqa: E402
+from governor.store.envelope_books import EnvelopeBook  # noqa: E402
 
 
 def passport() -> dict:
@@ -68,7 +79,28 @@ def steps(count: int):
             return
 
 
-def drive(limits, session: str, mix: list, now: float = 1_760_000_000.0) -> SessionState:
+class Envelope:
+    """The runtime's envelope collaborator on an in-memory book, flushed every FLUSH_EVERY steps."""
+
+    FLUSH_EVERY = 100
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.watch = EnvelopeWatch(open_book=EnvelopeBook, agent_id="bench", clock=lambda: self.now, remote=False,
+                                   apply=None, hold=None, await_approval=None, record_audit=None,  # type: ignore[arg-type]
+                                   config=EnvelopeConfig(window_sec=1.0))
+        self.loop = asyncio.new_event_loop()
+        self.steps = 0
+
+    def step(self, step, decision, limits, now: float) -> None:
+        self.now = now
+        self.watch.observed(step, decision, limits)
+        self.steps += 1
+        if self.steps % self.FLUSH_EVERY == 0:
+            self.loop.run_until_complete(self.watch.flush(now))
+
+
+def drive(limits, session: str, mix: list, now: float = 1_760_000_000.0, envelope: Envelope | None = None) -> SessionState:
     state = SessionState.start(session, now)
     counters: dict = {}
     last: tuple = ()
@@ -89,6 +121,8 @@ def drive(limits, session: str, mix: list, now: float = 1_760_000_000.0) -> Sess
         if kind == "model" and not decision.blocks:
             last = decision.charges
         state = advance(limits, snapshot, step, decision, now)
+        if envelope is not None:
+            envelope.step(step, decision, limits, now)
         if kind in ("usage", "tool") and not decision.blocks:
             done = StepDone("model" if kind == "usage" else "tool", step.persona)
             state = advance(limits, state, done, decide(limits, state, done, now), now)
@@ -107,7 +141,7 @@ def feeds_off():
         feeds.monitor, feeds.count = monitor, count  # type: ignore[assignment]
 
 
-CONFIGS = ("R2", "R3 baseline only", "R3 baseline + feeds")
+CONFIGS = ("R2", "R3 baseline only", "R3 baseline + feeds", "R3 + envelope")
 
 
 def limits_for(name: str):
@@ -133,15 +167,16 @@ def cpu(mix: list, rounds: int) -> dict:
             limits = limits_for(name)
             with configured(name):
                 gc.collect()
+                envelope = Envelope() if name == "R3 + envelope" else None
                 started = time.process_time_ns()
-                drive(limits, f"cpu-{r}", mix)
+                drive(limits, f"cpu-{r}", mix, envelope=envelope)
                 times[name].append((time.process_time_ns() - started) / 1000.0 / len(mix))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
 def memory(mix: list, sessions: int) -> dict:
     out: dict[str, dict] = {}
-    for name in CONFIGS:
+    for name in CONFIGS[:-1]:  # the envelope is per agent, not per session: envelope_memory
         limits = limits_for(name)
         with configured(name):
             gc.collect()
@@ -152,6 +187,23 @@ def memory(mix: list, sessions: int) -> dict:
         out[name] = {"bytes": current, "feeds": dict(kept[0].feeds), "deviations": sorted(kept[0].deviations)}
         del kept
     return out
+
+
+def envelope_memory(agents: int, windows: int = 50) -> int:
+    """Bytes 1,000 agents' envelopes hold after `windows` active windows of 6 tools each."""
+    config = EnvelopeConfig(window_sec=1.0)
+    tools = {f"tool_{i}": i + 1 for i in range(6)}
+    gc.collect()
+    tracemalloc.start()
+    book = EnvelopeBook()
+    for a in range(agents):
+        for w in range(windows + 1):
+            book.feed(f"agent-{a}", config, w + 0.5, {"requests": 10.0, "tool_calls": 21.0, "tokens": 4000.0,
+                                                       "cost_usd": 0.01}, tools)
+    current, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert book.load("agent-0").closed_windows == windows
+    return current
 
 
 def main() -> int:
@@ -165,18 +217,23 @@ def main() -> int:
     mix = list(steps(args.steps))
     per_step = cpu(mix, args.rounds)
     held = memory(list(steps(args.session_steps)), args.sessions)
+    held["R3 + envelope"] = {"bytes": held["R3 baseline + feeds"]["bytes"]}  # sessions hold nothing more
+    per_agent = envelope_memory(args.sessions)
     base = per_step["R2"]
     print(f"{'configuration':<22}{'CPU us/step':>12}{'vs R2':>9}{'KiB / ' + str(args.sessions) + ' sessions':>22}")
     for name in CONFIGS:
         print(f"{name:<22}{per_step[name]:>12.2f}{(per_step[name] / base - 1) * 100:>8.1f}%"
               f"{held[name]['bytes'] / 1024:>22.0f}")
+    print(f"the envelope: {per_step['R3 + envelope'] - per_step['R3 baseline + feeds']:+.2f} us/step over R3; "
+          f"{per_agent / 1024:.0f} KiB for {args.sessions} agents' envelopes ({per_agent / args.sessions:.0f} bytes each)")
     print(f"feeds of one {args.session_steps}-step session at R3: {held['R3 baseline + feeds']['feeds']}; "
           f"deviations: {held['R3 baseline + feeds']['deviations']}")
     result = {"benchmark": "R3 substrate: decide+advance CPU per step, state memory per live session",
               "steps": len(mix), "rounds": args.rounds, "sessions": args.sessions,
               "session_steps": args.session_steps, "cpu_us_per_step": per_step,
               "memory_bytes": {name: held[name]["bytes"] for name in CONFIGS},
-              "r3_session_feeds": held["R3 baseline + feeds"]["feeds"]}
+              "r3_session_feeds": held["R3 baseline + feeds"]["feeds"],
+              "envelope_bytes_per_agent": per_agent / args.sessions}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "governor.cli.run",  # run
     "governor.cli.sessions",  # sessions open|list|show|end, locks list|lift
     "governor.cli.approvals",  # approvals list|show|approve|reject
+    "governor.cli.envelope",  # envelope show|reset (the R3 statistical envelope)
     "governor.cli.demo",  # demo
     "governor.cli.exec",  # exec -- COMMAND (an agent that ignores proxy variables)
     "governor.cli.witness",  # witness (a C2SP tlog-witness)

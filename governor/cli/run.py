@@ -19,6 +19,7 @@ from governor.cli import UsageError
 from governor.cli.banner import instructions
 from governor.cli.barrier_options import BARRIER_OPTIONS, apply_barrier_settings
 from governor.cli.identity_options import IDENTITY_OPTIONS, apply_identity_settings
+from governor.cli.envelope_options import ENVELOPE_OPTIONS, apply_envelope_settings
 from governor.cli.log_options import LOG_OPTIONS, apply_log_settings
 from governor.cli.option_values import Origins, address, load_config, scalar, seconds, whole_number
 from governor.cli.run_checks import WEBHOOK_SECRET_ENV  # noqa: F401 (re-exported: tests, the chart's checks)
@@ -92,6 +93,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     **IDENTITY_OPTIONS,  # rate limits, the agent's identity (governor/cli/identity_options.py)
     **WORKER_OPTIONS,  # --workers N (governor/cli/workers.py)
     **PASSPORT_OPTIONS,  # admitting an unsigned passport (governor/cli/passport_options.py)
+    **ENVELOPE_OPTIONS,  # the R3 statistical envelope (governor/cli/envelope_options.py)
     "id": ("GOVERNOR_ID", "the governor's identifier in its records and did.json (HTTPS URI or did:web; "
            "default: the key's did.json, else did:web:localhost:governor)"),
     "metrics_per_session": ("GOVERNOR_METRICS_PER_SESSION", "export budget series labelled by session (the agent's "
@@ -312,6 +314,7 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str], origins: Ori
         where = f"config {config_path}: control_token" if "control_token" in file else "$GOVERNOR_CONTROL_TOKEN"
         raise UsageError(f"{where}: {exc}") from None
     apply_barrier_settings(settings, value)
+    apply_envelope_settings(settings, value)
     return settings
 
 

@@ -7,7 +7,7 @@ default), apart from the proxy, and refuses requests that came through the proxy
 
 `create_app(context)` assembles it: the guard middleware, then each route module's
 `add_routes(app, context)` (probes, runtime_routes, sessions_api, personas, store_ack,
-reviewer_console, log_routes), which keeps what it needs of the `ControlContext`; `start_control`
+reviewer_console, log_routes, envelope_routes), which keeps what it needs of the `ControlContext`; `start_control`
 serves it.
 
 Access:
@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from governor.control import log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
+from governor.control import envelope_routes, log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.context import ControlContext
 from governor.control.guard import ControlGuard, Refusal
@@ -103,6 +103,7 @@ def create_app(context: ControlContext) -> web.Application:
     store_ack.add_routes(app, context)
     reviewer_console.add_routes(app, context)
     log_routes.add_routes(app, context)
+    envelope_routes.add_routes(app, context)
     return app
 
 

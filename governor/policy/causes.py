@@ -69,6 +69,7 @@ ON_GOVERNOR_BUDGET_WARNING = "on_governor_budget_warning"
 ON_GOVERNOR_RATE_LIMIT = "on_governor_rate_limit"
 ON_GOVERNOR_IDENTITY = "on_governor_identity"
 ON_GOVERNOR_RECORD_GAP = "on_governor_record_gap"
+ON_GOVERNOR_ENVELOPE_RESET = "on_governor_envelope_reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,9 @@ CAUSES: tuple[Cause, ...] = (
           "the persona and delegation lineage a principal bound to the session (a note, the session's first event)"),
     Cause(ON_GOVERNOR_RECORD_GAP, EXTENSION, (CONTINUE,),
           "events that could not be recorded (a full disk): the next recorded event names how many were lost"),
+    Cause(ON_GOVERNOR_ENVELOPE_RESET, EXTENSION, (CONTINUE,),
+          "the principal cleared an agent's statistical-envelope deviation (R3; the audit journal): its sessions "
+          "go on, the override of the deviation's halt"),
 )
 
 BY_NAME = {cause.name: cause for cause in CAUSES}

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from governor.common.canonical import b64url
 from governor.policy.signature import canonical_bytes, digest
 from governor.policy.steps import (
-    ApprovalExpired, ApprovalGranted, ApprovalRejected, Delegation, ModelCall, PassportPresented,
+    ApprovalExpired, ApprovalGranted, ApprovalRejected, Delegation, EnvelopeDeviation, ModelCall, PassportPresented,
     PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall, ToolError, UsageReport
 )
 
@@ -36,6 +36,7 @@ STEP_KINDS: dict[type, str] = {
     ApprovalGranted: "approval_granted",
     ApprovalRejected: "approval_rejected",
     ApprovalExpired: "approval_expired",
+    EnvelopeDeviation: "envelope_deviation",
 }
 
 

@@ -67,11 +67,12 @@ from governor.policy.limits import SESSION_COST, Limits
 from governor.policy.state import SessionState
 from governor.policy.steps import (
     ON_ANOMALY, ON_GOVERNOR_ERROR, ON_SESSION_INTEGRITY, PERMIT, Action, ApprovalExpired,
-    ApprovalGranted, ApprovalRejected, CounterCharge, Decision, Delegation, ModelCall,
+    ApprovalGranted, ApprovalRejected, CounterCharge, Decision, Delegation, EnvelopeDeviation, ModelCall,
     PassportPresented, PersonaExit, PersonaSpawn, SessionEnd, Step, StepDone, Tick, ToolCall, ToolError,
     UsageReport
 )
 from governor.policy.digests import STEP_KINDS, approval_id, enforcement_event, loop_signature, step_digest
+from governor.policy import envelope
 from governor.policy.run import Run
 from governor.policy.checks import charges_for, clock_check
 from governor.policy.quiet import quiet_model_call, quiet_settlement, settlement
@@ -125,6 +126,15 @@ def _passport_presented(run: Run, step: PassportPresented) -> Decision:
     return run.fire(ON_SESSION_INTEGRITY, detail, True) or run.finish()
 
 
+def _envelope_deviation(run: Run, step: EnvelopeDeviation) -> Decision:
+    """The agent's envelope deviation (policy/envelope.py), recorded once in this session."""
+    run.release(step.approval_id)
+    deviation = step.deviation
+    detail: dict[str, Any] = {"deviations": envelope.recorded_deviations(deviation), "across_sessions": True,
+                              "envelope": {"id": deviation["id"], "agent": deviation.get("agent")}}
+    return run.fire(ON_ANOMALY, detail, run.limits.enforce_anomaly) or run.finish()
+
+
 def _nothing(run: Run, step: Step) -> Decision:
     return PERMIT
 
@@ -144,6 +154,7 @@ _HANDLERS: dict[type, Callable[[Run, Any], Decision]] = {
     ApprovalGranted: decide_approval_granted,
     ApprovalRejected: decide_approval_rejected,
     ApprovalExpired: decide_approval_expired,
+    EnvelopeDeviation: _envelope_deviation,
 }
 
 

@@ -1,5 +1,6 @@
 """What the R3 anomaly substrate monitors beyond the §7 baseline: the feeds of §2-§5, their
-expected rates and the materiality rule. Constants only (no import of the policy), so that
+expected rates and the materiality rule. Constants only (no import of the policy but the
+envelope's own constants), so that
 the limits summary (`limits.py`) and the monitor (`feeds.py`) read one table.
 
 Each feed counts a session's events of one section; its test statistic is that count k over
@@ -15,6 +16,9 @@ the declared baseline speaks: a budget boundary on per-session cost beyond the d
 from __future__ import annotations
 
 from typing import Any
+
+from governor.policy.envelope import EnvelopeConfig
+from governor.policy.envelope import monitored as envelope_monitored
 
 # feed -> (section, what it counts, expected rate per action)
 FEEDS: dict[str, tuple[str, str, float]] = {
@@ -35,7 +39,10 @@ def monitored(baseline_declared: bool) -> dict[str, Any]:
         "test": "one-sided binomial tail of the feed's events over the session's actions",
         "material": f"at least {MIN_EVENTS} events and p < anomaly_alpha; a per-session cost boundary "
                     "beyond the declared cost_per_session_usd.max at once",
-        "across_sessions": "not monitored (no cross-session envelope in this governor yet)",
+        "across_sessions": {"envelope": "the agent's rates across its sessions over tumbling windows "
+                                        "(policy/envelope.py); its settings at their defaults unless "
+                                        "governor run --envelope-* changed them",
+                            **envelope_monitored(EnvelopeConfig())},
     }
 
 

@@ -244,6 +244,15 @@ class ApprovalExpired:
     approval_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class EnvelopeDeviation:
+    """The agent's statistical envelope (policy/envelope.py) holds a sticky deviation this
+    session has not recorded yet: §7's on_anomaly, resolved through §6 (R3)."""
+
+    deviation: Mapping[str, Any]
+    approval_id: str | None = None  # a reviewer released the session from this deviation's pause
+
+
 Step = (
     ModelCall
     | UsageReport
@@ -259,6 +268,7 @@ Step = (
     | ApprovalGranted
     | ApprovalRejected
     | ApprovalExpired
+    | EnvelopeDeviation
 )
 
 

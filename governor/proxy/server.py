@@ -147,6 +147,7 @@ class Settings:
     reviewer_tokens: tuple[str, ...] = ()
     control_token: str | None = None
     lock_lifter_tokens: tuple[str, ...] = ()  # may lift locks besides the control token (cli/barrier_options.py)
+    envelope: Any = None  # the R3 envelope's EnvelopeConfig (cli/envelope_options.py); None: its defaults
     control_hosts: tuple[str, ...] = ()  # Host names the control plane answers to besides localhost ("*": any)
     webhooks: Any = None  # governor.notify.webhooks.WebhookConfig: signed notifications; None: none
     extra: dict[str, Any] = field(default_factory=dict)  # config-file keys for the runtime
@@ -597,6 +598,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     runtime.limit_rates(settings.rate_limits)
     runtime.settings.duplicates = watch_duplicates(store, governor_id=governor_id, public_key=key.public_key(),
                                                    log_origin=settings.log_origin, metrics=metrics)
+    if settings.envelope is not None:
+        runtime.envelope.config = settings.envelope
     runtime.start()
     if witnessing is not None:
         witnessing.on_alarm = witness_alarm(runtime)

@@ -71,6 +71,7 @@ from governor.runtime import stream_budget
 from governor.runtime.api import Admission, admission_for
 from governor.runtime.approvals import Approvals
 from governor.runtime.audit import AuditTrail
+from governor.runtime.envelope import EnvelopeWatch
 from governor.runtime.records import Records
 from governor.runtime.remote_steps import RemoteSteps
 from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
@@ -83,6 +84,7 @@ from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
 from governor.store import Store, StoreError
+from governor.store.envelope_books import open_envelope_book
 
 log = logging.getLogger("governor.runtime")
 
@@ -161,6 +163,9 @@ class Runtime:
                             clock=clock) if self.shared is not None else None
         self.oversight = Approvals(sessions=self._sessions, metrics=self.metrics, clock=clock, agent_id=agent_id,
                                    settings=settings, apply=self._apply, admit=self.admit, holds=holds)
+        self.envelope = EnvelopeWatch(open_book=lambda: open_envelope_book(store), agent_id=agent_id, clock=clock,  # R3
+                                      remote=self._store_in_thread, apply=self._apply, hold=self.oversight.hold,
+                                      await_approval=self.oversight.await_approval, record_audit=self.audit.record_audit)
         self.records = Records(sessions=self._sessions, data_dir=self.data_dir, key=key, metrics=self.metrics,
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
@@ -189,6 +194,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
+        await self.envelope.close()  # the pending tally reaches the store
         if end_sessions and self.shared is None:  # shared sessions go on on other replicas (or end idle)
             for session in list(self._sessions.values()):
                 if not session.ended:
@@ -249,6 +255,8 @@ class Runtime:
             log.exception("session %s could not be opened", session)
             decision = unrecorded_failure(step, exc)
             return admission_for(session, decision, None)
+        if live.limits.enforce_anomaly and (stop := await self.envelope.before(live)) is not None:
+            return admission_for(session, stop, None)  # the agent's envelope deviation, resolved through §6
         drawn: RateHold | None = None
         if self.rates is not None and type(step) in (ModelCall, ToolCall):  # rate limits: drawn first
             drawn, refused = await self.rates.take(live, step)
@@ -265,6 +273,8 @@ class Runtime:
                 seqs = live.recorded if decision.events else ()
         if drawn is not None:  # kept by the step's ticket, or given back when it does not go ahead
             await self.rates.keep(drawn, ticket, decision)  # type: ignore[union-attr]
+        if live.limits.enforce_anomaly:
+            self.envelope.observed(step, decision, live.limits)
         self.metrics.decided(decision, time.perf_counter() - started)
         if decision.approval is not None and decision.enforced and decision.action is Action.PAUSE:
             self.oversight.hold(live, step, decision)
@@ -291,6 +301,8 @@ class Runtime:
                     ticket.in_flight = False
                     if live.state is before and not live.ended:  # not applied (it could not be recorded)
                         await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+        if live.limits.enforce_anomaly:
+            self.envelope.observed(report, decision, live.limits)
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 

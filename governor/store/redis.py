@@ -538,6 +538,11 @@ class RedisStore:
             raw = self._client.getdel(f"{self.prefix}n:{nonce}")
         return raw is not None and now < float(raw)
 
+    @property
+    def client(self) -> Any:
+        """The Redis client, for collaborators with their own keys (store/redis_envelope.py)."""
+        return self._client
+
     def close(self) -> None:
         self._closed = True
         self._client.close()
