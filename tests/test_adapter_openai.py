@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView, status_for
+from governor.adapters.base import AdapterConfig
+from governor.adapters.refusals import status_for
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters import openai as openai_adapter
 from governor.adapters.openai import OpenAIAdapter
 from governor.adapters.openai import _Watcher as StreamWatcherBase  # the general path: the line decoder

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry
 from governor.adapters.anthropic_batches import AnthropicBatchesAdapter
-from governor.adapters.base import AdapterConfig, BadRequest, Observation, RequestView, estimate_tokens
+from governor.adapters.base import AdapterConfig, Observation
+from governor.adapters.model_calls import estimate_tokens
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.deferred import DeferredWork
 from governor.adapters.openai_async import OpenAIAsyncAdapter, auto_epochs
 from governor.adapters.uploads import MAX_BATCH_LINES, form_fields

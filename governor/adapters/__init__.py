@@ -29,7 +29,8 @@ from typing import Iterable, Sequence
 
 from governor.adapters import shapes
 from governor.adapters.allow import AllowEntry
-from governor.adapters.base import Adapter, AdapterConfig, RequestView
+from governor.adapters.base import Adapter, AdapterConfig
+from governor.adapters.request_view import RequestView
 
 # In match order: the LLM adapters decide on the path alone, so they go first and
 # the JSON-RPC ones (which look at the body) only see what is left.

@@ -17,28 +17,19 @@ from governor.adapters import sse, withhold
 from governor.adapters.counting import OutputCounter, measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
+from governor.adapters.base import Adapter, UnreadableAnswer, Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call, within_admission
+from governor.adapters.reading import (
     LENIENT_EVENT,
-    UnreadableAnswer,
     answered_object,
     as_dict,
     as_key,
     as_list,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    estimate_tokens,
-    model_call,
     requested_tool_call,
-    within_admission,
-    fallback_text,
     lenient_only,
 )
+from governor.adapters.refusals import fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.policy.steps import Decision, Step, UsageReport
 
 ERROR_TYPES = {

@@ -34,17 +34,9 @@ from urllib.parse import unquote
 import orjson
 
 from governor.adapters import withhold
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamWatcher,
-    estimate_tokens,
-    model_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.bedrock_answers import (
     ANTHROPIC,
     CONVERSE,

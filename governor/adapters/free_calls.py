@@ -14,16 +14,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from governor.adapters.anthropic import AnthropicAdapter
-from governor.adapters.base import (
-    Adapter,
-    AdapterConfig,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    describe,
-)
+from governor.adapters.base import Adapter, AdapterConfig, Exchange, Observation, Reply
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import FREE, Endpoint, Probe
 from governor.adapters.openai import OpenAIAdapter
 from governor.policy.steps import Decision, ModelCall, Step

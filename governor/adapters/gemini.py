@@ -24,19 +24,10 @@ from urllib.parse import parse_qsl
 import orjson
 
 from governor.adapters import gemini_tools, sse
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamWatcher,
-    describe,
-    estimate_tokens,
-    fallback_text,
-    model_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.refusals import describe, fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.counting import measured

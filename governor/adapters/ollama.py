@@ -26,25 +26,11 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import withhold
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    UnreadableAnswer,
-    answered_object,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    fallback_text,
-    model_call,
-    requested_tool_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamEvent, StreamWatcher, UnreadableAnswer
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list, requested_tool_call
+from governor.adapters.refusals import describe, fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.ndjson import LineDecoder
 from governor.adapters.counting import OutputCounter, add_arguments

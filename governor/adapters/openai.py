@@ -26,27 +26,25 @@ from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.base import (
     Adapter,
     AdapterConfig,
-    BadRequest,
-    LENIENT_EVENT,
     UnreadableAnswer,
-    answered_object,
-    as_dict,
-    as_list,
     Exchange,
     Observation,
     Reply,
-    RequestView,
     StreamEvent,
     StreamWatcher,
-    describe,
-    estimate_tokens,
-    model_call,
+)
+from governor.adapters.model_calls import estimate_tokens, model_call, within_admission
+from governor.adapters.reading import (
+    LENIENT_EVENT,
+    answered_object,
+    as_dict,
+    as_list,
     positive_int,
     requested_tool_call,
-    within_admission,
-    fallback_text,
     lenient_only,
 )
+from governor.adapters.refusals import describe, fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.policy.steps import Decision, Step, UsageReport
 
 CHAT = "chat"

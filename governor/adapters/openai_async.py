@@ -22,22 +22,11 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import uploads, withhold
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    UNREAD_ANSWER,
-    answered_object,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    model_call,
-    requested_tool_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, UNREAD_ANSWER
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list, requested_tool_call
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.deferred import DeclaredFile, count, finished
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit

@@ -24,21 +24,11 @@ import orjson
 
 from governor.adapters import media_charges as charges
 from governor.adapters import sse
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    positive_int,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens
+from governor.adapters.reading import as_dict, as_list, positive_int
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.counting import OutputCounter, count_text, measured
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.forms import Form, FormError, read_form

@@ -28,23 +28,11 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import sse
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    UnreadableAnswer,
-    answered_object,
-    as_dict,
-    as_list,
-    estimate_tokens,
-    fallback_text,
-    model_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamEvent, StreamWatcher, UnreadableAnswer
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list
+from governor.adapters.refusals import fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.counting import OutputCounter

@@ -17,7 +17,7 @@ from typing import Callable
 
 import orjson
 
-from governor.adapters.base import BadRequest, RequestView
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.deferred import DeclaredFile
 
 # OpenAI's own bounds: 50,000 requests per batch file; a form has two fields (a few more are
