@@ -32,7 +32,6 @@ from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from governor.adapters.deferred import DeferredWork
 from governor.adapters.refusals import describe, status_for
 from governor.adapters.request_view import BadRequest, RawHeaders, RequestView
 from governor.policy.steps import Decision, Step, ToolCall, ToolError, UsageReport
@@ -74,10 +73,6 @@ class AdapterConfig:
     fit_floor: int = 256
     # Free-form settings for other adapters (e.g. A2A peer resolution).
     extra: Mapping[str, Any] = field(default_factory=dict)
-    # What the adapters built from this config remember across exchanges (files uploaded for
-    # batches, submissions charged at once: governor.adapters.deferred). Not a knob: one per
-    # registry, shared by its adapters.
-    memory: DeferredWork = field(default_factory=DeferredWork, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -182,10 +177,13 @@ class StreamWatcher(abc.ABC):
 class Adapter(abc.ABC):
     """One wire protocol. Subclasses are stateless: all per-exchange state lives in Exchange
     (what must outlive an exchange, the asynchronous endpoints' files and charges, lives in
-    the registry's one `config.memory`: governor.adapters.deferred)."""
+    the registry's one DeferredWork, governor.adapters.deferred, handed to the adapters
+    that say they remember in their constructors)."""
 
     name: ClassVar[str]  # registry key and mapping target: "openai", "anthropic", "mcp", "a2a"
     provider: ClassVar[str] = ""  # ModelCall.provider for LLM adapters
+    # True: the constructor takes `memory` (a DeferredWork), the registry's one, after the config
+    remembers: ClassVar[bool] = False
 
     def __init__(self, config: AdapterConfig | None = None) -> None:
         self.config = config or AdapterConfig()

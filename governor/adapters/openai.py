@@ -19,7 +19,7 @@ import orjson
 
 from governor.adapters import sse, withhold
 from governor.adapters.background import RESPONSE_USAGE, BackgroundStream
-from governor.adapters.deferred import finished
+from governor.adapters.deferred import DeferredWork, finished
 from governor.adapters.counting import measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
@@ -87,8 +87,11 @@ class OpenAIAdapter(Adapter):
     name = "openai"
     provider = "openai"
 
-    def __init__(self, config: AdapterConfig | None = None) -> None:
+    remembers = True  # background responses: charged when accepted, settled when read (deferred.py)
+
+    def __init__(self, config: AdapterConfig | None = None, memory: DeferredWork | None = None) -> None:
         super().__init__(config)
+        self.memory = DeferredWork() if memory is None else memory
         # Azure OpenAI deployment name -> the model it serves (the config file's `deployments`):
         # a deployment is admitted and priced as that model (docs/reference/compat.md)
         self.deployments: Mapping[str, str] = self.config.extra.get("deployments") or {}
@@ -223,7 +226,7 @@ class OpenAIAdapter(Adapter):
                          model=model, expected_input=exchange.state["expected_input"], persona=exchange.persona)
         if "background" in exchange.state and isinstance(data.get("id"), str) and not finished(data.get("status")):
             state = exchange.state  # accepted, not done: its reservation now, whatever usage it claims so far
-            usage = self.config.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
+            usage = self.memory.submitted(exchange.host, data["id"], exchange.model, state["expected_input"],
                                                  state["expected_output"], RESPONSE_USAGE, exchange.persona)
         steps: list[Step] = []
         if kind == CHAT:
@@ -253,7 +256,7 @@ class OpenAIAdapter(Adapter):
         if kind == RESPONSES:
             watcher = ResponsesStreamWatcher(exchange, self.config.bytes_per_token)
             if "background" in exchange.state:  # work that goes on upstream if the stream ends early
-                return BackgroundStream(watcher, exchange, self.config.memory)
+                return BackgroundStream(watcher, exchange, self.memory)
             return watcher
         return None  # embeddings are never streamed: a stream is buffered and read whole
 
