@@ -92,9 +92,7 @@ class AnthropicAdapter(Adapter):
         return request.method == "POST" and request.match_route.endswith("/v1/messages")
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("'model' is required and must be a string")

@@ -38,9 +38,9 @@ from governor.policy.steps import Decision, Step, ToolCall, ToolError, UsageRepo
 
 # Also importable from here, where the proxy and the JSON-RPC adapters import them from
 # (their homes are request_view.py and refusals.py).
-__all__ = ["Adapter", "AdapterConfig", "BadRequest", "Exchange", "JSON_HEADERS", "Observation", "RawHeaders", "Reply",
-           "RequestView", "StreamEvent", "StreamWatcher", "UNREAD_ANSWER", "UnreadableAnswer", "describe",
-           "observe_stream_whole", "status_for"]
+__all__ = ["Adapter", "AdapterConfig", "BadRequest", "Exchange", "JSON_HEADERS", "Observation", "RawHeaders",
+           "Reply", "RequestView", "StreamEvent", "StreamWatcher", "SuffixAdapter", "UNREAD_ANSWER",
+           "UnreadableAnswer", "describe", "observe_stream_whole", "status_for"]
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
@@ -255,6 +255,19 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def fallback_response(self, exchange: Exchange, decision: Decision, governor: Mapping[str, Any]) -> Reply:
         """A §6 fallback: the declared value/message in the protocol's normal response shape."""
+
+
+class SuffixAdapter(Adapter):
+    """An adapter whose model-call endpoints are the routes ending with one of `suffixes`
+    (Gemini, Ollama, TGI, the media and free endpoints): a POST there is its."""
+
+    suffixes: ClassVar[tuple[str, ...]] = ()
+
+    def claims(self, route: str) -> bool:
+        return route.endswith(self.suffixes)
+
+    def match(self, request: RequestView) -> bool:
+        return request.method == "POST" and request.match_route.endswith(self.suffixes)
 
 
 def observe_stream_whole(adapter: Adapter, exchange: Exchange, status: int, headers: Mapping[str, str],

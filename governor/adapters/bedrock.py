@@ -157,9 +157,7 @@ class BedrockAdapter(Adapter):
                              "governor cannot count it): refused; use Converse or InvokeModel", status=403)
         if not model_id:
             raise BadRequest("the path names no model id (/model/{modelId}/...)")
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         family = CONVERSE_BODY if operation in (CONVERSE, CONVERSE_STREAM) else family_of(model_id)
         if family is None:
             raise BadRequest(

@@ -1,15 +1,16 @@
 """multipart/form-data request bodies, read within bounds (image edits and variations, audio
-transcriptions and translations; file uploads, governor.adapters.uploads, which keep the file's bytes).
+transcriptions and translations; file uploads, governor.adapters.uploads, which keep the
+file's bytes).
 
 The parsing is python-multipart's (`MultipartParser`, the push parser Starlette and FastAPI
-use): fed the body once, it calls back for each part's headers and data. The governor keeps
-the text fields (bounded) and only the size of each file part: nothing of an upload is
-copied, unless the caller asks for the files' bytes (`keep_files`: a batch file is read). What a server could read differently from the governor is refused (FormError, a
-400) rather than guessed at: no boundary or one RFC 2046 does not allow, a body that does not
-end with the closing boundary, a part without a form-data name, a field sent twice (servers
-disagree on which one wins), a transfer encoding (RFC 7578 forbids it, and a server that
-decoded it would read another value), a text field that is not UTF-8, too many parts or
-headers, a text field past its bound.
+use): fed the body once, it calls back for each part's headers and data. The governor keeps the
+text fields (bounded) and only the size of each file part: nothing of an upload is copied,
+unless the caller asks for the files' bytes (`keep_files`: a batch file is read). What a server
+could read differently from the governor is refused (FormError, a 400) rather than guessed at:
+no boundary or one RFC 2046 does not allow, a body that does not end with the closing boundary,
+a part without a form-data name, a field sent twice (servers disagree on which one wins), a
+transfer encoding (RFC 7578 forbids it, and a server that decoded it would read another value),
+a text field that is not UTF-8, too many parts or headers, a text field past its bound.
 """
 
 from __future__ import annotations

@@ -104,9 +104,7 @@ class OpenAIAdapter(Adapter):
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         kind = _kind(request.match_route)
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         if kind is None:  # a path a `routes` entry gave this adapter: the body says which endpoint
             kind = CHAT if "messages" in body else COMPLETIONS if "prompt" in body else \
                 RESPONSES if "input" in body or "previous_response_id" in body else None

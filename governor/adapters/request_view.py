@@ -145,6 +145,14 @@ class RequestView:
             raise BadRequest(self._conflict)
         return self._json
 
+    def json_object(self) -> dict[str, Any]:
+        """The parsed body when it is a JSON object, what a model call's body is; BadRequest
+        otherwise (json()'s refusals, or another JSON value)."""
+        body = self.json()
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
     def _parse(self) -> None:
         if self._json is self._UNPARSED and self._error is None:
             try:
