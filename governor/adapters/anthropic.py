@@ -21,12 +21,12 @@ from governor.adapters.base import Adapter, UnreadableAnswer, Exchange, Observat
 from governor.adapters.model_calls import estimate_tokens, model_call, within_admission
 from governor.adapters.reading import (
     LENIENT_EVENT,
-    answered_object,
     as_dict,
     as_key,
     as_list,
     requested_tool_call,
     lenient_only,
+    readable_answer,
 )
 from governor.adapters.refusals import fallback_text
 from governor.adapters.request_view import BadRequest, RequestView
@@ -141,11 +141,8 @@ class AnthropicAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        data = answered_object(status, body)
+        data = readable_answer(status, body)
         if data is None:
-            if status == 200 and lenient_only(body):
-                raise UnreadableAnswer("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, "
-                                       "an encoding orjson refuses); it was refused rather than relayed unread")
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))

@@ -23,11 +23,11 @@ from governor.adapters.deferred import DeferredWork, finished
 from governor.adapters.counting import measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
-from governor.adapters.base import Adapter, AdapterConfig, Exchange, Observation, Reply, StreamWatcher, UnreadableAnswer
+from governor.adapters.base import Adapter, AdapterConfig, Exchange, Observation, Reply, StreamWatcher
 from governor.adapters.model_calls import estimate_tokens, model_call
 from governor.adapters.openai_streams import ChatStreamWatcher, CompletionsStreamWatcher, ResponsesStreamWatcher
 from governor.adapters.openai_usage import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, answer_count, provider_usage
-from governor.adapters.reading import answered_object, as_list, as_dict, lenient_only, requested_tool_call
+from governor.adapters.reading import as_dict, as_list, readable_answer, requested_tool_call
 from governor.adapters.refusals import describe, fallback_text
 from governor.adapters.request_view import BadRequest, RequestView
 from governor.policy.steps import Decision, Step
@@ -211,11 +211,8 @@ class OpenAIAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        data = answered_object(status, body)
+        data = readable_answer(status, body)
         if data is None:
-            if status == 200 and lenient_only(body):
-                raise UnreadableAnswer("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, "
-                                       "an encoding orjson refuses); it was refused rather than relayed unread")
             return Observation()
         kind = exchange.state["kind"]
         model = data.get("model") if isinstance(data.get("model"), str) and data["model"] else exchange.model

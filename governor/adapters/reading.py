@@ -1,5 +1,5 @@
 """Reading agent and upstream JSON without trusting its shape: fields coerced to what the
-parser expects, answers JSON only to a lenient parser told apart, offered tools' names, and the
+parser expects, answers JSON only to a lenient parser told apart (and refused), offered tools' names, and the
 tool calls an answer asks the agent to run."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from governor.adapters.base import UnreadableAnswer
 from governor.adapters.shapes import LENIENT_PARSE_LIMIT
 from governor.policy.steps import ToolCall
 
@@ -36,6 +37,19 @@ def answered_object(status: int, body: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
+
+
+LENIENT_ANSWER = ("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, an encoding orjson "
+                  "refuses); it was refused rather than relayed unread")
+
+
+def readable_answer(status: int, body: bytes) -> dict[str, Any] | None:
+    """answered_object, refusing (UnreadableAnswer) a 200 answer that is JSON only to a lenient
+    parser (lenient_only): what an SDK would read and the governor could not."""
+    data = answered_object(status, body)
+    if data is None and status == 200 and lenient_only(body):
+        raise UnreadableAnswer(LENIENT_ANSWER)
+    return data
 
 
 LENIENT_EVENT = ("the upstream sent a stream event that is JSON only to a lenient parser (NaN, Infinity, a lone "
