@@ -10,7 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.adapters.a2a import A2AAdapter, DEPTH_HEADER, PeerResolver, admission_verifier
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView
+from governor.adapters.base import AdapterConfig
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE, parse_events
 from governor.policy.steps import Action, Decision, Delegation
 from tests.control_harness import A2APeer, peer_passport

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.adapters.anthropic import AnthropicAdapter
-from governor.adapters.base import BadRequest, RequestView
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.sse import SSEDecoder
 from governor.policy.steps import Action, Decision, ModelCall, ToolCall, UsageReport
 

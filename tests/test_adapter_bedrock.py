@@ -20,7 +20,9 @@ from botocore.loaders import Loader
 from botocore.parsers import RestJSONParser
 
 from governor.adapters import AdapterRegistry, eventstream
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView, UsageReport
+from governor.adapters.base import AdapterConfig
+from governor.adapters.request_view import BadRequest, RequestView
+from governor.policy.steps import UsageReport
 from governor.adapters.bedrock import BedrockAdapter, family_of, model_id_of
 from governor.adapters.counting import count_text
 from governor.adapters.shapes import normalize_path

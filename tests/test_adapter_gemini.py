@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry, Refusal
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView
+from governor.adapters.base import AdapterConfig
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.counting import count_text
 from governor.adapters.fitting import fit_request
 from governor.adapters.gemini import GeminiAdapter

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from governor.adapters import AdapterRegistry
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView
+from governor.adapters.base import AdapterConfig
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE, parse_events
 from governor.adapters.mcp import MCPAdapter, target_path
 from governor.policy.steps import Action, Decision, ToolCall, ToolError

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from governor.adapters import AdapterRegistry, Refusal, media_charges
-from governor.adapters.base import BadRequest, RequestView
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.forms import FormError, read_form
 from governor.adapters.free_calls import AnthropicCountAdapter, OpenAIFreeAdapter
 from governor.adapters.openai_media import OpenAIMediaAdapter

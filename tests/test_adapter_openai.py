@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView, status_for
-from governor.adapters import openai as openai_adapter
+from governor.adapters.base import AdapterConfig
+from governor.adapters.refusals import status_for
+from governor.adapters.request_view import BadRequest, RequestView
+from governor.adapters import openai_streams
 from governor.adapters.openai import OpenAIAdapter
-from governor.adapters.openai import _Watcher as StreamWatcherBase  # the general path: the line decoder
+from governor.adapters.openai_streams import OpenAIWatcher as StreamWatcherBase  # the general path: the line decoder
 from governor.adapters.sse import SSEDecoder, last_boundary
 from governor.policy.steps import Action, Decision, ModelCall, ToolCall, UsageReport
 
@@ -290,7 +292,7 @@ def test_whole_event_chunks_read_as_the_line_decoder_reads_them(events, max_toke
     chunks = [b"data: " + event + b"\n\n" for event in events]
     # a stream that never says when it was created is stamped with the clock when its watcher
     # starts; a fixed clock keeps the two watchers from straddling a second boundary
-    with mock.patch.object(openai_adapter, "time", types.SimpleNamespace(time=lambda: 1_795_491_011.5)):
+    with mock.patch.object(openai_streams, "time", types.SimpleNamespace(time=lambda: 1_795_491_011.5)):
         split, split_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), chunks)
         whole, whole_events = run_watcher(ADAPTER, open_("/v1/chat/completions", body), [b"".join(chunks)])
     assert split_events == whole_events

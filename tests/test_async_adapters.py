@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from governor.adapters import AdapterRegistry
 from governor.adapters.anthropic_batches import AnthropicBatchesAdapter
-from governor.adapters.base import AdapterConfig, BadRequest, Observation, RequestView, estimate_tokens
+from governor.adapters.base import AdapterConfig, Observation
+from governor.adapters.model_calls import estimate_tokens
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.deferred import DeferredWork
 from governor.adapters.openai_async import OpenAIAsyncAdapter, auto_epochs
 from governor.adapters.uploads import MAX_BATCH_LINES, form_fields
@@ -428,7 +430,7 @@ def test_a_queued_background_response_is_charged_its_reservation_whatever_usage_
         assert (report.input_tokens, report.output_tokens) == (exchange.state["expected_input"], 500)
     done = orjson.dumps({"id": "resp_D", "status": "completed", "usage": {"input_tokens": 7, "output_tokens": 9}})
     assert adapter.observe_response(exchange, 200, {}, done).usage.output_tokens == 9  # done at once: its usage
-    assert adapter.config.memory.charged(HOST, "resp_D") is None
+    assert adapter.memory.charged(HOST, "resp_D") is None
     # no id (not accepted as background work), or not asked for in the background: an answer without
     # usage, charged what was measured (its admission's input, nothing relayed), never nothing
     no_id = adapter.observe_response(exchange, 200, {}, b'{"status": "queued"}').usage
@@ -437,7 +439,7 @@ def test_a_queued_background_response_is_charged_its_reservation_whatever_usage_
     _, plain = background({"background": False})
     report = adapter.observe_response(plain, 200, {}, orjson.dumps({"id": "r", "status": "queued"})).usage
     assert (report.input_tokens, report.output_tokens) == (plain.state["expected_input"], 0)
-    assert adapter.config.memory.charged(HOST, "r") is None
+    assert adapter.memory.charged(HOST, "r") is None
 
 
 def test_a_background_stream_left_before_its_end_is_charged_its_reservation_and_settled_when_read():
@@ -450,7 +452,7 @@ def test_a_background_stream_left_before_its_end_is_charged_its_reservation_and_
                  + delta + b"\n\n")
     final = watcher.close()[-1]  # the client left: the work goes on upstream
     assert final.final and (final.input_tokens, final.output_tokens) == (exchange.state["expected_input"], 500)
-    reads = OpenAIAsyncAdapter(adapter.config)
+    reads = OpenAIAsyncAdapter(adapter.config, adapter.memory)  # the registry hands both its one memory
     read = reads.open(get("/v1/responses/resp_S"), session="s", persona=None)
     answer = orjson.dumps({"id": "resp_S", "status": "completed", "usage": {"input_tokens": 4000, "output_tokens": 500}})
     extra = reads.observe_response(read, 200, {}, answer).usage
@@ -465,7 +467,7 @@ def test_a_background_stream_that_completes_is_charged_its_usage():
     watcher.feed(b"event: response.completed\ndata: " + completed + b"\n\n")
     final = watcher.close()[-1]
     assert (final.input_tokens, final.output_tokens) == (12, 30)
-    assert adapter.config.memory.charged(HOST, "resp_C") is None
+    assert adapter.memory.charged(HOST, "resp_C") is None
 
 
 def test_batch_work_is_priced_at_half_unless_the_table_names_its_batch_price():

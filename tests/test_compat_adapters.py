@@ -11,7 +11,8 @@ import pytest
 from ollama import ChatResponse, GenerateResponse
 
 from governor.adapters import AdapterRegistry
-from governor.adapters.base import BadRequest, RequestView, UnreadableAnswer
+from governor.adapters.base import UnreadableAnswer
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.ollama import OllamaAdapter
 from governor.adapters.tgi import TGIAdapter
 from governor.policy.steps import Action, Decision, ToolCall, UsageReport

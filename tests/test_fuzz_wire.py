@@ -26,7 +26,8 @@ from mitmproxy import http
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
 from governor.adapters import sse
 from governor.adapters.anthropic import AnthropicAdapter
-from governor.adapters.base import Adapter, BadRequest, Observation, RequestView
+from governor.adapters.base import Adapter, Observation
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.bedrock import BedrockAdapter
 from governor.adapters.mcp import MCPAdapter
 from governor.adapters.a2a import A2AAdapter

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from governor.adapters import withhold
-from governor.adapters.base import BadRequest, RequestView
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.jsonrpc import GOVERNOR_ERROR_CODE, body_messages
 from tests.proxy_harness import real_sdk_env
 from tests.test_a2a_proxy import governor, peers  # noqa: F401  (fixtures)

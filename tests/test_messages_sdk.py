@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from tests.proxy_harness import real_sdk_env, run_python
 from tests.upstreams import Behaviour
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from governor.policy import (
     ON_BUDGET_EXHAUSTED,
     Action,

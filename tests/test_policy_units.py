@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from governor.runtime.prices import price_book
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from governor.policy import decide
 from governor.policy.limits import compile_limits
 from governor.policy.pricing import PricingError, default_pricing_path, load_pricing, pricing_from_mapping

@@ -59,7 +59,7 @@ def test_a_response_body_is_read_decoded_when_it_can_be_and_refused_when_not() -
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from governor.adapters.base import RawHeaders  # noqa: E402
+from governor.adapters.request_view import RawHeaders  # noqa: E402
 
 names = st.sampled_from([b"Host", b"host", b"ADL-Session", b"adl-session", b"Content-Type", b"X-Thing", b"x-thing"])
 values = st.binary(max_size=8).filter(lambda v: b"\r" not in v and b"\n" not in v)

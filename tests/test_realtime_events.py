@@ -149,7 +149,7 @@ def test_an_input_transcription_is_a_call_of_the_session_transcription_model():
 
 
 def test_the_adapter_opens_the_upgrade_and_refuses_the_rest():
-    from governor.adapters.base import BadRequest, RequestView
+    from governor.adapters.request_view import BadRequest, RequestView
 
     adapter = RealtimeAdapter()
     upgrade = {"upgrade": "websocket", "connection": "Upgrade"}

@@ -302,7 +302,7 @@ async def test_sweep_keeps_budget_gauges_current_and_ends_idle_sessions(runtime,
 
 
 def test_the_refusal_reason_states_the_comparison_the_decision_made():
-    from governor.adapters.base import describe
+    from governor.adapters.refusals import describe
     from governor.policy import Decision
     from governor.runtime.api import governor_object
 

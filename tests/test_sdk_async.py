@@ -17,7 +17,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from governor.adapters.base import estimate_tokens
+from governor.adapters.model_calls import estimate_tokens
 from governor.evidence import verify_record
 from governor.passport import example_passport_path, load_passport
 from tests.async_upstream import AsyncMock

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from tests.gemini_upstream import GeminiBehaviour as B
 from tests.gemini_upstream import GeminiMock
 from tests.proxy_harness import real_governor, run_python

@@ -10,15 +10,14 @@ import httpx
 import pytest
 
 from governor.proxy.server import Settings, serve
+from tests.capped_passport_harness import CAP, write_passport
 from tests.proxy_harness import AGENT_NAMED
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
 from tests.redis_topology import cluster
-from tests.test_store_failover_proxy import write_passport
 from tests.upstreams import Behaviour, MockLLM
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 
-CAP = 4_000  # the passport's per-day token cap (tests/test_store_failover_proxy.py)
 CALL = 25  # tokens a call uses: 5 in, 20 out
 
 

@@ -8,32 +8,19 @@ reached the agents stays within the cap."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from governor.proxy.server import Settings, serve
+from tests.capped_passport_harness import CAP, write_passport
 from tests.proxy_harness import AGENT_NAMED
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
 from tests.redis_topology import RedisProcess, sentinel_set, wait_until
-from tests.stream_budget_harness import PASSPORT
 from tests.upstreams import Behaviour, MockLLM
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
-
-CAP = 4_000  # tokens per day; a call uses 25 (5 in, 20 out), within what it reserves
-
-
-def write_passport(path):
-    from governor.passport import sign_passport
-
-    passport = json.loads(json.dumps(PASSPORT))
-    passport["permissions"]["resource_limits"]["budget"]["tokens"] = {"per_day": CAP}
-    path.write_text(json.dumps(sign_passport(passport, Ed25519PrivateKey.generate())))
-    return path
 
 
 async def test_a_primary_killed_under_load_the_calls_resume_within_15s_and_the_day_cap_holds(tmp_path):

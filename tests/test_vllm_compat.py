@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from governor.adapters import AdapterRegistry, Refusal
-from governor.adapters.base import RequestView
+from governor.adapters.request_view import RequestView
 from tests.compat_harness import http_client, used
 from tests.proxy_harness import real_governor
 from tests.upstreams import Behaviour

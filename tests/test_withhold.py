@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from governor.runtime.prices import price_book
 from governor.adapters import withhold
-from governor.adapters.base import AdapterConfig, BadRequest, RequestView
+from governor.adapters.base import AdapterConfig
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.openai import OpenAIAdapter
 from governor.policy.steps import Decision
 from tests.proxy_harness import real_sdk_env, run_python

@@ -29,7 +29,9 @@ from typing import Iterable, Sequence
 
 from governor.adapters import shapes
 from governor.adapters.allow import AllowEntry
-from governor.adapters.base import Adapter, AdapterConfig, RequestView
+from governor.adapters.base import Adapter, AdapterConfig
+from governor.adapters.deferred import DeferredWork
+from governor.adapters.request_view import RequestView
 
 # In match order: the LLM adapters decide on the path alone, so they go first and
 # the JSON-RPC ones (which look at the body) only see what is left.
@@ -163,7 +165,9 @@ class AdapterRegistry:
     def default(cls, config: AdapterConfig | None = None, routes: Iterable[Route] = (),
                 allow: Iterable[AllowEntry] = ()) -> "AdapterRegistry":
         config = config or AdapterConfig()
-        return cls([klass(config) for klass in available_adapter_classes()], routes, allow)
+        memory = DeferredWork()  # one for the registry: what one adapter charged, another settles
+        return cls([klass(config, memory) if klass.remembers else klass(config)  # type: ignore[call-arg]
+                    for klass in available_adapter_classes()], routes, allow)
 
     def routed(self, request: RequestView) -> Adapter | str | None:
         """What the route mapping says of this request: an adapter, IGNORE (an allow-list

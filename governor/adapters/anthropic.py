@@ -17,28 +17,19 @@ from governor.adapters import sse, withhold
 from governor.adapters.counting import OutputCounter, measured
 from governor.adapters.fitting import requested_limit
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
+from governor.adapters.base import Adapter, UnreadableAnswer, Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call, within_admission
+from governor.adapters.reading import (
     LENIENT_EVENT,
-    UnreadableAnswer,
-    answered_object,
     as_dict,
     as_key,
     as_list,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    estimate_tokens,
-    model_call,
     requested_tool_call,
-    within_admission,
-    fallback_text,
     lenient_only,
+    readable_answer,
 )
+from governor.adapters.refusals import fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.policy.steps import Decision, Step, UsageReport
 
 ERROR_TYPES = {
@@ -101,9 +92,7 @@ class AnthropicAdapter(Adapter):
         return request.method == "POST" and request.match_route.endswith("/v1/messages")
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequest("'model' is required and must be a string")
@@ -152,11 +141,8 @@ class AnthropicAdapter(Adapter):
     def observe_response(
         self, exchange: Exchange, status: int, headers: Mapping[str, str], body: bytes
     ) -> Observation:
-        data = answered_object(status, body)
+        data = readable_answer(status, body)
         if data is None:
-            if status == 200 and lenient_only(body):
-                raise UnreadableAnswer("the upstream's answer is JSON only to a lenient parser (NaN, Infinity, "
-                                       "an encoding orjson refuses); it was refused rather than relayed unread")
             return Observation()
         model = data.get("model") if isinstance(data.get("model"), str) else exchange.model
         fields = _usage_fields(data.get("usage"))

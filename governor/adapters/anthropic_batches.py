@@ -16,18 +16,11 @@ import orjson
 
 from governor.adapters import uploads, withhold
 from governor.adapters.anthropic import AnthropicAdapter
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    UNREAD_ANSWER,
-    answered_object,
-    describe,
-    model_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, UNREAD_ANSWER
+from governor.adapters.model_calls import model_call
+from governor.adapters.reading import answered_object
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.policy.pricing import BATCH_TIER
 from governor.policy.steps import Decision, Step, UsageReport

@@ -34,17 +34,9 @@ from urllib.parse import unquote
 import orjson
 
 from governor.adapters import withhold
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamWatcher,
-    estimate_tokens,
-    model_call,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.bedrock_answers import (
     ANTHROPIC,
     CONVERSE,
@@ -165,9 +157,7 @@ class BedrockAdapter(Adapter):
                              "governor cannot count it): refused; use Converse or InvokeModel", status=403)
         if not model_id:
             raise BadRequest("the path names no model id (/model/{modelId}/...)")
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         family = CONVERSE_BODY if operation in (CONVERSE, CONVERSE_STREAM) else family_of(model_id)
         if family is None:
             raise BadRequest(

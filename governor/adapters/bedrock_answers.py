@@ -31,22 +31,10 @@ import orjson
 
 from governor.adapters import eventstream
 from governor.adapters.counting import OutputCounter, add_arguments
-from governor.adapters.base import (
-    Exchange,
-    Observation,
-    Reply,
-    StreamEvent,
-    StreamWatcher,
-    answered_object,
-    as_dict,
-    as_key,
-    as_list,
-    estimate_tokens,
-    fallback_text,
-    positive_int,
-    requested_tool_call,
-    within_admission,
-)
+from governor.adapters.base import Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, within_admission
+from governor.adapters.reading import answered_object, as_dict, as_key, as_list, positive_int, requested_tool_call
+from governor.adapters.refusals import fallback_text
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, Decision, Step, UsageReport
 
 # operations (the route's last segment)

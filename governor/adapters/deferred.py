@@ -19,8 +19,8 @@ charged, which model an assistant runs. Keyed by upstream host and the provider'
 same id at another host is another resource: an agent's own server cannot vouch for a file
 at the provider). Bounded: the oldest entries are forgotten first, and a request naming a
 file the governor does not remember is refused (fail closed), as for one it never saw.
-One instance per adapter registry (`AdapterConfig.memory`); the proxy runs on one event loop,
-so it needs no lock.
+One instance per adapter registry, handed to the adapters that remember (`Adapter.remembers`)
+in their constructors; the proxy runs on one event loop, so it needs no lock.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from governor.adapters.base import BadRequest, Exchange
+from governor.adapters.base import Exchange
+from governor.adapters.request_view import BadRequest
 from governor.policy.fitting import FITTED_KEY
 from governor.policy.limits import COST, TOKENS
 from governor.policy.steps import Decision

@@ -1,15 +1,16 @@
 """multipart/form-data request bodies, read within bounds (image edits and variations, audio
-transcriptions and translations).
+transcriptions and translations; file uploads, governor.adapters.uploads, which keep the
+file's bytes).
 
 The parsing is python-multipart's (`MultipartParser`, the push parser Starlette and FastAPI
-use): fed the body once, it calls back for each part's headers and data. The governor keeps
-the text fields (bounded) and only the size of each file part: nothing of an upload is
-copied. What a server could read differently from the governor is refused (FormError, a
-400) rather than guessed at: no boundary or one RFC 2046 does not allow, a body that does not
-end with the closing boundary, a part without a form-data name, a field sent twice (servers
-disagree on which one wins), a transfer encoding (RFC 7578 forbids it, and a server that
-decoded it would read another value), a text field that is not UTF-8, too many parts or
-headers, a text field past its bound.
+use): fed the body once, it calls back for each part's headers and data. The governor keeps the
+text fields (bounded) and only the size of each file part: nothing of an upload is copied,
+unless the caller asks for the files' bytes (`keep_files`: a batch file is read). What a server
+could read differently from the governor is refused (FormError, a 400) rather than guessed at:
+no boundary or one RFC 2046 does not allow, a body that does not end with the closing boundary,
+a part without a form-data name, a field sent twice (servers disagree on which one wins), a
+transfer encoding (RFC 7578 forbids it, and a server that decoded it would read another value),
+a text field that is not UTF-8, too many parts or headers, a text field past its bound.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ class FormError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FilePart:
-    """A file field: its form name, file name, declared type and size in bytes (not its bytes)."""
+    """A file field: its form name, file name, declared type and size in bytes (its bytes only
+    when read_form was asked to keep them)."""
 
     name: str
     filename: str
     content_type: str
     size: int
+    content: bytes = b""
 
 
 @dataclass(slots=True)
@@ -51,9 +54,12 @@ class Form:
 class _Reader:
     """The parser's callbacks: one part at a time, bounded."""
 
-    def __init__(self, max_field_bytes: int) -> None:
+    def __init__(self, max_field_bytes: int, max_parts: int, keep_files: bool) -> None:
         self.form = Form()
         self.max_field_bytes = max_field_bytes
+        self.max_parts = max_parts
+        self.keep_files = keep_files
+        self.in_headers = False  # between a part's boundary and the blank line after its headers
         self.parts = 0
         self.names: set[str] = set()
         self._reset()
@@ -70,9 +76,10 @@ class _Reader:
 
     def part_begin(self) -> None:
         self.parts += 1
-        if self.parts > MAX_PARTS:
-            raise FormError(f"the form has more than {MAX_PARTS} parts")
+        if self.parts > self.max_parts:
+            raise FormError(f"the form has more than {self.max_parts} parts")
         self._reset()
+        self.in_headers = True
 
     def _grow(self, buffer: bytearray, data: bytes, start: int, end: int) -> None:
         self.header_bytes += end - start
@@ -94,13 +101,14 @@ class _Reader:
         self.field_buf, self.value_buf = bytearray(), bytearray()
 
     def headers_finished(self) -> None:
+        self.in_headers = False
         encoding = self.headers.get("content-transfer-encoding", "binary").lower()
         if encoding not in ("binary", "8bit", "7bit"):
             raise FormError(f"a part has Content-Transfer-Encoding {encoding!r} (RFC 7578 forbids encoded parts)")
         kind, options = parse_options_header(self.headers.get("content-disposition", ""))
         name = options.get(b"name")
         if kind != b"form-data" or name is None:
-            raise FormError("a part has no Content-Disposition: form-data with a name")
+            raise FormError("a part without a field name (a Content-Disposition: form-data with a name)")
         self.name = name.decode("utf-8", "replace")
         filename = options.get(b"filename")
         self.filename = filename.decode("utf-8", "replace") if filename is not None else None
@@ -111,17 +119,20 @@ class _Reader:
             if self.size > self.max_field_bytes:
                 raise FormError(f"form field {self.name!r} exceeds {self.max_field_bytes} bytes")
             self.data += data[start:end]
+        elif self.keep_files:
+            self.data += data[start:end]
 
     def part_end(self) -> None:
         name = self.name
         if name is None:
             raise FormError("a part ended before its headers")
         if self.filename is not None:
-            self.form.files.append(FilePart(name, self.filename, self.headers.get("content-type", ""), self.size))
+            self.form.files.append(FilePart(name, self.filename, self.headers.get("content-type", ""), self.size,
+                                            bytes(self.data) if self.keep_files else b""))
             return
         # array fields (image[] of an edit) repeat by design; a scalar sent twice is ambiguous
         if name in self.names and not name.endswith("[]"):
-            raise FormError(f"form field {name!r} is sent more than once")
+            raise FormError(f"form field {name!r} given twice (servers differ on which one they read)")
         self.names.add(name)
         try:
             value = self.data.decode("utf-8")
@@ -142,9 +153,11 @@ def boundary_of(content_type: str | None) -> bytes:
     return boundary
 
 
-def read_form(content_type: str | None, body: bytes, *, max_field_bytes: int = MAX_FIELD_BYTES) -> Form:
-    """The form in `body` (the whole request body, already bounded by the proxy), or FormError."""
-    reader = _Reader(max_field_bytes)
+def read_form(content_type: str | None, body: bytes, *, max_field_bytes: int = MAX_FIELD_BYTES,
+              max_parts: int = MAX_PARTS, keep_files: bool = False) -> Form:
+    """The form in `body` (the whole request body, already bounded by the proxy), or FormError;
+    with `keep_files`, each file part's bytes too."""
+    reader = _Reader(max_field_bytes, max_parts, keep_files)
     callbacks = {
         "on_part_begin": reader.part_begin, "on_part_data": reader.part_data, "on_part_end": reader.part_end,
         "on_header_field": reader.header_field, "on_header_value": reader.header_value,
@@ -154,6 +167,9 @@ def read_form(content_type: str | None, body: bytes, *, max_field_bytes: int = M
     try:
         parser.write(body)
     except MultipartParseError as exc:
+        if reader.in_headers:
+            raise FormError(f"malformed multipart part headers (each a 'Name: value' line, then the blank line "
+                            f"after its headers): {exc}") from None
         raise FormError(f"malformed multipart body: {exc}") from None
     if parser.state is not MultipartState.END:
         raise FormError("the multipart body does not end with its closing boundary")

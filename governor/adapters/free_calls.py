@@ -14,16 +14,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from governor.adapters.anthropic import AnthropicAdapter
-from governor.adapters.base import (
-    Adapter,
-    AdapterConfig,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    describe,
-)
+from governor.adapters.base import Adapter, SuffixAdapter, AdapterConfig, Exchange, Observation, Reply
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import FREE, Endpoint, Probe
 from governor.adapters.openai import OpenAIAdapter
 from governor.policy.steps import Decision, ModelCall, Step
@@ -34,10 +27,8 @@ COUNT_TOKENS = "/v1/messages/count_tokens"
 DEFAULT_MODERATION_MODEL = "omni-moderation-latest"  # what the API uses when none is named
 
 
-class _FreeCall(Adapter):
+class _FreeCall(SuffixAdapter):
     """A free endpoint of one provider; `errors` renders that provider's error format."""
-
-    suffixes: tuple[str, ...] = ()
 
     def __init__(self, config: AdapterConfig | None = None) -> None:
         super().__init__(config)
@@ -46,19 +37,11 @@ class _FreeCall(Adapter):
     def _errors(self, config: AdapterConfig) -> Adapter:
         raise NotImplementedError
 
-    def claims(self, route: str) -> bool:
-        return route.endswith(self.suffixes)
-
-    def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.match_route.endswith(self.suffixes)
-
     def _model(self, body: dict[str, Any], route: str) -> str:
         raise NotImplementedError
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         return Exchange(adapter=self, method=request.method, host=request.host, path=request.path, body=body,
                         session=session, persona=persona, model=self._model(body, request.match_route),
                         state={"expected_input": 0, "expected_output": 0})

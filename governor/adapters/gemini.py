@@ -24,19 +24,10 @@ from urllib.parse import parse_qsl
 import orjson
 
 from governor.adapters import gemini_tools, sse
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamWatcher,
-    describe,
-    estimate_tokens,
-    fallback_text,
-    model_call,
-)
+from governor.adapters.base import SuffixAdapter, Exchange, Observation, Reply, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.refusals import describe, fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.counting import measured
@@ -81,15 +72,10 @@ def _query_alt(path: str) -> str:
     return alt
 
 
-class GeminiAdapter(Adapter):
+class GeminiAdapter(SuffixAdapter):
     name = "gemini"
     provider = "google"
-
-    def claims(self, route: str) -> bool:
-        return route.endswith(_ANY_SUFFIX)
-
-    def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.match_route.endswith(_ANY_SUFFIX)
+    suffixes = _ANY_SUFFIX
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         found = _method(request.match_route)
@@ -101,9 +87,7 @@ class GeminiAdapter(Adapter):
         model = segment[:len(segment) - suffix]
         if not model:
             raise BadRequest(f"the path names no model before ':{method}' ({request.route})")
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         state: dict[str, Any] = {"method": method, "alt": _query_alt(request.path),
                                  "expected_input": estimate_tokens(len(request.content), self.config.bytes_per_token)}
         if method in (GENERATE, STREAM):

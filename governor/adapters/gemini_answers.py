@@ -20,16 +20,9 @@ import orjson
 
 from governor.adapters import sse
 from governor.adapters.counting import OutputCounter, add_arguments, measured
-from governor.adapters.base import (
-    Exchange,
-    StreamEvent,
-    as_dict,
-    as_list,
-    estimate_tokens,
-    positive_int,
-    requested_tool_call,
-    within_admission,
-)
+from governor.adapters.base import Exchange, StreamEvent
+from governor.adapters.model_calls import estimate_tokens, within_admission
+from governor.adapters.reading import as_dict, as_list, positive_int, requested_tool_call
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, Step, UsageReport
 
 # google.rpc.Code names of the HTTP statuses the governor answers with

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from governor.adapters.base import BadRequest
+from governor.adapters.request_view import BadRequest
 from governor.adapters.withhold import MAX_TOOLS
 
 DECLARATIONS = ("functionDeclarations", "function_declarations")

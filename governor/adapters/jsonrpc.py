@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from governor.adapters import sse
-from governor.adapters.base import Exchange, Reply, StreamEvent, StreamWatcher, describe
+from governor.adapters.base import Exchange, Reply, StreamEvent, StreamWatcher
+from governor.adapters.refusals import describe
 from governor.policy.steps import Decision
 
 GOVERNOR_ERROR_CODE = -32050

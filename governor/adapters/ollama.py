@@ -27,24 +27,12 @@ import orjson
 
 from governor.adapters import withhold
 from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    UnreadableAnswer,
-    answered_object,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    fallback_text,
-    model_call,
-    requested_tool_call,
+    Exchange, Observation, Reply, StreamEvent, StreamWatcher, SuffixAdapter, UnreadableAnswer,
 )
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list, requested_tool_call
+from governor.adapters.refusals import describe, fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.ndjson import LineDecoder
 from governor.adapters.counting import OutputCounter, add_arguments
@@ -97,21 +85,14 @@ def _refuse_folded_keys(fields: dict[str, Any], where: str) -> None:
                                  where + key.lower()[:40]))
 
 
-class OllamaAdapter(Adapter):
+class OllamaAdapter(SuffixAdapter):
     name = "ollama"
     provider = "ollama"
-
-    def claims(self, route: str) -> bool:
-        return route.endswith(_SUFFIXES)
-
-    def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.match_route.endswith(_SUFFIXES)
+    suffixes = _SUFFIXES
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
         kind = _kind(request.match_route)
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         _refuse_folded_keys(body, "")
         if isinstance(body.get("options"), dict):
             _refuse_folded_keys(body["options"], "options.")

@@ -22,23 +22,12 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import uploads, withhold
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    UNREAD_ANSWER,
-    answered_object,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    model_call,
-    requested_tool_call,
-)
-from governor.adapters.deferred import DeclaredFile, count, finished
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, UNREAD_ANSWER
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list, requested_tool_call
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
+from governor.adapters.deferred import DeclaredFile, DeferredWork, count, finished
 from governor.adapters.endpoints import FREE, GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.openai import OpenAIAdapter
@@ -191,12 +180,14 @@ class OpenAIAsyncAdapter(Adapter):
     name = "openai-async"
     provider = "openai"
 
-    def __init__(self, config: Any = None) -> None:
+    remembers = True  # uploaded files' declarations, submissions charged at once (deferred.py)
+
+    def __init__(self, config: Any = None, memory: DeferredWork | None = None) -> None:
         super().__init__(config)
+        self.memory = DeferredWork() if memory is None else memory
         # a call carried in another request's body (a batch file's line) is estimated as the
         # OpenAI adapter estimates that call, and errors are rendered as it renders them
-        self.calls = OpenAIAdapter(self.config)
-        self.memory = self.config.memory
+        self.calls = OpenAIAdapter(self.config, self.memory)
 
     def claims(self, route: str) -> bool:
         return _resource(route) is not None

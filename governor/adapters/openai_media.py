@@ -24,21 +24,11 @@ import orjson
 
 from governor.adapters import media_charges as charges
 from governor.adapters import sse
-from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    as_dict,
-    as_list,
-    describe,
-    estimate_tokens,
-    positive_int,
-)
+from governor.adapters.base import SuffixAdapter, Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.model_calls import estimate_tokens
+from governor.adapters.reading import as_dict, as_list, positive_int
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.counting import OutputCounter, count_text, measured
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.forms import Form, FormError, read_form
@@ -107,23 +97,16 @@ def _stream(body: Mapping[str, Any]) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
-class OpenAIMediaAdapter(Adapter):
+class OpenAIMediaAdapter(SuffixAdapter):
     name = "openai_media"
     provider = "openai"
-
-    def claims(self, route: str) -> bool:
-        return route.endswith(_SUFFIXES)
-
-    def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.match_route.endswith(_SUFFIXES)
+    suffixes = _SUFFIXES
 
     def _body(self, request: RequestView, kind: str) -> tuple[dict[str, Any], Form | None]:
         """The request's parameters: a JSON object, or a multipart form's text fields (and its
         files' sizes) for the endpoints that take uploads."""
         if kind in (GENERATIONS, SPEECH) or request.content_type == "application/json":
-            body = request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("request body must be a JSON object")
+            body = request.json_object()
             return body, None
         try:
             form = read_form(request.headers.get("content-type"), request.content)

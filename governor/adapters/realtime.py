@@ -27,7 +27,9 @@ from typing import Any, Mapping
 import orjson
 
 from governor.adapters import withhold
-from governor.adapters.base import Adapter, BadRequest, Exchange, Observation, Reply, RequestView, describe
+from governor.adapters.base import Adapter, Exchange, Observation, Reply
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import GOVERNED, REFUSED, Endpoint, Probe
 from governor.adapters.realtime_events import RealtimeConversation
 from governor.policy.steps import Decision, ModelCall, Step

@@ -46,8 +46,10 @@ import orjson
 
 from governor.adapters import withhold
 from governor.adapters.counting import OutputCounter, count_text, measured
-from governor.adapters.base import AdapterConfig, BadRequest, as_dict, as_list, estimate_tokens, positive_int, \
-    requested_tool_call
+from governor.adapters.base import AdapterConfig
+from governor.adapters.model_calls import estimate_tokens
+from governor.adapters.reading import as_dict, as_list, positive_int, requested_tool_call
+from governor.adapters.request_view import BadRequest
 from governor.policy.steps import ModelCall, ToolCall, UsageReport
 
 # Client events of the Realtime API (GA and beta): any other type is refused.

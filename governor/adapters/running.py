@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from governor.adapters.base import Exchange, StreamEvent, estimate_tokens, within_admission
+from governor.adapters.base import Exchange, StreamEvent
+from governor.adapters.model_calls import estimate_tokens, within_admission
 from governor.adapters.counting import OutputCounter
 from governor.policy.steps import UsageReport
 

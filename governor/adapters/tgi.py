@@ -29,22 +29,12 @@ import orjson
 
 from governor.adapters import sse
 from governor.adapters.base import (
-    Adapter,
-    BadRequest,
-    Exchange,
-    Observation,
-    Reply,
-    RequestView,
-    StreamEvent,
-    StreamWatcher,
-    UnreadableAnswer,
-    answered_object,
-    as_dict,
-    as_list,
-    estimate_tokens,
-    fallback_text,
-    model_call,
+    Exchange, Observation, Reply, StreamEvent, StreamWatcher, SuffixAdapter, UnreadableAnswer,
 )
+from governor.adapters.model_calls import estimate_tokens, model_call
+from governor.adapters.reading import answered_object, as_dict, as_list
+from governor.adapters.refusals import fallback_text
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
 from governor.adapters.fitting import requested_limit
 from governor.adapters.counting import OutputCounter
@@ -70,20 +60,13 @@ def _header_count(headers: Mapping[str, str], name: str) -> int | None:
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 12 else None
 
 
-class TGIAdapter(Adapter):
+class TGIAdapter(SuffixAdapter):
     name = "tgi"
     provider = "tgi"
-
-    def claims(self, route: str) -> bool:
-        return route.endswith(_SUFFIXES)
-
-    def match(self, request: RequestView) -> bool:
-        return request.method == "POST" and request.match_route.endswith(_SUFFIXES)
+    suffixes = _SUFFIXES
 
     def open(self, request: RequestView, *, session: str, persona: str | None) -> Exchange:
-        body = request.json()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = request.json_object()
         if not isinstance(body.get("inputs"), str):
             raise BadRequest("'inputs' is required and must be a string (a TGI generate request)")
         parameters = _parameters(body)

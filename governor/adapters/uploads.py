@@ -17,8 +17,9 @@ from typing import Callable
 
 import orjson
 
-from governor.adapters.base import BadRequest, RequestView
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.adapters.deferred import DeclaredFile
+from governor.adapters.forms import FormError, read_form
 
 # OpenAI's own bounds: 50,000 requests per batch file; a form has two fields (a few more are
 # tolerated, never hundreds).
@@ -31,69 +32,19 @@ FINE_TUNE = "fine-tune"
 Estimator = Callable[[str, bytes], tuple[str, str, int, int]]
 
 
-def _boundary(content_type: str) -> bytes:
-    media, _, params = content_type.partition(";")
-    if media.strip().lower() != "multipart/form-data":
-        raise BadRequest(f"a file upload must be multipart/form-data, got {media.strip() or 'no Content-Type'!r}")
-    for param in params.split(";"):
-        name, _, value = param.strip().partition("=")
-        if name.strip().lower() == "boundary":
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1]
-            if 0 < len(value) <= 200:
-                return value.encode("latin-1", "replace")
-    raise BadRequest("multipart/form-data without a usable boundary")
-
-
-def _disposition(headers: bytes) -> tuple[str, str | None]:
-    """The part's field name and filename, from its Content-Disposition; a transfer encoding
-    other than the identity ones is refused (the server would read other bytes than these)."""
-    name = filename = None
-    for line in headers.split(b"\r\n"):
-        key, _, value = line.partition(b":")
-        key = key.strip().lower()
-        if key == b"content-transfer-encoding" and value.strip().lower() not in (b"binary", b"8bit", b"7bit"):
-            raise BadRequest("a multipart part with a Content-Transfer-Encoding is not read by the governor")
-        if key != b"content-disposition":
-            continue
-        for param in value.decode("utf-8", "replace").split(";")[1:]:
-            pname, _, pvalue = param.strip().partition("=")
-            pvalue = pvalue.strip()
-            if len(pvalue) >= 2 and pvalue[0] == pvalue[-1] == '"':
-                pvalue = pvalue[1:-1]
-            if pname.strip().lower() == "name":
-                name = pvalue
-            elif pname.strip().lower() == "filename":
-                filename = pvalue
-    if name is None:
-        raise BadRequest("a multipart part without a field name")
-    return name, filename
-
-
 def form_fields(content_type: str, content: bytes) -> dict[str, bytes]:
-    """The form's fields by name (the file's bytes under its field name). A field named twice
-    is refused: which one the server reads is not the governor's to guess."""
-    delimiter = b"--" + _boundary(content_type)
-    chunks = content.split(delimiter)
-    if len(chunks) < 3:
-        raise BadRequest("multipart body without its parts or its closing boundary")
-    if not chunks[-1].startswith(b"--"):
-        raise BadRequest("multipart body without its closing boundary (truncated?)")
-    parts = chunks[1:-1]
-    if len(parts) > MAX_FORM_PARTS:
-        raise BadRequest(f"multipart body with {len(parts)} parts (the governor reads at most {MAX_FORM_PARTS})")
-    fields: dict[str, bytes] = {}
-    for part in parts:
-        if not part.startswith(b"\r\n") or not part.endswith(b"\r\n"):
-            raise BadRequest("malformed multipart part (each starts and ends with CRLF)")
-        head, separator, value = part[2:-2].partition(b"\r\n\r\n")
-        if not separator:
-            raise BadRequest("a multipart part without the blank line after its headers")
-        name, _ = _disposition(head)
-        if name in fields:
-            raise BadRequest(f"multipart field {name!r} given twice")
-        fields[name] = value
+    """The form's fields by name (the file's bytes under its field name), read by the one
+    multipart reader (governor.adapters.forms). A field named twice is refused: which one the
+    server reads is not the governor's to guess."""
+    try:
+        form = read_form(content_type, content, max_parts=MAX_FORM_PARTS, keep_files=True)
+    except FormError as exc:
+        raise BadRequest(str(exc)) from None
+    fields = {name: value.encode() for name, value in form.fields.items()}
+    for part in form.files:
+        if part.name in fields:
+            raise BadRequest(f"multipart field {part.name!r} given twice")
+        fields[part.name] = part.content
     return fields
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
-from governor.adapters.base import BadRequest
+from governor.adapters.request_view import BadRequest
 
 # More tools than any provider accepts (OpenAI: 128): a bound on the walk, not a policy.
 MAX_TOOLS = 10_000
