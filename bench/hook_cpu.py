@@ -192,7 +192,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (default 8)")
     parser.add_argument("--tree", help="a source tree holding the governor package to time (default: this one)")
     parser.add_argument("--time", action="append", default=[], metavar="MODULE:QUALNAME",
-                        help="another function to time, e.g. governor.runtime.core:Runtime._admit_at_once")
+                        help="another function to time, e.g. governor.runtime.local_steps:LocalSteps.admit")
     parser.add_argument("--gc-threshold", type=int, metavar="N",
                         help="run with the youngest GC generation's threshold at N (Python's default: 700)")
     args = parser.parse_args()

@@ -14,7 +14,8 @@ import pytest
 
 from governor.evidence import generate_key, verify_record
 from governor.passport import AdmissionConfig, admit, example_passport_path, load_passport
-from governor.policy import ModelCall, Tier, UsageReport, compile_limits, load_pricing
+from governor.policy import ModelCall, Tier, UsageReport, compile_limits
+from governor.runtime.prices import price_book
 from governor.policy.envelope import EnvelopeConfig
 from governor.policy.steps import Action
 from governor.runtime.core import Runtime
@@ -52,7 +53,7 @@ def runtime_at_r3(pinned, data_dir: Path, clock: Clock, *, on_anomaly: dict | No
         del degradation["on_anomaly"]  # undeclared: the fail-closed halt
     else:
         degradation["on_anomaly"] = on_anomaly
-    limits = compile_limits(document, tier=Tier.R3, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
+    limits = compile_limits(document, tier=Tier.R3, pricing=price_book(),
                             passport_digest=pinned.digest)
     rt = Runtime(limits=limits, store=store or SQLiteStore(data_dir / "state.db"), data_dir=data_dir, key=key or generate_key(),
                  governor_id="did:web:localhost:governor", agent_id=pinned.pinned.id, clock=clock, owns_store=True)
@@ -168,7 +169,7 @@ async def test_a_declared_pause_holds_the_session_for_a_reviewer_then_the_step_g
 async def test_below_r3_nothing_is_counted(pinned, tmp_path):
     clock = Clock(BASE)
     document = pinned.pinned.document
-    limits = compile_limits(document, tier=Tier.R2, pricing=load_pricing(REPO / "policies" / "pricing.yaml"),
+    limits = compile_limits(document, tier=Tier.R2, pricing=price_book(),
                             passport_digest=pinned.digest)
     rt = Runtime(limits=limits, store=SQLiteStore(tmp_path / "state.db"), data_dir=tmp_path, key=generate_key(),
                  governor_id="did:web:localhost:governor", agent_id=pinned.pinned.id, clock=clock, owns_store=True)

@@ -403,8 +403,8 @@ async def test_a_final_usage_that_cannot_be_recorded_still_frees_its_slot(runtim
 
 @contextlib.contextmanager
 def quick_and_full(pinned, tmp_path: Path, clock: Clock, shortcut: str, backend: str = "sqlite"):
-    """Two runtimes alike, but the second never takes `shortcut` (a Runtime method that
-    decides a step at once, answering None when it does not); `backend` "write-behind": on
+    """Two runtimes alike, but the second never takes `shortcut` (a LocalSteps method that
+    decides a step at once, answering None when it does not: admit, settle); `backend` "write-behind": on
     the store `governor run` uses by default (its own reserve_within), else SQLite's."""
     (tmp_path / "quick").mkdir()
     (tmp_path / "full").mkdir()
@@ -414,7 +414,7 @@ def quick_and_full(pinned, tmp_path: Path, clock: Clock, shortcut: str, backend:
 
     quick = make_runtime(pinned, tmp_path / "quick", clock, store=store(tmp_path / "quick"))
     full = make_runtime(pinned, tmp_path / "full", clock, store=store(tmp_path / "full"))
-    setattr(full, shortcut, lambda *args: None)
+    setattr(full.local, shortcut, lambda *args: None)
     try:
         yield quick, full
     finally:
@@ -436,7 +436,7 @@ def full_rounds(rt: Runtime) -> list[str]:
 
 
 # A model call admitted with 10 + 10 expected tokens reserves exactly that: reports within it
-# are settled at once (Runtime._settle_at_once), the others by the full round.
+# are settled at once (LocalSteps.settle), the others by the full round.
 @pytest.mark.parametrize("used_in, used_out, cached, at_once", [
     (10, 5, 0, True), (10, 10, 0, True), (10, 10, 4, True), (0, 0, 0, True),
     (11, 10, 0, False), (10, 11, 0, False), (5_000, 50_000, 0, False),
@@ -446,7 +446,7 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
     """Same decision, session state and counters whether a final report is settled at once or
     by the full round under the lock; and only reports within their reservation go at once."""
     outcomes = []
-    with quick_and_full(pinned, tmp_path, clock, "_settle_at_once") as (quick, full):
+    with quick_and_full(pinned, tmp_path, clock, "settle") as (quick, full):
         for rt in (quick, full):
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
             if rt is quick:
@@ -466,7 +466,7 @@ async def test_settling_a_model_call_at_once_is_the_full_round(pinned, tmp_path,
 
 
 # After some usage (180 tokens of the session's 20,000, warned at 16,000), a model call that
-# fires nothing is admitted at once (Runtime._admit_at_once); one that warns or is refused
+# fires nothing is admitted at once (LocalSteps.admit); one that warns or is refused
 # goes through the full round.
 @pytest.mark.parametrize("backend", ["sqlite", "write-behind"])
 @pytest.mark.parametrize("expected_in, expected_out, at_once", [
@@ -477,7 +477,7 @@ async def test_admitting_a_model_call_at_once_is_the_full_round(pinned, tmp_path
     """Same decision, session state, counters and ticket whether a model call is admitted at
     once or by the full round under the lock; and only a call that fires nothing goes at once."""
     outcomes, counters = [], []
-    with quick_and_full(pinned, tmp_path, clock, "_admit_at_once", backend) as (quick, full):
+    with quick_and_full(pinned, tmp_path, clock, "admit", backend) as (quick, full):
         for rt in (quick, full):
             clock.t = NOW
             await model_step(rt, "s", 100, 80)  # some usage first: the counters are not empty
@@ -577,7 +577,7 @@ async def test_what_reserve_within_cannot_admit_is_decided_in_full(pinned, tmp_p
 
         monkeypatch.setattr(rt.store, "reserve_within", once)
         if answer == "quiet but not at once":  # e.g. a warning level crossed: decide() records it
-            monkeypatch.setattr("governor.runtime.core.quiet_model_call", lambda *args: None)
+            monkeypatch.setattr("governor.runtime.local_steps.quiet_model_call", lambda *args: None)
         rounds = full_rounds(rt)
         admission = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=10,
                                                   expected_output_tokens=10))

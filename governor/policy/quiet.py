@@ -123,7 +123,7 @@ def settlement(limits: Limits, state: SessionState, step: UsageReport) -> Decisi
     counters since), so no counter is read. None for any other report.
 
     decide() answers such a report with this; the runtime also calls it alone, to settle a
-    model call without a full decision round (Runtime._settle_at_once)."""
+    model call without a full decision round (LocalSteps.settle, governor.runtime.local_steps)."""
     if state.halted or not step.final or usage_unbelieved(step):  # the latter is recorded (decide_usage)
         return None
     return settle_within_reservation(limits, step, report_cost(limits, step))

@@ -56,10 +56,7 @@ from governor.policy import (
     advance,
     decide,
     governor_error,
-    quiet_charges,
-    quiet_model_call,
     step_tools,
-    quiet_settlement,
     store_unreachable,
 )
 from governor.policy.extension import covered
@@ -73,6 +70,7 @@ from governor.runtime.approvals import Approvals
 from governor.runtime.audit import AuditTrail
 from governor.runtime.envelope import EnvelopeWatch
 from governor.runtime.records import Records
+from governor.runtime.local_steps import LocalSteps
 from governor.runtime.remote_steps import RemoteSteps
 from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
@@ -146,6 +144,10 @@ class Runtime:
         counters = getattr(store, "counters", None)
         self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced
                                   ) if self._store_in_thread and counters and self.shared is None else None
+        # a local store's: the model call decided at once (runtime/local_steps.py)
+        self.local = LocalSteps(store=store, agent_id=agent_id, clock=clock, advanced=self._advanced,
+                                release=self._release_quietly
+                                ) if not self._store_in_thread and self.shared is None else None
         self.transparency_log = transparency_log  # governor.evidence.translog.TransparencyLog, or None
         self.witnessing = witnessing  # governor.evidence.witnessing.Witnessing (its witnesses), or None
         self.resumption = Resumption(store=store, data_dir=self.data_dir, key=key, clock=clock, settings=settings,
@@ -262,8 +264,12 @@ class Runtime:
             drawn, refused = await self.rates.take(live, step)
             if refused is not None:
                 return admission_for(session, refused, None)
-        admitted = None if type(step) is not ModelCall else (
-            self._admit_at_once(live, step) if self.remote is None else await self.remote.admit(live, step))
+        admitted = None
+        if type(step) is ModelCall:
+            if self.local is not None:
+                admitted = self.local.admit(live, step)
+            elif self.remote is not None:
+                admitted = await self.remote.admit(live, step)
         seqs: tuple[int, ...] = ()
         if admitted is not None:
             decision, ticket = admitted
@@ -288,8 +294,11 @@ class Runtime:
         if ticket.rates is not None and report.final:  # its tokens and cost drawn corrected to its usage
             drawn, ticket.rates = ticket.rates, None
             await self.rates.settle(drawn, report)  # type: ignore[union-attr]
-        decision = (self._settle_at_once(live, ticket, report) if self.remote is None
-                    else await self.remote.settle(live, ticket, report))
+        decision = None
+        if self.local is not None:
+            decision = self.local.settle(live, ticket, report)
+        elif self.remote is not None:
+            decision = await self.remote.settle(live, ticket, report)
         if decision is None:
             async with live.lock:
                 # the final usage is the call's end: the same step frees its in-flight slot
@@ -306,84 +315,12 @@ class Runtime:
         self.metrics.decided(decision, time.perf_counter() - started)
         return decision
 
-    def _admit_at_once(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket] | None:
-        """The usual model call, admitted without a full decision round: one that fires
-        nothing and warns of nothing (`quiet_model_call`, the engine's own decision and
-        state transition for it), its charges reserved, in one synchronous step. What
-        `_apply` would do for it under the lock, minus the engine's general run.
-
-        Taken only when `_outside_the_round` allows it. None: not taken, and nothing changed (a
-        reservation it made is released; a failed or refused one holds nothing); the full round
-        then decides, records what fires, and fails closed when the store is down."""
-        if not self._outside_the_round(live):
-            return None
-        now = self.clock()
-        limits = live.limits
-        held = quiet = None
-        try:
-            # the counters read and the permit's charges reserved in one store operation (the
-            # charges depend on the step alone); anything but that permit releases them
-            charges = quiet_charges(limits, live.state, step, now)
-            if not charges:
-                return None
-            counters, held = self.store.reserve_within(self.agent_id, live.id, limits.counter_keys(step), charges, now)
-            if held.ok:  # else over a cap, or a concurrent step got there first: the full round reports it
-                quiet = quiet_model_call(limits, live.state, step, counters, now)
-        except Exception:
-            log.debug("session %s: admitting a model call at once failed", live.id, exc_info=True)
-        if quiet is None or quiet[0].charges != charges:
-            if held is not None and held.ok:
-                self._release_quietly(held.id)
-            return None
-        decision, state = quiet
-        self._advanced(live, state, now)
-        return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
-
     def covers(self, ticket: Any, report: UsageReport) -> bool:
         """Whether a stream's running usage is within what its call holds, so the proxy may
         forward the chunk at once (otherwise it keeps it back until `usage` grew the
         reservation or cut the stream). Cheap: no store access."""
         return (not isinstance(ticket, Ticket) or ticket.reservation is None
                 or covered(self.settings.limits, report, ticket.charges))
-
-    def _settle_at_once(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
-        """The usual end of a model call, without a full decision round: a final report within
-        its reservation, in a session not halted, settled (commit) and freed in one synchronous
-        step. What `usage` would do for it under the lock, minus the counter-key pass and the
-        engine's general run: the decision and the next state are the engine's own
-        (`quiet_settlement`: the `settlement` that `decide` returns for such a report, and
-        what `advance` makes of it).
-
-        Taken only when `_outside_the_round` allows it, and not when the commit fails (the full
-        round then decides again and fails closed, recorded). None: not taken."""
-        if (not report.final or not ticket.in_flight or ticket.reservation is None
-                or not self._outside_the_round(live)):
-            return None
-        step = report.with_reserved(ticket.charges, True)
-        now = self.clock()
-        try:
-            settled = quiet_settlement(live.limits, live.state, step)
-            if settled is None:
-                return None
-            decision, state = settled
-            self.store.commit(ticket.reservation, decision.charges, now)
-        except Exception:
-            # nothing changed: the full round below tries again, and fails closed and
-            # records what it cannot do (decide() turns an error into on_governor_error)
-            log.debug("session %s: settling a model call at once failed", live.id, exc_info=True)
-            return None
-        ticket.reservation = None
-        ticket.in_flight = False
-        self._advanced(live, state, now)
-        return decision
-
-    def _outside_the_round(self, live: LiveSession) -> bool:
-        """Whether a step may be decided and applied at once, without the session's lock.
-        Nothing else of the session interleaves with it (no await), but not while a step
-        holds the lock (it may be between deciding and advancing: its state would overwrite
-        ours), not for a store across the network (its calls go off the loop), and not in an
-        ended session."""
-        return not (self._store_in_thread or self.shared is not None or live.ended or live.lock.locked())
 
     def _advanced(self, live: LiveSession, state: SessionState, now: float) -> None:
         """A step decided at once took effect: the session's state and activity move on."""
