@@ -98,7 +98,8 @@ def test_kept_record_verifies_with_governor_verify(demo):
     record = json.loads(record_file.read_text())
     assert record["outcome"] == "halted"
     assert [(e["cause"], e["action"]) for e in record["events"] if e["cause"] != "on_anomaly"] == [
-        ("on_governor_oversight_trigger", "pause"), ("on_governor_oversight_trigger", "pause"), ("on_budget_exhausted", "halt")]
+        ("on_governor_oversight_trigger", "pause"), ("on_governor_oversight_trigger", "pause"),
+        ("on_governor_budget_warning", "continue"), ("on_budget_exhausted", "halt")]  # the warning, then the cap
 
     checked = governor("verify", str(record_file), "--offline", "--key", str(public_key))
     assert checked.returncode == 3, checked.stdout + checked.stderr  # pinned key, no passport, no nonce decision
