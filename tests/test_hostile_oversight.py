@@ -177,13 +177,15 @@ async def test_one_session_cannot_hold_more_than_max_pending_reviews_steps(tmp_p
         server.stop()
 
 
-DEEP = json.loads("[" * 300 + "]" * 300)
+DEEP = json.loads("[" * 100 + "]" * 100)  # past the digest's 64 levels, within the body's 254
+DEEPER = json.loads("[" * 300 + "]" * 300)  # past the 254 levels any body may nest
 
 
 @pytest.mark.parametrize("extra, said", [
     ({"account": 2**53 + 1}, "params.arguments.account is an integer beyond 2**53"),
     ({"x": DEEP}, "params.arguments.x" + "[0]" * 63 + " nests deeper than 64 levels"),
-], ids=["rounded-integer", "300-deep"])
+    ({"x": DEEPER}, "request body nests deeper than 254 levels"),
+], ids=["rounded-integer", "100-deep", "300-deep"])
 async def test_tool_arguments_that_cannot_be_digested_exactly_are_refused_before_review(tmp_path, extra, said):
     """Was: a tools/call with {"account": 9007199254740993} was held under the step digest of
     9007199254740992 (RFC 8785 numbers are doubles), and `governor approvals show` (canonical
