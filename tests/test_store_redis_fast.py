@@ -79,11 +79,13 @@ def test_reserve_within_is_one_round_trip_and_its_reservation_settles(redis_url:
             store.commit(held.id, None, T0)
 
 
-def test_reserve_within_with_nothing_to_hold_only_reads(redis_url: str):
+def test_reserve_within_with_nothing_to_hold_reads_and_holds_an_empty_reservation(redis_url: str):
+    # as every store does (the store model of tests/test_store_properties.py): releasable
     with RedisStore(redis_url, prefix=prefix()) as store:
         store.add("agent", "s1", charges(70, 0.2, cap=None), T0)
         snapshot, held = store.reserve_within("agent", "s1", KEYS, [], T0)
-        assert snapshot == {DAY_TOKENS: 70.0, SESSION_COST: 0.2} and held.ok and held.id is None
+        assert snapshot == {DAY_TOKENS: 70.0, SESSION_COST: 0.2} and held.ok and held.id is not None
+        assert store.release(held.id) and store.snapshot("agent", "s1", T0, KEYS) == snapshot
 
 
 def test_reserve_within_refuses_bad_keys_and_charges_before_any_round_trip(redis_url: str):
