@@ -107,7 +107,8 @@ async def test_redis_stopped_for_3s_under_load_refuses_as_retryable_and_the_same
         view = await running.runtime.session_view(session)
         assert view["state"] == "active" and view["halt_cause"] is None
     assert len(mock.requests) == served_before + len(SESSIONS)
-    assert (await control.get("/readyz")).status_code == 200
+    ready = await control.get("/readyz")
+    assert ready.status_code == 200, ready.text
 
     touched = [s for s in SESSIONS if any(r.status_code == 503 for r in answers[s])]
     for session in touched:  # each refusal met by a session that was open is in its journal, as a deny
@@ -139,4 +140,5 @@ async def test_a_flushall_after_an_outage_still_fails_closed_and_one_acknowledge
     acked = await control.post("/v1/store/acknowledge", json={"reason": "test flushed it"})
     assert acked.status_code == 200 and acked.json()["acknowledged"] is True
     assert (await chat(world, "newcomer")).status_code == 200
-    assert (await control.get("/readyz")).status_code == 200
+    ready = await control.get("/readyz")
+    assert ready.status_code == 200, ready.text

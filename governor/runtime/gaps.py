@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from governor.evidence.journal import JournalClosedError
 from governor.policy.causes import ON_GOVERNOR_RECORD_GAP
+from governor.store import StoreUnavailable
 
 MAX_CAUSES = 16  # causes named per gap event (the count says how many were lost in all)
 
@@ -108,6 +109,11 @@ class WatchedJournal:
         try:
             return self._journal.append(cause, action, at, detail)
         except JournalClosedError:  # the session ended: nothing more belongs in its record
+            raise
+        except StoreUnavailable:
+            # a shared chain whose store is unreachable for now (runtime/shared.py): the event is
+            # chained once it answers (a refusal) or its step is refused as retryable; no hole is
+            # left in the chain, so this is no gap (a full disk's lost line is one)
             raise
         except Exception as exc:
             gaps.missed(self._session, cause, at, exc)
