@@ -39,7 +39,7 @@ _SENTINEL = re.compile(r"=\?base64\?(?P<payload>.*)\?=", re.DOTALL)
 
 
 def header_values(headers: Any, name: str) -> list[str]:
-    """Every value of header `name` (mitmproxy's Headers keep repeats; a plain mapping has one)."""
+    """Every value of header `name` (RawHeaders keep repeats; a plain mapping has one)."""
     get_all = getattr(headers, "get_all", None)
     if get_all is not None:
         return list(get_all(name))
@@ -138,12 +138,6 @@ def routing_mismatch(headers: Any, body: Any) -> str | None:
 
 def _items(headers: Any) -> Iterator[tuple[str, str]]:
     pairs = getattr(headers, "pairs", None)
-    if pairs is not None:  # RawHeaders: as the agent sent them, repeats kept
-        yield from pairs()
-        return
-    fields = getattr(headers, "fields", None)
-    if fields is not None:  # mitmproxy Headers: raw (name, value) byte pairs, repeats kept
-        for name, value in fields:
-            yield name.decode("latin-1"), value.decode("latin-1")
-        return
-    yield from headers.items()
+    if pairs is not None:  # RawHeaders (what the proxy hands adapters): as sent, repeats kept
+        return pairs()
+    return iter(headers.items())  # a plain mapping (tests): one value a name
