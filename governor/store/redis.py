@@ -380,15 +380,11 @@ class RedisStore:
 
     def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                        charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
-        """The snapshot of `keys` and the reservation of `charges` in one script (one round trip).
-        No charges: the snapshot and an empty reservation as `reserve` makes it, so that one can
-        be committed or released like any (the runtime never asks for this)."""
-        if not charges:
-            return self.snapshot(agent, session, now, keys), self.reserve(agent, session, charges, now)
+        """The snapshot of `keys` and the reservation of `charges` in one script (one round trip)."""
         call = ReserveWithin.of(self.window, self._ttl_ms, agent, session, keys, charges, now)
         result, acked = self._held(self._reserve_within, call.rid, call.args)
         snapshot, held = call.answer(result)
-        if held.id is not None:
+        if held.ok:
             self._short(acked, call.rid)
         return snapshot, held
 

@@ -71,13 +71,11 @@ class ReserveWithin:
         return cls(rid, args, capped, tuple(keys))
 
     def answer(self, result: Sequence[Any]) -> tuple[dict[CounterKey, float], Reservation]:
-        """The snapshot, and the reservation (held, refused, or nothing to hold: ok without id)."""
+        """The snapshot, and the reservation (held, with no charges an empty one as `reserve`
+        holds it, or refused)."""
         snapshot = {key: float(value) for key, value in zip(self.keys, result[3:])}
-        code = int(result[0])
-        if code == 1:
+        if int(result[0]) == 1:
             return snapshot, Reservation(id=self.rid, ok=True)
-        if code == 2:
-            return snapshot, Reservation(id=None, ok=True)
         return snapshot, refused(self.capped, result[1], result[2])
 
 

@@ -180,10 +180,6 @@ for i = 1, tonumber(ARGV[at]) do
     out[3 + i] = fmt(day_total(day_key(agent, sub), first_live))
   end
 end
-if n == 0 then
-  out[1] = 2
-  return out
-end
 local ok, refused = charges_within_caps(agent, session, first_live, 9)
 if not ok then
   out[1], out[2], out[3] = 0, refused[2], refused[3]
