@@ -136,18 +136,19 @@ class SentinelSet:
 
 
 class Cluster:
-    """Three primaries in one Redis Cluster, every slot assigned."""
+    """Three primaries in one Redis Cluster, every slot assigned; with `replicas`, each
+    primary has that many replicas (a failover takes a few `node_timeout_ms`)."""
 
-    def __init__(self, directory: Path, size: int = 3) -> None:
+    def __init__(self, directory: Path, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
         self.nodes: list[RedisProcess] = []
         try:
-            for i in range(size):
+            for i in range(size * (1 + replicas)):
                 self.nodes.append(RedisProcess(directory / f"node-{i}", "--cluster-enabled", "yes",
                                                "--cluster-config-file", "nodes.conf",
                                                "--cluster-port", str(free_port()),  # not port + 10000
-                                               "--cluster-node-timeout", "2000"))
+                                               "--cluster-node-timeout", str(node_timeout_ms)))
             subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                            "--cluster-replicas", "0", "--cluster-yes"], check=True, timeout=30,
+                            "--cluster-replicas", str(replicas), "--cluster-yes"], check=True, timeout=30,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # every node, not only the first: until gossip reaches a node it answers CLUSTERDOWN
             for node in self.nodes:
@@ -155,9 +156,33 @@ class Cluster:
                     wait_until(lambda: "cluster_state:ok" in str(c.execute_command("CLUSTER", "INFO"))
                                and "cluster_slots_ok:16384" in str(c.execute_command("CLUSTER", "INFO")),
                                15, f"the cluster is not ok on node {node.port}")
+                    if c.info("replication").get("role") == "slave":
+                        wait_until(lambda: c.info("replication").get("master_link_status") == "up", 15,
+                                   f"the replica on {node.port} did not sync")
         except BaseException:
             self.stop()
             raise
+
+    def node(self, port: int) -> RedisProcess:
+        return next(n for n in self.nodes if n.port == port)
+
+    def owner(self, key: str) -> int:
+        """The port of the primary serving `key`'s slot, as the first live node says."""
+        for candidate in self.nodes:
+            if candidate.process.poll() is not None:
+                continue
+            connection = redis.Connection(host="127.0.0.1", port=candidate.port, socket_timeout=2,
+                                          decode_responses=True)
+            try:
+                connection.send_command("CLUSTER", "KEYSLOT", key)
+                slot = connection.read_response()
+                connection.send_command("CLUSTER", "SLOTS")
+                for start, end, primary, *_ in connection.read_response():
+                    if start <= slot <= end:
+                        return int(primary[1])
+            finally:
+                connection.disconnect()
+        raise AssertionError(f"no owner of {key}")
 
     def url(self, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)

@@ -43,11 +43,12 @@ def test_the_governor_options_are_read_and_the_rest_left_to_redis_py():
     assert options.kind == "sentinel" and extra == {"sentinel_password": "s"}
     _, options, _ = parse_options("redis+cluster://h1:1,h2:2?prefix=tenant-a")
     assert options.kind == "cluster" and options.prefix == "{tenant-a}:"  # one hash slot per store
+    _, options, _ = parse_options("redis+cluster://h1:1?wait=1")
+    assert options.wait_replicas == 1  # WAIT runs on the slot owner's connection (store/redis_slot.py)
 
 
 @pytest.mark.parametrize(("url", "complaint"), [
     ("redis+sentinel://h:1/svc?bogus=1", "unknown option"),
-    ("redis+cluster://h:1?wait=1", "not supported on Redis Cluster"),
     ("redis://h:1/0?wait=many", "wait must be"),
     ("redis://h:1/0?timeout=-1", "timeout must be"),
     ("redis://h:1/0?timeout=nan", "timeout must be"),

@@ -64,6 +64,7 @@ from typing import Any, Iterator, Sequence
 
 import orjson
 import redis
+from redis.exceptions import AskError
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import (
@@ -131,16 +132,17 @@ class RedisStore:
         rest, options, extra = parse_options(url)
         if timeout is not None:
             options = dataclasses.replace(options, timeout=timeout)
+        if prefix is not None:
+            options = dataclasses.replace(options, prefix=prefix)
         self.options = options
         self.window = window
-        self.prefix = prefix if prefix is not None else options.prefix
+        self.prefix = options.prefix
         self._keys = [f"{self.prefix}fence"]  # each script's one declared key: its slot on Cluster
         self._closed = False
         self._ttl_ms = math.ceil((window.length + 2 * window.bucket) * 1000)
         self._primary: str | None = None  # the replication id of the primary this store writes to
         self._primary_lock = threading.Lock()
-        on_connect = None if options.kind == "cluster" else self._on_connect
-        self._client = make_client(rest, options, extra, on_connect)
+        self._client = make_client(rest, options, extra, self._on_connect)
         register = self._client.register_script
         self._reserve = register(PRELUDE + RESERVE)
         self._reserve_within = register(PRELUDE + RESERVE_WITHIN)
@@ -279,7 +281,10 @@ class RedisStore:
                 script(keys=self._keys, args=(self.prefix, self.epoch, *args), client=pipe)
                 pipe.execute_command("WAIT", self.options.wait_replicas, math.ceil(self.options.wait_timeout * 1000))
                 result, acked = pipe.execute(raise_on_error=False)
-                if isinstance(result, redis.ResponseError) and self.fence_error(result) and attempt == 1:
+                # a MOVED or ASK (Cluster, after a failover): the script did not run; once more
+                # on the owner the cluster names (governor.store.redis_slot)
+                if isinstance(result, redis.ResponseError) and attempt == 1 and \
+                        (isinstance(result, AskError) or self.fence_error(result)):
                     continue
                 for answer in (result, acked):
                     if isinstance(answer, Exception):

@@ -66,8 +66,6 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
     wait = ours.get("wait", "0")
     if not wait.isdigit() or int(wait) > 64:
         raise ValueError(f"{_safe(url)}: wait must be a number of replicas (0-64), got {wait!r}")
-    if int(wait) and kind == "cluster":
-        raise ValueError(f"{_safe(url)}: wait= is not supported on Redis Cluster")
     prefix = ours.get("prefix", "governor:")
     if not prefix or "{" in prefix or "}" in prefix:
         raise ValueError(f"{_safe(url)}: prefix must be non-empty and without braces, got {prefix!r}")
@@ -114,15 +112,15 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
         raise ValueError(f"{_safe(url)}: no HOST:PORT")
     tls = {"ssl": True} if scheme.startswith("rediss") else {}
     if options.kind == "cluster":
-        if asynchronous:  # see RedisStore.counters: redis-py's asyncio Cluster client loses replies
-            raise ValueError("no asyncio client for Redis Cluster")
-        from redis.cluster import ClusterNode, RedisCluster
         if path.strip("/"):
             raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
-        # no retries here either: a retried reservation could count twice (MOVED and ASK
-        # redirections are followed all the same)
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=Retry(NoBackoff(), 0),
-                            **auth, **tls, **common)
+        if asynchronous:
+            raise ValueError("no asyncio client for Redis Cluster")
+        # not redis-py's RedisCluster: every key of the store is in one slot, so a plain
+        # client to the slot's owner (governor.store.redis_slot) serves it, WAIT included
+        from governor.store.redis_slot import slot_owner_client
+        return slot_owner_client(nodes, f"{options.prefix}fence", tls=bool(tls),
+                                 connect={**auth, **common}, on_connect=on_connect)
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel
     else:
