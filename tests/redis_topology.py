@@ -163,6 +163,22 @@ class Cluster:
             self.stop()
             raise
 
+    def add_replica(self, directory: Path, primary: int, node_timeout_ms: int = 1000) -> RedisProcess:
+        """A new node, joined as a replica of the primary on port `primary` (as an operator's
+        supervisor would bring one back after a failover), synced."""
+        node = RedisProcess(directory, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                            "--cluster-port", str(free_port()), "--cluster-node-timeout", str(node_timeout_ms))
+        self.nodes.append(node)
+        with self.node(primary).client() as c:
+            primary_id = c.execute_command("CLUSTER", "MYID")
+        subprocess.run([REDIS_CLI, "--cluster", "add-node", f"127.0.0.1:{node.port}", f"127.0.0.1:{primary}",
+                        "--cluster-slave", "--cluster-master-id", primary_id], check=True, timeout=30,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with node.client() as c:
+            wait_until(lambda: c.info("replication").get("master_link_status") == "up", 15,
+                       f"the new replica on {node.port} did not sync")
+        return node
+
     def node(self, port: int) -> RedisProcess:
         return next(n for n in self.nodes if n.port == port)
 
@@ -203,8 +219,8 @@ def sentinel_set(directory: Path, **passwords: str) -> Iterator[SentinelSet]:
 
 
 @contextmanager
-def cluster(directory: Path) -> Iterator[Cluster]:
-    c = Cluster(directory)
+def cluster(directory: Path, **shape: int) -> Iterator[Cluster]:
+    c = Cluster(directory, **shape)
     try:
         yield c
     finally:

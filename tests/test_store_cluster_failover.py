@@ -1,0 +1,178 @@
+"""The Redis store on a Redis Cluster through failovers (issue #30), against real servers:
+one cluster of three primaries, each with one replica (cluster-node-timeout 1 s), shared by
+the module; each test works on a slot owned by a primary no earlier test killed.
+
+What each shows:
+- wait=1: the primary owning the store's slot SIGKILLed under load at a per-day cost cap;
+  the cluster promotes its replica, the store finds the new owner itself (no MOVED target
+  trusted) and steps are admitted again within 15 s of the kill; what was admitted stays
+  within the cap and all of it is counted on the new owner (nothing it admitted was lost).
+- wait=0: the same kill is detected as a possible loss (the new owner's replication id is
+  not the one the store wrote to, and no replica acknowledged the writes): every step fails
+  closed until one acknowledgement, which clears it for every store on the cluster. (It
+  shows the detection; whether the promoted replica had in fact missed a write is not
+  forced here.)
+- hostile: a node that is not the primary serving the slot (another primary, the owner's
+  replica, a Redis without cluster mode) is refused on connect, never used."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+
+from governor.store import StoreIntegrityError, StoreUnavailable, open_store
+from governor.store.redis_slot import SlotMap, slot_owner_client
+from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
+from tests.redis_topology import Cluster, RedisProcess, cluster, wait_until
+from tests.test_store_redis_ha import AGENT, DAY_COST, Load, cost
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    with cluster(tmp_path_factory.mktemp("cluster"), replicas=1, node_timeout_ms=1000) as c:
+        c.killed = set()  # primaries a test killed: later tests use slots of others
+        yield c
+
+
+def fence(prefix: str) -> str:
+    return "{" + prefix + "}:fence"
+
+
+def prefix_on_live_primary(c: Cluster) -> str:
+    """A fresh store prefix whose slot a primary with a replica (never killed) owns."""
+    for _ in range(200):
+        prefix = "gov-" + uuid.uuid4().hex[:8]
+        if c.owner(fence(prefix)) not in c.killed:
+            return prefix
+    raise AssertionError("no slot on a live primary")
+
+
+def owner_now(c: Cluster, key: str) -> int | None:
+    try:
+        return c.owner(key)
+    except (redis.RedisError, OSError):
+        return None
+
+
+def kill_owner(c: Cluster, key: str) -> tuple[int, float]:
+    old = c.owner(key)
+    c.node(old).kill()
+    c.killed.add(old)
+    return old, time.monotonic()
+
+
+def test_the_slot_owner_killed_under_load_with_wait_is_replaced_within_15s_and_the_cap_holds(shared, tmp_path):
+    c = shared
+    prefix = prefix_on_live_primary(c)
+    store = open_store(c.url(f"prefix={prefix}&wait=1&wait_timeout=0.5&timeout=0.5"))
+    cap = 0.2  # 200 steps of $0.001
+    try:
+        with Load(store, cap) as load:
+            wait_until(lambda: load.admitted >= 40, 20, "no steps admitted before the kill")
+            old, killed = kill_owner(c, fence(prefix))
+            wait_until(lambda: owner_now(c, fence(prefix)) not in (None, old), 15, "the cluster did not fail over")
+            # the new owner's only replica died with the old one: a supervisor brings one back
+            c.add_replica(tmp_path / "replacement", c.owner(fence(prefix)))
+            wait_until(lambda: load.last_ok > killed, 15, "no step admitted again within 15s of the kill")
+            back = load.last_ok - killed
+            wait_until(lambda: load.refused_at_cap > 0, 60, "the cap was never reached")
+        admitted = load.admitted * 0.001
+        counted = store.snapshot(AGENT, "any", time.time(), [DAY_COST])[DAY_COST]
+        print(f"\ncluster: back {back:.1f}s after the kill; admitted ${admitted:.3f} at cap ${cap}, counted "
+              f"${counted:.3f}, {len(load.errors)} refusals while failing over")
+        assert back < 15
+        assert admitted <= cap + 1e-9  # what was admitted stays within the cap
+        assert counted >= admitted - 1e-9  # and all of it is on the new owner: nothing lost
+        assert load.errors  # the failover was felt (refused as retryable), never as a loss
+        assert not any(isinstance(e, StoreIntegrityError) for e in load.errors)
+        assert store.integrity is None
+    finally:
+        store.close()
+
+
+def test_the_slot_owner_killed_without_wait_is_detected_and_fails_closed_until_acknowledged(shared):
+    c = shared
+    prefix = prefix_on_live_primary(c)
+    store, other = open_store(c.url(f"prefix={prefix}&timeout=0.5")), open_store(c.url(f"prefix={prefix}&timeout=0.5"))
+    try:
+        assert store.reserve(AGENT, "a", cost(0.001, 1.0), time.time()).ok
+        assert other.reserve(AGENT, "b", cost(0.001, 1.0), time.time()).ok
+        old, _ = kill_owner(c, fence(prefix))
+        wait_until(lambda: owner_now(c, fence(prefix)) not in (None, old), 15, "the cluster did not fail over")
+
+        def lost() -> bool:
+            try:
+                store.reserve(AGENT, "a", cost(0.001, 1.0), time.time())
+            except StoreIntegrityError:
+                return True
+            except StoreUnavailable:
+                return False
+            raise AssertionError("a reservation was admitted on a new owner that may have missed writes")
+
+        wait_until(lost, 15, "the failover was not detected")
+        assert "primary changed" in store.integrity
+        with pytest.raises(StoreIntegrityError):  # for good, not once
+            store.snapshot(AGENT, "a", time.time())
+        with pytest.raises(StoreIntegrityError):  # the other replica's store finds it too
+            wait_until(lambda: _refused_as_retryable(other), 15, "the other store stayed unreachable")
+            other.snapshot(AGENT, "b", time.time())
+        assert store.acknowledge()["acknowledged"] is True
+        assert store.reserve(AGENT, "a", cost(0.001, 1.0), time.time()).ok
+        assert other.reserve(AGENT, "b", cost(0.001, 1.0), time.time()).ok  # one acknowledgement for all
+    finally:
+        store.close()
+        other.close()
+
+
+def _refused_as_retryable(store) -> bool:
+    """True once `store` is past transient refusals (it answers, or fails closed)."""
+    try:
+        store.snapshot(AGENT, "b", time.time())
+    except StoreIntegrityError:
+        return True
+    except StoreUnavailable:
+        return False
+    return True
+
+
+class PinnedMap(SlotMap):
+    """The cluster's slot map, but naming `node` as the owner (a stale or forged map)."""
+
+    def __init__(self, node: int, key: str) -> None:
+        super().__init__([("127.0.0.1", node)], key, {"socket_timeout": 2, "decode_responses": True})
+        self.node = node
+
+    def _ask(self) -> tuple[str, int]:
+        return "127.0.0.1", self.node
+
+
+def test_a_node_that_is_not_the_primary_serving_the_slot_is_refused(shared, tmp_path, monkeypatch):
+    c = shared
+    prefix = prefix_on_live_primary(c)
+    owner = c.owner(fence(prefix))
+    roles = {}
+    for n in c.nodes:
+        if n.process.poll() is None:
+            with n.client() as client:
+                roles[n.port] = client.info("replication")["role"]
+    replica = next(port for port, role in roles.items() if role == "slave")
+    elsewhere = next(port for port, role in roles.items() if role == "master" and port != owner)
+    for wrong in (elsewhere, replica):
+        monkeypatch.setattr("governor.store.redis_slot.SlotMap", lambda *a, wrong=wrong, **k: PinnedMap(wrong, fence(prefix)))
+        client = slot_owner_client([("127.0.0.1", owner)], fence(prefix), tls=False,
+                                   connect={"socket_timeout": 2, "decode_responses": True}, on_connect=None)
+        with pytest.raises(redis.ConnectionError, match="is not the primary serving slot"):
+            client.get(fence(prefix))
+        client.close()
+    monkeypatch.undo()
+    plain = RedisProcess(tmp_path / "plain")
+    try:  # a Redis without cluster mode names no owner: the store does not open on it
+        with pytest.raises(StoreUnavailable, match="no node names the owner"):
+            open_store(f"redis+cluster://127.0.0.1:{plain.port}?timeout=0.5")
+    finally:
+        plain.stop()
