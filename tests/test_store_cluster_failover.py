@@ -13,10 +13,13 @@ What each shows:
   shows the detection; whether the promoted replica had in fact missed a write is not
   forced here.)
 - hostile: a node that is not the primary serving the slot (another primary, the owner's
-  replica, a Redis without cluster mode) is refused on connect, never used."""
+  replica, a Redis without cluster mode) is refused on connect, never used; a forged MOVED
+  target is never connected to (the cluster's map is asked again instead)."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
 
@@ -176,3 +179,77 @@ def test_a_node_that_is_not_the_primary_serving_the_slot_is_refused(shared, tmp_
             open_store(f"redis+cluster://127.0.0.1:{plain.port}?timeout=0.5")
     finally:
         plain.stop()
+
+
+class ForgedNode:
+    """A loopback server speaking just enough RESP to pass for the primary serving every
+    slot, that answers every command with a MOVED to `target` (a forged redirection)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.asked_slots = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.server.settimeout(0.2)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+
+    def _talk(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        reader = conn.makefile("rb")
+        try:
+            while line := reader.readline():
+                words = []
+                for _ in range(int(line[1:])):
+                    size = int(reader.readline()[1:])
+                    words.append(reader.read(size + 2)[:-2].decode().upper())
+                conn.sendall(self._answer(words))
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+
+    def _answer(self, words: list[str]) -> bytes:
+        def bulk(text: str) -> bytes:
+            return f"${len(text)}\r\n{text}\r\n".encode()
+        if words[0] == "HELLO":  # redis-py 8 speaks RESP3
+            return b"%2\r\n" + bulk("server") + bulk("redis") + bulk("proto") + b":3\r\n"
+        if words[0] in ("CLIENT", "PING"):
+            return b"+OK\r\n" if words[0] == "CLIENT" else b"+PONG\r\n"
+        if words[:2] == ["CLUSTER", "SLOTS"]:
+            self.asked_slots += 1
+            return b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n" + bulk("127.0.0.1") + f":{self.port}\r\n".encode()
+        if words[:2] == ["CLUSTER", "NODES"]:
+            return bulk(f"f00d 127.0.0.1:{self.port}@1 myself,master - 0 0 1 connected 0-16383\n")
+        if words[0] == "INFO":
+            return bulk("# Replication\r\nrole:master\r\nmaster_replid:forged\r\nmaster_replid2:0\r\n")
+        return f"-MOVED 1234 127.0.0.1:{self.target}\r\n".encode()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.server.close()
+        self.thread.join(2)
+
+
+def test_a_forged_moved_target_is_never_followed():
+    bogus = socket.create_server(("127.0.0.1", 0))  # where the forged MOVED points: nothing may connect
+    bogus.settimeout(0.3)
+    node = ForgedNode(bogus.getsockname()[1])
+    try:
+        with pytest.raises(StoreUnavailable, match="MovedError"):
+            open_store(f"redis+cluster://127.0.0.1:{node.port}?timeout=0.5")
+        assert node.asked_slots >= 2  # the map was asked again of the cluster's nodes, once per MOVED
+        with pytest.raises(socket.timeout):
+            bogus.accept()
+    finally:
+        node.stop()
+        bogus.close()
