@@ -35,7 +35,7 @@ plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redi
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
 fence reads as a loss.
 
-Failover (Sentinel, or any primary whose replication id changes): replication is
+Failover (Sentinel, a Cluster slot's owner, or any primary whose replication id changes): replication is
 asynchronous, so a promoted replica may miss the last reservations. Every new connection
 reads the primary's replication id (INFO replication); when it changed, the store fails
 closed as after a loss (StoreIntegrityError until acknowledged), unless reservations are

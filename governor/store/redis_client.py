@@ -5,7 +5,9 @@
                                                 the primary that Sentinel names for SERVICE,
                                                 found again after a failover (rediss+sentinel://)
   redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]
-                                                Redis Cluster (rediss+cluster://)
+                                                Redis Cluster (rediss+cluster://): a plain client
+                                                to the primary owning the store's one slot,
+                                                found again after a failover (redis_slot)
 
 Options the governor reads (in the query string, any scheme):
   timeout=SECONDS       socket timeout of every command (default 2): past it the step is
@@ -13,8 +15,7 @@ Options the governor reads (in the query string, any scheme):
   retry_after=SECONDS   the Retry-After of that refusal (default 1)
   wait=N                each reservation is acknowledged by N replicas (Redis WAIT) before
                         the step goes ahead; fewer within wait_timeout refuses it (retryable).
-                        Not on Cluster (WAIT answers for one connection, Cluster pipelines
-                        span nodes).
+                        On Cluster too: WAIT runs on the slot owner's connection.
   wait_timeout=SECONDS  how long WAIT waits (default 0.5; added to timeout for the reply)
   sentinel_password=P   the Sentinels' own password (the userinfo one is the primary's)
   prefix=PREFIX         key prefix (default governor:; on Cluster wrapped in a hash tag,
