@@ -12,12 +12,17 @@ What each shows:
   closed until one acknowledgement, which clears it for every store on the cluster. (It
   shows the detection; whether the promoted replica had in fact missed a write is not
   forced here.)
+- the asyncio client (the per-step path on the event loop, a redis.asyncio.Redis to the
+  slot's owner): 64 concurrent reservations at a cap admit exactly the cap (no reply lost,
+  as redis-py's asyncio Cluster client lost them), and the owner killed without wait is
+  detected by its own connections, failing the store closed until acknowledged.
 - hostile: a node that is not the primary serving the slot (another primary, the owner's
   replica, a Redis without cluster mode) is refused on connect, never used; a forged MOVED
   target is never connected to (the cluster's map is asked again instead)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -26,6 +31,7 @@ import uuid
 import pytest
 import redis
 
+from governor.policy.steps import CounterCharge
 from governor.store import StoreIntegrityError, StoreUnavailable, open_store
 from governor.store.redis_slot import SlotMap, slot_owner_client
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
@@ -38,7 +44,6 @@ pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     with cluster(tmp_path_factory.mktemp("cluster"), replicas=1, node_timeout_ms=1000) as c:
-        c.killed = set()  # primaries a test killed: later tests use slots of others
         yield c
 
 
@@ -47,12 +52,13 @@ def fence(prefix: str) -> str:
 
 
 def prefix_on_live_primary(c: Cluster) -> str:
-    """A fresh store prefix whose slot a primary with a replica (never killed) owns."""
+    """A fresh store prefix whose slot a primary with a synced replica owns."""
     for _ in range(200):
         prefix = "gov-" + uuid.uuid4().hex[:8]
-        if c.owner(fence(prefix)) not in c.killed:
-            return prefix
-    raise AssertionError("no slot on a live primary")
+        with c.node(c.owner(fence(prefix))).client() as client:
+            if client.info("replication").get("connected_slaves", 0) > 0:
+                return prefix
+    raise AssertionError("no slot on a primary with a replica")
 
 
 def owner_now(c: Cluster, key: str) -> int | None:
@@ -65,7 +71,6 @@ def owner_now(c: Cluster, key: str) -> int | None:
 def kill_owner(c: Cluster, key: str) -> tuple[int, float]:
     old = c.owner(key)
     c.node(old).kill()
-    c.killed.add(old)
     return old, time.monotonic()
 
 
@@ -253,3 +258,45 @@ def test_a_forged_moved_target_is_never_followed():
     finally:
         node.stop()
         bogus.close()
+
+
+async def test_the_asyncio_client_on_the_slot_owner_holds_the_cap_and_finds_a_failover(shared):
+    c = shared
+    prefix = prefix_on_live_primary(c)
+    store = open_store(c.url(f"prefix={prefix}&timeout=0.5"))
+    keys = [DAY_COST]
+    try:
+        counters = store.counters()
+        assert counters is not None  # Cluster has the one-round-trip asyncio path now
+        now = time.time()
+        results = await asyncio.wait_for(asyncio.gather(*(
+            counters.reserve_within(AGENT, f"s{i % 8}", keys, [CounterCharge("per_day", "cost_usd", 1.0, 10.0)], now)
+            for i in range(64))), 30)
+        held = [r for _, r in results if r.ok]
+        assert len(held) == 10  # exactly the cap: every reply read, none lost or counted twice
+        await counters.commit(held[0].id, None, now)
+        assert await counters.release(held[1].id) is True
+        assert store.snapshot(AGENT, "x", now, keys)[DAY_COST] == 9.0
+
+        old, _ = await asyncio.to_thread(kill_owner, c, fence(prefix))
+        await asyncio.to_thread(wait_until, lambda: owner_now(c, fence(prefix)) not in (None, old), 15,
+                                "the cluster did not fail over")
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            try:
+                await counters.reserve_within(AGENT, "a", keys, cost(0.001, 100.0), time.time())
+            except StoreIntegrityError:
+                break
+            except StoreUnavailable:
+                assert asyncio.get_running_loop().time() < deadline, "the failover was not detected"
+                await asyncio.sleep(0.1)
+                continue
+            raise AssertionError("a reservation was admitted on a new owner that may have missed writes")
+        assert "primary changed" in store.integrity
+        with pytest.raises(StoreIntegrityError):  # the blocking client fails closed too
+            store.snapshot(AGENT, "a", time.time(), keys)
+        assert store.acknowledge()["acknowledged"] is True
+        _, again = await counters.reserve_within(AGENT, "a", keys, cost(0.001, 100.0), time.time())
+        assert again.ok
+    finally:
+        store.close()

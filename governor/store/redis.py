@@ -243,12 +243,10 @@ class RedisStore:
 
     def counters(self) -> AsyncCounters | None:
         """The asyncio client of the per-step path, for the running event loop (one per loop,
-        made on first use). None (the blocking client, from a thread, as before) when
-        reservations wait for replicas (wait=N), and on Redis Cluster: redis-py 8.1's asyncio
-        Cluster client, under concurrent calls, drops connections mid-command ("Connection
-        closed by server": scripts that ran lost their replies), and a reservation whose
-        outcome is lost cannot be retried."""
-        if self.options.wait_replicas or self.options.kind == "cluster":
+        made on first use; on Cluster a client to the slot's owner, redis_slot_async). None
+        (the blocking client, from a thread, as before) when reservations wait for replicas
+        (wait=N)."""
+        if self.options.wait_replicas:
             return None
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)

@@ -48,8 +48,7 @@ class AsyncCounters:
                  reserve_within: str, commit: str, release: str) -> None:
         self._store = store
         self._ttl_ms = ttl_ms  # how long per_day keys live past their last write
-        on_connect = None if options.kind == "cluster" else self._on_connect
-        self._client = make_client(url, options, extra, on_connect, asynchronous=True)
+        self._client = make_client(url, options, extra, self._on_connect, asynchronous=True)
         register = self._client.register_script
         self._reserve_within = register(reserve_within)
         self._commit = register(commit)
