@@ -3,6 +3,8 @@ one cluster of three primaries, each with one replica (cluster-node-timeout 1 s)
 the module; each test works on a slot owned by a primary no earlier test killed.
 
 What each shows:
+- wait=2 with one replica: WAIT runs on the slot owner's connection and answers 1, so the
+  reservation is dropped and the step refused as retryable (as on plain Redis).
 - wait=1: the primary owning the store's slot SIGKILLed under load at a per-day cost cap;
   the cluster promotes its replica, the store finds the new owner itself (no MOVED target
   trusted) and steps are admitted again within 15 s of the kill; what was admitted stays
@@ -12,6 +14,8 @@ What each shows:
   closed until one acknowledgement, which clears it for every store on the cluster. (It
   shows the detection; whether the promoted replica had in fact missed a write is not
   forced here.)
+- wait=1 does not cover a new owner that is not a replica of the old one: the slot resharded
+  to another primary (keys moved with it) fails the store closed until acknowledged.
 - the asyncio client (the per-step path on the event loop, a redis.asyncio.Redis to the
   slot's owner): 64 concurrent reservations at a cap admit exactly the cap (no reply lost,
   as redis-py's asyncio Cluster client lost them), and the owner killed without wait is
@@ -72,6 +76,19 @@ def kill_owner(c: Cluster, key: str) -> tuple[int, float]:
     old = c.owner(key)
     c.node(old).kill()
     return old, time.monotonic()
+
+
+def test_a_reservation_fewer_replicas_acknowledged_is_dropped_and_refused_as_retryable(shared):
+    c = shared
+    prefix = prefix_on_live_primary(c)  # its owner has one replica: wait=2 cannot be met
+    store = open_store(c.url(f"prefix={prefix}&wait=2&wait_timeout=0.1&timeout=0.5&retry_after=3"))
+    try:
+        with pytest.raises(StoreUnavailable, match="acknowledged by 1 of 2") as refused:
+            store.reserve(AGENT, "a", cost(0.001, 1.0), time.time())
+        assert type(refused.value) is StoreUnavailable and refused.value.retry_after == 3.0  # retryable, no loss
+        assert store.snapshot(AGENT, "a", time.time(), [DAY_COST])[DAY_COST] == 0.0  # the reservation dropped
+    finally:
+        store.close()
 
 
 def test_the_slot_owner_killed_under_load_with_wait_is_replaced_within_15s_and_the_cap_holds(shared, tmp_path):
@@ -135,6 +152,45 @@ def test_the_slot_owner_killed_without_wait_is_detected_and_fails_closed_until_a
     finally:
         store.close()
         other.close()
+
+
+def move_slot(c: Cluster, key: str, to: int) -> None:
+    """An operator's resharding: `key`'s slot and its keys moved to the primary on `to`."""
+    source = c.owner(key)
+    with c.node(source).client() as src, c.node(to).client() as dst:
+        slot = src.execute_command("CLUSTER", "KEYSLOT", key)
+        src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+def test_the_slot_moved_to_a_primary_that_is_no_replica_of_its_owner_fails_closed_even_with_wait(shared):
+    """wait=1 covers a replica promoted in its primary's place (its second replication id is
+    the old one); a slot resharded to another primary is a new owner the store's writes were
+    never acknowledged on: the MOVED is followed through the cluster's map, the new owner's
+    replication id is unrelated, and the store fails closed until acknowledged (the keys
+    moved with the slot: nothing is counted from zero)."""
+    c = shared
+    prefix = prefix_on_live_primary(c)
+    store = open_store(c.url(f"prefix={prefix}&wait=1&wait_timeout=0.5&timeout=0.5"))
+    try:
+        assert store.reserve(AGENT, "a", cost(0.25, 1.0), time.time()).ok
+        owner = c.owner(fence(prefix))
+        target = next(n.port for n in c.nodes if n.port != owner and n.process.poll() is None
+                      and n.client().info("replication").get("connected_slaves", 0) > 0)
+        move_slot(c, fence(prefix), target)
+        wait_until(lambda: owner_now(c, fence(prefix)) == target, 10, "the slot did not move")
+        with pytest.raises(StoreIntegrityError, match="primary changed"):
+            store.reserve(AGENT, "a", cost(0.25, 1.0), time.time())
+        assert store.acknowledge()["acknowledged"] is True
+        assert store.snapshot(AGENT, "a", time.time(), [DAY_COST])[DAY_COST] == 0.25  # moved, not lost
+        assert store.reserve(AGENT, "a", cost(0.25, 1.0), time.time()).ok
+    finally:
+        store.close()
 
 
 def _refused_as_retryable(store) -> bool:
