@@ -215,7 +215,7 @@ class PinnedMap(SlotMap):
         return "127.0.0.1", self.node
 
 
-def test_a_node_that_is_not_the_primary_serving_the_slot_is_refused(shared, tmp_path, monkeypatch):
+def test_a_node_that_is_not_the_primary_serving_the_slot_is_refused(shared, tmp_path):
     c = shared
     prefix = prefix_on_live_primary(c)
     owner = c.owner(fence(prefix))
@@ -227,13 +227,11 @@ def test_a_node_that_is_not_the_primary_serving_the_slot_is_refused(shared, tmp_
     replica = next(port for port, role in roles.items() if role == "slave")
     elsewhere = next(port for port, role in roles.items() if role == "master" and port != owner)
     for wrong in (elsewhere, replica):
-        monkeypatch.setattr("governor.store.redis_slot.SlotMap", lambda *a, wrong=wrong, **k: PinnedMap(wrong, fence(prefix)))
-        client = slot_owner_client([("127.0.0.1", owner)], fence(prefix), tls=False,
-                                   connect={"socket_timeout": 2, "decode_responses": True}, on_connect=None)
+        client = slot_owner_client(PinnedMap(wrong, fence(prefix)), connect={"socket_timeout": 2, "decode_responses": True},
+                                   on_connect=None)
         with pytest.raises(redis.ConnectionError, match="is not the primary serving slot"):
             client.get(fence(prefix))
         client.close()
-    monkeypatch.undo()
     plain = RedisProcess(tmp_path / "plain")
     try:  # a Redis without cluster mode names no owner: the store does not open on it
         with pytest.raises(StoreUnavailable, match="no node names the owner"):

@@ -117,12 +117,14 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
             raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
         # not redis-py's RedisCluster: every key of the store is in one slot, so a plain
         # client to the slot's owner (governor.store.redis_slot) serves it, WAIT included
+        from governor.store.redis_slot import SlotMap, slot_owner_client
+        connect = {**auth, **common}
+        # each client its own map of the slot (an address, asked again when stale)
+        slot_map = SlotMap(nodes, f"{options.prefix}fence", connect, tls=bool(tls))
         if asynchronous:
-            from governor.store.redis_slot_async import async_slot_owner_client as owner_client
-        else:
-            from governor.store.redis_slot import slot_owner_client as owner_client  # type: ignore[assignment]
-        return owner_client(nodes, f"{options.prefix}fence", tls=bool(tls), connect={**auth, **common},
-                            on_connect=on_connect)
+            from governor.store.redis_slot_async import async_slot_owner_client
+            return async_slot_owner_client(slot_map, connect=connect, on_connect=on_connect)
+        return slot_owner_client(slot_map, connect=connect, on_connect=on_connect)
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel
     else:

@@ -17,7 +17,6 @@ connection): the connection is refused, the step retryable.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Sequence
 
@@ -26,8 +25,6 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import AskError
 from redis.retry import Retry
-
-log = logging.getLogger("governor.store")
 
 
 class SlotMap:
@@ -41,7 +38,7 @@ class SlotMap:
         self._startup = list(startup)
         self._known: list[tuple[str, int]] = list(startup)  # every node the last answer named
         self._connect = connect  # username, password, timeouts of a look-up's connection
-        self._tls = tls
+        self.tls = tls
         self._owner: tuple[str, int] | None = None
         self._lock = threading.Lock()
 
@@ -80,7 +77,7 @@ class SlotMap:
         raise redis.ConnectionError(f"Redis Cluster: no node names the owner of slot {self.slot} ({'; '.join(errors)})")
 
     def _cluster_slots(self, host: str, port: int) -> Any:
-        kind = redis.SSLConnection if self._tls else redis.Connection
+        kind = redis.SSLConnection if self.tls else redis.Connection
         connection = kind(host=host, port=port, **self._connect)
         try:
             connection.send_command("CLUSTER", "SLOTS")
@@ -194,12 +191,11 @@ class SlotOwnerSSLConnection(SlotOwnerConnection, redis.SSLConnection):
     pass
 
 
-def slot_owner_client(nodes: Sequence[tuple[str, int]], key: str, *, tls: bool, connect: dict[str, Any],
-                      on_connect: Any) -> redis.Redis:
-    """A redis.Redis whose every connection goes to the owner of `key`'s slot. A command
+def slot_owner_client(slot_map: SlotMap, *, connect: dict[str, Any], on_connect: Any) -> redis.Redis:
+    """A redis.Redis whose every connection goes to the owner `slot_map` names. A command
     that drew a MOVED or ASK runs once more (it did not run); nothing else is retried (a
     retried reservation could count twice)."""
-    slot_map = SlotMap(nodes, key, connect, tls=tls)
+    tls = slot_map.tls
     retry = Retry(NoBackoff(), 1, supported_errors=(AskError,))
     pool = redis.ConnectionPool(connection_class=SlotOwnerSSLConnection if tls else SlotOwnerConnection,
                                 slot_map=slot_map, retry=retry, redis_connect_func=on_connect, **connect)

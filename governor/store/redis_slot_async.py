@@ -8,7 +8,7 @@ are found again after a MOVED or a lost connection; a MOVED target is never foll
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Any
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
@@ -81,13 +81,10 @@ class AsyncSlotOwnerSSLConnection(AsyncSlotOwnerConnection, redis.asyncio.SSLCon
     pass
 
 
-def async_slot_owner_client(nodes: Sequence[tuple[str, int]], key: str, *, tls: bool, connect: dict[str, Any],
-                            on_connect: Any) -> redis.asyncio.Redis:
-    """slot_owner_client's asyncio twin (its own map of the slot: an address, asked again
-    when stale)."""
-    slot_map = SlotMap(nodes, key, {k: v for k, v in connect.items()}, tls=tls)
+def async_slot_owner_client(slot_map: SlotMap, *, connect: dict[str, Any], on_connect: Any) -> redis.asyncio.Redis:
+    """slot_owner_client's asyncio twin."""
     retry = Retry(NoBackoff(), 1, supported_errors=(AskError,))
     pool = redis.asyncio.ConnectionPool(
-        connection_class=AsyncSlotOwnerSSLConnection if tls else AsyncSlotOwnerConnection,
+        connection_class=AsyncSlotOwnerSSLConnection if slot_map.tls else AsyncSlotOwnerConnection,
         slot_map=slot_map, retry=retry, redis_connect_func=on_connect, **connect)
     return redis.asyncio.Redis.from_pool(pool)
