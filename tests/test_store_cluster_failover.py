@@ -244,8 +244,9 @@ class ForgedNode:
     """A loopback server speaking just enough RESP to pass for the primary serving every
     slot, that answers every command with a MOVED to `target` (a forged redirection)."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, slots: bytes | None = None, nodes: str | None = None) -> None:
         self.target = target
+        self.slots, self.nodes = slots, nodes  # forged CLUSTER SLOTS / CLUSTER NODES answers
         self.asked_slots = 0
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
@@ -286,8 +287,12 @@ class ForgedNode:
             return b"+OK\r\n" if words[0] == "CLIENT" else b"+PONG\r\n"
         if words[:2] == ["CLUSTER", "SLOTS"]:
             self.asked_slots += 1
+            if self.slots is not None:
+                return self.slots
             return b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n" + bulk("127.0.0.1") + f":{self.port}\r\n".encode()
         if words[:2] == ["CLUSTER", "NODES"]:
+            if self.nodes is not None:
+                return bulk(self.nodes)
             return bulk(f"f00d 127.0.0.1:{self.port}@1 myself,master - 0 0 1 connected 0-16383\n")
         if words[0] == "INFO":
             return bulk("# Replication\r\nrole:master\r\nmaster_replid:forged\r\nmaster_replid2:0\r\n")
@@ -354,3 +359,21 @@ async def test_the_asyncio_client_on_the_slot_owner_holds_the_cap_and_finds_a_fa
         assert again.ok
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("slots", "nodes", "complaint"), [
+    (b"+not a list\r\n", None, "no node names the owner"),
+    (b"*0\r\n", None, "no node names the owner"),
+    (b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:70000\r\n", None, "no node names the owner"),
+    (b"*1\r\n*2\r\n:0\r\n:16383\r\n", None, "no node names the owner"),
+    (None, "f00d 127.0.0.1:1@1 myself,slave abcd 0 0 1 connected\n", "is not the primary serving slot"),
+    (None, "f00d 127.0.0.1:1@1 myself,master - 0 0 1 connected 0-5\n", "is not the primary serving slot"),
+    (None, "garbage", "is not the primary serving slot"),
+])
+def test_a_forged_slot_map_or_node_claim_is_refused_naming_why(slots, nodes, complaint):
+    node = ForgedNode(1, slots=slots, nodes=nodes)
+    try:
+        with pytest.raises(StoreUnavailable, match=complaint):
+            open_store(f"redis+cluster://127.0.0.1:{node.port}?timeout=0.5")
+    finally:
+        node.stop()
