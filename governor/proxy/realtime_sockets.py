@@ -38,8 +38,8 @@ from typing import Any, Coroutine
 from mitmproxy import http
 
 from governor.adapters import withhold
-from governor.adapters.base import describe
 from governor.adapters.realtime import MINT, RealtimeAdapter
+from governor.adapters.refusals import describe
 from governor.adapters.realtime_events import (ClientVerdict, RealtimeConversation, Refused, Response, ServerVerdict,
                                                encode, error_event)
 from governor.policy.reasons import governor_object
