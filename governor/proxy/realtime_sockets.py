@@ -50,7 +50,7 @@ from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import ACTION_HEADER, Refuser, governor_error_object
 from governor.proxy.runtime_calls import RuntimeCalls
 from governor.runtime.api import Admission
-from governor.sessions.book import halted_reason
+from governor.sessions.entries import halted_reason
 
 log = logging.getLogger("governor.proxy")
 
