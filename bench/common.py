@@ -545,7 +545,8 @@ def run_bare(args: argparse.Namespace) -> None:
     from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
     from mitmproxy.master import Master
 
-    from governor.proxy.server import Settings, master_options
+    from governor.proxy.mitm_master import master_options
+    from governor.proxy.server import Settings
 
     async def main() -> None:
         settings = Settings(listen=(HOST, args.port), control=None, data_dir=Path(args.data_dir),

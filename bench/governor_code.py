@@ -70,7 +70,8 @@ async def _measure(exchanges: int, rounds: int) -> dict[str, Any]:
     from governor.control.origin import ProxyOrigin
     from governor.runtime.metrics import Metrics
     from governor.policy.steps import Tier
-    from governor.proxy.server import Settings, build_chain, build_runtime
+    from governor.proxy.runtime_setup import build_runtime
+    from governor.proxy.server import Settings, build_chain
 
     with scratch("code") as work:
         settings = Settings(passport=write_passport(work / "passport.json"), data_dir=work / "governor",

@@ -251,3 +251,43 @@ def test_no_control_route_module_imports_the_app():
     crossings = [f"{module} imports {target}" for module in routes
                  for target, _, _ in _imports(module) if target == "governor.control.app"]
     assert not crossings, "route modules importing the app (they get a ControlContext):\n" + "\n".join(crossings)
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module defines itself (classes, functions, assignments), not those it imports."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+# modules whose door is narrow: importers take from them only what they define (BadRequest,
+# RequestView and RawHeaders come from adapters/request_view.py, describe and status_for from
+# adapters/refusals.py)
+NARROW_DOORS = ("governor.adapters.base",)
+
+
+@pytest.mark.parametrize("door", NARROW_DOORS)
+def test_a_narrow_door_passes_on_only_what_it_defines(door):
+    path, tree = _modules()[door]
+    defined = _top_level_names(tree)
+    exported = next((ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                     and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)), [])
+    assert not set(exported) - defined, f"{door}.__all__ names what it does not define: {set(exported) - defined}"
+    importers = [(module, line, name) for module in _modules() for target, name, line in _imports(module)
+                 if target == door and name]
+    for test_file in sorted((PACKAGE.parent / "tests").glob("*.py")):
+        text = test_file.read_text(encoding="utf-8")
+        if door not in text:  # parsed only when it may import from the door
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module == door:
+                importers += [(f"tests/{test_file.name}", node.lineno, alias.name) for alias in node.names]
+    assert importers, f"nothing imports {door}: the check reads nothing"
+    passed_on = [f"{module} line {line}: {name}" for module, line, name in importers if name not in defined]
+    assert not passed_on, f"names imported from {door} that it does not define (import them from their home):\n" \
+        + "\n".join(passed_on)

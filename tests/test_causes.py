@@ -13,7 +13,7 @@ from governor.evidence import finalize
 from governor.policy import causes, fitting, steps, tools
 from governor.policy.degradation import compile_degradation, legacy_degradation_names
 from governor.runtime import audit
-from governor.sessions import book
+from governor.sessions import entries, lock_causes
 from tests.test_policy_support import Driver, passport, with_runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,8 +46,8 @@ def test_every_cause_the_code_records_is_in_the_table():
     used = {
         steps.ON_SESSION_INTEGRITY, steps.ON_GOVERNOR_ERROR, steps.ON_TOOL_DENIED, steps.ON_REQUEST_REFUSED,
         steps.ON_OVERSIGHT_TRIGGER, steps.ON_SUB_AGENT_SPAWNED, steps.ON_SUB_AGENT_ENDED,
-        steps.ON_DELEGATION_ADMITTED, fitting.ON_OUTPUT_FITTED, tools.ON_TOOLS_WITHHELD, book.ON_AGENT_LOCK,
-        book.ON_SESSION_CAP, audit.ON_KEY_MINTED, *steps.KNOWN_CAUSES,
+        steps.ON_DELEGATION_ADMITTED, fitting.ON_OUTPUT_FITTED, tools.ON_TOOLS_WITHHELD, entries.ON_AGENT_LOCK,
+        entries.ON_SESSION_CAP, audit.ON_KEY_MINTED, *steps.KNOWN_CAUSES,
         finalize.ON_GOVERNOR_ERROR, finalize.ON_SESSION_INTEGRITY,  # the evidence room's own copies
     }
     assert used <= set(causes.BY_NAME), used - set(causes.BY_NAME)
@@ -75,11 +75,11 @@ def test_old_names_are_accepted_in_a_passport_and_recorded_under_the_new_one(cap
 
 def test_old_names_are_accepted_in_lock_on_with_a_deprecation_line(caplog):
     with caplog.at_level(logging.WARNING, logger="governor.sessions"):
-        assert book.parse_lock_causes("on_session_integrity, on_budget_exhausted") == (
+        assert lock_causes.parse_lock_causes("on_session_integrity, on_budget_exhausted") == (
             "on_governor_session_integrity", "on_budget_exhausted")
     assert "lock cause on_session_integrity is deprecated: it is now on_governor_session_integrity" in caplog.text
     with pytest.raises(ValueError, match="on_sesion_integrity"):
-        book.parse_lock_causes("on_sesion_integrity")
+        lock_causes.parse_lock_causes("on_sesion_integrity")
 
 
 def test_approvals_and_fitting_are_not_recorded_as_continue():

@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from governor.policy.steps import ToolCall
-from governor.proxy.server import Settings, build_runtime, serve
+from governor.proxy.runtime_setup import build_runtime
+from governor.proxy.server import Settings, serve
 from governor.runtime.sweeper import GAUGE_BATCH, SWEEP_SLICE
 from tests.proxy_harness import AGENT_NAMED, RawClient
 from tests.upstreams import MockLLM, make_tls

@@ -10,7 +10,7 @@ import pytest
 from governor.runtime.prices import price_book
 from governor.adapters.refusals import describe
 from governor.policy import decide
-from governor.policy.limits import compile_limits
+from governor.policy.compiling import compile_limits
 from governor.policy.pricing import PricingError, default_pricing_path, load_pricing, pricing_from_mapping
 from governor.policy.reasons import governor_object
 from governor.policy.state import SessionState

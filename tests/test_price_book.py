@@ -13,7 +13,7 @@ from importlib import metadata
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from governor.evidence import generate_key, verify_record
 from governor.passport import AdmissionConfig, admit, sign_passport
 from governor.policy import ModelCall, Tier, compile_limits

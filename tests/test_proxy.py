@@ -368,7 +368,8 @@ async def addon_on_test_flows(tmp_path):
     from mitmproxy.test import tflow
 
     from governor.proxy.flow_state import STATE_KEY
-    from governor.proxy.server import Settings, build_chain, build_runtime
+    from governor.proxy.runtime_setup import build_runtime
+    from governor.proxy.server import Settings, build_chain
 
     settings = Settings(data_dir=tmp_path / "data", control=None, session="s", **AGENT_NAMED)
     runtime = build_runtime(settings)

@@ -81,7 +81,8 @@ def test_governor_run_refuses_a_bad_transparent_address() -> None:
 
 
 def test_transparent_adds_a_second_mitmproxy_listener() -> None:
-    from governor.proxy.server import Settings, master_options
+    from governor.proxy.mitm_master import master_options
+    from governor.proxy.server import Settings
 
     assert master_options(Settings())["mode"] == ["regular"]
     assert master_options(Settings(transparent=("127.0.0.1", 15001)))["mode"] == ["regular", "transparent@127.0.0.1:15001"]

@@ -12,7 +12,9 @@ import pytest
 from governor.cli import UsageError
 from governor.cli.run import ensure_control_token, resolve
 from governor.proxy.server import Settings, StartupError, serve
-from governor.sessions.book import DAY, Refusal, SessionBook, SessionBookError, parse_lock_causes
+from governor.sessions.book import SessionBook
+from governor.sessions.entries import DAY, Refusal, SessionBookError
+from governor.sessions.lock_causes import parse_lock_causes
 
 
 class Clock:

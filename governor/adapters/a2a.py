@@ -59,9 +59,9 @@ import orjson
 
 from governor.adapters import jsonrpc, sse
 from governor.adapters.endpoints import GOVERNED, Endpoint, Probe
-from governor.adapters.base import (
-    Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamWatcher, describe,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamWatcher
+from governor.adapters.refusals import describe
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.passport import AdmissionConfig, Retrieval, admit, parse_passport
 from governor.passport.admission import identity_domain
 from governor.policy.steps import Decision, Delegation, Step

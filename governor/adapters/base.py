@@ -32,15 +32,13 @@ from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from governor.adapters.refusals import describe, status_for
-from governor.adapters.request_view import BadRequest, RawHeaders, RequestView
+from governor.adapters.request_view import RequestView
 from governor.policy.steps import Decision, Step, ToolCall, ToolError, UsageReport
 
-# Also importable from here, where the proxy and the JSON-RPC adapters import them from
-# (their homes are request_view.py and refusals.py).
-__all__ = ["Adapter", "AdapterConfig", "BadRequest", "Exchange", "JSON_HEADERS", "Observation", "RawHeaders",
-           "Reply", "RequestView", "StreamEvent", "StreamWatcher", "SuffixAdapter", "UNREAD_ANSWER",
-           "UnreadableAnswer", "describe", "observe_stream_whole", "status_for"]
+# Only what this module defines: BadRequest, RequestView and RawHeaders live in request_view.py,
+# describe and status_for in refusals.py (tests/test_architecture.py keeps it so).
+__all__ = ["Adapter", "AdapterConfig", "Exchange", "JSON_HEADERS", "Observation", "Reply", "StreamEvent",
+           "StreamWatcher", "SuffixAdapter", "UNREAD_ANSWER", "UnreadableAnswer", "observe_stream_whole"]
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}

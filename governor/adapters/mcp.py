@@ -39,9 +39,8 @@ import orjson
 
 from governor.adapters import jsonrpc, mcp_headers, withhold
 from governor.adapters.endpoints import GOVERNED as GOVERNED_STEP, Endpoint, Probe
-from governor.adapters.base import (
-    Adapter, BadRequest, Exchange, Observation, Reply, RequestView, StreamEvent, StreamWatcher,
-)
+from governor.adapters.base import Adapter, Exchange, Observation, Reply, StreamEvent, StreamWatcher
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.common.canonical import inexact_json
 from governor.policy.steps import Decision, Step, ToolCall, ToolError
 

@@ -114,7 +114,8 @@ def webhooks(value: Any, file: Mapping[str, Any], environ: Mapping[str, str], co
 
 
 def session_settings(settings: Any, value: Any) -> None:
-    from governor.sessions.book import DEFAULT_MODES, MODES, parse_lock_causes
+    from governor.sessions.book import DEFAULT_MODES, MODES
+    from governor.sessions.lock_causes import parse_lock_causes
 
     if (mode := value("sessions")) is not None:
         if mode not in MODES:

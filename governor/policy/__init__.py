@@ -19,7 +19,8 @@ from governor.policy.engine import (
     settlement,
     step_digest,
 )
-from governor.policy.limits import Limits, LimitsError, PolicyConfig, compile_limits
+from governor.policy.compiling import compile_limits
+from governor.policy.limits import Limits, LimitsError, PolicyConfig
 from governor.policy.quiet import quiet_charges
 from governor.policy.pricing import PricingError, PricingTable, load_pricing
 from governor.policy.state import SessionState

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from governor.policy.limits import DelegationPolicy, LimitsError, budget_caps
+from governor.policy.limits import DelegationPolicy, LimitsError
+from governor.policy.passport_members import budget_caps
 from governor.policy.steps import Delegation
 
 

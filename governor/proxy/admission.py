@@ -19,8 +19,9 @@ import orjson
 from mitmproxy import http
 
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
-from governor.adapters.base import Adapter, BadRequest, RequestView
+from governor.adapters.base import Adapter
 from governor.adapters.fitting import fit_request
+from governor.adapters.request_view import BadRequest, RequestView
 from governor.runtime.personas import PersonaHeaderError, parse_persona
 from governor.policy.steps import Decision, ModelCall, PassportPresented
 from governor.proxy import bodies, holds, withheld

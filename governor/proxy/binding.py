@@ -18,7 +18,8 @@ from typing import Any, Coroutine
 from mitmproxy import http
 
 from governor.adapters import IGNORE, AdapterRegistry, Refusal
-from governor.adapters.base import Adapter, RawHeaders, RequestView
+from governor.adapters.base import Adapter
+from governor.adapters.request_view import RawHeaders, RequestView
 from governor.proxy import refusals
 from governor.proxy.drain import MESSAGE as DRAINING, RETRY_AFTER_SEC
 from governor.proxy.egress import EgressHosts

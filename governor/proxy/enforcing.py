@@ -13,7 +13,7 @@ from typing import Any
 
 from mitmproxy import http
 
-from governor.adapters.base import describe
+from governor.adapters.refusals import describe
 from governor.policy.steps import Decision
 from governor.proxy import recording, refusals, transit
 from governor.proxy.flow_state import Flight

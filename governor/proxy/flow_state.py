@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from governor.adapters.base import Exchange, RequestView
+from governor.adapters.base import Exchange
+from governor.adapters.request_view import RequestView
 from governor.policy.steps import Decision
 from governor.runtime.api import Admission
 

@@ -27,7 +27,7 @@ from governor.proxy import holds
 from governor.proxy.refusing import Refuser, as_response, governor_error_object
 from governor.proxy.runtime_calls import RuntimeCalls, paused
 from governor.runtime.api import Admission
-from governor.sessions.book import halted_reason
+from governor.sessions.entries import halted_reason
 
 log = logging.getLogger("governor.proxy")
 

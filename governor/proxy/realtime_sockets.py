@@ -38,8 +38,8 @@ from typing import Any, Coroutine
 from mitmproxy import http
 
 from governor.adapters import withhold
-from governor.adapters.base import describe
 from governor.adapters.realtime import MINT, RealtimeAdapter
+from governor.adapters.refusals import describe
 from governor.adapters.realtime_events import (ClientVerdict, RealtimeConversation, Refused, Response, ServerVerdict,
                                                encode, error_event)
 from governor.policy.reasons import governor_object
@@ -50,7 +50,7 @@ from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import ACTION_HEADER, Refuser, governor_error_object
 from governor.proxy.runtime_calls import RuntimeCalls
 from governor.runtime.api import Admission
-from governor.sessions.book import halted_reason
+from governor.sessions.entries import halted_reason
 
 log = logging.getLogger("governor.proxy")
 

@@ -16,7 +16,8 @@ from typing import Any, Mapping
 from mitmproxy import http
 
 from governor.adapters import Refusal
-from governor.adapters.base import Adapter, Exchange, Reply, describe, status_for
+from governor.adapters.base import Adapter, Exchange, Reply
+from governor.adapters.refusals import describe, status_for
 from governor.policy.reasons import governor_object
 from governor.policy.steps import Action, Decision
 from governor.proxy import refusals

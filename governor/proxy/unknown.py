@@ -27,7 +27,7 @@ from governor.proxy.flow_state import STATE_KEY, FlowState
 from governor.proxy.policy import ProxyPolicy
 from governor.proxy.refusing import Refuser
 from governor.runtime.api import RuntimeAPI
-from governor.sessions.book import halted_reason
+from governor.sessions.entries import halted_reason
 
 log = logging.getLogger("governor.proxy")
 

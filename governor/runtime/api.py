@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from governor.policy.reasons import governor_object
 from governor.policy.steps import Action, Decision, Step, UsageReport
-from governor.sessions.book import halted_reason
+from governor.sessions.entries import halted_reason
 
 @dataclass(slots=True)
 class Admission:

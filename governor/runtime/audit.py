@@ -39,7 +39,8 @@ from governor.policy.tools import ON_TOOLS_WITHHELD
 from governor.policy.causes import ON_GOVERNOR_IDENTITY
 from governor.runtime.session import LiveSession
 from governor.runtime.settings import RuntimeSettings
-from governor.sessions.book import HOW_TO_OPEN, ON_AGENT_LOCK, Lock, SessionBook
+from governor.sessions.book import SessionBook
+from governor.sessions.entries import HOW_TO_OPEN, ON_AGENT_LOCK, Lock
 
 log = logging.getLogger("governor.runtime")
 

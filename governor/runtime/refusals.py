@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from governor.policy import Action, Decision, Step
-from governor.sessions.book import HOW_TO_OPEN
+from governor.sessions.entries import HOW_TO_OPEN
 from governor.policy.steps import ON_GOVERNOR_ERROR
 from governor.store import StoreIntegrityError, StoreUnavailable
 

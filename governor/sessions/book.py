@@ -17,7 +17,7 @@ a principal lifts the lock (`lift`). What the book decides is persisted in an ap
 only log (`<data-dir>/sessions/book.jsonl`; tokens only by their SHA-256), so tokens,
 ended sessions, the halted default session and locks survive a restart. The log is
 compacted (rewritten whole, then renamed over the old one) at start-up and whenever it has
-doubled since the last compaction: see `_snapshot` for what a compacted log keeps.
+doubled since the last compaction: see `governor.sessions.book_log.snapshot` for what a compacted log keeps.
 
 The book does no evidence work itself: a `recorder` (the runtime) journals locks, lifts
 and the agent-named cap's refusal in the session's record and the audit journal.
@@ -27,27 +27,25 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
-import os
 import re
 import secrets
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
-from governor.evidence.record import remove_stale_temp_files, write_durably
-from governor.policy import causes, steps
+from governor.sessions.book_log import COMPACT_MIN_LINES, ENDED_RETENTION, BookLog, Snapshot, snapshot
+from governor.sessions.entries import (DAY, HOW_TO_OPEN, ON_AGENT_LOCK, ON_SESSION_CAP, Lock, Opened, Recorder,
+                                       Refusal, SessionBookError, halted_reason, iso)
 from governor.sessions.identity import Identity
+from governor.sessions.lock_causes import DEFAULT_LOCK_CAUSES, LOCKABLE_CAUSES, parse_lock_causes
 from governor.sessions.shared_log import SharedLog, is_news
 
 log = logging.getLogger("governor.sessions")
 
 MODES = ("principal", "agent-named")
 DEFAULT_MODES = ("auto", "on", "off")
-DEFAULT_LOCK_CAUSES = (causes.ON_GOVERNOR_SESSION_INTEGRITY,)
 DEFAULT_AGENT_SESSIONS_PER_DAY = 100
 
 TOKEN_PREFIX = "adls_"
@@ -55,88 +53,6 @@ TOKEN_BYTES = 24  # 192 bits, 32 base64url characters
 _TOKEN = re.compile(r"adls_[A-Za-z0-9_-]{32}")
 MAX_NAME_LENGTH = 200  # agent-named sessions
 MAX_LABEL_LENGTH = 200
-DAY = 86400.0
-ENDED_RETENTION = DAY  # how long a compacted book keeps a session after it ended
-COMPACT_MIN_LINES = 10_000  # a running governor compacts its book past this many lines, then past double
-
-ON_AGENT_LOCK = causes.ON_GOVERNOR_AGENT_LOCK  # the cause of lock and lift events (records: action halt / continue)
-ON_SESSION_CAP = causes.ON_GOVERNOR_SESSION_CAP  # the agent-named cap's refusal (audit journal, action halt)
-
-HOW_TO_OPEN = ("a principal opens a new session with `governor sessions open` (or POST /v1/sessions on the "
-               "control plane) and gives the agent its token for the ADL-Session header")
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a request names no session it may act in. It belongs to no session: it is
-    counted and logged, and recorded nowhere but (`audit`) the governor's audit journal."""
-
-    code: str
-    message: str
-    session: str | None = None
-    cause: str | None = None
-    lock: str | None = None
-    audit: dict[str, Any] | None = None  # an event for the audit journal, recorded before the answer
-
-    def governor_object(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {"cause": self.cause, "action": "halt" if self.cause else "deny",
-                               "refusal": self.code, "reason": self.message, "session": self.session}
-        if self.lock:
-            obj["lock"] = self.lock
-        return obj
-
-
-@dataclass(slots=True)
-class Opened:
-    """A session the book knows: opened by a principal, the default one, or agent-named."""
-
-    id: str
-    by: str  # "principal" | "default" | "agent"
-    opened_at: float
-    label: str | None = None
-    nonce: str | None = None
-    ended_at: float | None = None
-    halt_cause: str | None = None
-    token_sha256: str | None = None  # a principal's session: its token, hashed
-    identity: Identity | None = None  # the persona and lineage its principal bound (governor.sessions.identity)
-
-    def view(self) -> dict[str, Any]:
-        return {"session": self.id, "opened_by": self.by, "opened_at": _iso(self.opened_at), "label": self.label,
-                "nonce": self.nonce, "ended_at": _iso(self.ended_at) if self.ended_at else None,
-                "halt_cause": self.halt_cause, "identity": self.identity.view() if self.identity else None}
-
-
-@dataclass(slots=True)
-class Lock:
-    """The agent locked by a halt of `session` with `cause`, until a principal lifts it."""
-
-    id: str
-    session: str
-    cause: str
-    at: float
-    lifted_by: str | None = None
-    lifted_at: float | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.lifted_at is None
-
-    def view(self) -> dict[str, Any]:
-        return {"id": self.id, "session": self.session, "cause": self.cause, "locked_at": _iso(self.at),
-                "state": "locked" if self.active else "lifted", "lifted_by": self.lifted_by,
-                "lifted_at": _iso(self.lifted_at) if self.lifted_at else None}
-
-
-class Recorder(Protocol):
-    """What records the book's enforcement (the runtime: session journals, audit journal)."""
-
-    async def record_lock(self, lock: Lock, *, lifted: bool) -> None: ...
-
-    async def record_audit(self, cause: str, action: str, detail: dict[str, Any]) -> None: ...
-
-
-class SessionBookError(Exception):
-    """The book's log cannot be read or written."""
 
 
 class SessionBook:
@@ -181,16 +97,13 @@ class SessionBook:
         self.locks: dict[str, Lock] = {}
         self._active: dict[str, Lock] = {}
         self.refusals: collections.Counter[str] = collections.Counter()
-        self._write_lock = threading.Lock()
         self.ended_retention = ended_retention
-        self._lines = 0  # lines in the log
-        self._compact_at = compact_min_lines  # the line count that triggers the next compaction
-        self._compact_min_lines = compact_min_lines
-        self._path = Path(data_dir) / "sessions" / "book.jsonl" if data_dir is not None else None
+        self._log = BookLog(Path(data_dir) / "sessions" / "book.jsonl", clock=clock, compact_min_lines=compact_min_lines,
+                            snapshot=self._snapshot, forget=self._forget) if data_dir is not None else None
         # replicas sharing sessions: the log kept in the store too (governor.sessions.shared_log)
         self.shared = SharedLog(shared, self._replay_shared, clock) if shared is not None else None
-        if self._path is not None:
-            self._load()
+        if self._log is not None and self._log.load(self._replay) and self.metrics is not None:
+            self.metrics.set_locks(len(self._active))
         if self.shared is not None:
             self.shared.catch_up(force=True)
 
@@ -307,7 +220,7 @@ class SessionBook:
         lock = next(iter(self._active.values()))
         return Refusal(
             "agent_locked", f"the agent is locked: session {lock.session} halted with {lock.cause} at "
-            f"{_iso(lock.at)}, and every session is refused until a principal lifts lock {lock.id} "
+            f"{iso(lock.at)}, and every session is refused until a principal lifts lock {lock.id} "
             f"(`governor locks lift {lock.id} --by NAME`, or POST /v1/locks/{lock.id}/lift)",
             cause=ON_AGENT_LOCK, lock=lock.id)
 
@@ -405,7 +318,7 @@ class SessionBook:
         journal), then lifted. KeyError: no such lock; ValueError: already lifted."""
         lock = self.locks[lock_id]
         if not lock.active:
-            raise ValueError(f"lock {lock_id} was lifted by {lock.lifted_by} at {_iso(lock.lifted_at or 0)}")
+            raise ValueError(f"lock {lock_id} was lifted by {lock.lifted_by} at {iso(lock.lifted_at or 0)}")
         lifted = Lock(lock.id, lock.session, lock.cause, lock.at, by, self.clock())
         if self.recorder is not None:
             await self.recorder.record_lock(lifted, lifted=True)
@@ -419,117 +332,25 @@ class SessionBook:
             self.metrics.set_locks(len(self._active))
         return lock
 
-    # --- persistence -------------------------------------------------------------------
+    # --- persistence (governor.sessions.book_log) -------------------------------------
 
     def _append(self, entry: dict[str, Any], *, sync: bool = False, share: bool = True) -> None:
         if self.shared is not None and share:
             self.shared.append(entry)
-        if self._path is None:
-            return
-        line = (json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-        with self._write_lock:
-            if self._lines + 1 >= self._compact_at:
-                # the snapshot, then this line: an op whose state is already in memory replays
-                # idempotently, and one whose state is not yet (open) is kept by the line
-                self._compact(extra=line)
-                return
-            try:
-                fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                try:
-                    os.write(fd, line)
-                    if sync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                raise SessionBookError(f"cannot write {self._path}: {exc.strerror or exc}") from None
-            self._lines += 1
+        if self._log is not None:
+            self._log.append(entry, sync=sync)
 
-    def _snapshot(self, now: float) -> tuple[list[dict[str, Any]], list[Opened]]:
-        """The log's entries that rebuild what the book holds now, minus what it no longer
-        needs: every session still open, every one that ended within `ended_retention`,
-        every agent-named one opened within the rolling day (the cap counts them) and every
-        default session (a configured default name is never reopened); the halted default
-        session; every lock, with its lift. A principal's session dropped here has ended long
-        ago: its token is refused as unknown instead of as ended. Returns the entries and the
-        sessions left out."""
-        entries: list[dict[str, Any]] = []
-        dropped: list[Opened] = []
-        for opened in self._by_id.values():
-            keep = (opened.ended_at is None or opened.ended_at > now - self.ended_retention or opened.by == "default"
-                    or (opened.by == "agent" and opened.opened_at > now - DAY))
-            if not keep:
-                dropped.append(opened)
-                continue
-            entry: dict[str, Any] = {"op": "open", "id": opened.id, "by": opened.by, "at": opened.opened_at}
-            if opened.token_sha256 is not None:
-                entry["token_sha256"] = opened.token_sha256
-            entry.update({"identity": opened.identity.to_json()} if opened.identity is not None else {})
-            for key in ("label", "nonce", "ended_at", "halt_cause"):
-                if (value := getattr(opened, key)) is not None:
-                    entry[key] = value
-            entries.append(entry)
-        if self.default_halted is not None:
-            session, cause = self.default_halted
-            entries.append({"op": "default_halted", "id": session, "cause": cause, "at": now})
-        entries.extend({"op": "lock", **asdict(lock)} for lock in self.locks.values())
-        return entries, dropped
+    def _snapshot(self, now: float) -> Snapshot:
+        return snapshot(self._by_id.values(), self.default_halted, self.locks.values(), now, self.ended_retention)
 
-    def _compact(self, extra: bytes = b"") -> None:
-        """Rewrite the log as its snapshot (plus `extra`, a line being appended): a temp file,
-        fsync'ed, renamed over the log. A crash leaves the old log or the new one, whole."""
-        assert self._path is not None
-        entries, dropped = self._snapshot(self.clock())
-        lines = [json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n" for entry in entries]
-        data = "".join(lines).encode() + extra
-        try:
-            write_durably(self._path, data)
-        except OSError as exc:
-            raise SessionBookError(f"cannot compact {self._path}: {exc.strerror or exc}") from None
-        for opened in dropped:  # forgotten in memory too: the book stays as small as its log
+    def _forget(self, dropped: list[Opened]) -> None:
+        """Sessions a compaction left out of the log: forgotten in memory too."""
+        for opened in dropped:
             del self._by_id[opened.id]
             if opened.token_sha256 is not None:
                 self._by_digest.pop(opened.token_sha256, None)
         if dropped:
             self._by_token = {token: entry for token, entry in self._by_token.items() if entry.id in self._by_id}
-        before, self._lines = self._lines, len(lines) + (1 if extra else 0)
-        self._compact_at = max(self._compact_min_lines, 2 * self._lines)
-        log.info("%s compacted: %d lines to %d", self._path, before + (1 if extra else 0), self._lines)
-
-    def _load(self) -> None:
-        assert self._path is not None
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_files(self._path.parent)  # a compaction a crash cut short: the old log stands
-        try:
-            data = self._path.read_bytes()
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise SessionBookError(f"cannot read {self._path}: {exc.strerror or exc}") from None
-        now = self.clock()
-        *complete, tail = data.split(b"\n")
-        for number, raw in enumerate(complete, 1):
-            if not raw.strip():
-                continue
-            try:
-                self._replay(json.loads(raw), now)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SessionBookError(f"{self._path} line {number}: {exc}") from None
-            self._lines += 1
-        if tail:  # a last line without its newline: a write a crash cut short, set aside
-            intact = len(data) - len(tail)
-            aside = self._path.with_name(f"{self._path.name}.torn-{intact}")
-            try:
-                aside.write_bytes(tail)
-                os.truncate(self._path, intact)
-            except OSError as exc:
-                raise SessionBookError(f"cannot set aside the torn last line of {self._path}: {exc}") from None
-            log.warning("%s: torn last line (%d bytes) set aside in %s", self._path, len(tail), aside)
-        if len(self._snapshot(now)[0]) < self._lines:  # something to drop or merge: start from a compact log
-            self._compact()
-        self._compact_at = max(self._compact_min_lines, 2 * self._lines)
-        if self.metrics is not None:
-            self.metrics.set_locks(len(self._active))
 
     def _replay(self, entry: dict[str, Any], now: float) -> None:
         op = entry["op"]
@@ -585,46 +406,8 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def halted_reason(cause: str | None) -> str:
-    """What the agent is told when its session is halted."""
-    return (f"the session is halted ({cause or 'halted'}) and stays halted: nothing more runs in it; "
-            + HOW_TO_OPEN)
-
-
-# The causes a session can halt for (the §6 degradation causes and the governor's own), the
-# only ones a lock can follow.
-LOCKABLE_CAUSES = (steps.ON_BUDGET_EXHAUSTED, steps.ON_ITERATION_LIMIT, steps.ON_SUB_AGENT_DENIED,
-                   steps.ON_DELEGATION_DENIED, steps.ON_OVERSIGHT_TIMEOUT, steps.ON_TOOL_ERROR, steps.ON_ANOMALY,
-                   steps.ON_SESSION_INTEGRITY, steps.ON_GOVERNOR_ERROR, steps.ON_TOOL_DENIED,
-                   steps.ON_OVERSIGHT_TRIGGER)
-
-
-def parse_lock_causes(value: Any) -> tuple[str, ...]:
-    """`--lock-on`: comma-separated causes (on_*), or "none"."""
-    if isinstance(value, (list, tuple)):
-        items = [str(v).strip() for v in value]
-    else:
-        items = [v.strip() for v in str(value).split(",")]
-    items = [v for v in items if v]
-    if items == ["none"]:
-        return ()
-    for old in [v for v in items if v in causes.LEGACY_NAMES]:  # typed as before the on_governor_ namespace
-        log.warning("lock cause %s is deprecated: it is now %s (docs/reference/deciding.md)", old,
-                    causes.LEGACY_NAMES[old])
-    items = [causes.canonical_cause(v) for v in items]
-    bad = [v for v in items if v not in LOCKABLE_CAUSES]
-    if bad:  # a typo would otherwise disable the lock it meant to set
-        raise ValueError(f"lock causes must be causes a session halts for (or none), not {', '.join(bad)}; known: "
-                         + ", ".join(LOCKABLE_CAUSES))
-    return tuple(dict.fromkeys(items))
-
-
+# Also importable from here, where other modules imported them before the book was split
+# (their homes: entries.py, lock_causes.py, book_log.py).
 __all__ = ["SessionBook", "Refusal", "Opened", "Lock", "Recorder", "SessionBookError", "MODES", "DEFAULT_MODES",
            "ON_AGENT_LOCK", "ON_SESSION_CAP", "HOW_TO_OPEN", "halted_reason", "parse_lock_causes",
            "LOCKABLE_CAUSES"]
