@@ -10,11 +10,13 @@ replicas started from the rendered Deployment as local processes on one real red
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -355,10 +357,11 @@ class Replica:
         self.process, self.log, self.proxy, self.control = process, log, proxy, control
 
     @classmethod
-    async def start(cls, kubelet: Kubelet, root: Path) -> "Replica":
+    async def start(cls, kubelet: Kubelet, root: Path, extra_env: dict[str, str]) -> "Replica":
         kubelet.mount(root)
         log = root.parent / f"{root.name}.log"
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "PYTHONPATH": str(REPO), **kubelet.environment()}
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "PYTHONPATH": str(REPO), **kubelet.environment(),
+               **extra_env}
         with open(log, "wb") as err:
             process = subprocess.Popen(kubelet.command(root), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err)
         lines: list[str] = []
@@ -376,6 +379,8 @@ class Replica:
             process.kill()
             raise AssertionError(f"replica did not start: {lines} {log.read_text()[-2000:]}") from None
         text = "\n".join(lines)
+        if process.poll() is not None:
+            raise AssertionError(f"replica exited with {process.returncode}: {log.read_text()[-2000:]}")
         proxy, control = re.search(r"proxy:\s+(http://[\d.]+:\d+)", text), re.search(r"control plane:\s+(http://\S+)", text)
         assert proxy and control, text + log.read_text()[-2000:]
         asyncio.get_running_loop().run_in_executor(None, lambda: process.stdout.read())  # never a full pipe
@@ -408,8 +413,12 @@ def _key_files(tmp: Path) -> dict[str, bytes]:
 
 @pytest.mark.asyncio
 async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_one_redis(gateway, tmp_path):
+    """The rendered args and env, run: a password-protected redis-server, the Secrets' CA, key and
+    tokens; a session opened on A, served through A and B over HTTPS that the agent trusts with
+    the CA Secret's certificate alone, ended on B; its record verifies with the key Secret's
+    public key; token-less and forged-token calls are refused on both; SIGTERM stops both."""
     from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
-    from tests.upstreams import Behaviour, MockLLM
+    from tests.upstreams import Behaviour, MockLLM, make_tls
 
     if REDIS_SERVER is None:
         pytest.skip(NOT_INSTALLED)
@@ -429,16 +438,24 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
                          "gateway.replicas": 2})
     assert _one(documents, "Deployment")["spec"]["replicas"] == 2
     kubelet = Kubelet(documents, fake_secrets)
-    mock = MockLLM()
+    # the test's upstream serves HTTPS from its own CA: the governor is told to trust it (test plumbing)
+    upstream_tls = make_tls(tmp_path / "upstream")
+    mock = MockLLM(tls=upstream_tls)
     await mock.start()
     mock.default = Behaviour(input_tokens=5, output_tokens=20)
+    agent_ca = tmp_path / "agent-ca.pem"  # what an agent mounts: the CA Secret's certificate item
+    agent_ca.write_bytes(fake_secrets["gov-ca"]["mitmproxy-ca-cert.pem"])
+    trust = ssl.create_default_context(cafile=str(agent_ca))
     replicas: list[Replica] = []
     try:
-        replicas = list(await asyncio.gather(*[Replica.start(kubelet, tmp_path / f"pod-{k}") for k in (0, 1)]))
+        started = await asyncio.gather(*[
+            Replica.start(kubelet, tmp_path / f"pod-{k}", {"GOVERNOR_UPSTREAM_CA": str(upstream_tls.ca_file)})
+            for k in (0, 1)], return_exceptions=True)
+        replicas = [r for r in started if isinstance(r, Replica)]  # stopped below, whatever happens
+        for failed in started:
+            if isinstance(failed, BaseException):
+                raise failed
         a, b = replicas
-        for k in (0, 1):  # every replica presents the Secret's CA (what the agents trust)
-            assert (tmp_path / f"pod-{k}/var/lib/governor/mitmproxy-ca-cert.pem").read_bytes() == \
-                fake_secrets["gov-ca"]["mitmproxy-ca-cert.pem"]
         async with httpx.AsyncClient(trust_env=False, timeout=30,
                                      headers={"Authorization": f"Bearer {control_token}"}) as control:
             opened = await control.post(f"{a.control}/v1/sessions", json={"label": "gateway"})
@@ -446,14 +463,16 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
             session, token = opened.json()["session"], opened.json()["token"]
             chat = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
             url = f"{mock.base_url}/v1/chat/completions"
+            assert url.startswith("https://")
             for replica in (a, b, a, b):  # the session opened on A, served through both
-                async with httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30) as agent:
+                async with httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30, verify=trust) as agent:
                     answer = await agent.post(url, headers={"ADL-Session": token}, json=chat)
                     assert answer.status_code == 200, answer.text
-            for replica in (a, b):  # no default session on a gateway; an unknown token is refused on each
-                async with httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30) as agent:
+            for replica in (a, b):  # no default session on a gateway; a forged token is refused on each
+                async with httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30, verify=trust) as agent:
                     assert (await agent.post(url, json=chat)).status_code in (401, 403)
-                    assert (await agent.post(url, headers={"ADL-Session": "forged"}, json=chat)).status_code in (401, 403)
+                    forged = await agent.post(url, headers={"ADL-Session": "forged"}, json=chat)
+                    assert forged.status_code in (401, 403), forged.text
             ended = await control.post(f"{b.control}/v1/sessions/{session}/end")
             assert ended.status_code == 200, ended.text
             record = await control.get(f"{a.control}/v1/sessions/{session}/record")
@@ -466,3 +485,11 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
     assert codes == [0, 0]
     for replica in replicas:
         assert "Traceback" not in replica.log.read_text(), replica.log.read_text()[-3000:]
+    (tmp_path / "record.json").write_bytes(record.content)
+    (tmp_path / "governor-pub.pem").write_bytes(fake_secrets["gov-key"]["governor-pub.pem"])
+    verified = subprocess.run([sys.executable, "-m", "governor", "verify", str(tmp_path / "record.json"), "--offline",
+                               "--key", str(tmp_path / "governor-pub.pem"), "--json"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    report = json.loads(verified.stdout)
+    # a pinned key: every check but the key's binding to the id passes (tests/test_shared_sessions.py)
+    assert verified.returncode == 3 and report["verdict"] == "INCOMPLETE", verified.stdout + verified.stderr
