@@ -66,6 +66,23 @@ def test_one_id_or_one_key_is_found_on_both_sides_and_distinct_ones_are_not(redi
     assert len([r for r in caplog.records if "shares this governor's" in r.getMessage()]) == before
 
 
+def test_replicas_of_one_gateway_sharing_sessions_id_and_key_are_not_duplicates(redis_url):
+    """A gateway's replicas are one governor (docs/reference/shared-sessions.md): on the store's
+    shared sessions, the same id and key is expected; with ?sessions=local it is still reported,
+    and so is one sharing only the id or only the key."""
+    key = Ed25519PrivateKey.generate()
+    replica_a = watch(redis_url, "did:web:gateway.example", key)
+    replica_b = watch(redis_url, "did:web:gateway.example", key)
+    assert replica_a.check() == [] and replica_b.check() == [] and replica_a.check() == []
+    local = watch(redis_url + "?sessions=local", "did:web:gateway.example", key)
+    assert {d["instance"]: d["shares"] for d in local.check()} == {replica_a.instance: ["governor_id", "key"],
+                                                                   replica_b.instance: ["governor_id", "key"]}
+    assert {d["instance"] for d in replica_a.check()} == {local.instance}
+    impostor = watch(redis_url, "did:web:gateway.example", Ed25519PrivateKey.generate())
+    assert {d["instance"]: d["shares"] for d in impostor.check()} == {
+        replica_a.instance: ["governor_id"], replica_b.instance: ["governor_id"], local.instance: ["governor_id"]}
+
+
 def test_a_stopped_instance_is_forgotten_and_garbage_is_ignored(redis_url):
     key = Ed25519PrivateKey.generate()
     first = watch(redis_url, "did:web:example.com:governor", key, interval=0.1)

@@ -7,7 +7,8 @@ Every governor on a shared store (Redis: the store's `announce`) says, each swee
 every `interval` seconds, that it is live (an entry that expires after three intervals) with its
 id, its key's fingerprint (base64url SHA-256 of the raw Ed25519 public key) and its log's
 origin, and reads the others'. Another live instance with the same id or the same key is
-reported: logged as an error once per instance, `governor_duplicate_identities` (how many
+reported (except a replica of this governor: both on the store's shared sessions with the same
+id and the same key, as docs/reference/shared-sessions.md asks of a gateway's replicas): logged as an error once per instance, `governor_duplicate_identities` (how many
 there are now), and `/readyz`'s `duplicate_identity` member (readiness itself does not fail:
 which of the two is the impostor is the operator's call). A store without `announce`
 (memory, SQLite: one process owns it) has no other governor to compare with.
@@ -49,7 +50,7 @@ class DuplicateWatch:
         self.instance = uuid.uuid4().hex
         self.identity = {"instance": self.instance, "governor_id": governor_id, "key": key_fingerprint(public_key),
                          "log_origin": log_origin, "host": socket.gethostname()[:200], "pid": os.getpid(),
-                         "started": clock()}
+                         "started": clock(), "sessions": getattr(getattr(store, "options", None), "sessions", None)}
         self.found: list[dict[str, Any]] = []
         self._reported: set[str] = set()
         self._last = -float("inf")
@@ -63,6 +64,8 @@ class DuplicateWatch:
             if not isinstance(other, dict) or other.get("instance") == self.instance:
                 continue
             shared = [what for what in ("governor_id", "key") if other.get(what) == mine[what]]
+            if shared == ["governor_id", "key"] and mine["sessions"] == other.get("sessions") == "shared":
+                continue  # a replica of this governor: a gateway's share sessions, id and key by design
             if shared:
                 found.append({"instance": other.get("instance"), "host": other.get("host"), "pid": other.get("pid"),
                               "governor_id": other.get("governor_id"), "shares": shared})

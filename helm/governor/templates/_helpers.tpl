@@ -59,28 +59,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - "127.0.0.1:{{ .Values.governor.ports.proxy }}"
     - --control
     - "0.0.0.0:{{ .Values.governor.ports.control }}"
-    - --passport
-    - "/etc/governor/passport/{{ .Values.passport.key }}"
-    - --data-dir
-    - {{ .Values.dataDir.mountPath | quote }}
-    - --tier
-    - {{ .Values.governor.tier | quote }}
-    - --sessions
-    - {{ .Values.sessions.mode | quote }}
-    - --default-session
-    - {{ .Values.sessions.defaultSession | quote }}
-    - --agent-sessions-per-day
-    - {{ .Values.sessions.agentSessionsPerDay | quote }}
-    - --lock-on
-    - {{ .Values.sessions.lockOn | quote }}
-    - --fit-output
-    - {{ .Values.governor.fitOutput | quote }}
-    - --fit-floor
-    - {{ .Values.governor.fitFloor | quote }}
-    - --review-hold-seconds
-    - {{ .Values.governor.reviewHoldSeconds | quote }}
-    - --review-retry-after
-    - {{ .Values.governor.reviewRetryAfter | quote }}
+    {{- include "governor.runArgs" . | nindent 4 }}
     {{- if .Values.interception.enabled }}
     - --transparent
     - "127.0.0.1:{{ .Values.interception.transparentPort }}"
@@ -101,28 +80,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     # SIGTERM: the drain, within the pod's grace period less 5 s kept for the records
     - name: GOVERNOR_DRAIN_TIMEOUT
       value: {{ sub (int .Values.terminationGracePeriodSeconds) 5 | quote }}
-    {{- if .Values.reviewerTokens.existingSecret }}
-    - name: GOVERNOR_REVIEWER_TOKENS
-      valueFrom:
-        secretKeyRef:
-          name: {{ .Values.reviewerTokens.existingSecret }}
-          key: {{ .Values.reviewerTokens.key }}
-    {{- end }}
-    {{- if .Values.controlToken.existingSecret }}
-    - name: GOVERNOR_CONTROL_TOKEN
-      valueFrom:
-        secretKeyRef:
-          name: {{ .Values.controlToken.existingSecret }}
-          key: {{ .Values.controlToken.key }}
-    {{- end }}
-    {{- if .Values.webhooks.urls }}
-    - name: GOVERNOR_WEBHOOKS
-      value: {{ join "," .Values.webhooks.urls | quote }}
-    - name: GOVERNOR_WEBHOOK_SECRET
-      valueFrom:
-        secretKeyRef:
-          name: {{ required "webhooks.secret.existingSecret: the webhooks' signing secret is required with webhooks.urls" .Values.webhooks.secret.existingSecret }}
-          key: {{ .Values.webhooks.secret.key }}
+    {{- with include "governor.secretEnv" . | trim }}
+    {{- . | nindent 4 }}
     {{- end }}
     {{- with .Values.governor.env }}
     {{- toYaml . | nindent 4 }}
@@ -231,4 +190,58 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       readOnly: true
     - name: intercept-run
       mountPath: /run
+{{- end -}}
+
+{{/* `governor run`'s policy arguments, the same in both modes (a gateway has no default session:
+its agents are many, and token-less traffic would share one session per replica). */}}
+{{- define "governor.runArgs" -}}
+- --passport
+- "/etc/governor/passport/{{ .Values.passport.key }}"
+- --data-dir
+- {{ .Values.dataDir.mountPath | quote }}
+- --tier
+- {{ .Values.governor.tier | quote }}
+- --sessions
+- {{ .Values.sessions.mode | quote }}
+- --default-session
+- {{ ternary "off" .Values.sessions.defaultSession (eq .Values.mode "gateway") | quote }}
+- --agent-sessions-per-day
+- {{ .Values.sessions.agentSessionsPerDay | quote }}
+- --lock-on
+- {{ .Values.sessions.lockOn | quote }}
+- --fit-output
+- {{ .Values.governor.fitOutput | quote }}
+- --fit-floor
+- {{ .Values.governor.fitFloor | quote }}
+- --review-hold-seconds
+- {{ .Values.governor.reviewHoldSeconds | quote }}
+- --review-retry-after
+- {{ .Values.governor.reviewRetryAfter | quote }}
+{{- end -}}
+
+{{/* The tokens and webhook settings from Secrets, the same in both modes. */}}
+{{- define "governor.secretEnv" -}}
+{{- if .Values.reviewerTokens.existingSecret }}
+- name: GOVERNOR_REVIEWER_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.reviewerTokens.existingSecret }}
+      key: {{ .Values.reviewerTokens.key }}
+{{- end }}
+{{- if .Values.controlToken.existingSecret }}
+- name: GOVERNOR_CONTROL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.controlToken.existingSecret }}
+      key: {{ .Values.controlToken.key }}
+{{- end }}
+{{- if .Values.webhooks.urls }}
+- name: GOVERNOR_WEBHOOKS
+  value: {{ join "," .Values.webhooks.urls | quote }}
+- name: GOVERNOR_WEBHOOK_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "webhooks.secret.existingSecret: the webhooks' signing secret is required with webhooks.urls" .Values.webhooks.secret.existingSecret }}
+      key: {{ .Values.webhooks.secret.key }}
+{{- end }}
 {{- end -}}
