@@ -127,3 +127,22 @@ async def test_two_governors_with_one_id_on_one_redis_report_each_other(redis_ur
     finally:
         for running in started:
             await running.stop()
+
+
+async def test_an_error_the_governor_logs_while_mitmproxy_starts_does_not_stop_the_proxy():
+    """A duplicate found by the first sweep is logged as an error, possibly while mitmproxy
+    is still starting: only mitmproxy's own errors (a port in use) mean it did not come up."""
+    import logging
+
+    from governor.proxy.mitm_master import ProxyStartFailed, StartupErrorCheck
+
+    check = StartupErrorCheck()
+    try:
+        logging.getLogger("governor.runtime").error("another live governor on this store shares this governor's key")
+        await check.shutdown_if_errored()  # no exception: the governor's own report
+        logging.getLogger("mitmproxy.proxy.server").error("HTTP(S) proxy failed to listen on 127.0.0.1:1")
+        with pytest.raises(ProxyStartFailed, match="failed to listen") as failed:
+            await check.shutdown_if_errored()
+        assert "shares" not in str(failed.value)
+    finally:
+        check.finish()

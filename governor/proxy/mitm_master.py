@@ -46,8 +46,12 @@ class StartupErrorCheck(errorcheck.ErrorCheck):
 
     async def shutdown_if_errored(self) -> None:
         await asyncio.sleep(0)  # as mitmproxy's: let the logging tasks finish first
-        if self.logger.has_errored:
-            raise ProxyStartFailed("; ".join(r.getMessage() for r in self.logger.has_errored))
+        # Only mitmproxy's own errors mean its servers did not come up. The governor's are
+        # reported where they happen (a duplicate identity found by the first sweep, a
+        # webhook that failed) and its start-up failures are raised as StartupError.
+        errors = [r for r in self.logger.has_errored if not r.name.startswith("governor")]
+        if errors:
+            raise ProxyStartFailed("; ".join(r.getMessage() for r in errors))
 
 
 class Started:
