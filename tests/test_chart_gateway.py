@@ -329,10 +329,13 @@ class Kubelet:
             if mount.get("readOnly"):
                 target.chmod(0o555)
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, pod_name: str) -> dict[str, str]:
         resolved: dict[str, str] = {}
         for entry in self.container["env"]:
-            if "valueFrom" in entry:
+            if "fieldRef" in entry.get("valueFrom", {}):
+                assert entry["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.name"}, entry
+                resolved[entry["name"]] = pod_name
+            elif "valueFrom" in entry:
                 ref = entry["valueFrom"]["secretKeyRef"]
                 resolved[entry["name"]] = self.secrets[ref["name"]][ref["key"]].decode()
             else:
@@ -360,7 +363,7 @@ class Replica:
     async def start(cls, kubelet: Kubelet, root: Path, extra_env: dict[str, str]) -> "Replica":
         kubelet.mount(root)
         log = root.parent / f"{root.name}.log"
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "PYTHONPATH": str(REPO), **kubelet.environment(),
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "PYTHONPATH": str(REPO), **kubelet.environment(f"gov-gateway-{root.name}"),
                **extra_env}
         with open(log, "wb") as err:
             process = subprocess.Popen(kubelet.command(root), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err)
@@ -477,6 +480,10 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
             assert ended.status_code == 200, ended.text
             record = await control.get(f"{a.control}/v1/sessions/{session}/record")
             assert record.status_code == 200, record.text
+            # each replica its own transparency log, under its own origin (one origin: a fork)
+            origins = [(await control.get(f"{replica.control}/log/checkpoint")).text.split("\n", 1)[0]
+                       for replica in (a, b)]
+            assert origins == [f"gw-governor.agents/log/gov-gateway-pod-{k}" for k in (0, 1)], origins
         assert len(mock.requests) == 4  # the four governed calls reached the upstream, nothing else
     finally:
         codes = [await replica.stop() for replica in replicas]

@@ -119,6 +119,14 @@ share one governor's state, the store URL with its password from a Secret, and t
           name: {{ .Values.gateway.store.sentinelPassword.existingSecret }}
           key: {{ .Values.gateway.store.sentinelPassword.key }}
     {{- end }}
+    # Each replica keeps its own transparency log (its data directory is its own): one origin
+    # per pod, or two logs under one origin and key would fork each other's checkpoints.
+    - name: GOVERNOR_POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: GOVERNOR_LOG_ORIGIN
+      value: "{{ include "governor.fullname" . }}.{{ .Release.Namespace }}/log/$(GOVERNOR_POD_NAME)"
     # after the passwords: Kubernetes fills $(NAME) from the entries above
     - name: GOVERNOR_STORE
       value: {{ include "governor.gatewayStoreUrl" . | quote }}
