@@ -107,8 +107,56 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
             assert answer.status_code == 403, answer.text
         assert (a.data_dir / "records").exists()
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
+        await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url: str, ended: str) -> None:
+    """GET /v1/sessions lists every shared session on every replica, the same: one opened on A,
+    served through B and ended on C is listed through B (budgets and all), one still open and
+    one ended on A are too; members forged in the store's index are not listed."""
+    a, b, c = replicas
+    moved, token = await open_session(a, label="opened on A, ended on C")
+    fresh, _ = await open_session(b, label="opened on B, never served")
+    assert (await b.chat(llm.url, token)).status_code == 200
+    assert (await b.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
+    assert (await c.control.post(f"/v1/sessions/{moved}/end")).status_code == 200
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    server.zadd("governor:ids", {"forged-no-chain": 0, "forged-bad-state": 0, "forged-other-state": 0})
+    server.hset("governor:chh:forged-bad-state", mapping={"len": 3, "hash": "x"})
+    server.set("governor:st:forged-bad-state", "{not a state")
+    server.hset("governor:chh:forged-other-state", mapping={"len": 3, "hash": "x"})
+    server.set("governor:st:forged-other-state", server.get(f"governor:st:{moved}"))  # another session's
+    server.rpush("governor:book", json.dumps({"op": "open", "id": "forged-in-book", "by": "principal", "at": 1,
+                                              "token_sha256": "0" * 64}))
+    server.close()
+    pages = []
+    for replica in (b, a, c):
+        answer = await replica.control.get("/v1/sessions")
+        assert answer.status_code == 200, (replica.name, answer.text)
+        pages.append(answer.json()["sessions"])
+    for page in pages:  # the same page on every replica, the shared sessions only
+        assert [v["session"] for v in page] == sorted([ended, moved, fresh]), page
+        for view in page:  # (the wall clock's use grows between two reads)
+            view["budgets"] = [budget for budget in view["budgets"] if budget["dimension"] != "wall_clock_sec"]
+    assert pages[0] == pages[1] == pages[2]
+    views = {view["session"]: view for view in pages[0]}
+    assert views[moved]["state"] == "ended" and views[ended]["state"] == "ended" and views[fresh]["state"] == "active"
+    assert views[moved]["label"] == "opened on A, ended on C" and views[moved]["opened_by"] == "principal"
+    assert views[moved]["iterations"] == 1 and views[moved]["events"] >= 1, views[moved]
+    assert any(budget["used"] > 0 and budget["limit"] and budget["scope"] == "per_session"
+               for budget in views[moved]["budgets"]), views[moved]["budgets"]
+    assert views[fresh]["started_at"] and views[fresh]["iterations"] == 0
+    # a page at a time, through another replica
+    first = (await c.control.get("/v1/sessions", params={"limit": 1})).json()
+    second = (await a.control.get("/v1/sessions", params={"limit": 2, "after": first["next"]})).json()
+    assert [v["session"] for v in first["sessions"] + second["sessions"]] == sorted([ended, moved, fresh])
+    assert first["next"] and second["next"] is None
+    # one session's view, for one served elsewhere only, is the shared one on every replica
+    for replica in replicas:
+        view = (await replica.control.get(f"/v1/sessions/{moved}")).json()
+        assert (view["state"], view["iterations"]) == ("ended", 1), (replica.name, view)
 
 
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):

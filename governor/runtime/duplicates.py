@@ -41,8 +41,11 @@ def key_fingerprint(public_key: Any) -> str:
 class DuplicateWatch:
     def __init__(self, store: Any, *, governor_id: str, public_key: Any, log_origin: str | None = None,
                  metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, replicas: bool = False) -> None:
         self.store = store
+        # instances sharing sessions on the store are replicas of one governor: one id and one key
+        # by design (docs/reference/shared-sessions.md); only one of the two shared is a duplicate
+        self.replicas = replicas
         self.metrics = metrics
         self.interval = interval
         self.clock = clock
@@ -63,7 +66,7 @@ class DuplicateWatch:
             if not isinstance(other, dict) or other.get("instance") == self.instance:
                 continue
             shared = [what for what in ("governor_id", "key") if other.get(what) == mine[what]]
-            if shared:
+            if shared and not (self.replicas and len(shared) == 2):
                 found.append({"instance": other.get("instance"), "host": other.get("host"), "pid": other.get("pid"),
                               "governor_id": other.get("governor_id"), "shares": shared})
         self.found = found
@@ -99,4 +102,6 @@ def watch_duplicates(store: Any, **kwargs: Any) -> DuplicateWatch | None:
     """A watch when the store is shared across governors (it can `announce`), else None."""
     if not callable(getattr(store, "announce", None)):
         return None
-    return DuplicateWatch(store, **kwargs)
+    # a store that shares sessions (Redis unless ?sessions=local): its replicas are one governor
+    replicas = getattr(getattr(store, "options", None), "sessions", None) == "shared"
+    return DuplicateWatch(store, replicas=replicas, **kwargs)

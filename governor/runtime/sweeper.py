@@ -157,6 +157,7 @@ class Sweeper:
         if self.shared is not None and now - self.abandoned_at >= ABANDONED_SWEEP_SEC:
             self.abandoned_at = now
             await self.end_abandoned(now)
+            await self.remove_ended(now)
         await self._refresh_gauges()
 
     async def end_abandoned(self, now: float) -> None:
@@ -172,6 +173,22 @@ class Sweeper:
                 log.info("session %s, left by a replica, ended (%s)", session, record.get("outcome"))
             except Exception:
                 log.exception("session %s, left by a replica, could not be ended", session)
+
+    async def remove_ended(self, now: float) -> None:
+        """Remove from the store what shared sessions ended longer than its retention ago left
+        (their chains, states, records, counters; governor.store.redis_retention)."""
+        shared = self.views.shared
+        if shared is None:
+            return
+        try:
+            removed = await asyncio.to_thread(shared.retention.remove_ended, now)
+            for session in removed:
+                await asyncio.to_thread(self.views.store.delete_session, session)
+        except StoreError as exc:  # the next pass takes them
+            log.warning("could not remove what ended shared sessions left in the store: %s", exc)
+            return
+        if removed:
+            log.info("removed what %d shared session(s) ended long ago left in the store", len(removed))
 
     async def _refresh_gauges(self) -> None:
         """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round
