@@ -212,7 +212,8 @@ async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tm
 
 
 async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finalize(tmp_path, redis_url, llm, capsys):
-    a, b, c = replicas = await start_three(tmp_path, redis_url, tick=0.3, idle=2.0)
+    # what an ended session leaves in Redis is kept 3 s (?ended_ttl=): then removed
+    a, b, c = replicas = await start_three(tmp_path, redis_url + "?ended_ttl=3", tick=0.3, idle=2.0)
     try:
         # two sessions served by B and C, two that only C ever knew (opened and served there):
         # no other replica has those live, so only the look for abandoned sessions finds them
@@ -256,9 +257,40 @@ async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finali
             before = [(json.loads(line)["body"]["cause"], json.loads(line)["body"]["action"])
                       for line in events if json.loads(line)["kind"] == "event"]
             assert recorded[:len(before)] == before, "nothing chained before the kill is missing"
+        await nothing_left_of_ended_sessions(server, [session for session, _ in sessions], a, b, llm)
         server.close()
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def nothing_left_of_ended_sessions(server: redis.Redis, ended: list[str], a: Replica, b: Replica, llm) -> None:
+    """Past the retention, nothing of the ended sessions is left in Redis (keys, index members,
+    book entries), the book's log compacted; an end entry forged for a running session drops
+    nothing; and the replicas read the compacted log: a session opened on A works on B."""
+    running, _ = await open_session(a, label="running through the compaction")
+    assert (await a.chat(llm.url, _)).status_code == 200
+    server.rpush("governor:book", json.dumps({"op": "end", "id": running, "at": 1}))  # forged, long ago
+
+    def left(session: str) -> list[str]:
+        found = list(server.scan_iter(f"governor:*{session}*"))
+        found += [name for name in ("ids", "ended") if server.zscore(f"governor:{name}", session) is not None]
+        found += ["chains"] if server.sismember("governor:chains", session) else []
+        found += ["act"] if server.hexists("governor:act", session) else []
+        found += ["book"] if any(session in line for line in server.lrange("governor:book", 0, -1)) else []
+        return found
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(left(session) for session in ended):
+        await asyncio.sleep(0.3)
+    assert {session: left(session) for session in ended} == {session: [] for session in ended}
+    assert int(server.get("governor:bookgen") or 0) >= 1, "the book's log was compacted"
+    book = [json.loads(line) for line in server.lrange("governor:book", 0, -1)]
+    assert any(entry["op"] == "open" and entry["id"] == running for entry in book), book
+    assert server.exists(f"governor:ch:{running}")
+    later, token = await open_session(a, label="opened after the compaction")
+    assert (await b.chat(llm.url, token)).status_code == 200, "B read the compacted log and what followed"
+    listed = [view["session"] for view in (await b.control.get("/v1/sessions")).json()["sessions"]]
+    assert later in listed and running in listed and not set(ended) & set(listed), listed
 
 
 async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a_holds_every_event(

@@ -8,8 +8,8 @@ each one's chain head and saved state in one pipelined round trip.
 Retention. A session's record written, its time is in `ended`; `ended_ttl` later (the store
 URL's `?ended_ttl=`, a day by default) a replica's sweeper removes what it left (`REMOVE_ENDED`:
 chain, head, state, record, round, activity, index), in batches, and the session book's log
-is compacted (`compact_book`): the open and end entries of sessions ended before that are
-dropped, as each replica's own file log drops them (`SessionBook._snapshot`), locks and
+is compacted (`compact_book`): the open and end entries of sessions ended before that (and
+removed: an end entry forged for a session whose chain is there drops nothing) are dropped, as each replica's own file log drops them (`SessionBook._snapshot`), locks and
 everything else kept. A compaction rewrites the list atomically and bumps `bookgen`, so every
 reader reads the log whole once again (`RedisSessions.book_read`); replaying what a book
 knows already changes nothing.
@@ -119,19 +119,25 @@ class SharedRetention:
                     break
             self.droppable += len(removed)
             if self.droppable and self.droppable * 2 * BOOK_COMPACT_SHARE >= self.client.llen(f"{self.prefix}book"):
-                self.compact_book(cutoff)
+                self.compact_book(now)  # (a book's end entry is a moment later than its record)
         return removed
 
     def compact_book(self, cutoff: float) -> bool:
         """Rewrite the book's log without the open and end entries of the sessions that ended
-        before `cutoff` (and without entries that are not entries: garbage another writer left).
-        False when another replica compacted it meanwhile. Blocking."""
+        before `cutoff` and whose chains are gone (and without lines that are not entries:
+        garbage another writer left). False when another replica compacted it meanwhile. Blocking."""
         P = self.prefix
         pipe = self.client.pipeline(transaction=True)
         pipe.get(f"{P}bookgen")
         pipe.lrange(f"{P}book", 0, -1)
         generation, lines = pipe.execute()
-        kept = book_entries_kept(lines, cutoff)
+        ended = ended_before(lines, cutoff)
+        if ended:  # a session whose chain is still here is kept, whatever its end entry says (forged)
+            check = self.client.pipeline(transaction=False)
+            for session in ended:
+                check.exists(f"{P}chh:{session}")
+            ended = {session for session, there in zip(ended, check.execute()) if not there}
+        kept = [line for line, entry in readable(lines) if not (entry["op"] in ("open", "end") and entry.get("id") in ended)]
         done = bool(int(self._replace(keys=self.sessions.keys, args=(P, int(generation or 0), len(lines), *kept))))
         if done:
             self.droppable = 0
@@ -147,10 +153,9 @@ def header_start(line: Any) -> str | None:
     return start if isinstance(start, str) else None
 
 
-def book_entries_kept(lines: list[Any], cutoff: float) -> list[Any]:
-    """The log's entries but the open and end entries of sessions that ended before `cutoff` and
-    unreadable ones (a halted default session's marker stays, as in the file log)."""
-    parsed: list[tuple[Any, dict[str, Any]]] = []
+def readable(lines: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
+    """The log's lines that are entries (a JSON object with an op), each with its entry."""
+    parsed = []
     for line in lines:
         try:
             entry = json.loads(line)
@@ -158,11 +163,14 @@ def book_entries_kept(lines: list[Any], cutoff: float) -> list[Any]:
             continue
         if isinstance(entry, dict) and isinstance(entry.get("op"), str):
             parsed.append((line, entry))
-    gone = set()
-    for _, entry in parsed:
-        if entry["op"] == "end" and isinstance(entry.get("at"), (int, float)) and entry["at"] < cutoff:
-            gone.add(entry.get("id"))
-    return [line for line, entry in parsed if not (entry["op"] in ("open", "end") and entry.get("id") in gone)]
+    return parsed
 
 
-__all__ = ["SharedRetention", "book_entries_kept"]
+def ended_before(lines: list[Any], cutoff: float) -> list[str]:
+    """The sessions the log says ended before `cutoff`."""
+    return list(dict.fromkeys(entry["id"] for _, entry in readable(lines) if entry["op"] == "end"
+                              and isinstance(entry.get("id"), str) and isinstance(entry.get("at"), (int, float))
+                              and entry["at"] < cutoff))
+
+
+__all__ = ["SharedRetention", "ended_before", "readable"]
