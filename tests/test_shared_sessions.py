@@ -349,17 +349,27 @@ async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a
 
 async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(tmp_path, redis_url, llm, capsys):
     keys = shared_keys(tmp_path)
-    alone = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+    alone = await Replica.start("a", tmp_path, keys, redis_url + "?timeout=0.5", tick=0.3, idle=2.0)
     restarted = None
     try:
         session, token = await open_session(alone)
         assert (await alone.chat(llm.url, token)).status_code == 200
         assert (await alone.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
-        await alone.kill()  # no other replica: its restart finds the session abandoned
         server = redis.Redis.from_url(redis_url, decode_responses=True)
         chained = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        # Redis stops answering (0.5 s timeouts): a step is refused as retryable, its event kept on
+        # disk, not chained (the chain is in Redis), and the replica is killed before Redis answers
+        server.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        deferred = await alone.chat(llm.url, token)
+        assert deferred.status_code == 503, deferred.text
+        refusal = deferred.json()["error"]["governor"]
+        spooled = list((alone.data_dir / "sessions" / "deferred").glob("*.jsonl"))
+        assert len(spooled) == 1 and session in spooled[0].read_text(), spooled
+        await alone.kill()  # no other replica: its restart finds the session abandoned
+        server.execute_command("CLIENT", "UNPAUSE")
+        assert len(server.lrange(f"governor:ch:{session}", 0, -1)) == len(chained), "the refusal is not chained"
         assert server.get(f"governor:rec:{session}") is None
-        restarted = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+        restarted = await Replica.start("a", tmp_path, keys, redis_url + "?timeout=0.5", tick=0.3, idle=2.0)
         record = None
         deadline = time.monotonic() + 30
         while record is None and time.monotonic() < deadline:
@@ -372,6 +382,12 @@ async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(t
         assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]][:len(chained) - 1] == [
             (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chained[1:]]
         assert (await restarted.chat(llm.url, token)).status_code == 403  # ended: its token is refused
+        # the refusal the killed process deferred is in the record, after what was chained before it
+        assert len(record["events"]) == len(chained), record["events"]  # one more: the deferred refusal's event
+        late = record["events"][-1]
+        assert late["cause"] == refusal["cause"] == "on_governor_error", (refusal, late)
+        assert "unreachable" in json.dumps(late.get("detail")).lower() or "timeout" in json.dumps(late).lower(), late
+        assert not list((alone.data_dir / "sessions" / "deferred").glob("*.jsonl")), "chained: the spool is empty"
     finally:
         await alone.stop()
         if restarted is not None:

@@ -179,7 +179,7 @@ class Runtime:
         self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
                                store_call=self._store, save=self._save, apply=self._apply,
                                approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
-                               personas=self.personas, settings=settings, shared=self.shared)
+                               personas=self.personas, settings=settings, shared=self.shared, spool=self.resumption.spool)
 
     # settings the collaborators share, kept in `self.settings`: replaced after construction
     # by the proxy's start-up (the notifier) and by tests, each reaches every collaborator
