@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from governor.cli import main as governor_cli
-from tests.shared_replicas import Replica, public_key, shared_keys
+from tests.shared_replicas import CONTROL, Replica, public_key, shared_keys
 
 pytestmark = pytest.mark.asyncio
 
@@ -107,12 +107,12 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
             assert answer.status_code == 403, answer.text
         assert (a.data_dir / "records").exists()
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
-        await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session)
+        await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session, capsys=capsys)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
 
 
-async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url: str, ended: str) -> None:
+async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url: str, ended: str, capsys) -> None:
     """GET /v1/sessions lists every shared session on every replica, the same: one opened on A,
     served through B and ended on C is listed through B (budgets and all), one still open and
     one ended on A are too; members forged in the store's index are not listed."""
@@ -153,6 +153,13 @@ async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url:
     second = (await a.control.get("/v1/sessions", params={"limit": 2, "after": first["next"]})).json()
     assert [v["session"] for v in first["sessions"] + second["sessions"]] == sorted([ended, moved, fresh])
     assert first["next"] and second["next"] is None
+    # `governor sessions list` against B's control plane: the same sessions
+    token_file = b.data_dir / "control-token-for-the-cli"
+    token_file.write_text(CONTROL)
+    capsys.readouterr()
+    assert governor_cli(["sessions", "list", "--control-url", b.control_url, "--token-file", str(token_file)]) == 0
+    printed = capsys.readouterr().out
+    assert all(session in printed for session in (ended, moved, fresh)) and "forged" not in printed, printed
     # one session's view, for one served elsewhere only, is the shared one on every replica
     for replica in replicas:
         view = (await replica.control.get(f"/v1/sessions/{moved}")).json()
@@ -180,11 +187,17 @@ async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url,
 
 
 async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tmp_path, redis_url, llm):
-    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    # an exhausted budget locks the agent here: a lock made on A is listed and lifted on the others
+    a, b, c = replicas = await start_three(tmp_path, redis_url, extra={"lock_on": ["on_budget_exhausted"]})
     try:
         session, token = await open_session(a)
         assert (await b.chat(llm.url, token)).status_code == 200
         assert (await a.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)  # an event on the chain
+        locks = (await c.control.get("/v1/locks")).json()  # made on A a moment ago: listed on C at once
+        assert locks["locked"] and [lock["session"] for lock in locks["locks"]] == [session], locks
+        lifted = await b.control.post(f"/v1/locks/{locks['locks'][0]['id']}/lift", json={"by": "ops on B"})
+        assert lifted.status_code == 200, lifted.text
+        assert (await c.control.get("/v1/locks")).json()["locked"] is False  # lifted on B: lifted on C at once
         server = redis.Redis.from_url(redis_url, decode_responses=True)
         key = f"governor:ch:{session}"
         lines = server.lrange(key, 0, -1)

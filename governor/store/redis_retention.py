@@ -52,6 +52,7 @@ return 1
 
 REMOVE_BATCH = 200  # sessions removed per script run (Redis runs nothing else meanwhile)
 BOOK_COMPACT_SHARE = 4  # the log is rewritten once a quarter of its entries can go
+BOOK_SMALL = 2000  # (or whenever something can go, while it is this short: a rewrite costs little)
 
 
 class SharedRetention:
@@ -118,7 +119,8 @@ class SharedRetention:
                 if len(batch) < REMOVE_BATCH:
                     break
             self.droppable += len(removed)
-            if self.droppable and self.droppable * 2 * BOOK_COMPACT_SHARE >= self.client.llen(f"{self.prefix}book"):
+            length = self.client.llen(f"{self.prefix}book") if self.droppable else 0
+            if self.droppable and (length <= BOOK_SMALL or self.droppable * 2 * BOOK_COMPACT_SHARE >= length):
                 self.compact_book(now)  # (a book's end entry is a moment later than its record)
         return removed
 
