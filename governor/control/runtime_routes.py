@@ -83,7 +83,7 @@ class RuntimeRoutes:
         more = len(views) > limit
         views = views[:limit]
         book = self.book
-        caught_up(book)  # who opened those other replicas opened just now
+        await caught_up(book)  # who opened those other replicas opened just now
         views = [with_entry(view, book) for view in views]  # who opened it, its label and nonce
         page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
         # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop

@@ -141,7 +141,7 @@ class SessionBookRoutes:
         if refusal := operator_refusal(request, self.operators, self.reviewers):
             return refusal
         book = self.book
-        caught_up(book)
+        await caught_up(book)
         return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
 
     async def lift_lock(self, request: web.Request) -> web.Response:
@@ -149,7 +149,7 @@ class SessionBookRoutes:
         if refusal:
             return refusal
         book = self.book
-        caught_up(book)  # a lock another replica made a moment ago is lifted here too
+        await caught_up(book)  # a lock another replica made a moment ago is lifted here too
         lock_id = request.match_info["lock"]
         if book is None or lock_id not in book.locks:
             return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
@@ -175,13 +175,13 @@ class SessionBookRoutes:
         return ok(record, headers={"Cache-Control": "no-store"})
 
 
-def caught_up(book: Any) -> None:
+async def caught_up(book: Any) -> None:
     """A book shared by replicas reads the others' new entries (opens, locks, lifts) now, so a
-    control-plane read shows what another replica did a moment ago (one store read, at most
-    every few ms: governor.sessions.shared_log)."""
+    control-plane read shows what another replica did a moment ago (one store read, off the
+    loop: governor.sessions.shared_log)."""
     shared = getattr(book, "shared", None)
     if shared is not None:
-        shared.catch_up(force=True)
+        await shared.read_now()
 
 
 def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:

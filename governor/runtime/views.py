@@ -9,6 +9,7 @@ sessions, and store reads go off the loop for a remote store.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from governor.policy import Limits
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 # calls the store: inline when local, from a worker thread when it crosses the network (Runtime._store)
 StoreCall = Callable[..., Awaitable[Any]]
+
+log = logging.getLogger("governor.runtime")
 
 VIEW_SLICE = 50  # session views a listing builds before letting the proxy run
 
@@ -91,7 +94,10 @@ class Views:
         """Views of the sessions whose ids sort after `after`, at most `limit` (None: all):
         O(log n + page), budget reads for the page only."""
         if self.shared is not None:  # every replica's sessions, as the store holds them
-            return await self.shared.page(after, limit)
+            try:
+                return await self.shared.page(after, limit)
+            except StoreError as exc:  # this replica's own, each view saying the store did not answer
+                log.warning("the shared session list could not be read, listing this replica's: %s", exc)
         ids = self.index.page(after, len(self.index) if limit is None else limit, self.sessions.__contains__)
         views = []
         for n, session in enumerate(ids, 1):

@@ -75,14 +75,22 @@ class SharedLog:
 
     async def _fetch(self) -> None:
         try:
-            start, known = self.read, self.generation
-            generation, lines = await asyncio.to_thread(self.store.book_read, start, known)
-            if (self.read, self.generation) == (start, known):  # (a forced read in between took them)
-                self._replay_lines(generation, lines)
-        except Exception as exc:
-            log.warning("session book: the shared log could not be read: %s", exc)
+            await self.read_now()
         finally:
             self.fetching = None
+
+    async def read_now(self) -> None:
+        """Replay the other replicas' new entries now, the store read off the loop (a control-plane
+        read that shows what another replica did a moment ago); a store that cannot be read is logged."""
+        try:
+            for _ in range(2):  # (another read in between took some: read again from where it left off)
+                start, known = self.read, self.generation
+                generation, lines = await asyncio.to_thread(self.store.book_read, start, known)
+                if (self.read, self.generation) == (start, known):
+                    self._replay_lines(generation, lines)
+                    return
+        except Exception as exc:
+            log.warning("session book: the shared log could not be read: %s", exc)
 
     def _replay_lines(self, generation: int, lines: list[bytes]) -> None:
         if generation != self.generation:  # compacted since the last read: `lines` is the whole log, replayed

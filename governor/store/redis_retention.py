@@ -66,6 +66,7 @@ class SharedRetention:
         self._remove = self.client.register_script(REMOVE_ENDED)
         self._replace = self.client.register_script(REPLACE_BOOK)
         self.droppable = 0  # sessions removed since the book's log was last compacted
+        self.indexed = False  # sessions chained before the index existed are in it (`backfill`)
 
     # --- listing --------------------------------------------------------------------------
 
@@ -113,6 +114,8 @@ class SharedRetention:
         cutoff = now - self.ttl
         removed: list[str] = []
         with self.sessions.guard():
+            if not self.indexed:
+                self.backfill(now)
             while True:
                 batch = list(self._remove(keys=self.sessions.keys, args=(self.prefix, repr(cutoff), REMOVE_BATCH)))
                 removed.extend(batch)
@@ -123,6 +126,34 @@ class SharedRetention:
             if self.droppable and (length <= BOOK_SMALL or self.droppable * 2 * BOOK_COMPACT_SHARE >= length):
                 self.compact_book(now)  # (a book's end entry is a moment later than its record)
         return removed
+
+    def backfill(self, now: float) -> None:
+        """Sessions a governor chained before it kept the index and the ended set (an upgrade):
+        put in both (an ended one as if it ended now), once per process (SSCAN: the chains'
+        set holds the sessions retention has not removed yet). Blocking."""
+        batch: list[str] = []
+        for session in self.client.sscan_iter(f"{self.prefix}chains", count=500):
+            batch.append(session)
+            if len(batch) >= 500:
+                self._index(batch, now)
+                batch = []
+        self._index(batch, now)
+        self.indexed = True
+
+    def _index(self, sessions: list[str], now: float) -> None:
+        if not sessions:
+            return
+        P = self.prefix
+        check = self.client.pipeline(transaction=False)
+        for session in sessions:
+            check.exists(f"{P}rec:{session}")
+        recorded = check.execute()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(f"{P}ids", {session: 0 for session in sessions}, nx=True)
+        ended = {session: now for session, there in zip(sessions, recorded) if there}
+        if ended:
+            pipe.zadd(f"{P}ended", ended, nx=True)
+        pipe.execute()
 
     def compact_book(self, cutoff: float) -> bool:
         """Rewrite the book's log without the open and end entries of the sessions that ended
