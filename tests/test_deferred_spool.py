@@ -8,7 +8,7 @@ import json
 
 from governor.evidence.deferred_spool import DeferredSpool, already_chained
 from governor.evidence.record import make_event
-from governor.store.redis_retention import ended_before, readable
+from governor.store.redis_retention import ended_before, opened_before, readable
 
 
 def test_a_spooled_refusal_is_kept_until_chained_and_garbage_is_skipped(tmp_path, caplog):
@@ -57,6 +57,8 @@ def test_book_compaction_drops_only_ended_sessions_and_garbage():
     assert [entry["op"] for _, entry in readable(lines)] == ["open", "open", "lock", "end", "end", "end", "end"]
     assert ended_before(lines, 100) == ["old"]
     assert ended_before(lines, 1000) == ["old", "new"]
+    # opened long ago (one another replica ended before its book read the open has no end entry)
+    assert opened_before(lines + [json.dumps({"op": "open", "id": "dflt", "by": "default", "at": 1})], 2) == ["old"]
 
 
 def test_on_a_real_redis_the_index_pages_skips_forgeries_backfills_and_retention_removes(tmp_path):
@@ -99,3 +101,15 @@ def test_on_a_real_redis_the_index_pages_skips_forgeries_backfills_and_retention
         raw.close()
         store.close()
         server.stop()
+
+
+def test_ended_ttl_is_a_positive_number_of_seconds():
+    import pytest
+
+    from governor.store.redis_client import parse_options
+
+    assert parse_options("redis://127.0.0.1:6379/0")[1].ended_ttl == 86400.0
+    assert parse_options("redis://127.0.0.1:6379/0?ended_ttl=3600")[1].ended_ttl == 3600.0
+    for bad in ("0", "-5", "a day", "nan", ""):
+        with pytest.raises(ValueError, match="ended_ttl must be a positive number of seconds"):
+            parse_options(f"redis://127.0.0.1:6379/0?ended_ttl={bad}")

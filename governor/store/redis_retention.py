@@ -124,7 +124,7 @@ class SharedRetention:
             self.droppable += len(removed)
             length = self.client.llen(f"{self.prefix}book") if self.droppable else 0
             if self.droppable and (length <= BOOK_SMALL or self.droppable * 2 * BOOK_COMPACT_SHARE >= length):
-                self.compact_book(now)  # (a book's end entry is a moment later than its record)
+                self.compact_book(now, cutoff)  # (a book's end entry is a moment later than its record)
         return removed
 
     def backfill(self, now: float) -> None:
@@ -155,16 +155,18 @@ class SharedRetention:
             pipe.zadd(f"{P}ended", ended, nx=True)
         pipe.execute()
 
-    def compact_book(self, cutoff: float) -> bool:
-        """Rewrite the book's log without the open and end entries of the sessions that ended
-        before `cutoff` and whose chains are gone (and without lines that are not entries:
-        garbage another writer left). False when another replica compacted it meanwhile. Blocking."""
+    def compact_book(self, now: float, cutoff: float) -> bool:
+        """Rewrite the book's log without the open and end entries of the sessions whose chains
+        are gone and that ended before `now` or were opened before `cutoff` (a session another
+        replica ended before its book had read the open has no end entry) and without lines that
+        are not entries (garbage another writer left). False when another replica compacted it
+        meanwhile. Blocking."""
         P = self.prefix
         pipe = self.client.pipeline(transaction=True)
         pipe.get(f"{P}bookgen")
         pipe.lrange(f"{P}book", 0, -1)
         generation, lines = pipe.execute()
-        ended = ended_before(lines, cutoff)
+        ended = list(dict.fromkeys(ended_before(lines, now) + opened_before(lines, cutoff)))
         if ended:  # a session whose chain is still here is kept, whatever its end entry says (forged)
             check = self.client.pipeline(transaction=False)
             for session in ended:
@@ -199,6 +201,13 @@ def readable(lines: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
     return parsed
 
 
+def opened_before(lines: list[Any], cutoff: float) -> list[str]:
+    """The sessions the log says were opened before `cutoff`."""
+    return [entry["id"] for _, entry in readable(lines) if entry["op"] == "open" and isinstance(entry.get("id"), str)
+            and entry.get("by") != "default"  # (a default session's name is never reused: as in the file log)
+            and isinstance(entry.get("at"), (int, float)) and entry["at"] < cutoff]
+
+
 def ended_before(lines: list[Any], cutoff: float) -> list[str]:
     """The sessions the log says ended before `cutoff`."""
     return list(dict.fromkeys(entry["id"] for _, entry in readable(lines) if entry["op"] == "end"
@@ -206,4 +215,4 @@ def ended_before(lines: list[Any], cutoff: float) -> list[str]:
                               and entry["at"] < cutoff))
 
 
-__all__ = ["SharedRetention", "ended_before", "readable"]
+__all__ = ["SharedRetention", "ended_before", "opened_before", "readable"]
