@@ -96,6 +96,18 @@ def test_on_a_real_redis_the_index_pages_skips_forgeries_backfills_and_retention
         assert not raw.exists("governor:ch:s-a", "governor:chh:s-a", "governor:rec:s-a", "governor:chh:s-old",
                               "governor:rec:s-old")
         assert retention.page(None, 10) == ["s-b", "s-c", "s-forged"]
+        # the book's compaction: entries of removed sessions go; an end entry forged (long ago) for a
+        # session whose chain is there drops nothing; garbage goes
+        book = [{"op": "open", "id": "s-a", "by": "principal", "at": 1.0}, {"op": "open", "id": "s-b", "by": "principal",
+                "at": 2.0}, {"op": "lock", "id": "lock-1", "session": "s-a", "cause": "on_x", "at": 3.0},
+                {"op": "end", "id": "s-a", "at": 4.0}, {"op": "end", "id": "s-b", "at": 1.0}]
+        raw.rpush("governor:book", *[json.dumps(entry) for entry in book], "garbage")
+        assert retention.compact_book(10**10, 0.5)
+        assert [json.loads(line) for line in raw.lrange("governor:book", 0, -1)] == [book[1], book[2], book[4]]
+        assert raw.get("governor:bookgen") == "2"  # (the removal above compacted it once already)
+        whole = [line.encode() for line in raw.lrange("governor:book", 0, -1)]
+        assert sessions.book_read(2, 1) == (2, whole)  # a reader of an earlier generation: the whole log
+        assert sessions.book_read(2, 2) == (2, whole[2:])
         assert not raw.sismember("governor:chains", "s-a") and raw.zcard("governor:ended") == 0
     finally:
         raw.close()

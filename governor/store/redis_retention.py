@@ -162,7 +162,7 @@ class SharedRetention:
         are not entries (garbage another writer left). False when another replica compacted it
         meanwhile. Blocking."""
         P = self.prefix
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.client.pipeline(transaction=False)  # (a compaction in between: REPLACE_BOOK refuses)
         pipe.get(f"{P}bookgen")
         pipe.lrange(f"{P}book", 0, -1)
         generation, lines = pipe.execute()

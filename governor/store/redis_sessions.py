@@ -224,7 +224,7 @@ class RedisSessions:
     def put_record(self, session: str, record: dict[str, Any]) -> None:
         """Write the session's final record once; from then on its keys are kept `ended_ttl`."""
         with self.guard():
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=False)  # (a crash between: indexed at the next start)
             pipe.set(f"{self.prefix}rec:{session}", orjson.dumps(record), nx=True)
             pipe.zadd(f"{self.prefix}ended", {session: time.time()}, nx=True)
             pipe.execute()
