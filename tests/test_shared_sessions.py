@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from governor.cli import main as governor_cli
-from tests.shared_replicas import Replica, public_key, shared_keys
+from tests.shared_replicas import CONTROL, Replica, public_key, shared_keys
 
 pytestmark = pytest.mark.asyncio
 
@@ -107,8 +107,63 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
             assert answer.status_code == 403, answer.text
         assert (a.data_dir / "records").exists()
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
+        await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session, capsys=capsys)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url: str, ended: str, capsys) -> None:
+    """GET /v1/sessions lists every shared session on every replica, the same: one opened on A,
+    served through B and ended on C is listed through B (budgets and all), one still open and
+    one ended on A are too; members forged in the store's index are not listed."""
+    a, b, c = replicas
+    moved, token = await open_session(a, label="opened on A, ended on C")
+    fresh, _ = await open_session(b, label="opened on B, never served")
+    assert (await b.chat(llm.url, token)).status_code == 200
+    assert (await b.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
+    assert (await c.control.post(f"/v1/sessions/{moved}/end")).status_code == 200
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    server.zadd("governor:ids", {"forged-no-chain": 0, "forged-bad-state": 0, "forged-other-state": 0})
+    server.hset("governor:chh:forged-bad-state", mapping={"len": 3, "hash": "x"})
+    server.set("governor:st:forged-bad-state", "{not a state")
+    server.hset("governor:chh:forged-other-state", mapping={"len": 3, "hash": "x"})
+    server.set("governor:st:forged-other-state", server.get(f"governor:st:{moved}"))  # another session's
+    server.rpush("governor:book", json.dumps({"op": "open", "id": "forged-in-book", "by": "principal", "at": 1,
+                                              "token_sha256": "0" * 64}))
+    server.close()
+    pages = []
+    for replica in (b, a, c):
+        answer = await replica.control.get("/v1/sessions")
+        assert answer.status_code == 200, (replica.name, answer.text)
+        pages.append(answer.json()["sessions"])
+    for page in pages:  # the same page on every replica, the shared sessions only
+        assert [v["session"] for v in page] == sorted([ended, moved, fresh]), page
+        for view in page:  # (the wall clock's use grows between two reads)
+            view["budgets"] = [budget for budget in view["budgets"] if budget["dimension"] != "wall_clock_sec"]
+    assert pages[0] == pages[1] == pages[2]
+    views = {view["session"]: view for view in pages[0]}
+    assert views[moved]["state"] == "ended" and views[ended]["state"] == "ended" and views[fresh]["state"] == "active"
+    assert views[moved]["label"] == "opened on A, ended on C" and views[moved]["opened_by"] == "principal"
+    assert views[moved]["iterations"] == 1 and views[moved]["events"] >= 1, views[moved]
+    assert any(budget["used"] > 0 and budget["limit"] and budget["scope"] == "per_session"
+               for budget in views[moved]["budgets"]), views[moved]["budgets"]
+    assert views[fresh]["started_at"] and views[fresh]["iterations"] == 0
+    # a page at a time, through another replica
+    first = (await c.control.get("/v1/sessions", params={"limit": 1})).json()
+    second = (await a.control.get("/v1/sessions", params={"limit": 2, "after": first["next"]})).json()
+    assert [v["session"] for v in first["sessions"] + second["sessions"]] == sorted([ended, moved, fresh])
+    assert first["next"] and second["next"] is None
+    # `governor sessions list` against B's control plane: the same sessions
+    token_file = b.data_dir / "control-token-for-the-cli"
+    token_file.write_text(CONTROL)
+    capsys.readouterr()
+    assert governor_cli(["sessions", "list", "--control-url", b.control_url, "--token-file", str(token_file)]) == 0
+    printed = capsys.readouterr().out
+    assert all(session in printed for session in (ended, moved, fresh)) and "forged" not in printed, printed
+    # one session's view, for one served elsewhere only, is the shared one on every replica
+    for replica in replicas:
+        view = (await replica.control.get(f"/v1/sessions/{moved}")).json()
+        assert (view["state"], view["iterations"]) == ("ended", 1), (replica.name, view)
 
 
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):
@@ -132,11 +187,17 @@ async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url,
 
 
 async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tmp_path, redis_url, llm):
-    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    # an exhausted budget locks the agent here: a lock made on A is listed and lifted on the others
+    a, b, c = replicas = await start_three(tmp_path, redis_url, extra={"lock_on": ["on_budget_exhausted"]})
     try:
         session, token = await open_session(a)
         assert (await b.chat(llm.url, token)).status_code == 200
         assert (await a.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)  # an event on the chain
+        locks = (await c.control.get("/v1/locks")).json()  # made on A a moment ago: listed on C at once
+        assert locks["locked"] and [lock["session"] for lock in locks["locks"]] == [session], locks
+        lifted = await b.control.post(f"/v1/locks/{locks['locks'][0]['id']}/lift", json={"by": "ops on B"})
+        assert lifted.status_code == 200, lifted.text
+        assert (await c.control.get("/v1/locks")).json()["locked"] is False  # lifted on B: lifted on C at once
         server = redis.Redis.from_url(redis_url, decode_responses=True)
         key = f"governor:ch:{session}"
         lines = server.lrange(key, 0, -1)
@@ -164,7 +225,9 @@ async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tm
 
 
 async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finalize(tmp_path, redis_url, llm, capsys):
-    a, b, c = replicas = await start_three(tmp_path, redis_url, tick=0.3, idle=2.0)
+    # what an ended session leaves in Redis is kept 8 s (?ended_ttl=): then removed (longer than a
+    # racing replica takes to add its own end entry to the book, which the compaction then drops too)
+    a, b, c = replicas = await start_three(tmp_path, redis_url + "?ended_ttl=8", tick=0.3, idle=2.0)
     try:
         # two sessions served by B and C, two that only C ever knew (opened and served there):
         # no other replica has those live, so only the look for abandoned sessions finds them
@@ -208,9 +271,37 @@ async def test_a_replica_killed_9_under_load_loses_nothing_another_cannot_finali
             before = [(json.loads(line)["body"]["cause"], json.loads(line)["body"]["action"])
                       for line in events if json.loads(line)["kind"] == "event"]
             assert recorded[:len(before)] == before, "nothing chained before the kill is missing"
+        await nothing_left_of_ended_sessions(server, [session for session, _ in sessions], a, b, llm)
         server.close()
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
+
+
+async def nothing_left_of_ended_sessions(server: redis.Redis, ended: list[str], a: Replica, b: Replica, llm) -> None:
+    """Past the retention, nothing of the ended sessions is left in Redis (keys, index members,
+    book entries), the book's log compacted (an open entry forged long ago, with no chain, goes
+    too, never listed); and the replicas read the compacted log: a session opened on A works on B."""
+    server.rpush("governor:book", json.dumps({"op": "open", "id": "forged-in-book", "by": "principal", "at": 1,
+                                              "token_sha256": "0" * 64}))
+
+    def left(session: str) -> list[str]:
+        found = list(server.scan_iter(f"governor:*{session}*"))
+        found += [name for name in ("ids", "ended") if server.zscore(f"governor:{name}", session) is not None]
+        found += ["chains"] if server.sismember("governor:chains", session) else []
+        found += ["act"] if server.hexists("governor:act", session) else []
+        found += ["book"] if any(session in line for line in server.lrange("governor:book", 0, -1)) else []
+        return found
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(left(session) for session in ended + ["forged-in-book"]):
+        await asyncio.sleep(0.3)
+    assert {session: left(session) for session in ended + ["forged-in-book"]} == {
+        session: [] for session in ended + ["forged-in-book"]}
+    assert int(server.get("governor:bookgen") or 0) >= 1, "the book's log was compacted"
+    later, token = await open_session(a, label="opened after the compaction")
+    assert (await b.chat(llm.url, token)).status_code == 200, "B read the compacted log and what followed"
+    listed = [view["session"] for view in (await b.control.get("/v1/sessions")).json()["sessions"]]
+    assert later in listed and not set(ended) & set(listed), listed
 
 
 async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a_holds_every_event(
@@ -269,17 +360,27 @@ async def test_a_step_held_on_b_is_approved_through_c_and_the_session_ended_on_a
 
 async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(tmp_path, redis_url, llm, capsys):
     keys = shared_keys(tmp_path)
-    alone = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+    alone = await Replica.start("a", tmp_path, keys, redis_url + "?timeout=0.5", tick=0.3, idle=2.0)
     restarted = None
     try:
         session, token = await open_session(alone)
         assert (await alone.chat(llm.url, token)).status_code == 200
         assert (await alone.chat(llm.url, token, **UNFITTABLE)).status_code in (403, 429)
-        await alone.kill()  # no other replica: its restart finds the session abandoned
         server = redis.Redis.from_url(redis_url, decode_responses=True)
         chained = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+        # Redis stops answering (0.5 s timeouts): a step is refused as retryable, its event kept on
+        # disk, not chained (the chain is in Redis), and the replica is killed before Redis answers
+        server.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        deferred = await alone.chat(llm.url, token)
+        assert deferred.status_code == 503, deferred.text
+        refusal = deferred.json()["error"]["governor"]
+        spooled = list((alone.data_dir / "sessions" / "deferred").glob("*.jsonl"))
+        assert len(spooled) == 1 and session in spooled[0].read_text(), spooled
+        await alone.kill()  # no other replica: its restart finds the session abandoned
+        server.execute_command("CLIENT", "UNPAUSE")
+        assert len(server.lrange(f"governor:ch:{session}", 0, -1)) == len(chained), "the refusal is not chained"
         assert server.get(f"governor:rec:{session}") is None
-        restarted = await Replica.start("a", tmp_path, keys, redis_url, tick=0.3, idle=2.0)
+        restarted = await Replica.start("a", tmp_path, keys, redis_url + "?timeout=0.5", tick=0.3, idle=2.0)
         record = None
         deadline = time.monotonic() + 30
         while record is None and time.monotonic() < deadline:
@@ -292,6 +393,12 @@ async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(t
         assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]][:len(chained) - 1] == [
             (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chained[1:]]
         assert (await restarted.chat(llm.url, token)).status_code == 403  # ended: its token is refused
+        # the refusal the killed process deferred is in the record, after what was chained before it
+        assert len(record["events"]) == len(chained), record["events"]  # one more: the deferred refusal's event
+        late = record["events"][-1]
+        assert late["cause"] == refusal["cause"] == "on_governor_error", (refusal, late)
+        assert "unreachable" in json.dumps(late.get("detail")).lower() or "timeout" in json.dumps(late).lower(), late
+        assert not list((alone.data_dir / "sessions" / "deferred").glob("*.jsonl")), "chained: the spool is empty"
     finally:
         await alone.stop()
         if restarted is not None:

@@ -31,7 +31,7 @@ from governor.control.review_cards import Presence, cards
 from governor.control.replies import (
     bearer_refusal, checked_body, error, jsonable, ok, operator_refusal, unknown_session,
 )
-from governor.control.sessions_api import with_entry
+from governor.control.sessions_api import caught_up, with_entry
 from governor.evidence.errors import EvidenceError
 from governor.evidence.witnessing import NotWitnessed
 from governor.runtime.edit import EditRefused
@@ -83,6 +83,7 @@ class RuntimeRoutes:
         more = len(views) > limit
         views = views[:limit]
         book = self.book
+        await caught_up(book)  # who opened those other replicas opened just now
         views = [with_entry(view, book) for view in views]  # who opened it, its label and nonce
         page = {"sessions": views, "next": views[-1]["session"] if more else None, "limit": limit}
         # orjson: a page of 1,000 views is ~1.3 MB, which json.dumps takes ~50 ms to write on the loop

@@ -141,6 +141,7 @@ class SessionBookRoutes:
         if refusal := operator_refusal(request, self.operators, self.reviewers):
             return refusal
         book = self.book
+        await caught_up(book)
         return ok({"locks": book.locks_view() if book is not None else [], "locked": bool(book and book.locked)})
 
     async def lift_lock(self, request: web.Request) -> web.Response:
@@ -148,6 +149,7 @@ class SessionBookRoutes:
         if refusal:
             return refusal
         book = self.book
+        await caught_up(book)  # a lock another replica made a moment ago is lifted here too
         lock_id = request.match_info["lock"]
         if book is None or lock_id not in book.locks:
             return error(404, "unknown_lock", f"no lock {lock_id!r} on this governor")
@@ -171,6 +173,15 @@ class SessionBookRoutes:
         if record is None:
             return error(404, "no_audit_record", "the governor's audit journal holds no event yet")
         return ok(record, headers={"Cache-Control": "no-store"})
+
+
+async def caught_up(book: Any) -> None:
+    """A book shared by replicas reads the others' new entries (opens, locks, lifts) now, so a
+    control-plane read shows what another replica did a moment ago (one store read, off the
+    loop: governor.sessions.shared_log)."""
+    shared = getattr(book, "shared", None)
+    if shared is not None:
+        await shared.read_now()
 
 
 def with_entry(view: dict[str, Any], book: Any) -> dict[str, Any]:

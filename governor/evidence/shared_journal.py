@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from governor.evidence.deferred_spool import DeferredSpool, already_chained
 from governor.evidence.errors import CorruptJournalError, JournalClosedError, JournalError
 from governor.evidence.journal import JOURNAL_FORMAT, Ending, encode_line, parse_line
 from governor.evidence.record import OUTCOMES, SessionHeader, SessionRecord, Timestamp, as_timestamp, make_event
@@ -49,8 +50,9 @@ class SharedJournal:
     (`record`, `append`, `end`, `ending`, `close`, `path`, `repaired`). Thread-safe."""
 
     def __init__(self, chain: Any, session: str, path: Path,
-                 on_damage: Callable[[str, str], None] | None = None) -> None:
+                 on_damage: Callable[[str, str], None] | None = None, spool: DeferredSpool | None = None) -> None:
         self.chain = chain
+        self.spool = spool  # where deferred refusals wait durably (governor.evidence.deferred_spool)
         self.on_damage = on_damage  # told (session, what) of each damaged chain found, to record it
         self.session = session
         self.path = path  # where a file journal would be: names the session in errors
@@ -66,9 +68,11 @@ class SharedJournal:
 
     @classmethod
     def open_or_create(cls, chain: Any, session: str, header: SessionHeader, path: Path,
-                       on_damage: Callable[[str, str], None] | None = None) -> SharedJournal:
-        """The session's chain as it stands, started with `header` when there is none yet."""
-        journal = cls(chain, session, path, on_damage)
+                       on_damage: Callable[[str, str], None] | None = None,
+                       spool: DeferredSpool | None = None) -> SharedJournal:
+        """The session's chain as it stands, started with `header` when there is none yet (with
+        the refusals an earlier process of this replica deferred and did not chain, to chain)."""
+        journal = cls(chain, session, path, on_damage, spool)
         with journal._lock:
             journal._catch_up()
             if journal.record is None:
@@ -81,6 +85,9 @@ class SharedJournal:
                     journal._catch_up()
             if journal.record is None:
                 raise CorruptJournalError(path, "the shared chain has no header line", line=1)
+            if spool is not None:
+                chained = journal.record.events()
+                journal.deferred = [e for e in spool.events(session) if not already_chained(e, chained)]
         return journal
 
     @classmethod
@@ -200,17 +207,29 @@ class SharedJournal:
         chain it first once the store answers (`flush`). Only for refusals: a step that goes
         ahead is chained before it does."""
         with self._lock:
-            self.deferred.append(make_event(cause, action, at, detail))
+            event = make_event(cause, action, at, detail)
+            if self.spool is not None:  # durable before the refusal is answered
+                try:
+                    self.spool.add(self.session, event)
+                except OSError as exc:  # kept in memory: chained at the next round unless this process dies
+                    log.error("session %s: a deferred refusal could not be kept on disk: %s", self.session, exc)
+            self.deferred.append(event)
 
     def flush(self) -> None:
         """Chain the deferred events, in the order they were met."""
         with self._lock:
-            while self.deferred:
-                event = self.deferred[0]
-                self._append("event", lambda: {"seq": len(self.record or ()), **event})
-                assert self.record is not None
-                self.record.add_event(event)
-                self.deferred.pop(0)
+            if not self.deferred:
+                return
+            try:
+                while self.deferred:
+                    event = self.deferred[0]
+                    self._append("event", lambda: {"seq": len(self.record or ()), **event})
+                    assert self.record is not None
+                    self.record.add_event(event)
+                    self.deferred.pop(0)
+            finally:
+                if self.spool is not None:
+                    self.spool.keep(self.session, self.deferred)
 
     def refresh(self) -> None:
         """Read what other replicas appended (an end included)."""

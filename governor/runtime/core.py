@@ -77,6 +77,7 @@ from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
+from governor.store.redis_retention import SharedRetention
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
@@ -174,11 +175,11 @@ class Runtime:
                                transparency_log=transparency_log, witnessing=witnessing, shared=self.shared)
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
-                           approvals=self.oversight)
+                           approvals=self.oversight, shared=SharedRetention(sessions) if sessions is not None else None)
         self.sweeper = Sweeper(sessions=self._sessions, index=self.table.index, metrics=self.metrics, clock=clock,
                                store_call=self._store, save=self._save, apply=self._apply,
                                approvals=self.oversight, records=self.records, views=self.views, audit=self.audit,
-                               personas=self.personas, settings=settings, shared=self.shared)
+                               personas=self.personas, settings=settings, shared=self.shared, spool=self.resumption.spool)
 
     # settings the collaborators share, kept in `self.settings`: replaced after construction
     # by the proxy's start-up (the notifier) and by tests, each reaches every collaborator

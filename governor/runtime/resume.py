@@ -39,6 +39,7 @@ from governor.common.canonical import canonicalize, sha256_b64url
 from governor.evidence.finalize import FinalizeReport, Pin, finalize_interrupted
 from governor.evidence.record import SessionHeader, write_durably, write_record
 from governor.evidence import Journal, journal_path
+from governor.evidence.deferred_spool import DeferredSpool
 from governor.evidence.shared_journal import SharedJournal
 from governor.policy import ON_GOVERNOR_ERROR, Limits, PassportPresented, SessionState, Tier, advance, compile_limits
 from governor.policy.integrity import pin_changed
@@ -115,6 +116,8 @@ class Resumption:
         self.settings = settings  # limits, journal_sync: the runtime's, as they are now
         self.governor_id = governor_id
         self.agent_id = agent_id
+        # refusals deferred while the shared store was unreachable, kept on disk until chained
+        self.spool = DeferredSpool(data_dir / "sessions" / "deferred") if shared is not None else None
 
     def session_header(self, session_id: str, now: float) -> SessionHeader:
         """The journal header of a new session: the governor's pin."""
@@ -168,7 +171,7 @@ class Resumption:
         header = self.session_header(session_id, now) if saved is None else self.resumed_header(
             session_id, saved_pin(saved), now)
         journal = SharedJournal.open_or_create(self.shared.sessions, session_id, header, Path(f"store:chain/{session_id}"),
-                                               self.shared.damaged)
+                                               self.shared.damaged, self.spool)
         session = LiveSession(session_id, state, journal, last_activity=now, limits=self.settings.limits)  # type: ignore[arg-type]
         if journal.ending is not None or state.ended:  # ended before (on any replica): it stays ended
             session.ended = True

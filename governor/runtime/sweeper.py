@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from governor.evidence.errors import JournalClosedError
 from governor.policy import Tick
 from governor.runtime.approvals import Apply, Approvals
 from governor.runtime.audit import AuditTrail
@@ -49,8 +50,9 @@ class Sweeper:
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
                  clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
                  apply: Apply, approvals: Approvals, records: Records, views: Views, audit: AuditTrail,
-                 personas: PersonaInstances, settings: RuntimeSettings, shared: Any = None) -> None:
+                 personas: PersonaInstances, settings: RuntimeSettings, shared: Any = None, spool: Any = None) -> None:
         self.sessions = sessions
+        self.spool = spool  # governor.evidence.deferred_spool.DeferredSpool: refusals to chain
         self.shared = shared  # governor.runtime.shared.SharedSteps: sessions other replicas serve too
         self.abandoned_at = 0.0  # when the last look for sessions a dead replica left was taken
         self.index = index
@@ -156,7 +158,9 @@ class Sweeper:
                 await self.apply(live, Tick(), None)
         if self.shared is not None and now - self.abandoned_at >= ABANDONED_SWEEP_SEC:
             self.abandoned_at = now
+            await self.chain_deferred()
             await self.end_abandoned(now)
+            await self.remove_ended(now)
         await self._refresh_gauges()
 
     async def end_abandoned(self, now: float) -> None:
@@ -172,6 +176,61 @@ class Sweeper:
                 log.info("session %s, left by a replica, ended (%s)", session, record.get("outcome"))
             except Exception:
                 log.exception("session %s, left by a replica, could not be ended", session)
+
+    async def chain_deferred(self) -> None:
+        """Chain the refusals this replica deferred while the store was unreachable and kept on
+        disk (its earlier process's too, killed before it could): now rather than at the
+        session's next step. A session another replica ended meanwhile cannot take them: they
+        go in this governor's audit journal, named as such."""
+        spool = self.spool
+        if spool is None or self.shared is None:
+            return
+        for session in await asyncio.to_thread(spool.sessions):
+            live = self.sessions.get(session)
+            if live is not None and live.lock.locked():
+                continue  # its round flushes them
+            try:
+                if live is None and not await asyncio.to_thread(self.shared.sessions.has_chain, session):
+                    live = None  # its chain is gone (removed long after it ended): nothing to chain into
+                else:
+                    live = await self.records.open_session(session)
+                    async with live.lock:
+                        await asyncio.to_thread(live.journal.flush)
+                    log.info("session %s: refusals deferred while the store was unreachable are chained", session)
+                    continue
+            except JournalClosedError:
+                pass
+            except StoreError:  # still unreachable: the next pass
+                return
+            except Exception:
+                log.exception("session %s: deferred refusals could not be chained", session)
+                continue
+            events = live.journal.deferred if live is not None else await asyncio.to_thread(spool.events, session)
+            for event in list(events):
+                detail = {**(event.get("detail") or {}), "session": session, "refused_at": event.get("at"),
+                          "reason": "deferred_refusal_after_end"}
+                await asyncio.to_thread(self.audit.audit_event, event["cause"], event["action"], self.clock(), detail)
+            if live is not None:
+                live.journal.deferred.clear()
+            await asyncio.to_thread(spool.keep, session, [])
+            log.warning("session %s ended on another replica before %d deferred refusal(s) of this replica were "
+                        "chained: recorded in the audit journal", session, len(events))
+
+    async def remove_ended(self, now: float) -> None:
+        """Remove from the store what shared sessions ended longer than its retention ago left
+        (their chains, states, records, counters; governor.store.redis_retention)."""
+        shared = self.views.shared
+        if shared is None:
+            return
+        try:
+            removed = await asyncio.to_thread(shared.retention.remove_ended, now)
+            for session in removed:
+                await asyncio.to_thread(self.views.store.delete_session, session)
+        except StoreError as exc:  # the next pass takes them
+            log.warning("could not remove what ended shared sessions left in the store: %s", exc)
+            return
+        if removed:
+            log.info("removed what %d shared session(s) ended long ago left in the store", len(removed))
 
     async def _refresh_gauges(self) -> None:
         """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round

@@ -9,11 +9,13 @@ sessions, and store reads go off the loop for a remote store.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from governor.policy import Limits
 from governor.runtime.approvals import Approvals
 from governor.runtime.session import LiveSession
+from governor.runtime.shared_views import SharedViews
 from governor.sessions.index import SessionIndex
 from governor.runtime.settings import RuntimeSettings
 from governor.store import Store, StoreError
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 # calls the store: inline when local, from a worker thread when it crosses the network (Runtime._store)
 StoreCall = Callable[..., Awaitable[Any]]
+
+log = logging.getLogger("governor.runtime")
 
 VIEW_SLICE = 50  # session views a listing builds before letting the proxy run
 
@@ -44,7 +48,7 @@ class Views:
 
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, store: Store, store_call: StoreCall,
                  settings: RuntimeSettings, agent_id: str, metrics: Metrics, clock: Callable[[], float],
-                 approvals: Approvals) -> None:
+                 approvals: Approvals, shared: Any = None) -> None:
         self.sessions = sessions
         self.index = index
         self.store = store
@@ -55,6 +59,9 @@ class Views:
         self.metrics = metrics
         self.clock = clock
         self.approvals = approvals
+        # replicas sharing sessions (a SharedRetention): every replica lists every shared session
+        self.shared = SharedViews(retention=shared, holds=shared.sessions.holds, budgets=self.budgets,
+                                  limits=lambda: self.settings.limits) if shared is not None else None
 
     def caps(self) -> dict:
         """The caps of the runtime's limits as they are now (computed again only when replaced)."""
@@ -86,6 +93,11 @@ class Views:
     async def page(self, after: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Views of the sessions whose ids sort after `after`, at most `limit` (None: all):
         O(log n + page), budget reads for the page only."""
+        if self.shared is not None:  # every replica's sessions, as the store holds them
+            try:
+                return await self.shared.page(after, limit)
+            except StoreError as exc:  # this replica's own, each view saying the store did not answer
+                log.warning("the shared session list could not be read, listing this replica's: %s", exc)
         ids = self.index.page(after, len(self.index) if limit is None else limit, self.sessions.__contains__)
         views = []
         for n, session in enumerate(ids, 1):

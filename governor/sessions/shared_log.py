@@ -28,11 +28,12 @@ ORIGIN = "origin"  # the member naming the replica that wrote an entry
 
 class SharedLog:
     def __init__(self, store: Any, replay: Callable[[dict[str, Any]], None], clock: Callable[[], float]) -> None:
-        self.store = store  # book_append(bytes), book_read(start) -> list[bytes]
+        self.store = store  # book_append(bytes), book_read(start, generation) -> (generation, list[bytes])
         self.replay = replay
         self.clock = clock
         self.origin = secrets.token_hex(8)
         self.read = 0  # entries of the store's log read so far
+        self.generation = 0  # how many times the store's log had been compacted when it was read
         self.read_at = float("-inf")
         self.forced_at = float("-inf")
         self.fetching: asyncio.Task | None = None  # the background read in progress
@@ -56,11 +57,11 @@ class SharedLog:
                 return False
             self.forced_at = now
             try:
-                lines = self.store.book_read(self.read)
+                generation, lines = self.store.book_read(self.read, self.generation)
             except Exception as exc:
                 log.warning("session book: the shared log could not be read: %s", exc)
                 return False
-            self._replay_lines(lines)
+            self._replay_lines(generation, lines)
             return bool(lines)
         if now - self.read_at < REFRESH_SEC or self.fetching is not None:
             return False
@@ -74,16 +75,26 @@ class SharedLog:
 
     async def _fetch(self) -> None:
         try:
-            start = self.read
-            lines = await asyncio.to_thread(self.store.book_read, start)
-            if self.read == start:  # (a forced read in between took them: the next read goes on from there)
-                self._replay_lines(lines)
-        except Exception as exc:
-            log.warning("session book: the shared log could not be read: %s", exc)
+            await self.read_now()
         finally:
             self.fetching = None
 
-    def _replay_lines(self, lines: list[bytes]) -> None:
+    async def read_now(self) -> None:
+        """Replay the other replicas' new entries now, the store read off the loop (a control-plane
+        read that shows what another replica did a moment ago); a store that cannot be read is logged."""
+        try:
+            for _ in range(2):  # (another read in between took some: read again from where it left off)
+                start, known = self.read, self.generation
+                generation, lines = await asyncio.to_thread(self.store.book_read, start, known)
+                if (self.read, self.generation) == (start, known):
+                    self._replay_lines(generation, lines)
+                    return
+        except Exception as exc:
+            log.warning("session book: the shared log could not be read: %s", exc)
+
+    def _replay_lines(self, generation: int, lines: list[bytes]) -> None:
+        if generation != self.generation:  # compacted since the last read: `lines` is the whole log, replayed
+            self.generation, self.read = generation, 0  # again (what this book knows already changes nothing)
         for raw in lines:
             self.read += 1
             try:

@@ -518,7 +518,7 @@ class RedisStore:
         if self.options.sessions == "local":
             return None
         return RedisSessions(self._client, self.prefix, self._keys, self._guard, self.options.wait_replicas,
-                             self.options.wait_timeout, self.options.retry_after)
+                             self.options.wait_timeout, self.options.retry_after, ended_ttl=self.options.ended_ttl)
 
     def list_sessions(self) -> list[str]:
         with self._guard():

@@ -37,7 +37,7 @@ from redis.retry import Retry
 
 SCHEMES = ("redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://", "redis+cluster://",
            "rediss+cluster://")
-_OURS = ("timeout", "retry_after", "wait", "wait_timeout", "sentinel_password", "prefix", "sessions")
+_OURS = ("timeout", "retry_after", "wait", "wait_timeout", "sentinel_password", "prefix", "sessions", "ended_ttl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,9 @@ class RedisOptions:
     # shared (default): replicas share sessions (governor.store.redis_sessions); local: each
     # process keeps its own sessions and shares budgets only, with the model call's one-round-trip path
     sessions: str = "shared"
+    # how long what a shared session leaves in Redis (chain, state, record, book entries) is kept
+    # after its record was written (governor.store.redis_retention)
+    ended_ttl: float = 86400.0
 
 
 def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
@@ -83,6 +86,7 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
         wait_replicas=int(wait),
         wait_timeout=_seconds(url, "wait_timeout", ours.get("wait_timeout", "0.5")),
         prefix=prefix,
+        ended_ttl=_seconds(url, "ended_ttl", ours.get("ended_ttl", "86400")),
     )
     rest = base + ("?" + urlencode(raw) if raw else "")
     return rest, options, {"sentinel_password": ours["sentinel_password"]} if "sentinel_password" in ours else {}

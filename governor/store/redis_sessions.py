@@ -5,10 +5,14 @@ and each script here runs atomically on one node):
   ch:<session>       list: the session's journal lines (governor.evidence.shared_journal)
   chh:<session>      hash: the chain's head {len, hash}, what a compare-and-append checks
   chains             set: every session with a chain
+  ids                sorted set (one score, so in id order): every session with a chain, what
+                     GET /v1/sessions pages through (governor.store.redis_retention)
+  ended              sorted set: session -> when its record was written (what retention removes)
   act                hash: session -> its last step's time (any replica's), for idle ends
   lk:<session>       a replica's decision round on the session (SET NX PX, an owner token)
   rec:<session>      the session's signed final record (JSON), written once
   book               list: the session book's log entries (governor.sessions.book), in order
+  bookgen            how many times the book's log was compacted (readers re-read it whole)
   holds              hash: approval -> a held step's view {session, ...} (what reviewers list)
   held:<approval>    a held step's review answer (JSON), written once (SET NX)
 
@@ -42,6 +46,7 @@ if n ~= tonumber(ARGV[3]) or last ~= ARGV[4] or redis.call('LLEN', list) ~= n th
 redis.call('RPUSH', list, ARGV[5])
 redis.call('HSET', head, 'len', n + 1, 'hash', ARGV[6])
 redis.call('SADD', P .. 'chains', S)
+if n == 0 then redis.call('ZADD', P .. 'ids', 0, S) end
 return 1
 """
 
@@ -54,6 +59,7 @@ if redis.call('LLEN', list) ~= 0 or redis.call('EXISTS', head) == 1 then return 
 for i = 4, #ARGV do redis.call('RPUSH', list, ARGV[i]) end
 redis.call('HSET', head, 'len', #ARGV - 3, 'hash', ARGV[3])
 redis.call('SADD', P .. 'chains', S)
+redis.call('ZADD', P .. 'ids', 0, S)
 return 1
 """
 
@@ -79,6 +85,16 @@ if redis.call('GET', key) == ARGV[3] then redis.call('DEL', key) end
 return 1
 """
 
+# KEYS[1] the fence; ARGV: prefix, start, the generation the reader knows. {generation, lines}:
+# from `start` when the log is still that generation, else the whole log (compacted since).
+BOOK_READ = r"""
+local P = ARGV[1]
+local gen = tonumber(redis.call('GET', P .. 'bookgen') or '0')
+local start = tonumber(ARGV[2])
+if gen ~= tonumber(ARGV[3]) then start = 0 end
+return {gen, redis.call('LRANGE', P .. 'book', start, -1)}
+"""
+
 LOCK_LEASE_MS = 10_000  # a replica that dies in a decision round holds it this long at most
 LOCK_WAIT_SEC = 5.0  # longer than this waiting for another replica's round: refused (retryable)
 
@@ -88,7 +104,8 @@ class RedisSessions:
     into StoreUnavailable, the fence names the slot)."""
 
     def __init__(self, client: Any, prefix: str, fence_keys: list[str], guard: Callable[[], ContextManager[None]],
-                 wait_replicas: int = 0, wait_timeout: float = 0.5, retry_after: float = 1.0) -> None:
+                 wait_replicas: int = 0, wait_timeout: float = 0.5, retry_after: float = 1.0, *,
+                 ended_ttl: float = 86400.0) -> None:
         self.client = client
         self.prefix = prefix
         self.keys = fence_keys
@@ -96,6 +113,7 @@ class RedisSessions:
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
         self.retry_after = retry_after
+        self.ended_ttl = ended_ttl  # what an ended session leaves is kept this long (redis_retention)
         # session -> rounds of ours the store may hold without our knowing (a begin that timed out may
         # still run once the store answers; an end that failed): ended before our next round on it
         self._stale: dict[str, dict[str, float]] = {}  # session -> {owner: when}
@@ -103,6 +121,7 @@ class RedisSessions:
         self._reseed = client.register_script(RESEED)
         self._begin = client.register_script(BEGIN_ROUND)
         self._end = client.register_script(END_ROUND)
+        self._book_read = client.register_script(BOOK_READ)
 
     @contextmanager
     def _io(self) -> Iterator[None]:
@@ -203,8 +222,12 @@ class RedisSessions:
     # --- final records ------------------------------------------------------------------
 
     def put_record(self, session: str, record: dict[str, Any]) -> None:
+        """Write the session's final record once; from then on its keys are kept `ended_ttl`."""
         with self.guard():
-            self.client.set(f"{self.prefix}rec:{session}", orjson.dumps(record), nx=True)
+            pipe = self.client.pipeline(transaction=False)  # (a crash between: indexed at the next start)
+            pipe.set(f"{self.prefix}rec:{session}", orjson.dumps(record), nx=True)
+            pipe.zadd(f"{self.prefix}ended", {session: time.time()}, nx=True)
+            pipe.execute()
 
     def get_record(self, session: str) -> dict[str, Any] | None:
         with self.guard():
@@ -217,10 +240,13 @@ class RedisSessions:
         with self._io():
             self.client.rpush(f"{self.prefix}book", entry)
 
-    def book_read(self, start: int) -> list[bytes]:
+    def book_read(self, start: int, generation: int) -> tuple[int, list[bytes]]:
+        """The log's entries from `start` when it is still the `generation` the reader knows,
+        else (it was compacted since) the whole log: (its generation, the entries)."""
         with self._io():
-            lines = self.client.lrange(f"{self.prefix}book", start, -1)
-        return [line.encode() if isinstance(line, str) else line for line in lines]
+            answer = self._book_read(keys=self.keys, args=(self.prefix, start, generation))
+        lines = answer[1] if len(answer) > 1 else []
+        return int(answer[0]), [line.encode() if isinstance(line, str) else line for line in lines]
 
     # --- held steps: what waits (for any replica's reviewers), and their answers -----------
 
