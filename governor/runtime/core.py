@@ -77,6 +77,7 @@ from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
+from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
@@ -144,6 +145,9 @@ class Runtime:
         counters = getattr(store, "counters", None)
         self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced
                                   ) if self._store_in_thread and counters and self.shared is None else None
+        if self._store_in_thread and counters and self.shared is not None:  # optimistic, one round trip a step
+            self.remote = SharedFastSteps(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced,
+                                          adopt=self.shared.adopt_saved)
         # a local store's: the model call decided at once (runtime/local_steps.py)
         self.local = LocalSteps(store=store, agent_id=agent_id, clock=clock, advanced=self._advanced,
                                 release=self._release_quietly
