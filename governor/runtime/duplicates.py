@@ -41,8 +41,11 @@ def key_fingerprint(public_key: Any) -> str:
 class DuplicateWatch:
     def __init__(self, store: Any, *, governor_id: str, public_key: Any, log_origin: str | None = None,
                  metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, replicas: bool = False) -> None:
         self.store = store
+        # sessions shared on the store: instances with this one's id AND key are its replicas, one
+        # governor by design (docs/reference/shared-sessions.md); one of the two alone still clashes
+        self.replicas = replicas
         self.metrics = metrics
         self.interval = interval
         self.clock = clock
@@ -63,7 +66,7 @@ class DuplicateWatch:
             if not isinstance(other, dict) or other.get("instance") == self.instance:
                 continue
             shared = [what for what in ("governor_id", "key") if other.get(what) == mine[what]]
-            if shared:
+            if shared and not (self.replicas and len(shared) == 2):
                 found.append({"instance": other.get("instance"), "host": other.get("host"), "pid": other.get("pid"),
                               "governor_id": other.get("governor_id"), "shares": shared})
         self.found = found
@@ -99,4 +102,5 @@ def watch_duplicates(store: Any, **kwargs: Any) -> DuplicateWatch | None:
     """A watch when the store is shared across governors (it can `announce`), else None."""
     if not callable(getattr(store, "announce", None)):
         return None
-    return DuplicateWatch(store, **kwargs)
+    sessions = getattr(getattr(store, "options", None), "sessions", "local")
+    return DuplicateWatch(store, replicas=sessions != "local", **kwargs)
