@@ -6,13 +6,16 @@ trips and are left out). Each command is one round trip (the governor pipelines 
 
     .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local]
 
-Prints the per-command counts and the total per call.
+Prints the per-command counts, the total per call, and the replica process's CPU per call
+(utime + stime from /proc over the measured calls; sequential calls, so a loaded machine
+inflates it less than it does throughput).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import threading
@@ -25,6 +28,11 @@ import redis  # noqa: E402
 from governor.demo.mock_llm import MockLLM  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 from tests.shared_replicas import Replica, shared_keys  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def script_names() -> dict[str, str]:
@@ -75,7 +83,7 @@ class Monitor:
         self._stop.set()  # the thread (a daemon) returns at the next command it sees
 
 
-async def measure(calls: int, sessions: str | None) -> dict[str, float]:
+async def measure(calls: int, sessions: str | None) -> tuple[dict[str, float], float]:
     server = RedisServer()
     mock = MockLLM(prompt_tokens=100, completion_tokens=5)  # its replies count 5 tokens: believed, settled quietly
     await mock.start()
@@ -84,16 +92,18 @@ async def measure(calls: int, sessions: str | None) -> dict[str, float]:
         replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url)
         monitor = Monitor(server.url)
         try:
-            measured = 0
+            measured, cpu = 0, 0.0
             while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
                 opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
                 token = opened.json()["token"]
                 assert (await replica.chat(mock.url, token)).status_code == 200  # warm-up: opens, loads
                 monitor.counting = True
+                before = cpu_seconds(replica.process.pid)
                 for _ in range(8):
                     answer = await replica.chat(mock.url, token)
                     assert answer.status_code == 200, answer.text
                     measured += 1
+                cpu += cpu_seconds(replica.process.pid) - before
                 monitor.counting = False
             calls = measured
             counts = dict(monitor.counts)
@@ -102,7 +112,7 @@ async def measure(calls: int, sessions: str | None) -> dict[str, float]:
             await replica.stop()
             await mock.stop()
             server.stop()
-    return {name: n / calls for name, n in sorted(counts.items())}
+    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls
 
 
 def main() -> None:
@@ -110,10 +120,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--sessions", choices=("local",), default=None, help="?sessions=local (not shared)")
     args = parser.parse_args()
-    per_call = asyncio.run(measure(args.calls, args.sessions))
+    per_call, cpu_ms = asyncio.run(measure(args.calls, args.sessions))
     for name, n in per_call.items():
         print(f"{name:24} {n:6.2f}")
     print(f"{'round trips per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
+    print(f"{'replica CPU ms per call':24} {cpu_ms:6.2f}")
 
 
 if __name__ == "__main__":
