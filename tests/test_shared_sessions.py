@@ -330,6 +330,22 @@ async def test_three_replicas_at_once_on_one_session_hold_its_caps_chain_every_e
             answers = await asyncio.wait_for(asyncio.gather(*calls), 60)
             return [answer.status_code for answer in answers]
 
+        # one round trip each way for the usual call: 9 calls round robin (each replica's first
+        # reply brings it the state another saved) take a fraction of the rounds' 8 scripts a call
+        upstream.default = Behaviour()
+        plain, plain_token = await open_session(replicas[0], label="round trips")
+        assert (await replicas[0].chat(upstream.base_url, plain_token)).status_code == 200
+
+        def scripts_run() -> int:
+            return int(server.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+        before = scripts_run()
+        for replica in replicas * 3:
+            assert (await replica.chat(upstream.base_url, plain_token)).status_code == 200
+        ran = scripts_run() - before
+        assert 9 <= ran <= 4 * 9, ran / 9
+        upstream.default = Behaviour(hang=0.5)
+
         session, token = await open_session(replicas[0], label="at the concurrency cap")
         statuses = await racing(token, 4)  # 12 at once: the session allows 4 in flight (the rest wait or are refused)
         assert statuses.count(200) >= 1 and upstream.peak <= 4, (statuses, upstream.peak)
