@@ -1,6 +1,6 @@
 """Redis round trips per model call in shared mode (issue #30): one governor replica on this
 run's own redis-server, sessions opened through the control plane, N plain calls through the
-proxy (8 a session, after one warm-up call each); the commands Redis served for those calls (INFO commandstats, reset after a warm-up call)
+proxy (8 a session, after one warm-up call each); the commands Redis served for those calls
 divided by N, as MONITOR sees them from clients (commands a Lua script runs are not round
 trips and are left out). Each command is one round trip (the governor pipelines nothing here).
 

@@ -333,7 +333,7 @@ async def test_three_replicas_at_once_on_one_session_hold_its_caps_chain_every_e
         # one round trip each way for the usual call: 9 calls round robin (each replica's first
         # reply brings it the state another saved) take a fraction of the rounds' 8 scripts a call
         upstream.default = Behaviour()
-        plain, plain_token = await open_session(replicas[0], label="round trips")
+        _, plain_token = await open_session(replicas[0], label="round trips")
         assert (await replicas[0].chat(upstream.base_url, plain_token)).status_code == 200
 
         def scripts_run() -> int:
