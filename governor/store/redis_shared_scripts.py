@@ -8,8 +8,8 @@ last activity. On a version conflict it answers the state as it stands, so the r
 re-decides without another read. Both run after redis_scripts.PRELUDE (the fence, the
 counter helpers).
 
-Answers: {1, ...} done; {-1, state} the state changed (re-decide on it); {-2} a decision
-round holds the session; {-3} no saved state; SHARED_ADMIT {0, k, value, snapshot...}
+Answers: {1, ...} done; {-2} a decision round holds the session (checked first: a round's
+state is its own until it ends); {-1, state} the state changed (re-decide on it); {-3} no saved state; SHARED_ADMIT {0, k, value, snapshot...}
 refused by capped charge k, {3, 0, '0', snapshot...} a bound does not hold (not a quiet
 call: the full round decides); SHARED_SETTLE {0} the reservation is not outstanding.
 """
@@ -27,10 +27,10 @@ at = at + 1 + 2 * tonumber(ARGV[at])
 local k = tonumber(ARGV[at])
 local t = at + 1 + 2 * k
 local skey = P .. 'st:' .. session
+if redis.call('EXISTS', P .. 'lk:' .. session) == 1 then return {-2} end
 local cur = redis.call('GET', skey)
 if not cur then return {-3} end
 if redis.sha1hex(cur) ~= ARGV[t] then return {-1, cur} end
-if redis.call('EXISTS', P .. 'lk:' .. session) == 1 then return {-2} end
 local out, values = {1, 0, '0'}, {}
 for i = 1, k do
   local scope, sub = ARGV[at + 2 * i - 1], ARGV[at + 2 * i]
@@ -72,10 +72,10 @@ local n = tonumber(ARGV[6])
 local t = 7 + 3 * n
 local session = ARGV[t]
 local skey = P .. 'st:' .. session
+if redis.call('EXISTS', P .. 'lk:' .. session) == 1 then return {-2} end
 local cur = redis.call('GET', skey)
 if not cur then return {-3} end
 if redis.sha1hex(cur) ~= ARGV[t + 1] then return {-1, cur} end
-if redis.call('EXISTS', P .. 'lk:' .. session) == 1 then return {-2} end
 local held = unhold(ARGV[2], true)
 if not held then return {0} end
 for i = 1, n do
