@@ -107,9 +107,11 @@ class SharedSteps:
             raise
         return owner
 
-    def _adopt_saved(self, live: LiveSession, saved: bytes) -> None:
-        """Adopt a state as another writer saved it, with its version; DamagedState when it is
-        no session state (edited in the store)."""
+    def _adopt_saved(self, live: LiveSession, saved: bytes, head_only: bool = False) -> None:
+        """Adopt a state as another writer saved it, with its version (`head_only`: as the
+        version the next one-round-trip step decides on, leaving the live state to the round
+        of this replica on the session); DamagedState when it is no session state (edited in
+        the store)."""
         try:
             data = orjson.loads(saved)
             state = SessionState.from_dict(data)
@@ -120,14 +122,15 @@ class SharedSteps:
         if live.journal.record is not None and pin != live.saved_state_of(state).get(PIN_KEY):
             live.shared_head = None
             raise DamagedState("the session's shared state names another pin than its chain's header")
-        self._adopt(live, data, state)
+        if not head_only:
+            self._adopt(live, data, state)
         live.shared_head = (version(saved), state)
 
-    def adopt_saved(self, live: LiveSession, saved: bytes) -> None:
+    def adopt_saved(self, live: LiveSession, saved: bytes, head_only: bool = False) -> None:
         """`_adopt_saved` for the one-round-trip path (runtime/shared_fast.py): a damaged state
         is recorded (this governor's audit journal) before it is raised. Blocking on damage."""
         try:
-            self._adopt_saved(live, saved)
+            self._adopt_saved(live, saved, head_only)
         except DamagedState as exc:
             self.damaged(live.id, str(exc), "shared_state_damaged")
             raise
