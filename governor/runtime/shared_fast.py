@@ -101,12 +101,10 @@ class SharedFastSteps:
                 if key not in keys:
                     keys.append(key)
                 bounds.append((keys.index(key) + 1, addend, limit, strict))  # Lua counts from 1
-            guess = self._speculate(live, saved, bounded[2]) if bounded is not None else None
             try:
                 code, current, snapshot, held = await counters.shared_admit(
                     self._agent_id, live.id, keys, charges, now, expected, saved, bounds)
             except Exception:
-                self._unspeculate(live, guess)
                 log.debug("session %s: admitting a model call in one round trip failed", live.id, exc_info=True)
                 return None
             if code == CONFLICT:
@@ -117,7 +115,6 @@ class SharedFastSteps:
                 await self._round_over(live)
                 continue
             if code != DONE or bounded is None or held is None or held.id is None:
-                self._unspeculate(live, guess)
                 return None  # refused by a cap, not quiet on these counters, a round holds it: the full round
             _, decision, next_state = bounded
             self._saved(live, saved, next_state, next_state.evolve(counters=snapshot), now)
@@ -145,12 +142,10 @@ class SharedFastSteps:
                 if settled is None or state.ended:
                     break
                 saved = encode_state(live.saved_state_of(settled[1]))
-            guess = self._speculate(live, saved, settled[1]) if settled is not None else None
             try:
                 code, current = await counters.shared_settle(reservation, settled[0].charges if settled else (),
                                                              now, live.id, expected, saved)
             except Exception:
-                self._unspeculate(live, guess)
                 log.debug("session %s: settling a model call in one round trip failed", live.id, exc_info=True)
                 break
             if code == CONFLICT:
@@ -161,7 +156,6 @@ class SharedFastSteps:
                 await self._round_over(live)
                 continue
             if code != DONE or settled is None:
-                self._unspeculate(live, guess)
                 break
             decision, next_state = settled
             self._saved(live, saved, next_state, next_state, now)
@@ -192,22 +186,6 @@ class SharedFastSteps:
                 pass
         else:
             await asyncio.sleep(ROUND_PAUSE_SEC)
-
-    @staticmethod
-    def _speculate(live: LiveSession, saved: bytes, state: SessionState) -> tuple[str, SessionState]:
-        """While this step's script is on its way, the next step of this replica decides on the
-        state it will save (their scripts reach Redis in the order they were sent, as a rule):
-        concurrent calls on one session then chain their versions instead of conflicting. A
-        wrong guess costs a conflict, whose reply corrects it; the store's check keeps it safe."""
-        guess = (version(saved), state)
-        live.shared_head = guess
-        return guess
-
-    @staticmethod
-    def _unspeculate(live: LiveSession, guess: tuple[str, SessionState] | None) -> None:
-        """This step saved nothing: the version it guessed is not the store's."""
-        if guess is not None and live.shared_head is guess:
-            live.shared_head = None
 
     def _saved(self, live: LiveSession, saved: bytes, head: SessionState, state: SessionState, now: float) -> None:
         """The script saved `head` (as `saved`): the newest this replica knows, unless a later
