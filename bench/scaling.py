@@ -183,7 +183,9 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             on_redis = {}
             for n in sorted({1, 2, *workers}):
                 g = Governor(passport, work / f"redis-x{n}",
-                             extra=["--store", server.url, *(["--workers", str(n)] if n > 1 else [])])
+                             # each its own id: two governors with one id on one store are refused (#32)
+                             extra=["--store", server.url, "--id", f"did:web:localhost:bench-redis-x{n}",
+                                    *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
                 on_redis[n] = g
             loads = []

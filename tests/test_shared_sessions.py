@@ -403,3 +403,98 @@ async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(t
         await alone.stop()
         if restarted is not None:
             await restarted.stop()
+
+
+async def test_three_replicas_at_once_on_one_session_hold_its_caps_chain_every_event_and_find_an_edited_state(
+        tmp_path, redis_url, capsys):
+    """The one-round-trip steps of shared sessions (runtime/shared_fast.py: optimistic
+    concurrency on the session's saved state): calls racing on one session through three
+    replicas never exceed its max_concurrent (4) at the upstream and leave its state as the
+    calls left it (nothing in flight: no update lost); a storm of calls on one session ends
+    with answers, never a hang, and every refusal is in the one chain that verifies; a
+    state edited by hand in Redis fails the step closed and is recorded."""
+    from tests.upstreams import Behaviour, MockLLM as Upstream
+
+    class Counting(Upstream):
+        in_flight = peak = 0
+
+        async def _chat(self, request):
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                return await super()._chat(request)
+            finally:
+                self.in_flight -= 1
+
+    upstream = Counting()
+    await upstream.start()
+    upstream.default = Behaviour(hang=0.5)  # calls overlap at the upstream
+    replicas = await start_three(tmp_path, redis_url)
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        async def racing(token: str, per_replica: int) -> list[int]:
+            calls = [replica.chat(upstream.base_url, token) for replica in replicas for _ in range(per_replica)]
+            answers = await asyncio.wait_for(asyncio.gather(*calls), 60)
+            return [answer.status_code for answer in answers]
+
+        # one round trip each way for the usual call: 9 calls round robin (each replica's first
+        # reply brings it the state another saved) take a fraction of the rounds' 8 scripts a call
+        upstream.default = Behaviour()
+        _, plain_token = await open_session(replicas[0], label="round trips")
+        assert (await replicas[0].chat(upstream.base_url, plain_token)).status_code == 200
+
+        def scripts_run() -> int:
+            return int(server.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+        before = scripts_run()
+        for replica in replicas * 3:
+            assert (await replica.chat(upstream.base_url, plain_token)).status_code == 200
+        ran = scripts_run() - before
+        assert 9 <= ran <= 4 * 9, ran / 9
+        upstream.default = Behaviour(hang=0.5)
+
+        session, token = await open_session(replicas[0], label="at the concurrency cap")
+        statuses = await racing(token, 4)  # 12 at once: the session allows 4 in flight (the rest wait or are refused)
+        assert statuses.count(200) >= 1 and upstream.peak <= 4, (statuses, upstream.peak)
+        assert set(statuses) <= {200, 429, 403, 503}, statuses
+        state = json.loads(server.get(f"governor:st:{session}"))
+        assert state["in_flight"] == 0, state  # every admission and settlement of every replica is in it
+
+        upstream.default = Behaviour()
+        storm, storm_token = await open_session(replicas[1], label="storm")
+        answers = []
+        for _ in range(2):  # waves of 18 calls at once on one session
+            calls = [replica.chat(upstream.base_url, storm_token) for replica in replicas for _ in range(6)]
+            answers += await asyncio.wait_for(asyncio.gather(*calls), 60)
+        assert {a.status_code for a in answers} <= {200, 429, 403, 503}, [a.status_code for a in answers]
+        assert any(a.status_code == 200 for a in answers)
+        refusals = [a.json()["error"]["governor"]["cause"] for a in answers if a.status_code != 200]
+        end = await replicas[2].control.post(f"/v1/sessions/{storm}/end")
+        assert end.status_code == 200, end.text
+        record = end.json()
+        verify(tmp_path, record, capsys)
+        causes = [event["cause"] for event in record["events"]]
+        for cause in set(refusals):
+            assert cause in causes, (cause, causes)
+        chain = [json.loads(line) for line in server.lrange(f"governor:ch:{storm}", 0, -1)]
+        assert [(e["seq"], e["cause"], e["action"]) for e in record["events"]] == [
+            (line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain[1:-1]]
+
+        # hostile: a saved state edited by hand in Redis (not a state: any replica finds it)
+        edited, edited_token = await open_session(replicas[0], label="edited")
+        for replica in replicas[:2]:  # served on A and B: B has it open, with the state it last saw
+            assert (await replica.chat(upstream.base_url, edited_token)).status_code == 200
+        for forged in ("{not json", json.dumps({"in_flight": -5})):
+            server.set(f"governor:st:{edited}", forged)
+            refused = await replicas[1].chat(upstream.base_url, edited_token)
+            assert refused.status_code in (403, 503), refused.text
+            assert refused.json()["error"]["governor"]["cause"] == "on_governor_error", refused.text
+        audit = await replicas[1].control.get("/v1/audit/record")
+        assert audit.status_code == 200, audit.text
+        damage = [e for e in audit.json()["events"] if e["cause"] == "on_governor_session_integrity"]
+        assert damage and damage[0]["detail"]["session"] == edited, audit.json()["events"]
+        assert damage[0]["detail"]["reason"] == "shared_state_damaged"
+    finally:
+        server.close()
+        await asyncio.gather(*[r.stop() for r in replicas])
+        await upstream.stop()

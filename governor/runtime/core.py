@@ -78,6 +78,7 @@ from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
 from governor.store.redis_retention import SharedRetention
+from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
@@ -140,11 +141,12 @@ class Runtime:
         self.shared = SharedSteps(sessions=sessions, store=store, metrics=self.metrics, clock=clock,
                                   record_audit=lambda *event: self.audit.audit_event(*event)
                                   ) if sessions is not None else None
-        # a remote store's asyncio client: the model call's one round trip (runtime/remote_steps.py),
-        # for sessions of this process only (shared sessions decide in rounds on the shared state)
+        # a remote store's asyncio client: the model call's one round trip each way (runtime/remote_steps.py;
+        # on shared sessions runtime/shared_fast.py, optimistic on the shared state)
         counters = getattr(store, "counters", None)
-        self.remote = RemoteSteps(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced
-                                  ) if self._store_in_thread and counters and self.shared is None else None
+        steps = dict(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced)
+        self.remote = (RemoteSteps(**steps) if self.shared is None else SharedFastSteps(
+            **steps, adopt=self.shared.adopt_saved)) if self._store_in_thread and counters else None
         # a local store's: the model call decided at once (runtime/local_steps.py)
         self.local = LocalSteps(store=store, agent_id=agent_id, clock=clock, advanced=self._advanced,
                                 release=self._release_quietly

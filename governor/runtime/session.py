@@ -67,6 +67,10 @@ class LiveSession:
     limits: Any = None
     swept_at: float = 0.0  # when the sweeper last charged its wall-clock
     recorded: tuple[int, ...] = ()  # the seqs of the events its last decision round journaled
+    # a shared session (runtime/shared.py): its state as last seen in the store, with that
+    # state's version (the SHA-1 of its saved bytes); None: not known (runtime/shared_fast.py)
+    shared_head: tuple[str, SessionState] | None = None
+    shared_turn: asyncio.Lock = field(default_factory=asyncio.Lock)  # its one-round-trip steps' turns here
 
     def restate(self, metrics: Metrics) -> None:
         """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""
@@ -77,8 +81,12 @@ class LiveSession:
 
     def saved_state(self) -> dict[str, Any]:
         """What the store keeps of a session: its state and the pin it was admitted with."""
+        return self.saved_state_of(self.state)
+
+    def saved_state_of(self, state: SessionState) -> dict[str, Any]:
+        """What the store keeps of this session in `state`."""
         header = self.journal.record.header
-        return {**self.state.to_dict(),
+        return {**state.to_dict(),
                 PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}}
 
 

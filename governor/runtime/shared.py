@@ -24,7 +24,8 @@ import orjson
 
 from governor.policy import ON_SESSION_INTEGRITY, Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
 from governor.runtime.refusals import transient, unrecorded_failure
-from governor.runtime.session import LiveSession, Ticket
+from governor.runtime.session import PIN_KEY, LiveSession, Ticket
+from governor.runtime.shared_fast import version
 from governor.store import StoreError
 from governor.store.base import encode_state
 
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("governor.runtime")
 
 Round = Callable[[LiveSession, Step, "Ticket | None"], Awaitable["tuple[Decision, Ticket | None]"]]
+
+
+class DamagedState(ValueError):
+    """A session's shared state that is no state this governor saved (edited in the store)."""
 
 
 class SharedSteps:
@@ -60,8 +65,11 @@ class SharedSteps:
             return self.unreachable(live, step, ticket, exc), None
         except Exception as exc:  # a state another writer made unreadable, a damaged chain: the round was let go
             log.warning("session %s: its shared state could not be read: %s", live.id, exc)
+            if isinstance(exc, DamagedState):
+                await asyncio.to_thread(self.damaged, live.id, str(exc), "shared_state_damaged")
             return unrecorded_failure(step, exc), None
         saved: bytes | None = None
+        saved_state: SessionState | None = None
         activity: float | None = None
         try:
             if live.journal.deferred:  # refusals met while the store was unreachable: chained first
@@ -70,15 +78,18 @@ class SharedSteps:
                 except StoreError as exc:
                     return self.unreachable(live, step, ticket, exc), None
             result = await round_here(live, step, ticket)
-            saved = encode_state(live.saved_state())
+            saved_state = live.state
+            saved = encode_state(live.saved_state_of(saved_state))
             activity = self.clock() if type(step) is not Tick and not live.ended else None
             return result
         finally:
             try:
                 await asyncio.to_thread(self.sessions.end_round, live.id, owner, saved, activity)
-                if saved is not None:
+                if saved is not None and saved_state is not None:
                     live.unsaved = False
+                    live.shared_head = (version(saved), saved_state)
             except StoreError:  # the next round reads what the store holds; this one's events are chained
+                live.shared_head = None
                 self.metrics.store_error()
                 log.warning("session %s: could not save its shared state and end its round (its lease expires)",
                             live.id)
@@ -88,13 +99,43 @@ class SharedSteps:
         owner, saved = self.sessions.begin_round(live.id)
         try:
             if saved is not None:
-                self._adopt(live, orjson.loads(saved))
+                self._adopt_saved(live, saved)
+            else:
+                live.shared_head = None
         except BaseException:
             self.sessions.end_round(live.id, owner, None, None)
             raise
         return owner
 
-    def damaged(self, session: str, what: str) -> None:
+    def _adopt_saved(self, live: LiveSession, saved: bytes, head_only: bool = False) -> None:
+        """Adopt a state as another writer saved it, with its version (`head_only`: as the
+        version the next one-round-trip step decides on, leaving the live state to the round
+        of this replica on the session); DamagedState when it is no session state (edited in
+        the store)."""
+        try:
+            data = orjson.loads(saved)
+            state = SessionState.from_dict(data)
+            pin = data.get(PIN_KEY)
+        except Exception as exc:
+            live.shared_head = None
+            raise DamagedState(f"the session's shared state is unreadable: {type(exc).__name__}: {exc}") from None
+        if live.journal.record is not None and pin != live.saved_state_of(state).get(PIN_KEY):
+            live.shared_head = None
+            raise DamagedState("the session's shared state names another pin than its chain's header")
+        if not head_only:
+            self._adopt(live, data, state)
+        live.shared_head = (version(saved), state)
+
+    def adopt_saved(self, live: LiveSession, saved: bytes, head_only: bool = False) -> None:
+        """`_adopt_saved` for the one-round-trip path (runtime/shared_fast.py): a damaged state
+        is recorded (this governor's audit journal) before it is raised. Blocking on damage."""
+        try:
+            self._adopt_saved(live, saved, head_only)
+        except DamagedState as exc:
+            self.damaged(live.id, str(exc), "shared_state_damaged")
+            raise
+
+    def damaged(self, session: str, what: str, reason: str = "shared_chain_damaged") -> None:
         """A session's chain in the store was found damaged (edited, forged, cut): its steps fail
         closed; recorded in this governor's audit journal (once per session and process: every
         later step meets it again), since the chain itself cannot take it. Blocking."""
@@ -103,7 +144,7 @@ class SharedSteps:
             return
         self.damage_recorded.add(session)
         self.record_audit(ON_SESSION_INTEGRITY, "halt", self.clock(),
-                          {"session": session, "reason": "shared_chain_damaged", "error": what[:500]})
+                          {"session": session, "reason": reason, "error": what[:500]})
 
     def unreachable(self, live: LiveSession, step: Step, ticket: Ticket | None, exc: StoreError) -> Decision:
         """The step refused because the store did not answer: retryable when it is only
@@ -136,9 +177,10 @@ class SharedSteps:
         saved = self.store.load_session(live.id)
         if saved is not None:
             self._adopt(live, saved)
+            live.shared_head = None  # its version not known: the next step's reply brings it
 
-    def _adopt(self, live: LiveSession, saved: dict[str, Any]) -> None:
-        state = SessionState.from_dict(saved)
+    def _adopt(self, live: LiveSession, saved: dict[str, Any], state: SessionState | None = None) -> None:
+        state = SessionState.from_dict(saved) if state is None else state
         live.state = state
         if state.ended and not live.ended:  # another replica ended it: its chain holds the end
             live.journal.refresh()
@@ -172,6 +214,7 @@ class SharedSteps:
     def mark_ended(self, live: LiveSession) -> None:
         """The session ended here: every replica reads it as ended from now on. Blocking."""
         live.state = live.state.evolve(ended=True)
+        live.shared_head = None
         self.store.save_session(live.id, live.saved_state())
         self.sessions.forget_activity(live.id)
 

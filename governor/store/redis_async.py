@@ -17,6 +17,8 @@ import redis
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import Reservation, RollingWindow, StoreUnavailable, UnknownReservation
 from governor.store.redis_calls import ReserveWithin, commit_args
+from governor.store.redis_scripts import PRELUDE
+from governor.store.redis_shared_scripts import SHARED_ADMIT, SHARED_SETTLE
 from governor.store.redis_client import RedisOptions, make_client
 
 
@@ -53,6 +55,8 @@ class AsyncCounters:
         self._reserve_within = register(reserve_within)
         self._commit = register(commit)
         self._release = register(release)
+        self._shared_admit = register(PRELUDE + SHARED_ADMIT)
+        self._shared_settle = register(PRELUDE + SHARED_SETTLE)
 
     async def _on_connect(self, connection: Any) -> None:
         """The blocking client's check, on an asyncio connection: a new primary that may have
@@ -102,5 +106,42 @@ class AsyncCounters:
     async def release(self, reservation_id: str) -> bool:
         return int(await self._run(self._release, (reservation_id,))) == 1
 
+    # --- a shared session's steps in one round trip (redis_shared_scripts) ------------------
+
+    async def shared_admit(self, agent: str, session: str, keys: Sequence[CounterKey],
+                           charges: Sequence[CounterCharge], now: float, expected: str, state: bytes,
+                           bounds: Sequence[tuple[int, float, float, bool]]
+                           ) -> tuple[int, bytes | None, dict[CounterKey, float], Reservation | None]:
+        """Reserve `charges` and save `state` when the session's saved state has SHA-1
+        `expected`, no round holds it and every bound (index into `keys`, addend, limit,
+        strict; the index counts from 1) holds: (code, the state as it stands on a conflict, the snapshot, the
+        reservation when held or refused). Codes as SHARED_ADMIT answers them."""
+        call = ReserveWithin.of(self._store.window, self._ttl_ms, agent, session, keys, charges, now)
+        args = [*call.args, expected, state, repr(now), len(bounds)]
+        for index, addend, limit, strict in bounds:
+            args += (index, repr(addend), repr(limit), "1" if strict else "0")
+        result = await self._run(self._shared_admit, args)
+        code = int(result[0])
+        if code == -1:
+            return code, _bytes(result[1]), {}, None
+        if code < 0:
+            return code, None, {}, None
+        snapshot, held = call.answer([1 if code == 3 else result[0], *result[1:]])
+        return code, None, snapshot, held if code in (0, 1) else None
+
+    async def shared_settle(self, reservation_id: str, actual: Sequence[CounterCharge], now: float, session: str,
+                            expected: str, state: bytes) -> tuple[int, bytes | None]:
+        """Commit the reservation at `actual` and save `state`, under SHARED_ADMIT's
+        conditions: (code, the state as it stands on a conflict)."""
+        args = [*commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now), session, expected, state,
+                repr(now)]
+        result = await self._run(self._shared_settle, args)
+        code = int(result[0])
+        return code, _bytes(result[1]) if code == -1 else None
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _bytes(value: Any) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value

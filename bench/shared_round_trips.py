@@ -1,0 +1,131 @@
+"""Redis round trips per model call in shared mode (issue #30): one governor replica on this
+run's own redis-server, sessions opened through the control plane, N plain calls through the
+proxy (8 a session, after one warm-up call each); the commands Redis served for those calls
+divided by N, as MONITOR sees them from clients (commands a Lua script runs are not round
+trips and are left out). Each command is one round trip (the governor pipelines nothing here).
+
+    .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local]
+
+Prints the per-command counts, the total per call, and the replica process's CPU per call
+(utime + stime from /proc over the measured calls; sequential calls, so a loaded machine
+inflates it less than it does throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis  # noqa: E402
+
+from governor.demo.mock_llm import MockLLM  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
+from tests.shared_replicas import Replica, shared_keys  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def script_names() -> dict[str, str]:
+    """sha1 -> the name of each Lua script the Redis store and its shared sessions run."""
+    import hashlib
+
+    from governor.store import redis_scripts, redis_sessions
+
+    names = {}
+    for module in (redis_scripts, redis_sessions):
+        for name, text in vars(module).items():
+            if name.isupper() and isinstance(text, str) and "redis.call" in text:
+                for body in (text, redis_scripts.PRELUDE + text):
+                    names[hashlib.sha1(body.encode()).hexdigest()] = name
+    return names
+
+
+SCRIPTS = script_names()
+
+
+class Monitor:
+    """Client commands as MONITOR reports them (a Lua script's own commands left out)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.counts: dict[str, int] = {}
+        self.counting = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self.client.monitor() as monitor:
+            for seen in monitor.listen():
+                if self._stop.is_set():
+                    return
+                if not self.counting or seen.get("client_type") == "lua":
+                    continue
+                words = seen["command"].split(" ")
+                name = words[0].strip('"').lower()
+                if name == "evalsha":  # which script: its Lua's first line names it (SCRIPTS below)
+                    name = f"evalsha {SCRIPTS.get(words[1].strip(chr(34)), words[1].strip(chr(34))[:10])}"
+                if name == "ping":
+                    continue
+                self.counts[name] = self.counts.get(name, 0) + 1
+
+    def stop(self) -> None:
+        self._stop.set()  # the thread (a daemon) returns at the next command it sees
+
+
+async def measure(calls: int, sessions: str | None) -> tuple[dict[str, float], float]:
+    server = RedisServer()
+    mock = MockLLM(prompt_tokens=100, completion_tokens=5)  # its replies count 5 tokens: believed, settled quietly
+    await mock.start()
+    url = server.url + (f"?sessions={sessions}" if sessions else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url)
+        monitor = Monitor(server.url)
+        try:
+            measured, cpu = 0, 0.0
+            while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
+                opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
+                token = opened.json()["token"]
+                assert (await replica.chat(mock.url, token)).status_code == 200  # warm-up: opens, loads
+                monitor.counting = True
+                before = cpu_seconds(replica.process.pid)
+                for _ in range(8):
+                    answer = await replica.chat(mock.url, token)
+                    assert answer.status_code == 200, answer.text
+                    measured += 1
+                cpu += cpu_seconds(replica.process.pid) - before
+                monitor.counting = False
+            calls = measured
+            counts = dict(monitor.counts)
+        finally:
+            monitor.stop()
+            await replica.stop()
+            await mock.stop()
+            server.stop()
+    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--sessions", choices=("local",), default=None, help="?sessions=local (not shared)")
+    args = parser.parse_args()
+    per_call, cpu_ms = asyncio.run(measure(args.calls, args.sessions))
+    for name, n in per_call.items():
+        print(f"{name:24} {n:6.2f}")
+    print(f"{'round trips per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
+    print(f"{'replica CPU ms per call':24} {cpu_ms:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""`quiet_model_call`, split for a store that checks the counters itself: what the usual
+model call's quiet permit needs of the counters, as bounds, with the permit and the next
+state it gives when they hold. Sessions shared by replicas are admitted this way
+(governor.runtime.shared_fast): the replica decides on the state it last saw, and one store
+script checks these bounds against the counters as they stand, reserves, and saves the
+state, atomically.
+
+Each bound is (counter key, addend, limit, strict): it holds when counter + addend <= limit
+(< limit when strict), in IEEE doubles, as quiet_model_call computes it. For any counters,
+quiet_model_call(limits, state, step, counters, now) is the permit and the state given here
+(with `counters` as the state's snapshot) exactly when every bound holds, and None otherwise
+(tests/test_policy_quiet_bounds.py holds the two equal)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from governor.policy.limits import SESSION_COST, TOKENS, Limits
+from governor.policy.quiet import quiet_charges
+from governor.policy.state import SessionState
+from governor.policy.steps import CounterKey, Decision, ModelCall, permitted
+from governor.policy.tools import step_tools
+
+
+class Bound(NamedTuple):
+    key: CounterKey
+    addend: float
+    limit: float
+    strict: bool
+
+
+def quiet_model_call_bounds(limits: Limits, state: SessionState, step: ModelCall,
+                            now: float) -> tuple[tuple[Bound, ...], Decision, SessionState] | None:
+    """(bounds, the permit, the next state but its counters) of quiet_model_call for `step`;
+    None when it gives None whatever the counters. The next state keeps `state`'s counters
+    (the caller puts the snapshot the store read in it)."""
+    if state.halted or step.persona is not None or step.approval_id is not None:
+        return None
+    if limits.max_concurrent is not None and state.in_flight + 1 > limits.max_concurrent:
+        return None
+    if limits.max_iterations is not None and state.iterations + 1 > limits.max_iterations:
+        return None
+    bounds: list[Bound] = []
+    warned = state.warned
+    if limits.clock_checked:
+        elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
+        meters = limits.clock_meters[None]
+        for name, live in state.personas_live.items():
+            if live > 0:
+                meters = meters + limits.clock_meters.get(name, ())
+        if limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
+            return None
+        for m in meters:
+            if m.cap is None:
+                continue
+            bounds.append(Bound(m.key, elapsed_since, m.cap, False))
+            if m.warn_at is not None and (m.dimension, m.scope) not in warned:
+                bounds.append(Bound(m.key, elapsed_since, m.warn_at, True))
+    tokens = step.expected_input_tokens + step.expected_output_tokens
+    cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens, 0, step.units)
+    meters = limits.meters[None]
+    for m in meters:
+        if m.cap is None:
+            continue
+        amount: Any = tokens if m.dimension == TOKENS else cost
+        if amount is None:
+            return None
+        if amount > 0.0:
+            bounds.append(Bound(m.key, amount, m.cap, False))
+        if m.warn_at is not None and (m.dimension, m.scope) not in warned:
+            bounds.append(Bound(m.key, amount, m.warn_at, True))
+    if cost is None and limits.cost_governed:
+        return None
+    if limits.triggers or limits.baseline is not None:
+        added = cost or 0.0
+        for trigger in limits.triggers:
+            if (trigger.session_level and trigger.cost_usd_over is not None
+                    and trigger.name not in state.released_triggers):
+                bounds.append(Bound(SESSION_COST, added, trigger.cost_usd_over, False))
+        baseline = limits.baseline
+        if baseline is not None and baseline.cost_max is not None and "cost_above_max" not in state.deviations:
+            bounds.append(Bound(SESSION_COST, added, baseline.cost_max, False))
+    charges = quiet_charges(limits, state, step, now)
+    if not charges:
+        return None
+    decision = permitted(charges, step_tools(limits, None), (), {}, False)
+    return tuple(bounds), decision, state.evolve(seq=state.seq + 1, iterations=state.iterations + 1,
+                                                 in_flight=state.in_flight + 1)
+
+
+def within(bounds: tuple[Bound, ...], counters: dict[CounterKey, float]) -> bool:
+    """Whether every bound holds for `counters` (what the store's script checks)."""
+    for key, addend, limit, strict in bounds:
+        value = counters.get(key, 0.0) + addend
+        if value >= limit if strict else value > limit:
+            return False
+    return True
+
+
+__all__ = ["Bound", "quiet_model_call_bounds", "within"]
