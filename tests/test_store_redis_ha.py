@@ -7,6 +7,7 @@ closed until acknowledged."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -236,3 +237,40 @@ def test_through_sentinel_with_passwords_and_never_showing_them(tmp_path):
             with pytest.raises(StoreUnavailable) as refused:
                 open_store(wrong)
             assert "secret" not in str(refused.value)
+
+
+@needs_redis
+def test_a_shared_chains_append_waits_for_replicas_on_its_own_connection(tmp_path, caplog):
+    """WAIT counts the writes of the connection it is sent on: the append and its WAIT go out
+    pipelined on one, so under concurrent appends each one is acknowledged for itself; too
+    few replicas is said (the event is in the chain on the primary either way)."""
+    import logging
+
+    from governor.store.redis_sessions import RedisSessions
+
+    primary = RedisProcess(tmp_path / "primary")
+    replica = RedisProcess(tmp_path / "replica", "--replicaof", "127.0.0.1", str(primary.port))
+    try:
+        wait_until(lambda: replica.client().info("replication").get("master_link_status") == "up", 10,
+                   "the replica did not sync")
+        client = primary.client()
+        client.set("governor:fence", "f")
+
+        @contextlib.contextmanager
+        def guard():
+            yield
+
+        def chain(wait: int) -> RedisSessions:
+            return RedisSessions(client, "governor:", ["governor:fence"], guard, wait_replicas=wait, wait_timeout=0.3)
+
+        one = chain(1)
+        with ThreadPoolExecutor(8) as pool:  # concurrent appends on pooled connections, one session each
+            assert all(pool.map(lambda k: one.append(f"s{k}", 0, "", b'{"n":0}', f"h{k}"), range(16)))
+        assert all(replica.client().llen(f"governor:ch:s{k}") == 1 for k in range(16))
+        assert "acknowledged by" not in caplog.text
+        with caplog.at_level(logging.WARNING, logger="governor.store"):
+            assert chain(2).append("lonely", 0, "", b'{"n":0}', "h")  # one replica of the two asked
+        assert "an event of session lonely acknowledged by 1 of 2 replica(s)" in caplog.text
+    finally:
+        replica.stop()
+        primary.stop()

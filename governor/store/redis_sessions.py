@@ -23,6 +23,7 @@ fence (a loss is recorded in the chain it reports on). Appends honour the store'
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import time
@@ -33,6 +34,8 @@ import orjson
 import redis
 
 from governor.store.base import StoreUnavailable
+
+log = logging.getLogger("governor.store")
 
 # KEYS[1] the fence (its slot); ARGV: prefix, session, expected length, expected last hash,
 # the line, its hash. Appends when the head is the one expected; answers 1, else 0.
@@ -135,11 +138,19 @@ class RedisSessions:
     # --- chains -------------------------------------------------------------------------
 
     def append(self, session: str, length: int, prev: str, line: bytes, digest: str) -> bool:
+        args = (self.prefix, session, length, prev, line, digest)
         with self._io():
-            done = int(self._append(keys=self.keys, args=(self.prefix, session, length, prev, line, digest)))
-            if done and self.wait_replicas:
-                self.client.execute_command("WAIT", self.wait_replicas, math.ceil(self.wait_timeout * 1000))
-        return bool(done)
+            if not self.wait_replicas:
+                return bool(int(self._append(keys=self.keys, args=args)))
+            # WAIT counts the writes of its own connection: the append and its WAIT pipelined on one
+            pipe = self.client.pipeline(transaction=False)
+            self._append(keys=self.keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.wait_replicas, math.ceil(self.wait_timeout * 1000))
+            done, acked = pipe.execute()
+        if int(done) and int(acked) < self.wait_replicas:
+            log.warning("Redis store: an event of session %s acknowledged by %d of %d replica(s)", session,
+                        int(acked), self.wait_replicas)
+        return bool(int(done))
 
     def reseed(self, session: str, lines: list[bytes], digest: str) -> bool:
         """Put back a chain the store lost, as `lines` (ending in `digest`); False: one is there."""
