@@ -7,7 +7,9 @@ same number of workers, side by side in one run.
 
 Paths (plain chat completions, closed loop, C kept-alive connections in all, default 32):
 - `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
-- `redis`: one `governor run --store redis://…` on a local redis-server (this run's own);
+- `redis`: one `governor run --store redis://…` on a local redis-server (this run's own),
+  sessions shared on Redis (the default);
+- `redis-local`: the same with `?sessions=local` (each process its own sessions, budgets shared);
 - `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
   (SO_REUSEPORT), sharing budgets through the store;
 - `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
@@ -188,6 +190,11 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
                 on_redis[n] = g
+            # sessions each process's own (?sessions=local): budgets shared, one round trip a step
+            local = Governor(passport, work / "redis-local",
+                             extra=["--store", server.url.rstrip("/") + ("&" if "?" in server.url else "?")
+                                    + "sessions=local", "--id", "did:web:localhost:bench-redis-local"])
+            started.append(local)
             loads = []
             for _ in range(loaders):
                 load = Role("load")
@@ -198,6 +205,7 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             }
             for n, g in on_redis.items():
                 paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
+            paths["redis-local"] = ([(f"{HOST}:{local.port}", url)] * loaders, [local.pid])
             if litellm is not None:
                 for n in workers:
                     try:
@@ -250,6 +258,8 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
     ratios = {
         "cpu_per_request_redis_over_embedded": ratio(paths.get("redis", {}).get("cpu_ms_per_request"),
                                                      embedded.get("cpu_ms_per_request")),
+        "cpu_per_request_redis_local_over_embedded": ratio(paths.get("redis-local", {}).get("cpu_ms_per_request"),
+                                                           embedded.get("cpu_ms_per_request")),
         "throughput_redis_over_embedded": ratio(paths.get("redis", {}).get("throughput_rps"),
                                                 embedded.get("throughput_rps")),
         "throughput_redis_x2_over_embedded": ratio(paths.get("redis-x2", {}).get("throughput_rps"),
