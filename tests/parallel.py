@@ -1,16 +1,27 @@
-"""How the suite's files share xdist workers (`.ci/dev test` runs them with -n N --dist loadgroup).
+"""How the suite's files share xdist workers (`.ci/dev test` runs them with -n N --dist loadgroup
+--no-loadscope-reorder; docs/test-suite.md).
 
 Each file is one unit of work, kept on one worker, so its module-scoped set-ups (one governor,
 one redis-server, one browser for many checks) start once, as they do in a serial run. A file
 that must share a worker with another marks itself `pytest.mark.xdist_group("NAME")`; that mark
 wins over the file's own group. Everything the files share across workers (ports, data
 directories, tool installs, the podman image) is ephemeral, per-test or built under a lock.
-tests/conftest.py installs this hook.
+
+The units are handed out in collection order, so the slowest files are collected first: a slow
+file that started last would run alone at the end while the other workers idle. SLOWEST_FIRST
+is measured (`pytest -p no:randomly --durations`, the files' total time, a serial run); a file
+not in it keeps its place after them. tests/conftest.py installs this hook.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+SLOWEST_FIRST: tuple[str, ...] = ()
+
+_RANK = {name: rank for rank, name in enumerate(SLOWEST_FIRST)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the units
@@ -18,3 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps pytest's order
+        # a stable sort: a file's tests keep their order and stay together
+        items.sort(key=lambda item: _RANK.get(item.path.name, len(_RANK)))
