@@ -1,16 +1,17 @@
-"""How the suite's files share xdist workers (`.ci/dev test` runs them with -n N --dist loadgroup
---no-loadscope-reorder; docs/test-suite.md).
+"""The order in which the suite's files reach xdist's workers (`.ci/dev test` runs them with
+-n N --dist loadfile --no-loadscope-reorder; docs/test-suite.md).
 
-Each file is one unit of work, kept on one worker, so its module-scoped set-ups (one governor,
-one redis-server, one browser for many checks) start once, as they do in a serial run. A file
-that must share a worker with another marks itself `pytest.mark.xdist_group("NAME")`; that mark
-wins over the file's own group. Everything the files share across workers (ports, data
-directories, tool installs, the podman image) is ephemeral, per-test or built under a lock.
+--dist loadfile keeps each file on one worker, so its module-scoped set-ups (one governor, one
+redis-server, one browser for many checks) start once, as in a serial run. (Not loadgroup: with
+pytest 9.2 its xdist_group marks are silently ignored, xdist 3.8 renaming a nodeid attribute
+pytest no longer reads, and every test went to any worker.) Everything the files share across
+workers (ports, data directories, tool installs, the podman image) is ephemeral, per-test or
+built under a lock.
 
-The units are handed out in collection order, so the slowest files are collected first: a slow
-file that started last would run alone at the end while the other workers idle. SLOWEST_FIRST
-is measured (`pytest -p no:randomly --durations`, the files' total time, a serial run); a file
-not in it keeps its place after them. tests/conftest.py installs this hook.
+The files are handed out in collection order, so the slowest are collected first: a slow file
+that started last would run alone at the end while the other workers idle. SLOWEST_FIRST is
+measured (`pytest -p no:randomly --junitxml`, the files' total time in a serial run); a file not
+in it keeps its place after them. tests/conftest.py installs this hook.
 """
 
 from __future__ import annotations
@@ -55,11 +56,7 @@ SLOWEST_FIRST: tuple[str, ...] = (  # 2026-11, each 27 s to 100 s of a 2,100 s s
 _RANK = {name: rank for rank, name in enumerate(SLOWEST_FIRST)}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into the units
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps pytest's order
         # a stable sort: a file's tests keep their order and stay together
         items.sort(key=lambda item: _RANK.get(item.path.name, len(_RANK)))
