@@ -27,6 +27,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class ExitedAtStart(RuntimeError):
+    """redis-server ended before it answered (most likely its port was taken)."""
+
+
 class RedisServer:
     """One redis-server process without persistence, in its own temporary directory."""
 
@@ -34,15 +38,24 @@ class RedisServer:
         if REDIS_SERVER is None:
             raise RuntimeError(NOT_INSTALLED)
         self._dir = tempfile.TemporaryDirectory(prefix="governor-redis-")
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self._dir.name],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self._wait_ready()
+        # a free port can be taken between our probe and redis-server's bind (the suite's other
+        # workers start servers too): a server that exits at once is started again on another
+        for attempt in range(3):
+            self.port = _free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+            self.process = subprocess.Popen(
+                [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", self._dir.name],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                self._wait_ready()
+                return
+            except ExitedAtStart:
+                if attempt == 2:
+                    self._dir.cleanup()
+                    raise
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
@@ -50,7 +63,7 @@ class RedisServer:
         try:
             while True:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.process.returncode} (port {self.port} taken?)")
+                    raise ExitedAtStart(f"redis-server exited with {self.process.returncode} (port {self.port} taken?)")
                 try:
                     if client.ping():
                         return

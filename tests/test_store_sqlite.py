@@ -245,7 +245,9 @@ def test_open_store_reads_urls_and_paths(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "location", ["ftp://x/y", "sqlite://", f"sqlite:///tmp/{uuid.uuid4().hex}.db?journal=off"]
+    # ids fixed: xdist's workers must collect the same names (the path is random a process)
+    "location", ["ftp://x/y", "sqlite://", pytest.param(f"sqlite:///tmp/{uuid.uuid4().hex}.db?journal=off",
+                                                         id="sqlite:///tmp/RANDOM.db?journal=off")]
 )
 def test_open_store_refuses_what_it_cannot_open(location: str):
     with pytest.raises(ValueError):
