@@ -21,6 +21,7 @@ import os
 import pytest
 
 SLOWEST_FIRST: tuple[str, ...] = (  # 2026-11, each 27 s to 100 s of a 2,100 s serial run
+    "test_shared_sessions.py",  # 150-200 s after session 19's additions
     "test_many_sessions.py",
     "test_image.py",
     "test_bench.py",
@@ -32,11 +33,13 @@ SLOWEST_FIRST: tuple[str, ...] = (  # 2026-11, each 27 s to 100 s of a 2,100 s s
     "test_sdk_media.py",
     "test_realtime_sdk.py",
     "test_oversight_holds.py",
-    "test_shared_sessions.py",
     "test_oversight_request_holds.py",
     "test_protocols_next.py",
     "test_chart_checkov.py",
     "test_store_redis_ha.py",
+    "test_store_cluster_failover.py",
+    "test_store_cluster_proxy.py",
+    "test_chart_gateway.py",
     "test_metrics_cardinality.py",
     "test_soak.py",
     "test_workers.py",
