@@ -9,7 +9,8 @@ Paths (plain chat completions, closed loop, C kept-alive connections in all, def
 - `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
 - `redis`: one `governor run --store redis://…` on a local redis-server (this run's own),
   sessions shared on Redis (the default);
-- `redis-local`: the same with `?sessions=local` (each process its own sessions, budgets shared);
+- `redis-local`, `redis-local-xN` (N the widest of --workers): the same with `?sessions=local`
+  (each process its own sessions, budgets shared);
 - `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
   (SO_REUSEPORT), sharing budgets through the store;
 - `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
@@ -190,11 +191,16 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
                 on_redis[n] = g
-            # sessions each process's own (?sessions=local): budgets shared, one round trip a step
-            local = Governor(passport, work / "redis-local",
-                             extra=["--store", server.url.rstrip("/") + ("&" if "?" in server.url else "?")
-                                    + "sessions=local", "--id", "did:web:localhost:bench-redis-local"])
-            started.append(local)
+            # sessions each process's own (?sessions=local): budgets shared, one round trip a step;
+            # one process, and as many workers as the widest redis-xN
+            local_sessions = server.url + ("&" if "?" in server.url else "?") + "sessions=local"
+            on_local = {}
+            for n in sorted({1, max(workers)}):
+                g = Governor(passport, work / f"redis-local-x{n}",
+                             extra=["--store", local_sessions, "--id", f"did:web:localhost:bench-redis-local-x{n}",
+                                    *(["--workers", str(n)] if n > 1 else [])])
+                started.append(g)
+                on_local[n] = g
             loads = []
             for _ in range(loaders):
                 load = Role("load")
@@ -205,7 +211,9 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             }
             for n, g in on_redis.items():
                 paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
-            paths["redis-local"] = ([(f"{HOST}:{local.port}", url)] * loaders, [local.pid])
+            for n, g in on_local.items():
+                paths["redis-local" if n == 1 else f"redis-local-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders,
+                                                                           [g.pid])
             if litellm is not None:
                 for n in workers:
                     try:
