@@ -66,6 +66,10 @@ def test_the_image_runs_as_a_non_root_user_with_governor_as_its_entrypoint(image
     listed = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "python3", image, "-c",
                      "import os; print(os.path.exists('/run/secrets/host-ca'), os.getuid())")
     assert listed.stdout.split() == ["False", str(GOVERNOR_UID)], listed.stdout + listed.stderr
+    # the chart's gateway mode runs on a Redis store: its client (with hiredis's parser) is in the image
+    store = _podman("run", "--rm", "--network", "none", *_limits(), "--entrypoint", "python3", image, "-c",
+                    "import redis.utils, governor.store.redis; print(redis.utils.HIREDIS_AVAILABLE)")
+    assert store.stdout.split() == ["True"], store.stdout + store.stderr
 
 
 SHELLS = {"sh", "bash", "rbash", "dash", "ash", "zsh", "ksh", "csh", "tcsh", "fish", "busybox"}
