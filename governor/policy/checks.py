@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from governor.policy import anomaly
-from governor.policy.limits import COST, SESSION_COST, TOKENS, WALL_CLOCK, Meter
+from governor.policy.limits import COST, SESSION_COST, TOKENS, WALL_CLOCK, Limits, Meter
 from governor.policy.steps import (
     ON_ANOMALY, ON_BUDGET_EXHAUSTED, ON_ITERATION_LIMIT, ON_SUB_AGENT_DENIED, CounterCharge, Decision,
     UsageReport
 )
 from governor.policy.run import Run
+from governor.policy.state import SessionState
 
 
 def persona_denied(run: Run, persona_name: str, reason: str, **detail: Any) -> Decision | None:
@@ -33,16 +34,23 @@ def count_check(run: Run, limit_name: str, observed: int, limit: int | None) -> 
     return None
 
 
+
+def live_clock_meters(limits: Limits, state: SessionState) -> tuple[Meter, ...]:
+    """The wall-clock meters a step of this session counts against: the agent's, and those of
+    each persona with a live instance."""
+    meters: tuple[Meter, ...] = limits.clock_meters[None]
+    for name, live in state.personas_live.items():
+        if live > 0:
+            meters = meters + limits.clock_meters.get(name, ())
+    return meters
+
 def clock_check(run: Run, settle: bool, check: bool = True) -> tuple[Decision | None, tuple[CounterCharge, ...], list[tuple[str, str, float]]]:
     """Wall-clock: max_duration_sec and the wall_clock_sec caps, projected to `now`."""
     limits, state, now = run.limits, run.state, run.now
     if not settle and not limits.clock_checked:
         return None, (), []
     elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-    meters: tuple[Meter, ...] = limits.clock_meters[None]
-    for name, live in state.personas_live.items():
-        if live > 0:
-            meters = meters + limits.clock_meters.get(name, ())
+    meters = live_clock_meters(limits, state)
     charges: tuple[CounterCharge, ...] = ()
     if settle:  # elapsed time is consumption that happened: committed whatever is decided
         charges = tuple(CounterCharge(m.scope, WALL_CLOCK, elapsed_since, None, m.persona) for m in meters)

@@ -15,7 +15,7 @@ from governor.policy.limits import SESSION_COST, TOKENS, Limits, Meter
 from governor.policy.tools import step_tools
 from governor.policy.state import SessionState
 from governor.policy.steps import CounterCharge, Decision, ModelCall, UsageReport, permitted
-from governor.policy.checks import new_tuple
+from governor.policy.checks import live_clock_meters, new_tuple
 from governor.policy.anomaly import usage_unbelieved
 
 
@@ -39,10 +39,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
     warned = state.warned
     if limits.clock_checked:  # clock_check(settle=False)
         elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-        meters: tuple[Meter, ...] = limits.clock_meters[None]
-        for name, live in state.personas_live.items():
-            if live > 0:
-                meters = meters + limits.clock_meters.get(name, ())
+        meters = live_clock_meters(limits, state)
         if limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
             return None
         for m in meters:

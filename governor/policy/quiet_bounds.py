@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from governor.policy.limits import SESSION_COST, TOKENS, Limits
+from governor.policy.checks import live_clock_meters
 from governor.policy.quiet import quiet_charges
 from governor.policy.state import SessionState
 from governor.policy.steps import CounterKey, Decision, ModelCall, permitted
@@ -44,10 +45,7 @@ def quiet_model_call_bounds(limits: Limits, state: SessionState, step: ModelCall
     warned = state.warned
     if limits.clock_checked:
         elapsed_since = max(0.0, now - (state.wall_clock_at if state.wall_clock_at is not None else state.started_at))
-        meters = limits.clock_meters[None]
-        for name, live in state.personas_live.items():
-            if live > 0:
-                meters = meters + limits.clock_meters.get(name, ())
+        meters = live_clock_meters(limits, state)
         if limits.max_duration_sec is not None and now - state.started_at > limits.max_duration_sec:
             return None
         for m in meters:

@@ -77,7 +77,6 @@ from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
-from governor.store.redis_retention import SharedRetention
 from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.sweeper import Sweeper
@@ -85,6 +84,7 @@ from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
 from governor.store import Store, StoreError
 from governor.store.envelope_books import open_envelope_book
+from governor.store.redis_retention import SharedRetention
 
 log = logging.getLogger("governor.runtime")
 
