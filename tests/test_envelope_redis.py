@@ -5,6 +5,7 @@ clears it for both."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 
@@ -69,6 +70,12 @@ async def test_two_governors_feed_one_envelope(pinned, tmp_path, redis_url):  # 
         clock.t = BASE + 4 * WINDOW + 1
         for name, rt in (("a", a), ("b", b)):
             assert not (await model_calls(rt, f"burst-{name}", 4)).decision.blocks
+        # Both tallies in the shared book before the clock moves on: a flush a runtime scheduled
+        # in window 4 and ran in window 5 would close the window itself, and the other runtime
+        # would learn the deviation at its next flush (FLUSH_SEC later), not at its next step.
+        for rt in (a, b):
+            await rt.envelope.flush()
+        await asyncio.sleep(0.05)  # the flushes each observed step scheduled, run in window 4
         clock.t = BASE + 5 * WINDOW + 1
         on_b = await b.admit("next-b", ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1))
         assert on_b.decision.halts and on_b.governor_object["cause"] == "on_anomaly"
