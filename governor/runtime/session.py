@@ -85,9 +85,12 @@ class LiveSession:
 
     def saved_state_of(self, state: SessionState) -> dict[str, Any]:
         """What the store keeps of this session in `state`."""
+        return {**state.to_dict(), PIN_KEY: self.pin()}
+
+    def pin(self) -> dict[str, Any]:
+        """The pin the session was admitted with, as its saved state names it."""
         header = self.journal.record.header
-        return {**state.to_dict(),
-                PIN_KEY: {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}}
+        return {"digest": header.passport_digest, "tier": header.tier, "subject": header.subject_id}
 
 
 class SessionTable:

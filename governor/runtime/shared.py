@@ -119,7 +119,7 @@ class SharedSteps:
         except Exception as exc:
             live.shared_head = None
             raise DamagedState(f"the session's shared state is unreadable: {type(exc).__name__}: {exc}") from None
-        if live.journal.record is not None and pin != live.saved_state_of(state).get(PIN_KEY):
+        if live.journal.record is not None and pin != live.pin():
             live.shared_head = None
             raise DamagedState("the session's shared state names another pin than its chain's header")
         if not head_only:

@@ -189,16 +189,14 @@ class Sweeper:
             live = self.sessions.get(session)
             if live is not None and live.lock.locked():
                 continue  # its round flushes them
-            try:
-                if live is None and not await asyncio.to_thread(self.shared.sessions.has_chain, session):
-                    live = None  # its chain is gone (removed long after it ended): nothing to chain into
-                else:
+            try:  # a chain gone (removed long after its session ended) has nothing to chain into
+                if live is not None or await asyncio.to_thread(self.shared.sessions.has_chain, session):
                     live = await self.records.open_session(session)
                     async with live.lock:
                         await asyncio.to_thread(live.journal.flush)
                     log.info("session %s: refusals deferred while the store was unreachable are chained", session)
                     continue
-            except JournalClosedError:
+            except JournalClosedError:  # ended on another replica meanwhile: the audit journal takes them
                 pass
             except StoreError:  # still unreachable: the next pass
                 return
