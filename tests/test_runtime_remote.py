@@ -52,6 +52,7 @@ async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without
     try:
         assert rt.remote is not None
         await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session (its journal, from a thread)
+        await rt.remote.drain()  # its settlement, queued on the pipeline without awaiting, sent
         threads = []
         real_to_thread = asyncio.to_thread
 
@@ -67,6 +68,7 @@ async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without
         assert evalsha_calls(redis_url) - before == 1  # the snapshot and the reservation together
         await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=40))
         await rt.finish("s", admission.ticket)
+        await rt.remote.drain()  # the settlement is queued, not awaited by the call
         assert evalsha_calls(redis_url) - before == 2  # and the commit
         assert threads == []
         live = rt._sessions["s"]

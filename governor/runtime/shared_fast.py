@@ -163,6 +163,12 @@ class SharedFastSteps:
         ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
         return None
 
+    async def drain(self) -> None:
+        """At a stop: every call queued on the store's pipeline answered (none is left unawaited here)."""
+        counters = self._counters()
+        if counters is not None:
+            await counters.drain()
+
     def _take_current(self, live: LiveSession, current: bytes | None, step: Any) -> Decision | None:
         """Adopt the state another writer saved (the conflict's reply); a refusal when it cannot
         be read (recorded as a damaged session by `adopt`)."""
