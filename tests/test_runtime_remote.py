@@ -173,3 +173,68 @@ async def test_redis_down_refuses_the_call_as_retryable_and_records_it(pinned, t
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()
+
+
+@pytest.mark.parametrize("outage", ["stopped", "paused"])
+async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settled_by_the_next_step(
+        pinned, tmp_path, own_server, outage):
+    """The settlement is queued, not awaited: the call's usage decided at once. Redis stops
+    answering before the COMMIT's reply (SIGSTOP: the COMMIT may still run when it
+    continues; CLIENT PAUSE WRITE: it never runs, its client gone): the failure is journaled,
+    the reservation keeps counting what it reserved, the next step is refused as retryable
+    while Redis is down, and once it answers the reservation is settled at what was used,
+    once, and the session goes on."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3&sessions=local",
+                                                                prefix=f"t-{uuid.uuid4().hex}:"))
+    observer = redis.Redis.from_url(own_server.url)
+    tokens = [("per_session", None, "tokens")]
+
+    def down() -> None:
+        if outage == "stopped":
+            os.kill(own_server.process.pid, signal.SIGSTOP)
+        else:
+            observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+
+    def up() -> None:
+        if outage == "stopped":
+            os.kill(own_server.process.pid, signal.SIGCONT)
+        else:
+            observer.execute_command("CLIENT", "UNPAUSE")
+
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        live = rt._sessions["s"]
+        clock.t += 1
+        admission = await rt.admit("s", call())
+        assert not admission.decision.blocks
+        down()
+        try:
+            settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                        output_tokens=40))
+            assert not settled.blocks and live.state.in_flight == 0  # decided at once, the COMMIT queued
+            await rt.finish("s", admission.ticket)
+            await asyncio.wait_for(rt.remote.drain(), 5)  # its failure read (the socket timeout) and journaled
+            assert len(live.unsettled) == 1 and live.unsettled[0][1] == settled.charges  # kept to settle again
+            refused = await asyncio.wait_for(rt.admit("s", call()), 10)  # the full round, on a store that is down
+        finally:
+            up()
+        assert refused.decision.blocks and not refused.decision.halts
+        assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
+        assert len(live.unsettled) == 1  # still held: settled once the store answers
+        held = rt.store.snapshot(rt.agent_id, "s", clock.t, tokens)[tokens[0]]
+        if outage == "paused":  # the reservation counts what it reserved (more than the 140 used) until then
+            assert held > 150 + 140
+        clock.t += 1
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)
+        assert not again.decision.blocks and live.unsettled == []
+        await rt.finish("s", again.ticket)  # never used: released
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 140}  # settled once
+        record = await rt.end_session("s")
+        failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+        assert failed[0]["action"] == "continue" and failed[0]["detail"]["deferred_settlement"] is True
+        assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
+    finally:
+        observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
