@@ -83,8 +83,7 @@ async def test_64_calls_at_once_twice_stay_within_a_small_day_cap(tmp_path, serv
         for wave in range(2):
             answers += await asyncio.wait_for(asyncio.gather(
                 *(chat(agent, mock, f"agent-{i % 8}") for i in range(64))), 60)
-        agent_id = running.runtime.agent_id
-        await running.runtime.remote.drain()
+        agent_id = running.runtime.agent_id  # the last settlements may still be queued: the stop sends them
     finally:
         await agent.aclose()
         await running.stop()
@@ -94,7 +93,7 @@ async def test_64_calls_at_once_twice_stay_within_a_small_day_cap(tmp_path, serv
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(429) > 0 and delivered <= CAP  # the cap ended it, and held
     assert delivered > CAP // 2  # what was reserved beyond the use came back to later calls
-    assert day_tokens(server.url, prefix, agent_id) == delivered  # every settlement reached Redis, once
+    assert day_tokens(server.url, prefix, agent_id) == delivered  # every settlement reached Redis (the stop's drain), once
 
 
 async def test_a_settlement_redis_does_not_answer_after_the_response_is_recorded_and_the_session_goes_on(
