@@ -5,6 +5,7 @@ waits, caps holding across replicas, and the full round taking over when it must
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import uuid
@@ -236,5 +237,34 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
         assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
     finally:
         observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_write(pinned, tmp_path, redis_url):
+    """Shared sessions (runtime/shared_fast.py): three calls admitted at once on one session
+    each decide on the version the script before theirs will leave, and go in one write with
+    no conflict; their settlements too; the saved state is what the six scripts left."""
+    from governor.runtime.shared_fast import SharedFastSteps
+
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        assert isinstance(rt.remote, SharedFastSteps)
+        await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session: its version known here
+        live, counters = rt._sessions["s"], rt.store.counters()
+        batches = counters.pipeline.batches
+        clock.t += 1
+        admissions = await asyncio.gather(*(rt.admit("s", call()) for _ in range(3)))
+        assert all(not a.decision.blocks and a.ticket.reservation for a in admissions)
+        assert counters.pipeline.batches - batches == 1  # chained: one write, no conflict (a conflict is a trip)
+        assert live.state.in_flight == 3
+        await asyncio.gather(*(rt.usage("s", a.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                   output_tokens=40)) for a in admissions))
+        assert counters.pipeline.batches - batches == 2
+        assert live.state.in_flight == 0 and live.state.iterations == 4
+        saved = json.loads(redis.Redis.from_url(redis_url).get(f"{rt.store.prefix}st:s"))
+        assert saved["in_flight"] == 0 and saved["iterations"] == 4  # every script's state saved, none lost
+    finally:
         await rt.close(end_sessions=False)
         rt.store.close()
