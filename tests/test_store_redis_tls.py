@@ -106,12 +106,29 @@ def day_tokens(client, prefix: str) -> float:
 # --- rediss:// --------------------------------------------------------------------------------
 
 
-async def test_a_governed_call_on_rediss_is_charged_in_redis(tls, tls_server, tmp_path):
-    url = f"rediss://127.0.0.1:{tls_server.port}/0?prefix=one-call:&{tls.query()}"
+@pytest.fixture
+def asyncio_steps(monkeypatch) -> list[int]:
+    """One entry per model call admitted on the asyncio client's one-round-trip path."""
+    steps: list[int] = []
+    original = AsyncCounters.reserve_within
+
+    async def counted(self, *args, **kwargs):
+        steps.append(1)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCounters, "reserve_within", counted)
+    return steps
+
+
+@pytest.mark.parametrize("sessions", ["shared", "local"])
+async def test_a_governed_call_on_rediss_is_charged_in_redis(tls, tls_server, tmp_path, sessions, asyncio_steps):
+    """Shared sessions (the blocking client, in a thread) and local ones (the asyncio client)."""
+    url = f"rediss://127.0.0.1:{tls_server.port}/0?prefix=one-{sessions}:&sessions={sessions}&{tls.query()}"
     answer = await governed_call(tmp_path, url)
     assert answer.status_code == 200, answer.text
+    assert bool(asyncio_steps) == (sessions == "local")
     with tls_server.client() as client:  # the server is TLS-only: this reads what the store wrote over TLS
-        assert day_tokens(client, "one-call:") == CALL
+        assert day_tokens(client, f"one-{sessions}:") == CALL
 
 
 def test_the_localhost_name_and_an_unchecked_hostname_are_accepted(tls, tls_server):
@@ -205,17 +222,9 @@ def test_tls_options_without_tls_are_refused(tls, scheme):
 
 @pytest.mark.parametrize("query", ["prefix=tls-shared", "prefix=tls-local&sessions=local", "prefix=tls-wait&wait=1"])
 async def test_a_governed_call_on_a_tls_cluster_is_charged_on_the_slot_owner(tls, tls_cluster, tmp_path, query,
-                                                                              monkeypatch):
+                                                                              asyncio_steps):
     """Shared sessions (the blocking client, in a thread), local ones (the model call's
     one-round-trip path on the asyncio client) and wait=1 (WAIT on the owner's TLS connection)."""
-    asyncio_steps = []
-    original = AsyncCounters.reserve_within
-
-    async def counted(self, *args, **kwargs):
-        asyncio_steps.append(1)
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(AsyncCounters, "reserve_within", counted)
     answer = await governed_call(tmp_path, tls_cluster.url(f"{query}&{tls.query()}"))
     assert answer.status_code == 200, answer.text
     assert bool(asyncio_steps) == ("sessions=local" in query)
@@ -237,11 +246,15 @@ async def test_a_tls_cluster_with_a_certificate_of_another_ca_is_refused_at_star
 # --- rediss+sentinel:// --------------------------------------------------------------------------------
 
 
-async def test_a_governed_call_through_sentinel_over_tls_is_charged_on_the_primary(tls, tls_sentinels, tmp_path):
-    answer = await governed_call(tmp_path, tls_sentinels.url(f"prefix=tls-sentinel:&{tls.query()}"))
+@pytest.mark.parametrize("sessions", ["shared", "local"])
+async def test_a_governed_call_through_sentinel_over_tls_is_charged_on_the_primary(tls, tls_sentinels, tmp_path,
+                                                                                  sessions, asyncio_steps):
+    answer = await governed_call(tmp_path, tls_sentinels.url(f"prefix=sentinel-{sessions}:&sessions={sessions}&"
+                                                              f"{tls.query()}"))
     assert answer.status_code == 200, answer.text
+    assert bool(asyncio_steps) == (sessions == "local")  # the asyncio Sentinel client over TLS too
     with tls_sentinels.primary.client() as client:
-        assert day_tokens(client, "tls-sentinel:") == CALL
+        assert day_tokens(client, f"sentinel-{sessions}:") == CALL
 
 
 async def test_sentinel_over_tls_with_a_certificate_of_another_ca_is_refused_at_start(tls, tls_sentinels, tmp_path):
