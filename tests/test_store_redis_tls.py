@@ -262,3 +262,12 @@ async def test_sentinel_over_tls_with_a_certificate_of_another_ca_is_refused_at_
     message = await refused_at_start(tmp_path, tls_sentinels.url(f"timeout=1&ssl_ca_certs={tls.other_ca}&{client}"))
     assert "No master found" in message and "CERTIFICATE_VERIFY_FAILED" in message, message
     assert "pin its CA with ssl_ca_certs" in message
+
+
+def test_a_store_location_is_redacted_for_messages():
+    from governor.store import redacted
+
+    assert redacted("rediss://user:s3cret@h:1/0?ssl_ca_certs=/ca.pem") == "rediss://***@h:1/0?ssl_ca_certs=/ca.pem"
+    assert redacted("rediss+cluster://:s3cret@h:1,h:2") == "rediss+cluster://***@h:1,h:2"
+    for untouched in ("rediss://h:1/0", "sqlite:///data/a@b/state.db", "/data/a@b/state.db", "memory:"):
+        assert redacted(untouched) == untouched
