@@ -93,6 +93,7 @@ from governor.store.redis_calls import (
 )
 from governor.store.redis_client import make_client, parse_options
 from governor.store.redis_sessions import RedisSessions
+from governor.store.redis_tls import connection_hint
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
@@ -161,7 +162,7 @@ class RedisStore:
         self._lost: str | None = None  # why the store fails closed after losing its data
         self._fence_at_loss: str | None = None  # the fence as it stood when the loss was found
         self.epoch = ""
-        with self._guard():
+        with self._guard(), connection_hint(rest.startswith("rediss")):
             self._client.ping()
             self.epoch = self._open_fence(keys=self._keys, args=(self.prefix, uuid.uuid4().hex))
 
