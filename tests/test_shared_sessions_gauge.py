@@ -186,3 +186,38 @@ async def test_two_replicas_export_the_true_shared_count_and_the_dashboard_shows
                 prometheus.wait()
         await asyncio.gather(*[r.stop() for r in replicas])
         await tools.stop()
+
+
+async def test_a_store_that_cannot_be_read_leaves_the_gauge_without_samples_not_an_old_count(tmp_path, redis_url):
+    """Hostile: the index the count starts from replaced by a value of the wrong type. The
+    count fails as a store error (logged, no exception out of the sweeper): no samples rather
+    than the last count; once the store is readable again, the count is back. Without a store
+    that shares sessions the family is there, empty."""
+    from tests.proxy_harness import real_governor
+
+    async with real_governor(tmp_path / "redis", store=redis_url) as (running, mock):
+        metrics, sweeper = running.runtime.metrics, running.runtime.sweeper
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{mock.base_url}/v1/chat/completions", proxy=running.proxy_url, ssl=False,
+                                 headers={"ADL-Session": "gauge-1"},
+                                 json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}) as answer:
+                assert answer.status == 200, await answer.text()
+        metrics.exposition()  # a scrape: the sweeper counts again
+        await sweeper.count_shared()
+        assert metrics.shared_sessions.counts == {"active": 1, "paused": 0, "halted": 0, "ended": 0}
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        saved = server.hgetall("governor:act")
+        server.delete("governor:act")
+        server.set("governor:act", "not a hash")
+        await sweeper.count_shared()
+        assert metrics.shared_sessions.counts is None
+        assert "governor_shared_sessions{" not in metrics.exposition().decode()
+        server.delete("governor:act")
+        server.hset("governor:act", mapping=saved)
+        server.close()
+        await sweeper.count_shared()
+        assert metrics.shared_sessions.counts == {"active": 1, "paused": 0, "halted": 0, "ended": 0}
+        assert 'governor_shared_sessions{state="active"} 1.0' in metrics.exposition().decode()
+    async with real_governor(tmp_path / "embedded") as (running, _):
+        text = running.runtime.metrics.exposition().decode()
+        assert "# TYPE governor_shared_sessions gauge" in text and "governor_shared_sessions{" not in text
