@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from governor.evidence.errors import JournalClosedError
@@ -161,6 +162,7 @@ class Sweeper:
             await self.chain_deferred()
             await self.end_abandoned(now)
             await self.remove_ended(now)
+            await self.count_shared()
         await self._refresh_gauges()
 
     async def end_abandoned(self, now: float) -> None:
@@ -229,6 +231,19 @@ class Sweeper:
             return
         if removed:
             log.info("removed what %d shared session(s) ended long ago left in the store", len(removed))
+
+    async def count_shared(self) -> None:
+        """Refresh `governor_shared_sessions` (every replica's sessions by state, read from the
+        store: O(open sessions)) while something scrapes it; unread, it has no samples rather
+        than an old count."""
+        shared, series = self.views.shared, self.metrics.shared_sessions
+        if shared is None or not series.wanted(time.monotonic()):
+            return
+        try:
+            series.counts = await shared.tally()
+        except StoreError as exc:
+            series.counts = None
+            log.warning("could not count the shared sessions for governor_shared_sessions: %s", exc)
 
     async def _refresh_gauges(self) -> None:
         """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round
