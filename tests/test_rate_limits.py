@@ -121,6 +121,7 @@ async def test_a_full_window_refuses_with_when_it_rolls_and_is_recorded(pinned, 
     assert verify_record(record, public_key=rt.key.public_key()).ok
     [event] = rate_events(record)
     assert event["detail"]["rate_limit"] == "agent:requests=2/60s" and event["detail"]["refused_step"] == "not_executed"
+    assert event["action"] == "fallback"  # the refusal stands in for the step: nothing failed open
     await rt.close()
 
 
@@ -255,7 +256,7 @@ async def test_over_the_limit_the_agent_gets_429_with_retry_after_and_the_record
         assert junk.status_code == 400
         record = (await control.get(f"/v1/sessions/{opened['session']}/record")).json()
         [event] = rate_events(record)
-        assert event["detail"]["observed"] == 2 and event["detail"]["retry_after"] >= 1
+        assert event["detail"]["observed"] == 2 and event["detail"]["retry_after"] >= 1 and event["action"] == "fallback"
         path = tmp_path / "record.json"
         path.write_text(json.dumps(record))
         capsys.readouterr()

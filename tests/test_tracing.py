@@ -1,6 +1,6 @@
 """OpenTelemetry traces (governor/proxy/tracing.py, docs/tracing.md), received by a real OTLP
 receiver over gRPC and over HTTP (tests/otlp_receiver.py: the official opentelemetry-proto
-messages; no registry reachable here ships the Collector or Jaeger).
+messages; no registry reachable here ships an official Collector or Jaeger: docs/tracing.md).
 
 One world per protocol: the real governor on the real runtime (the notes passport of
 tests/test_mcp_sdk_runtime.py), the official `openai` SDK in a subprocess sending its own

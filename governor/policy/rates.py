@@ -186,8 +186,8 @@ def usage_corrections(draws: tuple[RateDraw, ...], report: Any, pricing: Any) ->
 def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after: float,
                  reason: str | None = None) -> Decision:
     """The refusal of a step whose window is full (or that cannot be counted): retryable once
-    the window rolls, the session goes on. Recorded as §6's continue (the record has no
-    "deny": the session continues, the step does not)."""
+    the window rolls, the session goes on. Recorded as §6's fallback (the refusal stands in
+    for the step and the session goes on), not `continue`, which would say the step went on."""
     detail: dict[str, Any] = {"step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed"}
     if draw is not None:
         limit = draw.limit
@@ -202,5 +202,5 @@ def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after:
             detail["tool"] = getattr(step, "tool", limit.tool)
     else:
         detail["reason"] = reason or "the step cannot be counted against the rate limits"
-    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.CONTINUE.value, detail)
+    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
     return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail, event=event)
