@@ -232,3 +232,47 @@ async def test_calls_fired_at_once_on_both_replicas_admit_exactly_the_limit(flee
     for answer in answers:
         if answer.status_code == 429:
             assert rate_refusal(answer)["rate_limit"] == f"agent:requests={AGENT_LIMIT}/{WINDOW}s"
+
+
+def window_key(limit_text: str, agent: str) -> str:
+    """The Redis key of a limit's counter in the current window (docs/rate-limits.md)."""
+    limit = parse_rate_limit(limit_text)
+    return f"{PREFIX}w:{limit.counter(agent, None)}@{math.floor(time.time() / limit.window_sec)}"
+
+
+FORGED = [("text", "lots"), ("nan", "nan"), ("negative", "-1000"), ("infinite", "-inf"), ("hash", {"n": "1"}),
+          ("list", ["1"])]
+
+
+@pytest.mark.parametrize("kind,forged", FORGED, ids=[kind for kind, _ in FORGED])
+async def test_a_forged_window_counter_fails_closed_and_is_recorded(fleet, kind, forged):
+    """Someone who can write to Redis garbles a counter (a value that is not a count, or a key
+    of another type): the step is refused and recorded on every replica, never admitted on a
+    count read as zero, and the forged value is left for the operator to find."""
+    fleet.empty_windows()
+    await in_one_window()
+    tag = f"forged-{kind}"
+    scope, governor, agent = ("agent", fleet.a2, AGENT_X) if kind not in ("list", "infinite") else \
+        ("fleet", fleet.b, AGENT_Y)
+    key = window_key(f"{scope}:requests=1/1h", agent)
+    if isinstance(forged, dict):
+        fleet.redis.hset(key, mapping=forged)
+    elif isinstance(forged, list):
+        fleet.redis.rpush(key, *forged)
+    else:
+        fleet.redis.set(key, forged)
+    before = fleet.redis.dump(key)
+    session, token = await governor.open_session(f"forged {kind}")
+    refused = await governor.chat(fleet.upstream, token, tag)
+    detail = rate_refusal(refused)
+    assert detail["rate_limit"].startswith(f"{scope}:requests=") and detail["fail_closed"] is True, detail
+    assert "not a count" in detail["reason"] and key.removeprefix(PREFIX) in detail["reason"], detail
+    assert "retry-after" not in refused.headers and refused.headers["x-should-retry"] == "false"
+    assert fleet.reached(tag) == 0 and fleet.redis.dump(key) == before  # not admitted, not overwritten
+    record = await ended_record(governor, session)
+    [event] = rate_events(record)
+    assert event["action"] == "fallback" and event["detail"]["fail_closed"] is True
+    fleet.redis.delete(key)  # the operator removes it: the window counts again
+    session, token = await governor.open_session(f"after {kind}")
+    assert (await governor.chat(fleet.upstream, token, tag)).status_code == 200
+    assert fleet.reached(tag) == 1
