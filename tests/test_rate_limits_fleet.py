@@ -6,6 +6,8 @@ governs agent Y (its own passport and key). Every governor runs with
 
     --rate-limit agent:requests=4/1h,fleet:requests=6/1h
 
+(B with the same limits in its --config file's `rate_limit:` list).
+
 One set-up for the module (starting the processes is the slow part); each check starts from
 empty windows (it deletes the window counters) and counts at the mock only its own calls.
 """
@@ -114,8 +116,13 @@ async def fleet(tmp_path_factory):
         data = tmp / name
         if name != "b":  # A1 and A2: one gateway, one key and one passport
             shutil.copytree(keys, data / "keys")
-        processes.append(GovernorProcess(data, ["--passport", str(passports[agent]),
-                                                "--store", server.url, "--rate-limit", LIMITS],
+        if name == "b":  # the config file's form: the same limits
+            config = tmp / "b-config.yaml"
+            config.write_text("rate_limit:\n" + "".join(f"  - {limit}\n" for limit in LIMITS.split(",")))
+            limits = ["--config", str(config)]
+        else:
+            limits = ["--rate-limit", LIMITS]
+        processes.append(GovernorProcess(data, ["--passport", str(passports[agent]), "--store", server.url, *limits],
                                          env=env))
     started = await asyncio.gather(*[p.start(timeout=120) for p in processes], return_exceptions=True)
     governors: list[Governor] = []
@@ -133,10 +140,10 @@ async def fleet(tmp_path_factory):
 
 
 async def in_one_window() -> float:
-    """Now, at least 60 s before the hour-long window rolls (waiting for the roll when closer),
-    so a check's calls all count in one window; returns when the window rolls."""
+    """Now, at least 15 s before the hour-long window rolls (waiting for the roll when closer:
+    a check takes a few seconds), so its calls all count in one window; returns when it rolls."""
     now = time.time()
-    if WINDOW - now % WINDOW < 60:
+    if WINDOW - now % WINDOW < 15:
         await asyncio.sleep(WINDOW - now % WINDOW + 0.5)
         now = time.time()
     return (math.floor(now / WINDOW) + 1) * WINDOW
