@@ -114,13 +114,12 @@ async def fleet(tmp_path_factory):
     processes = []
     for name, agent in (("a1", AGENT_X), ("a2", AGENT_X), ("b", AGENT_Y)):
         data = tmp / name
-        if name != "b":  # A1 and A2: one gateway, one key and one passport
-            shutil.copytree(keys, data / "keys")
-        if name == "b":  # the config file's form: the same limits
+        if name == "b":  # its own key; the same limits in the config file's form
             config = tmp / "b-config.yaml"
             config.write_text("rate_limit:\n" + "".join(f"  - {limit}\n" for limit in LIMITS.split(",")))
             limits = ["--config", str(config)]
-        else:
+        else:  # A1 and A2: one gateway, one key and one passport
+            shutil.copytree(keys, data / "keys")
             limits = ["--rate-limit", LIMITS]
         processes.append(GovernorProcess(data, ["--passport", str(passports[agent]), "--store", server.url, *limits],
                                          env=env))
@@ -131,7 +130,9 @@ async def fleet(tmp_path_factory):
             if isinstance(outcome, BaseException):
                 raise outcome
             governors.append(Governor(name, process))
-        yield Fleet(*governors, upstream=upstream, redis_url=server.url, keys=keys)
+        fleet = Fleet(*governors, upstream=upstream, redis_url=server.url, keys=keys)
+        yield fleet
+        fleet.redis.close()
     finally:
         await asyncio.gather(*[g.close() for g in governors], return_exceptions=True)
         await asyncio.gather(*[p.stop() for p in processes], return_exceptions=True)
