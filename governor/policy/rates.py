@@ -183,6 +183,23 @@ def usage_corrections(draws: tuple[RateDraw, ...], report: Any, pricing: Any) ->
     return corrections
 
 
+def uncountable_refusal(step: Any, draw: RateDraw, reason: str) -> Decision:
+    """The refusal of a step whose window counter cannot be read as a count (edited in the
+    store): fail closed, at every tier, not retryable (waiting does not mend it: an operator
+    deletes the counter); the session goes on, recorded as a rate refusal's fallback."""
+    limit = draw.limit
+    detail: dict[str, Any] = {
+        "step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
+        "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
+        "limit": limit.limit, "window": limit.window_sec, "fail_closed": True, "retryable": False,
+        "reason": f"the {limit.scope} {limit.dimension} rate limit cannot be counted: {reason}"[:500],
+    }
+    if limit.tool is not None:
+        detail["tool"] = getattr(step, "tool", limit.tool)
+    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, fail_closed=True, details=detail, event=event)
+
+
 def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after: float,
                  reason: str | None = None) -> Decision:
     """The refusal of a step whose window is full (or that cannot be counted): retryable once

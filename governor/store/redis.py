@@ -110,7 +110,7 @@ from governor.store.redis_scripts import (
     ADJUST_WINDOW,
     TAKE_WINDOW,
 )
-from governor.store.windows import WindowCharge, WindowTake, check_charges, window_index
+from governor.store.windows import WindowCharge, WindowCounterDamaged, WindowTake, check_charges, window_index
 
 log = logging.getLogger("governor.store")
 
@@ -466,6 +466,9 @@ class RedisStore:
         if int(result[0]) == 1:
             return WindowTake(True, indexes)
         failed = int(result[1]) - 1
+        if int(result[0]) == 2:  # not a count: edited in Redis (fail closed, left as found)
+            found = result[2].decode(errors="replace") if isinstance(result[2], bytes) else str(result[2])
+            raise WindowCounterDamaged(failed, f"w:{charges[failed].counter}@{indexes[failed]}", found)
         return WindowTake(False, failed=failed, observed=float(result[2]),
                           rolls_at=(indexes[failed] + 1) * charges[failed].window_sec)
 
