@@ -79,6 +79,7 @@ from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
 from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
+from governor.runtime.shared_records import SharedRecords
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -175,6 +176,8 @@ class Runtime:
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
                                transparency_log=transparency_log, witnessing=witnessing, shared=self.shared)
+        self.shared_records = SharedRecords(records=self.records, steps=self.shared, sessions=self._sessions,  # GET record
+                                            open_session=self.table.open) if self.shared is not None else None
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight, shared=SharedRetention(sessions) if sessions is not None else None)
