@@ -110,7 +110,7 @@ class Runtime:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         session_idle_sec: float = 900.0,
-        tick_interval_sec: float = 1.0,
+        sweep_interval_sec: float = 1.0,
         journal_sync: bool = True,
         pinned: Any = None,
         owns_store: bool = False,
@@ -118,7 +118,7 @@ class Runtime:
         transparency_log: Any = None,
         witnessing: Any = None,
     ) -> None:
-        self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, tick_interval_sec=tick_interval_sec,
+        self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, sweep_interval_sec=sweep_interval_sec,
                                                    session_idle_sec=session_idle_sec)
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
         self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
@@ -191,7 +191,7 @@ class Runtime:
     limits = SharedSetting()
     notifier = SharedSetting()
     journal_sync = SharedSetting()
-    tick_interval_sec = SharedSetting()
+    sweep_interval_sec = SharedSetting()
     session_idle_sec = SharedSetting()
 
     # --- lifecycle ---------------------------------------------------------------------
