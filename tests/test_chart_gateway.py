@@ -531,6 +531,9 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
             assert ended.status_code == 200, ended.text
             record = await control.get(f"{a.control}/v1/sessions/{session}/record")
             assert record.status_code == 200, record.text
+            # A served the session before B ended it: it serves B's record, byte for byte (not a
+            # snapshot of its own stale copy)
+            assert record.headers["Governor-Record"] == "final" and record.content == ended.content, record.text
             # each replica its own transparency log, under its own origin (one origin: a fork)
             origins = [(await control.get(f"{replica.control}/log/checkpoint")).text.split("\n", 1)[0]
                        for replica in (a, b)]

@@ -67,7 +67,7 @@ async def _world(tmp_path, monkeypatch, protocol: str):
     receiver = await (Receiver().start_grpc() if protocol == "grpc" else Receiver().start_http())
     _environment(monkeypatch, receiver, protocol)
     metrics = Metrics()
-    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, tick_interval_sec=0.05)
+    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, sweep_interval_sec=0.05)
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()

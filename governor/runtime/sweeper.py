@@ -46,7 +46,9 @@ SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
 
 
 class Sweeper:
-    """The background pass over the runtime's sessions, every `settings.tick_interval_sec`."""
+    """The background pass over the runtime's sessions, every `settings.sweep_interval_sec`
+    (1 s under `governor run`, whatever its `tick_interval`: that option sets only the proxy's
+    in-flight ticks, so no deadline kept here stops firing because of it)."""
 
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
                  clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
@@ -67,7 +69,7 @@ class Sweeper:
         self.views = views
         self.audit = audit
         self.personas = personas
-        self.settings = settings  # tick_interval_sec, session_idle_sec: the runtime's, as they are now
+        self.settings = settings  # sweep_interval_sec, session_idle_sec: the runtime's, as they are now
         self.task: asyncio.Task | None = None
         self.sweeping = False  # a pass is in progress
         self.stopping = False  # close() asked the sweeper to stop after its pass
@@ -79,7 +81,7 @@ class Sweeper:
 
     async def _sweep_forever(self) -> None:
         while not self.stopping:
-            await asyncio.sleep(self.settings.tick_interval_sec)
+            await asyncio.sleep(self.settings.sweep_interval_sec)
             self.sweeping = True
             try:
                 await self.sweep()
