@@ -1,13 +1,17 @@
 """The R3 anomaly substrate's cost: CPU per step and memory per 1,000 live sessions (#32).
 
 The pure decision point only (`decide` + `advance`, as the runtime calls them), on the
-passport of bench_decision.py with loops tolerated (`on_detected: continue`, so loops feed
-§3) and a step mix that also spawns personas (§4), warns on budgets (§2) and fires
-monitor-only triggers (§5), so every feed is exercised. Three configurations over the same
-steps: R2 (no substrate), R3 without the §2-§5 feeds (the §7 baseline only: the feeds
-patched out) and R3 (baseline + feeds). CPU is process time (time.process_time_ns) over
-whole runs, rounds interleaved, the median kept. Memory: 1,000 sessions, each advanced through
-the mix, their states kept alive; tracemalloc's count of what they hold.
+passport of bench_decision.py priced by the governor's price book, with loops tolerated
+(`on_detected: continue`, so loops feed §3) and a step mix that also spawns personas (§4),
+warns on budgets (§2: a session's token cap sized so that each session of the mix crosses
+its 80 % warning and never its cap) and fires monitor-only triggers (§5), so every feed is
+exercised; the run stops, saying so, if a session of the mix halts or leaves a feed
+unexercised (`premise`). Three configurations over the same steps: R2 (no substrate), R3
+without the §2-§5 feeds (the §7 baseline only: the feeds patched out) and R3 (baseline +
+feeds). The CPU mix is driven as consecutive sessions of `--session-steps` steps. CPU is
+process time (time.process_time_ns) over whole runs, rounds interleaved, the median kept.
+Memory: 1,000 sessions, each advanced through one session's mix, their states kept alive;
+tracemalloc's count of what they hold.
 
 The statistical envelope (policy/envelope.py, runtime/envelope.py) is the runtime's, not the
 PDP's: its configuration "R3 + envelope" adds to the R3 run, per step, the runtime's real
@@ -42,28 +46,33 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_decision  # noqa: E402
 from governor.policy import (  # noqa: E402
     ModelCall, PersonaExit, PersonaSpawn, PolicyConfig, SessionState, StepDone, Tier, ToolCall, UsageReport,
-    advance, compile_limits, decide, load_pricing
+    advance, compile_limits, decide
 )
 from governor.policy import engine, feeds, transition  # noqa: E402
 from governor.policy.envelope import EnvelopeConfig  # noqa: E402
 from governor.runtime.envelope import EnvelopeWatch  # noqa: E402
+from governor.runtime.prices import price_book  # noqa: E402
 from governor.store.envelope_books import EnvelopeBook  # noqa: E402
 
 
-def passport() -> dict:
+SESSION_TOKENS = 32_000  # sized to the mix: ~70 % of its 60-step sessions pass the 80 % warning, none the cap (premise)
+FEEDS = ("budget", "iteration", "agents", "oversight")  # §2, §3, §4, §5
+
+
+def passport(session_tokens: float = SESSION_TOKENS) -> dict:
     document = copy.deepcopy(bench_decision.passport())
     document["runtime"]["tool_invocation"]["loop_detection"] = {"window": 10, "on_detected": {"action": "continue"}}
     document["runtime"]["degradation"]["on_anomaly"] = {"action": "continue"}  # keep every session going
     document["human_oversight"]["intervention_model"] = "monitor_only"
     document["human_oversight"]["triggers"].append({"description": "searches", "when": {"tool": "search"}})
     budget = document["permissions"]["resource_limits"]["budget"]
-    budget["tokens"]["per_session"] = 2_000_000.0  # crossed at 80 % mid-run: a §2 warning
+    budget["tokens"]["per_session"] = float(session_tokens)  # each session: a §2 warning, never the cap
     return document
 
 
 def steps(count: int):
-    """bench_decision's reason->act mix, plus a persona spawn and exit every 8th iteration and a
-    repeated search (a loop after the 2nd) every 5th."""
+    """bench_decision's reason->act mix, plus a persona spawn and exit every 8th iteration and,
+    every 5th, one search repeated three times in a row (the third is a loop: §3)."""
     produced = 0
     for i, (kind, step) in enumerate(bench_decision.steps(count)):
         yield kind, step
@@ -73,8 +82,9 @@ def steps(count: int):
             yield "exit", PersonaExit("writer")
             produced += 2
         if kind == "usage" and i % 15 == 1:
-            yield "tool", ToolCall("search", {"query": "the same"}, target_path="/data/docs/0.txt")
-            produced += 1
+            for _ in range(3):
+                yield "tool", ToolCall("search", {"query": "the same"}, target_path="/data/docs/0.txt")
+            produced += 3
         if produced >= count:
             return
 
@@ -146,8 +156,29 @@ CONFIGS = ("R2", "R3 baseline only", "R3 baseline + feeds", "R3 + envelope")
 
 def limits_for(name: str):
     tier = Tier.R2 if name == "R2" else Tier.R3
-    return compile_limits(passport(), tier=tier, pricing=load_pricing(ROOT / "policies" / "pricing.yaml"),
-                          config=PolicyConfig())
+    return compile_limits(passport(), tier=tier, pricing=price_book(), config=PolicyConfig())
+
+
+def sessions_of(mix: list, session_steps: int) -> list[list]:
+    return [mix[i:i + session_steps] for i in range(0, len(mix), session_steps)]
+
+
+def premise(mix: list, session_steps: int) -> dict:
+    """What the sessions of the mix do at R3: a bench whose sessions halt (an unpriced model, a
+    cap reached) or leave a feed unexercised measures something else; the run stops, saying so."""
+    limits = limits_for("R3 baseline + feeds")
+    fed: dict[str, int] = {}
+    for n, steps_of_one in enumerate(sessions_of(mix, session_steps)[:-1] or [mix]):  # the last may be short
+        state = drive(limits, f"premise-{n}", steps_of_one)
+        if state.halted:
+            raise SystemExit(f"bench_r3: session {n} of the mix halted ({state.halt_cause}): fix the mix or the passport")
+        for feed in FEEDS:
+            if state.feeds.get(feed, 0) > 0:
+                fed[feed] = fed.get(feed, 0) + 1
+    missing = [feed for feed in FEEDS if feed not in fed]
+    if missing:
+        raise SystemExit(f"bench_r3: no session of the mix feeds {missing}: the bench would not measure them")
+    return fed
 
 
 @contextmanager
@@ -159,8 +190,9 @@ def configured(name: str):
         yield
 
 
-def cpu(mix: list, rounds: int) -> dict:
+def cpu(mix: list, rounds: int, session_steps: int) -> dict:
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    sessions = sessions_of(mix, session_steps)
     for r in range(rounds):
         order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
         for name in order:
@@ -169,7 +201,8 @@ def cpu(mix: list, rounds: int) -> dict:
                 gc.collect()
                 envelope = Envelope() if name == "R3 + envelope" else None
                 started = time.process_time_ns()
-                drive(limits, f"cpu-{r}", mix, envelope=envelope)
+                for n, steps_of_one in enumerate(sessions):
+                    drive(limits, f"cpu-{r}-{n}", steps_of_one, envelope=envelope)
                 times[name].append((time.process_time_ns() - started) / 1000.0 / len(mix))
     return {name: statistics.median(values) for name, values in times.items()}
 
@@ -215,7 +248,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "r3.json")
     args = parser.parse_args()
     mix = list(steps(args.steps))
-    per_step = cpu(mix, args.rounds)
+    fed = premise(mix, args.session_steps)
+    per_step = cpu(mix, args.rounds, args.session_steps)
     held = memory(list(steps(args.session_steps)), args.sessions)
     held["R3 + envelope"] = {"bytes": held["R3 baseline + feeds"]["bytes"]}  # sessions hold nothing more
     per_agent = envelope_memory(args.sessions)
@@ -228,11 +262,13 @@ def main() -> int:
           f"{per_agent / 1024:.0f} KiB for {args.sessions} agents' envelopes ({per_agent / args.sessions:.0f} bytes each)")
     print(f"feeds of one {args.session_steps}-step session at R3: {held['R3 baseline + feeds']['feeds']}; "
           f"deviations: {held['R3 baseline + feeds']['deviations']}")
+    print(f"sessions of the CPU mix feeding each feed: {fed} (of {len(sessions_of(mix, args.session_steps))}); "
+          "none halted")
     result = {"benchmark": "R3 substrate: decide+advance CPU per step, state memory per live session",
               "steps": len(mix), "rounds": args.rounds, "sessions": args.sessions,
               "session_steps": args.session_steps, "cpu_us_per_step": per_step,
               "memory_bytes": {name: held[name]["bytes"] for name in CONFIGS},
-              "r3_session_feeds": held["R3 baseline + feeds"]["feeds"],
+              "r3_session_feeds": held["R3 baseline + feeds"]["feeds"], "sessions_feeding": fed,
               "envelope_bytes_per_agent": per_agent / args.sessions}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -50,7 +50,7 @@ from common import (  # noqa: E402
 MAX_TOKENS = 100
 TOKENS_FIT = 20  # requests the token cap admits
 COST_FIT = 16  # o1-pro requests the cost cap admits
-# USD per million tokens, as in policies/pricing.yaml (input, output)
+# USD per million tokens, as the governor's price book has them (genai-prices 0.2.3; input, output)
 PRICES = {"gpt-4o-mini": (0.15, 0.60), "o1-pro": (150.0, 600.0)}
 SCENARIOS = (("tokens", "gpt-4o-mini", False), ("cost", "o1-pro", False), ("tokens-stream", "gpt-4o-mini", True))
 

@@ -117,4 +117,7 @@ def supported_kubernetes_versions() -> list[str]:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == ">=1.29.0-0"
     minors = sorted({tuple(int(p) for p in v.split(".")[:2]) for v in utils.all_versions()})
-    return [f"{major}.{minor}.0" for major, minor in minors if (major, minor) >= (1, 29)]
+    versions = [f"{major}.{minor}.0" for major, minor in minors if (major, minor) >= (1, 29)]
+    # issue #33 names 1.29-1.35: an older kubernetes-validate would quietly check fewer
+    assert {"1.29.0", "1.35.0"} <= set(versions), f"kubernetes-validate knows only {versions}: 1.29-1.35 needed"
+    return versions

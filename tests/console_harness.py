@@ -124,7 +124,7 @@ class ConsoleWorld:
 @contextlib.asynccontextmanager
 async def console_world(tmp: Path, intervention_model: str = "plan_editing") -> AsyncIterator[ConsoleWorld]:
     metrics = Metrics()
-    runtime, _ = real_runtime(passport(intervention_model), tmp, metrics=metrics, tick_interval_sec=0.2)
+    runtime, _ = real_runtime(passport(intervention_model), tmp, metrics=metrics, sweep_interval_sec=0.2)
     server = NotesServer().start()
     settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp,
                         reviewer_tokens=(REVIEWER_TOKEN,), control_token=CONTROL_TOKEN,

@@ -335,7 +335,7 @@ class A2APeer:
 
 
 def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time.time,
-                 tick_interval_sec: float = 1.0, tier: str = "R2"):
+                 sweep_interval_sec: float = 1.0, tier: str = "R2"):
     """A started `governor.runtime.core.Runtime` for `document` (signed here with a fresh key
     and admitted and pinned as `governor run` does: see proxy/server.build_runtime), SQLite
     state in `data_dir`, at `tier` (R2 unless told). Returns (runtime, the signed passport)."""
@@ -354,6 +354,6 @@ def real_runtime(document: dict[str, Any], data_dir, *, metrics=None, clock=time
                             pricing=price_book(), passport_digest=report.digest)
     runtime = Runtime(limits=limits, store=open_store(data_dir / "state.db"), data_dir=data_dir, key=generate_key(),
                       governor_id="did:web:localhost:governor", agent_id=report.pinned.id or report.pinned.name,
-                      metrics=metrics, clock=clock, tick_interval_sec=tick_interval_sec, pinned=report.pinned)
+                      metrics=metrics, clock=clock, sweep_interval_sec=sweep_interval_sec, pinned=report.pinned)
     runtime.start()
     return runtime, passport

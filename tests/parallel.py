@@ -39,6 +39,7 @@ SLOWEST_FIRST: tuple[str, ...] = (  # 2026-11, each 27 s to 100 s of a 2,100 s s
     "test_store_redis_ha.py",
     "test_store_cluster_failover.py",
     "test_store_cluster_proxy.py",
+    "test_store_redis_tls.py",  # ~30 s serial: three TLS topologies
     "test_chart_gateway.py",
     "test_metrics_cardinality.py",
     "test_soak.py",

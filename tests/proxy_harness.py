@@ -429,7 +429,7 @@ async def agent_named_world(tmp: Path, **settings: Any) -> AsyncIterator[tuple[A
     mock = MockLLM()
     await mock.start()
     running = await serve(Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=None, data_dir=tmp / "data",
-                                   tick_interval=0, **settings))
+                                   **{"tick_interval": 0, **settings}))
     agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
     try:
         yield running, mock, agent

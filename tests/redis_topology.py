@@ -1,7 +1,8 @@
 """Throwaway Redis topologies on loopback for the HA tests: a primary with a replica watched
 by one Sentinel, and a Redis Cluster of three primaries. Each process lives in the test's
 directory on a free port and is stopped by the test (SIGKILL included: the failover tests
-kill the primary)."""
+kill the primary). With `tls` (tests/redis_tls.py) every process serves TLS only, and
+replication, the cluster bus and Sentinel's links to the servers are TLS too."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import redis
 
 from tests.redis_server import REDIS_SERVER
+from tests.redis_tls import TlsFiles
 
 REDIS_CLI = (REDIS_SERVER or "redis-server").replace("redis-server", "redis-cli")
 
@@ -29,18 +31,23 @@ def free_port() -> int:
 class RedisProcess:
     """One redis-server (or sentinel) with `args`, without persistence, in `directory`."""
 
-    def __init__(self, directory: Path, *args: str, config: str | None = None, password: str | None = None) -> None:
+    def __init__(self, directory: Path, *args: str, config: str | None = None, password: str | None = None,
+                 tls: TlsFiles | None = None, bind: str = "127.0.0.1") -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.password = password
+        self.tls = tls
         self.port = free_port()
         command = [REDIS_SERVER or "redis-server"]
+        # TLS only: no plain port; replication (and Sentinel's links) over TLS too
+        ports = ["--port", "0", "--tls-port", str(self.port), *tls.server_args(), "--tls-replication", "yes"] \
+            if tls else ["--port", str(self.port)]
         if config is not None:  # Sentinel needs a writable config file of its own
             path = directory / "sentinel.conf"
-            path.write_text(f"port {self.port}\nbind 127.0.0.1\n{config}")
-            command += [str(path), "--sentinel"]
+            path.write_text(f"bind {bind}\n{config}")
+            command += [str(path), "--sentinel", *ports]
         else:
-            command += ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            command += [*ports, "--bind", bind, "--save", "", "--appendonly", "no",
                         "--dir", str(directory), *args]
             if password:
                 command += ["--requirepass", password, "--masterauth", password]
@@ -50,7 +57,16 @@ class RedisProcess:
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True,
-                           password=self.password)
+                           password=self.password, **(self.tls.client_kwargs() if self.tls else {}))
+
+    def connection(self) -> redis.Connection:
+        """One raw connection (a cluster node's own answers, without a cluster client)."""
+        if self.tls:
+            kwargs = self.tls.client_kwargs()
+            kwargs.pop("ssl")
+            return redis.SSLConnection(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True,
+                                       **kwargs)
+        return redis.Connection(host="127.0.0.1", port=self.port, socket_timeout=2, decode_responses=True)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -95,14 +111,16 @@ class SentinelSet:
 
     SERVICE = "governor-primary"
 
-    def __init__(self, directory: Path, password: str | None = None, sentinel_password: str | None = None) -> None:
+    def __init__(self, directory: Path, password: str | None = None, sentinel_password: str | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.processes: list[RedisProcess] = []
+        self.tls = tls
         auth = f"sentinel auth-pass {self.SERVICE} {password}\n" if password else ""
         own = f"requirepass {sentinel_password}\n" if sentinel_password else ""
         try:
-            self.primary = self._add(RedisProcess(directory / "primary", password=password))
+            self.primary = self._add(RedisProcess(directory / "primary", password=password, tls=tls))
             self.replica = self._add(RedisProcess(directory / "replica", "--replicaof", "127.0.0.1",
-                                                  str(self.primary.port), password=password))
+                                                  str(self.primary.port), password=password, tls=tls))
             with self.replica.client() as c:
                 wait_until(lambda: c.info("replication").get("master_link_status") == "up", 10,
                            "the replica did not sync")
@@ -112,7 +130,7 @@ class SentinelSet:
                         f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
                         f"sentinel failover-timeout {self.SERVICE} 5000\n"
                         f"sentinel parallel-syncs {self.SERVICE} 1\n" + auth + own),
-                password=sentinel_password))
+                password=sentinel_password, tls=tls))
             with self.sentinel.client() as c:  # the Sentinel has found the replica
                 wait_until(lambda: len(c.sentinel_slaves(self.SERVICE)) == 1, 15, "the sentinel found no replica")
         except BaseException:
@@ -124,7 +142,8 @@ class SentinelSet:
         return process
 
     def url(self, query: str = "") -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.SERVICE}/0" + (f"?{query}" if query else "")
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        return f"{scheme}://127.0.0.1:{self.sentinel.port}/{self.SERVICE}/0" + (f"?{query}" if query else "")
 
     def primary_port(self) -> int:
         with self.sentinel.client() as c:
@@ -139,15 +158,19 @@ class Cluster:
     """Three primaries in one Redis Cluster, every slot assigned; with `replicas`, each
     primary has that many replicas (a failover takes a few `node_timeout_ms`)."""
 
-    def __init__(self, directory: Path, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
+    def __init__(self, directory: Path, size: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                 tls: TlsFiles | None = None) -> None:
         self.nodes: list[RedisProcess] = []
+        self.tls = tls
+        bus = ["--tls-cluster", "yes"] if tls else []
         try:
             for i in range(size * (1 + replicas)):
                 self.nodes.append(RedisProcess(directory / f"node-{i}", "--cluster-enabled", "yes",
                                                "--cluster-config-file", "nodes.conf",
                                                "--cluster-port", str(free_port()),  # not port + 10000
-                                               "--cluster-node-timeout", str(node_timeout_ms)))
-            subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                                               "--cluster-node-timeout", str(node_timeout_ms), *bus, tls=tls))
+            subprocess.run([REDIS_CLI, *(tls.cli_args() if tls else []), "--cluster", "create",
+                            *[f"127.0.0.1:{n.port}" for n in self.nodes],
                             "--cluster-replicas", str(replicas), "--cluster-yes"], check=True, timeout=30,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # every node, not only the first: until gossip reaches a node it answers CLUSTERDOWN
@@ -167,11 +190,12 @@ class Cluster:
         """A new node, joined as a replica of the primary on port `primary` (as an operator's
         supervisor would bring one back after a failover), synced."""
         node = RedisProcess(directory, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-port", str(free_port()), "--cluster-node-timeout", str(node_timeout_ms))
+                            "--cluster-port", str(free_port()), "--cluster-node-timeout", str(node_timeout_ms),
+                            *(["--tls-cluster", "yes"] if self.tls else []), tls=self.tls)
         self.nodes.append(node)
         with self.node(primary).client() as c:
             primary_id = c.execute_command("CLUSTER", "MYID")
-        subprocess.run([REDIS_CLI, "--cluster", "add-node", f"127.0.0.1:{node.port}", f"127.0.0.1:{primary}",
+        subprocess.run([REDIS_CLI, *(self.tls.cli_args() if self.tls else []), "--cluster", "add-node", f"127.0.0.1:{node.port}", f"127.0.0.1:{primary}",
                         "--cluster-slave", "--cluster-master-id", primary_id], check=True, timeout=30,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with node.client() as c:
@@ -187,8 +211,7 @@ class Cluster:
         for candidate in self.nodes:
             if candidate.process.poll() is not None:
                 continue
-            connection = redis.Connection(host="127.0.0.1", port=candidate.port, socket_timeout=2,
-                                          decode_responses=True)
+            connection = candidate.connection()
             try:
                 connection.send_command("CLUSTER", "KEYSLOT", key)
                 slot = connection.read_response()
@@ -202,7 +225,8 @@ class Cluster:
 
     def url(self, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
-        return f"redis+cluster://{hosts}" + (f"?{query}" if query else "")
+        scheme = "rediss+cluster" if self.tls else "redis+cluster"
+        return f"{scheme}://{hosts}" + (f"?{query}" if query else "")
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -210,8 +234,8 @@ class Cluster:
 
 
 @contextmanager
-def sentinel_set(directory: Path, **passwords: str) -> Iterator[SentinelSet]:
-    s = SentinelSet(directory, **passwords)
+def sentinel_set(directory: Path, **options: Any) -> Iterator[SentinelSet]:
+    s = SentinelSet(directory, **options)
     try:
         yield s
     finally:
@@ -219,7 +243,7 @@ def sentinel_set(directory: Path, **passwords: str) -> Iterator[SentinelSet]:
 
 
 @contextmanager
-def cluster(directory: Path, **shape: int) -> Iterator[Cluster]:
+def cluster(directory: Path, **shape: Any) -> Iterator[Cluster]:
     c = Cluster(directory, **shape)
     try:
         yield c

@@ -24,6 +24,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
 import ab  # noqa: E402
+import bench_r3  # noqa: E402
 import common  # noqa: E402
 import hook_cpu  # noqa: E402
 import overhead  # noqa: E402
@@ -181,6 +182,21 @@ def test_the_committed_results_page_is_one_the_suite_made() -> None:
                 in targets
     assert "overhead: every request answered 200 and every stream whole, on every path" in targets
     assert "## Parts that did not run" not in page
+
+
+def test_the_r3_bench_exercises_every_feed_in_sessions_that_never_halt() -> None:
+    """bench_r3's figure is the R3 substrate's cost only if its sessions run (a model the price
+    book does not price halts a session at its first step) and feed §2-§5 (#32's bench)."""
+    mix = list(bench_r3.steps(1200))
+    fed = bench_r3.premise(mix, 60)
+    assert set(fed) == set(bench_r3.FEEDS) and all(count > 0 for count in fed.values()), fed
+
+
+def test_the_r3_bench_refuses_to_measure_sessions_that_halt(monkeypatch) -> None:
+    original = bench_r3.passport
+    monkeypatch.setattr(bench_r3, "passport", lambda: original(session_tokens=1_000))  # the cap is hit at once
+    with pytest.raises(SystemExit, match="halted"):
+        bench_r3.premise(list(bench_r3.steps(600)), 60)
 
 
 def test_percentiles_and_ratios_of_nothing_are_none_not_errors() -> None:

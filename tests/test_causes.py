@@ -87,3 +87,23 @@ def test_approvals_and_fitting_are_not_recorded_as_continue():
     assert "continue" not in table[causes.ON_GOVERNOR_OUTPUT_FITTED].actions
     assert "continue" not in table[causes.ON_GOVERNOR_TOOLS_WITHHELD].actions
     assert "continue" not in table[causes.ON_GOVERNOR_REQUEST_REFUSED].actions
+
+
+def test_a_refused_step_is_never_recorded_as_continue():
+    """A step refused while the session goes on is §6's fallback (the refusal stands in for the
+    step), not `continue`, which says the step went on despite the cause: a full rate-limit
+    window, a state store that cannot be reached (fail-closed, retryable)."""
+    from governor.policy.engine import store_unreachable
+    from governor.policy.rates import rate_refusal
+    from governor.policy.steps import ModelCall
+
+    assert causes.BY_NAME[causes.ON_GOVERNOR_RATE_LIMIT].actions == ("fallback",)
+    call = ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1)
+    refused = rate_refusal(call, None, 0, 30)
+    assert refused.blocks and refused.event["action"] == "fallback"
+    assert refused.event["detail"]["refused_step"] == "not_executed"
+    driver = Driver(passport())
+    unreachable = store_unreachable(driver.limits, driver.state, call, "connection refused", 1.0)
+    assert unreachable.blocks and unreachable.fail_closed and not unreachable.halts
+    assert unreachable.event["cause"] == causes.ON_GOVERNOR_ERROR and unreachable.event["action"] == "fallback"
+    assert "overridden_cause" not in unreachable.event["detail"]

@@ -74,7 +74,8 @@ GATEWAY = {"mode": "gateway", "gateway.store.url": "redis://redis-master.data.sv
            "gateway.key.existingSecret": "gov-key", "controlToken.existingSecret": "gov-control",
            "reviewerTokens.existingSecret": "gov-reviewers", "networkPolicy.enabled": True,
            "serviceMonitor.enabled": True, "prometheusRule.enabled": True, "grafanaDashboard.enabled": True,
-           "governor.image.digest": "sha256:" + "ab" * 32}
+           "governor.image.digest": "sha256:" + "ab" * 32,
+           "gateway.records.persistence.enabled": True, "gateway.records.persistence.existingClaim": "gov-records"}
 
 
 def test_the_gateway_fails_no_check_the_sidecar_does_not_explain(checkov, tmp_path):

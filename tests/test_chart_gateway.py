@@ -1,11 +1,13 @@
 """The chart's gateway mode (issue #30: "a shared gateway Deployment with N replicas behind a
 Service, beside today's sidecar"), with the real helm: what it renders (replicas, Services,
-PodDisruptionBudget, topology spread, probes, drain, hardening, NetworkPolicy, alerts), that it
+PodDisruptionBudget, topology spread, probes, drain, hardening, NetworkPolicy, alerts, records
+on a shared claim), that it
 validates for every supported Kubernetes version and lints, that hostile or unusable values
 are each refused at render with a clear message, that gateway values leave the sidecar's
 output as it was, and that the rendered command line and environment really run: two
 replicas started from the rendered Deployment as local processes on one real redis-server
-(with a password, from the "Secret"), one session served through both."""
+(with a password, from the "Secret"), one session served through both, their records and
+logs on the "claim" (a local directory), each pod in its own directory."""
 
 from __future__ import annotations
 
@@ -143,6 +145,39 @@ def test_the_gateway_is_hardened_like_the_sidecar(gateway):
     assert chart_tools.restricted_violations(hook["spec"], test) == []
 
 
+def test_records_can_outlive_their_pods_on_a_shared_claim_one_directory_per_pod(gateway):
+    """gateway.records.persistence: the data directory (records, transparency log, journals,
+    deferred refusals) on an existing ReadWriteMany claim, each pod in its own subdirectory named
+    after it; the Deployment and its rolling update as they were. Off (the default): an emptyDir."""
+    pod, governor = _governor(gateway)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in governor["volumeMounts"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}} and "subPathExpr" not in mounts["data"]
+    documents = _render({**GATEWAY, "gateway.records.persistence.enabled": True,
+                         "gateway.records.persistence.existingClaim": "gov-records"})
+    deployment = _one(documents, "Deployment")
+    assert deployment["spec"]["strategy"] == _one(gateway, "Deployment")["spec"]["strategy"]
+    assert "volumeClaimTemplates" not in deployment["spec"]
+    assert [d["kind"] for d in documents if d["kind"] == "PersistentVolumeClaim"] == []  # the installer's claim
+    pod, governor = _governor(documents)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in governor["volumeMounts"]}
+    assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "gov-records"}}
+    assert mounts["data"] == {"name": "data", "mountPath": "/var/lib/governor", "subPathExpr": "$(GOVERNOR_POD_NAME)"}
+    env = {e["name"]: e for e in governor["env"]}
+    assert env["GOVERNOR_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # the pod's log origin names the same pod as its directory: one log per directory
+    assert env["GOVERNOR_LOG_ORIGIN"]["value"].endswith("/log/$(GOVERNOR_POD_NAME)")
+    assert pod["securityContext"]["fsGroup"] == 10001  # the claim's files are the governor's group's
+    assert chart_tools.restricted_violations(pod, governor) == []
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for version in chart_tools.supported_kubernetes_versions():
+        kubernetes_validate.validate(deployment, version, strict=True)
+    lint = chart_tools.helm("lint", "--strict", str(CHART), *chart_tools.set_args(
+        {**GATEWAY, "gateway.records.persistence.enabled": True, "gateway.records.persistence.existingClaim": "c"}))
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
 def test_the_network_policy_lets_agents_in_and_the_governor_out_to_its_store(gateway):
     policy = _one(gateway, "NetworkPolicy")["spec"]
     proxy_in, control_in = policy["ingress"]
@@ -210,6 +245,9 @@ def test_the_rendered_command_line_is_one_governor_run_accepts(gateway):
     ({"reviewerTokens.existingSecret": ""}, "mode gateway needs reviewerTokens.existingSecret"),
     ({"dataDir.persistence.enabled": True}, "dataDir.persistence.enabled is for the sidecar"),
     ({"interception.enabled": True}, "interception.enabled is for the sidecar"),
+    ({"gateway.records.persistence.enabled": True}, "gateway.records.persistence.enabled needs "
+                                                     "gateway.records.persistence.existingClaim"),
+    ({"gateway.records.persistence.existingclaim": "x"}, "/gateway/records/persistence"),
     ({"terminationGracePeriodSeconds": 10}, "must exceed gateway.preStopSeconds (5) + 5"),
     ({"gateway.replicas": 0}, "/gateway/replicas': minimum: got 0, want 1"),
     ({"gateway.replicas": -2}, "/gateway/replicas': minimum: got -2, want 1"),
@@ -297,17 +335,28 @@ class Kubelet:
     `secrets`, $(NAME) expanded from the entries before), and the container's command run. The
     listen addresses become loopback ephemeral ports: two replicas share this one host."""
 
-    def __init__(self, documents: list[dict], secrets: dict[str, dict[str, bytes]]) -> None:
+    def __init__(self, documents: list[dict], secrets: dict[str, dict[str, bytes]],
+                 claims: dict[str, Path] | None = None) -> None:
         self.pod, self.container = _governor(documents)
         self.config_maps = {d["metadata"]["name"]: d["data"] for d in documents if d["kind"] == "ConfigMap"}
         self.secrets = secrets
+        self.claims = claims or {}  # claim name -> the local directory standing for its volume
 
-    def mount(self, root: Path) -> None:
+    def mount(self, root: Path, pod_name: str) -> None:
         volumes = {v["name"]: v for v in self.pod["volumes"]}
         for mount in self.container["volumeMounts"]:
             volume, target = volumes[mount["name"]], root / mount["mountPath"].lstrip("/")
             if "emptyDir" in volume:
                 target.mkdir(parents=True, exist_ok=True)
+                continue
+            if "persistentVolumeClaim" in volume:  # the claim's subdirectory, as $(VAR)s expand in the pod
+                env = self.environment(pod_name)
+                sub = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)],
+                             mount.get("subPathExpr", mount.get("subPath", "")))
+                source = self.claims[volume["persistentVolumeClaim"]["claimName"]] / sub
+                source.mkdir(parents=True, exist_ok=True)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(source, target_is_directory=True)
                 continue
             if "configMap" in volume:
                 files = {k: v.encode() for k, v in self.config_maps[volume["configMap"]["name"]].items()}
@@ -361,7 +410,7 @@ class Replica:
 
     @classmethod
     async def start(cls, kubelet: Kubelet, root: Path, extra_env: dict[str, str]) -> "Replica":
-        kubelet.mount(root)
+        kubelet.mount(root, f"gov-gateway-{root.name}")
         log = root.parent / f"{root.name}.log"
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root), "PYTHONPATH": str(REPO), **kubelet.environment(f"gov-gateway-{root.name}"),
                **extra_env}
@@ -438,9 +487,11 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
                     "gov-reviewers": {"reviewer-tokens": reviewer_token.encode()}}
     passport = (REPO / "governor" / "data" / "example-passport.yaml").read_text()
     documents = _render({**NEEDS, "gateway.store.url": server.url, "passport.content": passport,
-                         "gateway.replicas": 2})
+                         "gateway.replicas": 2, "gateway.records.persistence.enabled": True,
+                         "gateway.records.persistence.existingClaim": "gov-records"})
     assert _one(documents, "Deployment")["spec"]["replicas"] == 2
-    kubelet = Kubelet(documents, fake_secrets)
+    claim = tmp_path / "claim"  # a local directory standing for the ReadWriteMany claim's volume
+    kubelet = Kubelet(documents, fake_secrets, {"gov-records": claim})
     # the test's upstream serves HTTPS from its own CA: the governor is told to trust it (test plumbing)
     upstream_tls = make_tls(tmp_path / "upstream")
     mock = MockLLM(tls=upstream_tls)
@@ -480,6 +531,9 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
             assert ended.status_code == 200, ended.text
             record = await control.get(f"{a.control}/v1/sessions/{session}/record")
             assert record.status_code == 200, record.text
+            # A served the session before B ended it: it serves B's record, byte for byte (not a
+            # snapshot of its own stale copy)
+            assert record.headers["Governor-Record"] == "final" and record.content == ended.content, record.text
             # each replica its own transparency log, under its own origin (one origin: a fork)
             origins = [(await control.get(f"{replica.control}/log/checkpoint")).text.split("\n", 1)[0]
                        for replica in (a, b)]
@@ -490,6 +544,12 @@ async def test_two_replicas_run_from_the_rendered_deployment_share_a_session_on_
         await mock.stop()
         server.stop()
     assert codes == [0, 0]
+    # on the claim, each pod in its own directory: B's record of the session it ended, and each
+    # pod's transparency log (the pods, their roots, can go: these stay)
+    kept = sorted(p.relative_to(claim).as_posix() for p in claim.glob("*/records/*.json"))
+    assert len(kept) == 1 and kept[0].startswith("gov-gateway-pod-1/records/"), kept
+    assert json.loads((claim / kept[0]).read_text())["signature"] == ended.json()["signature"]
+    assert all((claim / f"gov-gateway-pod-{k}" / "log" / "checkpoint").is_file() for k in (0, 1))
     for replica in replicas:
         text = replica.log.read_text()
         assert "Traceback" not in text, text[-3000:]

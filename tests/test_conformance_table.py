@@ -61,17 +61,38 @@ def test_the_table_has_rows_with_known_statuses_and_unique_ids():
         in TABLE.read_text(encoding="utf-8")
 
 
-def test_every_test_a_row_names_exists():
+def _missing_tests(rows: list[dict]) -> list[str]:
+    """The test node ids the rows name that do not exist: a file under tests/ defining the function."""
     missing = []
-    for row in _rows():
-        assert row["tests"] or row["status"] == "missing", f"row {row['id']} names no test"
+    for row in rows:
+        if not row["tests"] and row["status"] != "missing":
+            missing.append(f"{row['id']}: names no test")
         for name in row["tests"]:
             path, _, function = name.partition("::")
             file = REPO / path
             if not (path.startswith("tests/") and function and file.is_file()
                     and re.search(rf"^(async )?def {re.escape(function)}\(", file.read_text(encoding="utf-8"), re.M)):
                 missing.append(f"{row['id']}: {name}")
+    return missing
+
+
+def test_every_test_a_row_names_exists():
+    missing = _missing_tests(_rows())
     assert not missing, missing
+
+
+@pytest.mark.parametrize("name", [
+    "tests/test_causes.py::test_no_such_test",  # a file that exists, a function that does not
+    "tests/test_no_such_file.py::test_approvals_and_fitting_are_not_recorded_as_continue",
+    "tests/test_causes.py",  # no function named
+    "governor/policy/causes.py::cause_table_markdown",  # not a test
+    "tests/test_causes.py::test_approvals",  # a prefix of a test's name is not that test
+])
+def test_the_existence_check_can_fail(name):
+    real = "tests/test_causes.py::test_approvals_and_fitting_are_not_recorded_as_continue"
+    row = {"id": "x", "status": "done", "tests": [real, name]}
+    assert _missing_tests([row]) == [f"x: {name}"]
+    assert _missing_tests([{"id": "y", "status": "done", "tests": []}]) == ["y: names no test"]
 
 
 def test_every_quote_is_in_the_spec_and_every_requirement_sentence_has_a_row():

@@ -14,8 +14,8 @@ from governor.store.redis_retention import ended_before, opened_before, readable
 def test_a_spooled_refusal_is_kept_until_chained_and_garbage_is_skipped(tmp_path, caplog):
     spool = DeferredSpool(tmp_path / "deferred")
     assert spool.sessions() == [] and spool.events("s-1") == []
-    first = make_event("on_governor_error", "continue", 1_700_000_000.0, {"reason": "store unreachable"})
-    second = make_event("on_governor_error", "continue", 1_700_000_001.0, {"reason": "store unreachable"})
+    first = make_event("on_governor_error", "fallback", 1_700_000_000.0, {"reason": "store unreachable"})
+    second = make_event("on_governor_error", "fallback", 1_700_000_001.0, {"reason": "store unreachable"})
     spool.add("s-1", first)
     spool.add("s-1", second)
     spool.add("odd session/../name", first)  # any printable id: files are named by its hash
@@ -37,10 +37,10 @@ def test_a_spooled_refusal_is_kept_until_chained_and_garbage_is_skipped(tmp_path
 
 
 def test_an_event_already_in_the_chain_is_not_chained_twice():
-    event = make_event("on_governor_error", "continue", 1_700_000_000.0, {"reason": "store unreachable"})
+    event = make_event("on_governor_error", "fallback", 1_700_000_000.0, {"reason": "store unreachable"})
     chained = [{"seq": 0, **make_event("on_budget_exhausted", "halt", 1_699_999_999.0)}, {"seq": 1, **event}]
     assert already_chained(json.loads(json.dumps(event)), chained)
-    other = make_event("on_governor_error", "continue", 1_700_000_002.0, {"reason": "store unreachable"})
+    other = make_event("on_governor_error", "fallback", 1_700_000_002.0, {"reason": "store unreachable"})
     assert not already_chained(other, chained)
 
 

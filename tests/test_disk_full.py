@@ -8,6 +8,7 @@ instead (the test says which). The state store is in memory, so what fails is th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -59,6 +60,16 @@ class Filler:
 async def full_disk(tmp_path, monkeypatch):
     data = tmp_path / "data"
     real = mounted_tmpfs(data)
+    try:
+        async with _served_on(data, real, monkeypatch) as world:
+            yield world
+    finally:  # unmounted whatever failed, a start that raised included
+        if real:
+            subprocess.run(["umount", "-l", str(data)], capture_output=True, timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def _served_on(data, real: bool, monkeypatch):
     llm = MockLLM(prompt_tokens=10, completion_tokens=5)
     await llm.start()
     running = await serve(Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=data,
@@ -89,8 +100,6 @@ async def full_disk(tmp_path, monkeypatch):
         await control.aclose()
         await running.stop()
         await llm.stop()
-        if real:
-            subprocess.run(["umount", "-l", str(data)], capture_output=True, timeout=10)
 
 
 async def ready_within(control, seconds: float) -> bool:

@@ -45,7 +45,7 @@ async def envelope_world(tmp_path, llm) -> AsyncIterator[tuple[World, JumpingClo
     """A governor at R3 with a session book; the clock at the start of a window far ahead: (world,
     clock, that window's index)."""
     clock = JumpingClock()
-    runtime, _ = real_runtime(DOCUMENT, tmp_path, clock=clock, tick_interval_sec=0.05, tier="R3")
+    runtime, _ = real_runtime(DOCUMENT, tmp_path, clock=clock, sweep_interval_sec=0.05, tier="R3")
     runtime.envelope.config = EnvelopeConfig(window_sec=WINDOW, min_windows=3)
     settings = Settings(listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path, tick_interval=0,
                         control_token=CONTROL, reviewer_tokens=(REVIEWER,))

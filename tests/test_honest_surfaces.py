@@ -97,10 +97,32 @@ async def test_the_banner_commands_run_as_printed_and_the_403_says_how_to_go_bac
         assert done.returncode == 0, done.stderr
         assert "first run" in done.stdout and "budgets: " in done.stdout, done.stdout
         assert re.search(r"tokens \d+/\d+ per_session", done.stdout), done.stdout  # used against its cap
+
+        # personas: the principal binds them (the agent's ADL-Persona is refused by default)
+        personas = printed(lines, "personas:")
+        bind = re.fullmatch(r"bound by the principal: (.+ sessions open --persona NAME --data-dir \S+) \(the agent's "
+                            r"ADL-Persona header is refused unless --agent-identity headers\)", personas)
+        assert bind, personas
+        done = shell(bind.group(1).replace("NAME", "searcher") + " --json")
+        assert done.returncode == 0, (bind.group(1), done.stderr)
+        assert json.loads(done.stdout)["identity"]["persona"] == "searcher", done.stdout
     finally:
         proc.terminate()
         proc.wait(timeout=60)
         await mock.stop()
+
+
+def test_the_persona_line_says_who_names_personas_under_each_identity_mode() -> None:
+    from types import SimpleNamespace
+
+    from governor.cli.banner import persona_line
+
+    served, off = SimpleNamespace(control_url="http://127.0.0.1:1"), SimpleNamespace(control_url=None)
+    trusted = persona_line(SimpleNamespace(agent_identity="headers"), served, "governor", "d")
+    assert trusted.startswith("the agent names them with the ADL-Persona request header") and "trusts" in trusted
+    bound = persona_line(SimpleNamespace(agent_identity="principal"), served, "governor", "d")
+    assert "governor sessions open --persona NAME --data-dir d" in bound and "refused" in bound
+    assert "control plane is off" in persona_line(SimpleNamespace(agent_identity="principal"), off, "governor", "d")
 
 
 def test_a_session_that_halted_says_so_after_it_ended() -> None:

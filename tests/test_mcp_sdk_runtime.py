@@ -65,7 +65,7 @@ async def notes_world(tmp_path, document: dict = PASSPORT, tier: str = "R2", **s
     runtime with `document`, session notes-1: (server, runtime, governor, clock)."""
     clock = JumpingClock()
     metrics = Metrics()
-    runtime, _ = real_runtime(document, tmp_path, metrics=metrics, clock=clock, tick_interval_sec=0.05, tier=tier)
+    runtime, _ = real_runtime(document, tmp_path, metrics=metrics, clock=clock, sweep_interval_sec=0.05, tier=tier)
     server = NotesServer(**server_options).start()
     settings = Settings(**AGENT_NAMED, listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp_path,
                         reviewer_tokens=(REVIEWER,), session="notes-1",

@@ -257,7 +257,7 @@ async def test_an_instance_ended_through_the_control_plane_frees_its_slot(lenien
 
 
 async def test_an_idle_instance_ends_by_itself_and_frees_its_slot(tmp_path):
-    world = await _world(tmp_path, _with_fallback(LEAD), tick_interval_sec=0.1)
+    world = await _world(tmp_path, _with_fallback(LEAD), sweep_interval_sec=0.1)
     world.runtime.personas.idle_sec = 0.5
     try:
         for instance in ("a", "b"):
@@ -279,7 +279,7 @@ async def test_an_idle_instance_ends_by_itself_and_frees_its_slot(tmp_path):
 
 
 async def test_a_personas_wall_clock_share_cap_fires_through_the_proxy(tmp_path):
-    world = await _world(tmp_path, LEAD, tick_interval_sec=0.1)
+    world = await _world(tmp_path, LEAD, sweep_interval_sec=0.1)
     try:
         assert (await world.chat("clock", "timed")).status_code == 200
         deadline = time.monotonic() + 10
@@ -301,7 +301,7 @@ async def test_a_personas_wall_clock_share_cap_fires_through_the_proxy(tmp_path)
 
 
 async def test_an_ended_instance_stops_drawing_on_the_wall_clock_share(tmp_path):
-    world = await _world(tmp_path, LEAD, tick_interval_sec=0.1)
+    world = await _world(tmp_path, LEAD, sweep_interval_sec=0.1)
 
     async def used() -> float:
         view = (await world.control.get("/v1/sessions/stopped")).json()

@@ -147,8 +147,48 @@ def test_the_bundled_overrides_keep_only_what_genai_prices_lacks():
     assert book.price_for("gpt-4o-mini@batch").input == pytest.approx(0.075)
 
 
+def test_bedrock_ids_are_priced_by_genai_prices_aws_provider_before_any_other():
+    """A Bedrock model id is looked up in genai-prices' aws provider first (it has no name pattern
+    of its own, and anthropic's "claude" would claim Claude ids at the first-party price)."""
+    book = price_book()
+    for model, price in (("us.meta.llama3-1-8b-instruct-v1:0", (0.22, 0.22)), ("amazon.nova-pro-v1:0", (0.8, 3.2)),
+                         ("arn:aws:bedrock:us-west-2:1:inference-profile/eu.amazon.nova-lite-v1:0", (0.06, 0.24)),
+                         ("anthropic.claude-opus-4-5-20251101-v1:0", (5.5, 27.5))):  # the regional price
+        found = book.price_for(model)
+        assert (found.input, found.output) == price and found.source == f"genai-prices {VERSION}", (model, found)
+    assert book.price_for("amazon.nova-pro-v1:0").cached_input == pytest.approx(0.2)
+    # Claude on Bedrock at its regional price, not anthropic's first-party one: from aws where it
+    # has the id, from the bundled overrides where it lacks it
+    assert book.price_for("us.anthropic.claude-sonnet-4-5-20250929-v1:0").input == 3.3
+    undated = book.price_for("us.anthropic.claude-sonnet-4-5")
+    assert undated.input == 3.3 and undated.source.startswith("bundled sha256:")
+    assert book.price_for("claude-sonnet-4-5").input == 3.0  # the first-party name is anthropic's
+    # more vendors on Bedrock are priced now (they were refused under a cost cap): Mistral, Writer
+    assert book.price_for("mistral.pixtral-large-2502-v1:0").source == f"genai-prices {VERSION}"
+
+
+def test_no_bundled_override_repeats_a_price_genai_prices_has():
+    """The hand-kept table does not grow back: every bundled entry is one genai-prices lacks, or
+    prices differently on purpose (audio and image models at the dearer rate)."""
+    import yaml
+
+    from governor.policy.pricing import default_pricing_path
+    from governor.runtime.prices import GenaiPrices
+
+    genai = GenaiPrices(datetime.now(UTC))
+    bundled = yaml.safe_load(default_pricing_path().read_text())["models"]
+    repeated = []
+    for name, entry in bundled.items():
+        price = genai(name)
+        if price is not None and (price.input, price.output) == (entry.get("input"), entry.get("output")) \
+                and price.cached_input == entry.get("cached_input", entry.get("input")):
+            repeated.append(name)
+    assert not repeated, repeated
+
+
 @pytest.mark.parametrize("name", [
     "x" * 100_000, "", "\x00", "gpt-4o(.*", "../../etc/passwd", "gpt-4o\n", "ģρτ-4ο", "claude-" * 40, "@batch", "/",
+    "us.meta.", "eu.anthropic." + "claude-" * 30, "amazon.\x00nova",  # Bedrock-shaped: asked of genai-prices' aws
 ])
 def test_a_hostile_model_name_is_unpriced_or_priced_never_an_error(name):
     book = price_book()

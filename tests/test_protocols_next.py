@@ -268,6 +268,9 @@ async def test_a2a1_a_permitted_peer_is_a_governed_delegation(a2a_world, next_py
     assert seen["depth"] == "1" and seen["session"] is None  # the governor's depth; no ADL-* header leaks
     record = await _record(governor, "a2a-1")
     assert not any(e["cause"] == "on_delegation_denied" for e in record["events"])
+    # §4.2.5: the admission is recorded too, naming the peer
+    admitted = [e for e in record["events"] if e["cause"] == "on_governor_delegation_admitted"]
+    assert len(admitted) == 1 and "summarizer" in json.dumps(admitted[0]["detail"]), record["events"]
 
 
 @pytest.mark.parametrize("binding, streaming", [("JSONRPC", "0"), ("JSONRPC", "1"), ("HTTP+JSON", "0"),

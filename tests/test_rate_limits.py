@@ -121,6 +121,7 @@ async def test_a_full_window_refuses_with_when_it_rolls_and_is_recorded(pinned, 
     assert verify_record(record, public_key=rt.key.public_key()).ok
     [event] = rate_events(record)
     assert event["detail"]["rate_limit"] == "agent:requests=2/60s" and event["detail"]["refused_step"] == "not_executed"
+    assert event["action"] == "fallback"  # the refusal stands in for the step: nothing failed open
     await rt.close()
 
 
@@ -208,6 +209,39 @@ async def test_two_governors_on_one_redis_share_the_agent_and_fleet_windows(pinn
         rt.store.close()
 
 
+def test_a_counter_edited_in_redis_is_never_read_as_zero_nor_overwritten(redis_url):
+    """The store's side of tests/test_rate_limits_fleet.py's forged counters: a take naming one
+    raises WindowCounterDamaged (nothing taken, on any of its counters), an adjustment leaves
+    it as found, and a sound counter charged twice in one take still counts both."""
+    import redis as redis_client
+
+    from governor.store.redis import RedisStore
+    from governor.store.windows import WindowCounterDamaged
+
+    store, server = RedisStore(redis_url), redis_client.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        sound, forged = WindowCharge("a:1:x:requests:60", 60, 1, 5), WindowCharge("f:requests:60", 60, 1, 5)
+        index = int(NOW // 60)
+        assert store.take_window([sound, sound], NOW).ok and server.get(f"governor:w:{sound.counter}@{index}") == "2"
+        for value in ("many", "nan", "-5", "inf", "1e999"):
+            server.set(f"governor:w:{forged.counter}@{index}", value)
+            with pytest.raises(WindowCounterDamaged, match="is not a count") as caught:
+                store.take_window([sound, forged], NOW)
+            assert caught.value.charge == 1 and caught.value.key == f"w:{forged.counter}@{index}"
+            store.adjust_window([(forged, index, -1.0), (sound, index, 1.0)])
+            assert server.get(f"governor:w:{forged.counter}@{index}") == value  # left as found
+        assert server.get(f"governor:w:{sound.counter}@{index}") == "7"  # 2, and +1 per adjustment; no take
+        server.delete(f"governor:w:{forged.counter}@{index}")
+        server.hset(f"governor:w:{forged.counter}@{index}", "n", "1")
+        with pytest.raises(WindowCounterDamaged, match="type hash"):
+            store.take_window([forged], NOW)
+        store.adjust_window([(forged, index, 1.0)])  # another type: left as found, no error
+        assert server.hgetall(f"governor:w:{forged.counter}@{index}") == {"n": "1"}
+    finally:
+        server.close()
+        store.close()
+
+
 async def test_a_rate_limit_on_an_unreachable_redis_is_refused_as_retryable_and_recorded(pinned, tmp_path, redis_url):
     from governor.store.redis import RedisStore
 
@@ -255,7 +289,7 @@ async def test_over_the_limit_the_agent_gets_429_with_retry_after_and_the_record
         assert junk.status_code == 400
         record = (await control.get(f"/v1/sessions/{opened['session']}/record")).json()
         [event] = rate_events(record)
-        assert event["detail"]["observed"] == 2 and event["detail"]["retry_after"] >= 1
+        assert event["detail"]["observed"] == 2 and event["detail"]["retry_after"] >= 1 and event["action"] == "fallback"
         path = tmp_path / "record.json"
         path.write_text(json.dumps(record))
         capsys.readouterr()

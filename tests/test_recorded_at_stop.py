@@ -137,7 +137,7 @@ async def test_a_stop_waits_for_the_cut_and_the_held_call_to_be_recorded_when_ap
 async def test_close_lets_a_sweep_pass_record_an_expiry_when_appends_are_slow(pinned, tmp_path):  # noqa: F811
     clock = Clock()
     runtime = make_runtime(pinned, tmp_path, clock)
-    runtime.tick_interval_sec = 0.05
+    runtime.sweep_interval_sec = 0.05
     gate = threading.Event()
     loop = asyncio.get_running_loop()
     try:

@@ -195,7 +195,7 @@ async def test_store_down_fails_closed_and_is_recorded(runtime):
     assert admission.governor_object["retryable"] is True and admission.governor_object["retry_after"] == 1
     assert metric(runtime, "governor_store_errors_total") >= 1
     events = recover_journal(journal_path(runtime.data_dir, "s")).events
-    assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "continue"
+    assert events[-1]["cause"] == ON_GOVERNOR_ERROR and events[-1]["action"] == "fallback"  # not fail-open
     assert events[-1]["detail"]["refused_step"] == "not_executed"
     assert not runtime._sessions["s"].state.halted
 

@@ -242,7 +242,7 @@ print(json.dumps(out))
 async def test_models_the_governor_cannot_read_or_price_are_refused_with_a_reason(env):
     running, mock, sdk_env = env
     code = prelude(mock.endpoint, "unknown") + """
-model = "mistral.mistral-large-2402-v1:0"
+model = "mistral.governor-test-unpriced-v1:0"  # a vendor whose invoke body the adapter does not read, priced nowhere
 record("invoke", lambda: client.invoke_model(modelId=model, body=json.dumps({"prompt": "hi", "max_tokens": 64})))
 record("converse", lambda: client.converse(modelId=model, messages=msgs(), inferenceConfig={"maxTokens": 64}))
 print(json.dumps(out))

@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -146,6 +147,7 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
         assert (a.data_dir / "records").exists()
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
         await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session, capsys=capsys)
+        await one_record_on_every_replica(replicas, llm, redis_url, tmp_path, capsys)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
 
@@ -204,6 +206,69 @@ async def listed_alike_on_every_replica(replicas: list[Replica], llm, redis_url:
         assert (view["state"], view["iterations"]) == ("ended", 1), (replica.name, view)
 
 
+def chained_events(redis_url: str, session: str) -> list[tuple]:
+    server = redis.Redis.from_url(redis_url, decode_responses=True)
+    chain = [json.loads(line) for line in server.lrange(f"governor:ch:{session}", 0, -1)]
+    server.close()
+    return [(line["body"]["seq"], line["body"]["cause"], line["body"]["action"]) for line in chain
+            if line["kind"] == "event"]
+
+
+async def one_record_on_every_replica(replicas: list[Replica], llm, redis_url: str, tmp_path, capsys) -> None:
+    """The record of a shared session is the same on every replica: while it is open an interim
+    one (`Governor-Record: interim`) over every replica's events in the chain's order, even on a
+    replica whose copy is stale or that never served it; once B ended it, the final record B
+    wrote, byte for byte, on A (which served it before and holds a stale copy), B and C."""
+    a, b, c = replicas
+    session, token = await open_session(a, label="one record")
+    for replica in (a, b):
+        served = await replica.chat(llm.url, token)
+        assert served.status_code == 200, (replica.name, served.text)
+    refused = await b.chat(llm.url, token, **UNFITTABLE)  # a halt chained on B, after A's last read
+    assert refused.status_code in (403, 429), refused.text
+    chained = chained_events(redis_url, session)
+    assert chained, "B's refusal is chained"
+    for replica in (a, c):  # A's copy is behind B's event; C never served the session
+        interim = await replica.control.get(f"/v1/sessions/{session}/record")
+        assert interim.status_code == 200, (replica.name, interim.text)
+        assert interim.headers["Governor-Record"] == "interim"
+        assert [(e["seq"], e["cause"], e["action"]) for e in interim.json()["events"]] == chained, replica.name
+        assert interim.json()["outcome"] == "halted", interim.json()
+        verify(tmp_path, interim.json(), capsys)
+    assert (await a.chat(llm.url, token)).status_code in (403, 429)  # halted on every replica
+    end = await b.control.post(f"/v1/sessions/{session}/end")
+    assert end.status_code == 200, end.text
+    chained = chained_events(redis_url, session)
+    assert [(e["seq"], e["cause"], e["action"]) for e in end.json()["events"]] == chained
+    for replica in (a, b, c, a):
+        served = await replica.control.get(f"/v1/sessions/{session}/record")
+        assert served.status_code == 200, (replica.name, served.text)
+        assert served.headers["Governor-Record"] == "final"
+        assert served.content == end.content, (replica.name, served.text, end.text)
+    verify(tmp_path, end.json(), capsys)
+    checked = await c.reviewer.get(f"/v1/sessions/{session}/verification")  # the console's check: that record
+    assert checked.status_code == 200, checked.text
+    assert checked.json()["record"] == end.json() and checked.json()["verification"]["verdict"] == "INCOMPLETE"
+    # A dropped its stale copy: its view says ended, and the session's token is refused there
+    assert (await a.control.get(f"/v1/sessions/{session}")).json()["state"] == "ended"
+    assert (await a.chat(llm.url, token)).status_code == 403
+    # bound to a nonce issued on A: signed afresh over the whole ended chain
+    nonce = (await a.control.post("/v1/nonces")).json()["nonce"]
+    bound = await a.control.get(f"/v1/sessions/{session}/record", params={"nonce": nonce})
+    assert bound.status_code == 200, bound.text
+    unchained = lambda events: [{k: v for k, v in e.items() if k != "prev_hash"} for e in events]  # noqa: E731
+    assert bound.json()["nonce"] == nonce  # (the header, and so each event's prev_hash, names it)
+    assert unchained(bound.json()["events"]) == unchained(end.json()["events"])
+    assert bound.json()["outcome"] == end.json()["outcome"]
+    again = await a.control.get(f"/v1/sessions/{session}/record", params={"nonce": nonce})
+    assert again.status_code == 409, again.text  # a nonce binds one record
+    # hostile: ids that are no session, on a replica that never saw them
+    for unknown in ("no-such-session", "x" * 300, "../../etc/passwd", "governor:rec:*"):
+        missing = await c.control.get(f"/v1/sessions/{quote(unknown, safe='')}/record")
+        assert missing.status_code == 404, (unknown, missing.text)
+        assert missing.json()["error"]["code"] == "unknown_session"
+
+
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):
     replicas = await start_three(tmp_path, redis_url)
     try:
@@ -254,7 +319,11 @@ async def test_an_entry_edited_in_redis_is_found_and_the_session_fails_closed(tm
         damage = [e for e in audit.json()["events"] if e["cause"] == "on_governor_session_integrity"]
         assert damage and damage[0]["detail"]["session"] == session, audit.json()["events"]
         assert damage[0]["detail"]["reason"] == "shared_chain_damaged"
-        # and no replica signs a record over the edited chain
+        # and no replica signs a record over the edited chain: not C, reading it whole for a record
+        unreadable = await c.control.get(f"/v1/sessions/{session}/record")
+        assert unreadable.status_code == 500, unreadable.text
+        assert unreadable.json()["error"]["code"] == "record_unreadable"
+        assert "checksum mismatch" in unreadable.json()["error"]["message"]
         end = await a.control.post(f"/v1/sessions/{session}/end")
         assert end.status_code >= 400, end.text
         server.close()
@@ -437,6 +506,15 @@ async def test_a_replica_killed_9_and_restarted_finalizes_the_sessions_it_left(t
         assert late["cause"] == refusal["cause"] == "on_governor_error", (refusal, late)
         assert "unreachable" in json.dumps(late.get("detail")).lower() or "timeout" in json.dumps(late).lower(), late
         assert not list((alone.data_dir / "sessions" / "deferred").glob("*.jsonl")), "chained: the spool is empty"
+        # while Redis does not answer, an open session's record cannot be known to be current:
+        # refused as retryable, never a stale copy signed (the pause runs out by itself)
+        opened, _ = await open_session(restarted)
+        server = redis.Redis.from_url(redis_url, decode_responses=True)
+        server.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        server.close()
+        unknown = await restarted.control.get(f"/v1/sessions/{opened}/record")
+        assert unknown.status_code == 503, unknown.text
+        assert unknown.json()["error"]["code"] == "store_unavailable" and unknown.headers["Retry-After"] == "1"
     finally:
         await alone.stop()
         if restarted is not None:

@@ -115,7 +115,7 @@ async def test_redis_stopped_for_3s_under_load_refuses_as_retryable_and_the_same
         record = (await control.get(f"/v1/sessions/{session}/record")).json()
         events = [e for e in record["events"] if e["cause"] == "on_governor_error"]
         assert events, record["events"]
-        assert {e["action"] for e in events} == {"continue"}  # the session went on; the step did not
+        assert {e["action"] for e in events} == {"fallback"}  # the refusal stood in for the step; the session went on
         assert all(e["detail"]["retryable"] is True and e["detail"]["refused_step"] == "not_executed"
                    for e in events)
 

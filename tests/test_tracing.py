@@ -1,6 +1,6 @@
 """OpenTelemetry traces (governor/proxy/tracing.py, docs/tracing.md), received by a real OTLP
 receiver over gRPC and over HTTP (tests/otlp_receiver.py: the official opentelemetry-proto
-messages; no registry reachable here ships the Collector or Jaeger).
+messages; no registry reachable here ships an official Collector or Jaeger: docs/tracing.md).
 
 One world per protocol: the real governor on the real runtime (the notes passport of
 tests/test_mcp_sdk_runtime.py), the official `openai` SDK in a subprocess sending its own
@@ -67,7 +67,7 @@ async def _world(tmp_path, monkeypatch, protocol: str):
     receiver = await (Receiver().start_grpc() if protocol == "grpc" else Receiver().start_http())
     _environment(monkeypatch, receiver, protocol)
     metrics = Metrics()
-    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, tick_interval_sec=0.05)
+    runtime, _ = real_runtime(PASSPORT, tmp_path, metrics=metrics, sweep_interval_sec=0.05)
     tls = make_tls(tmp_path / "tls")
     mock = MockLLM(tls)
     await mock.start()

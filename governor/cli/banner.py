@@ -111,5 +111,16 @@ def session_lines(settings: Any, running: Any, command: str = "governor") -> lis
     if book is not None and book.locked:
         lines.append("  LOCKED:         " + "; ".join(f"{lock['id']} (session {lock['session']}, {lock['cause']})"
                                                      for lock in book.locks_view() if lock["state"] == "locked"))
-    lines.append("  personas:       name them with the ADL-Persona request header")
+    lines.append("  personas:       " + persona_line(settings, running, command, data))
     return lines
+
+
+def persona_line(settings: Any, running: Any, command: str, data: str) -> str:
+    """Who names a session's persona here: the principal (the default; the agent's ADL-Persona
+    header is refused), or the agent's header under the `--agent-identity headers` opt-in."""
+    if getattr(settings, "agent_identity", "principal") == "headers":
+        return "the agent names them with the ADL-Persona request header (--agent-identity headers: trusts the agent)"
+    if not running.control_url:
+        return "bound by a principal when it opens a session, and the control plane is off: none here"
+    return (f"bound by the principal: {command} sessions open --persona NAME --data-dir {data} "
+            "(the agent's ADL-Persona header is refused unless --agent-identity headers)")

@@ -35,7 +35,10 @@ FILE_KEYS: dict[str, tuple[str, str]] = {
     "max_decoded_ratio": ("200", "decoded / compressed size past 1 MiB, a number >= 1 "
                           "([compressed bodies](../wire-protocols.md#compressed-bodies))"),
     "max_held_stream_bytes": ("1 MiB", "a stream's output kept back while a step awaits admission, a whole number >= 1"),
-    "tick_interval": ("1", "seconds between wall-clock charging and the sweeper's rounds (0: none)"),
+    "tick_interval": ("1", "seconds between the wall-clock ticks a session gets while a call or realtime socket of "
+                      "it is open (a tick charges wall-clock; its refusal cuts the call); 0: none. Not the "
+                      "sweeper's period: it passes every second whatever this is, charging open sessions' "
+                      "wall-clock and expiring reviews and idle sessions, so those deadlines keep firing"),
     "governor_id": ("as `--id`", "the same as `--id`"),
     "control_token": ("`<data-dir>/control-token`", "the control plane's read/operate token (16+ characters)"),
     "webhook_timeout": ("5", "seconds for one delivery attempt ([notifications](../notifications.md))"),

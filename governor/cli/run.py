@@ -245,7 +245,7 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str], origins: Ori
     if "tick_interval" in file:
         tick = file["tick_interval"]
         if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 <= tick < float("inf"):
-            raise UsageError(f"config {config_path}: tick_interval must be a number of seconds >= 0 (0: no ticks)")
+            raise UsageError(f"config {config_path}: tick_interval must be a number of seconds >= 0 (0: no in-flight ticks)")
         settings.tick_interval = float(tick)
     for key in ("max_body_bytes", "max_response_bytes"):  # -1 or 0 would refuse (or pass) every body
         if key in file:

@@ -30,6 +30,8 @@ from aiohttp import web
 from governor.control.auth import bearer
 from governor.control.context import ControlContext
 from governor.control.replies import bearer_refusal, error, ok, operator_refusal, unknown_session
+from governor.evidence.errors import EvidenceError
+from governor.runtime.shared_records import RecordUnavailable, RecordUnreadable
 
 # default-src 'self' covers scripts, styles, images, fetch; nothing inline, nothing framed
 CONTENT_SECURITY_POLICY = (
@@ -104,15 +106,18 @@ class ReviewerConsole:
             return refusal
         runtime = self.runtime
         session = request.match_info["session"]
-        if not runtime.has_session(session):
+        shared = getattr(runtime, "shared_records", None)  # replicas share sessions: the one every replica serves
+        if not runtime.has_session(session) and shared is None:
             return unknown_session(session)
         key = getattr(runtime, "key", None)
         if key is None:
             return error(501, "no_key", "this runtime does not expose its signing key's public half")
         try:
-            record = runtime.record(session)
+            record = runtime.record(session) if shared is None else (await shared.record(session))[0]
         except KeyError:
             return unknown_session(session)
+        except (RecordUnavailable, RecordUnreadable, EvidenceError) as exc:  # the shared store: down, or damaged
+            return error(503, "record_unavailable", f"no record of session {session!r} can be read now: {exc}")
         pinned = getattr(runtime, "pinned", None)
         passport: Any = getattr(pinned, "document", None)
         # schema validation, the chain and the signature: CPU work off the event loop

@@ -35,6 +35,7 @@ from governor.control.sessions_api import caught_up, with_entry
 from governor.evidence.errors import EvidenceError
 from governor.evidence.witnessing import NotWitnessed
 from governor.runtime.edit import EditRefused
+from governor.runtime.shared_records import RecordUnavailable, RecordUnreadable
 
 log = logging.getLogger("governor.control")
 
@@ -174,6 +175,9 @@ class RuntimeRoutes:
         session = request.match_info["session"]
         if wants_proof(request):
             return await self._with_proof(session)
+        shared = getattr(runtime, "shared_records", None)
+        if shared is not None:  # replicas share sessions: the record every replica serves
+            return await self._shared_record(shared, session, request.query.get("nonce"))
         # a session that ended before this process started is served from its ended journal
         earlier = None if runtime.has_session(session) else getattr(runtime, "ended_record", None)
         if earlier is None and not runtime.has_session(session):
@@ -193,6 +197,28 @@ class RuntimeRoutes:
         if record is None:
             return unknown_session(session)
         return ok(record, headers={"Cache-Control": "no-store"})
+
+    async def _shared_record(self, shared: Any, session: str, nonce: str | None) -> web.Response:
+        """A shared session's record (runtime/shared_records.py): an ended one's is the final
+        record written once, the same bytes on every replica; an open one's is interim, over
+        every replica's events so far. `Governor-Record` says which."""
+        try:
+            if not await shared.known(session):
+                return unknown_session(session)
+            if nonce is not None:
+                try:
+                    self.nonces.consume(nonce)
+                except NonceError as exc:
+                    return error(NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
+            record, final = await shared.record(session, nonce)
+        except KeyError:
+            return unknown_session(session)
+        except RecordUnavailable as exc:
+            return error(503, "store_unavailable", f"the record of session {session!r} cannot be read from the "
+                         f"shared store now: {exc}", headers={"Retry-After": "1"})
+        except (EvidenceError, RecordUnreadable) as exc:  # its chain or state is damaged: say so
+            return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
+        return ok(record, headers={"Cache-Control": "no-store", "Governor-Record": "final" if final else "interim"})
 
     async def end_session(self, request: web.Request) -> web.Response:
         if refusal := self._operator_refusal(request):

@@ -18,7 +18,10 @@ cause it overrode (detail.overridden_cause). How the governor's own events use t
 - a reviewer's answer closes the §5 pause it answers: `pause` (detail.review says
   approved; a rejection is `fallback`, the held step replaced by the refusal);
 - a call whose output limit was fitted, or whose offered tools were cut: `fallback`
-  (the request went upstream in a reduced form);
+  (the request went upstream in a reduced form); a step refused while the session goes on
+  (a full rate-limit window, a state store that cannot be reached): `fallback` too, the
+  refusal standing in for the step (§6: "substitute the declared value / message for the
+  blocked step and continue");
 - at R1 nothing is enforced by definition of the tier: an observed cause is recorded
   as `continue` with detail.observed_only, detail.would and detail.overridden_cause,
   which is exactly a fail-open override (by the tier, not by the passport);
@@ -26,7 +29,12 @@ cause it overrode (detail.overridden_cause). How the governor's own events use t
   events at all (§4.1.5 and §4.2.5 ask that every decision be recorded, permits too):
   the schema has no action for "permitted", and `continue` is the only one that does not
   claim an enforcement that did not happen; detail.decision is "permit" and there is no
-  overridden_cause. This is the one use of `continue` that is not an override.
+  overridden_cause;
+- notes that enforce nothing (a budget warning, the identity a principal bound, a gap a
+  full disk left) are not degradation events either, and carry `continue` for the same
+  reason, with no overridden_cause.
+Permits and notes are the only uses of `continue` that are not overrides; a refusal is never
+recorded as `continue` (tests/test_causes.py).
 """
 
 from __future__ import annotations
@@ -118,7 +126,7 @@ CAUSES: tuple[Cause, ...] = (
           "override of the configuration)"),
     Cause(ON_GOVERNOR_BUDGET_WARNING, EXTENSION, (CONTINUE,),
           "a budget passed its warning threshold, once per dimension (a note: nothing is enforced)"),
-    Cause(ON_GOVERNOR_RATE_LIMIT, EXTENSION, (CONTINUE,),
+    Cause(ON_GOVERNOR_RATE_LIMIT, EXTENSION, (FALLBACK,),
           "a step over an operator's per-window rate limit refused with Retry-After; the session goes on "
           "(docs/rate-limits.md)"),
     Cause(ON_GOVERNOR_IDENTITY, EXTENSION, (CONTINUE,),

@@ -240,8 +240,9 @@ def store_unreachable(limits: Limits, state: SessionState, step: Any, error: str
         "reason": "the state store is unreachable: the step is refused, retry after a short wait",
         "refused_step": "not_executed",
     }
-    # recorded as §6's continue (the record has no "deny"): the session goes on, the step does not
-    event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.CONTINUE.value, detail)
+    # recorded as §6's fallback (the refusal stands in for the step, the session goes on), not
+    # `continue`: nothing failed open
+    event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.FALLBACK.value, detail)
     return Decision(action=Action.DENY, cause=ON_GOVERNOR_ERROR, fail_closed=True, details=detail, event=event)
 
 

@@ -183,11 +183,28 @@ def usage_corrections(draws: tuple[RateDraw, ...], report: Any, pricing: Any) ->
     return corrections
 
 
+def uncountable_refusal(step: Any, draw: RateDraw, reason: str) -> Decision:
+    """The refusal of a step whose window counter cannot be read as a count (edited in the
+    store): fail closed, at every tier, not retryable (waiting does not mend it: an operator
+    deletes the counter); the session goes on, recorded as a rate refusal's fallback."""
+    limit = draw.limit
+    detail: dict[str, Any] = {
+        "step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
+        "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
+        "limit": limit.limit, "window": limit.window_sec, "fail_closed": True, "retryable": False,
+        "reason": f"the {limit.scope} {limit.dimension} rate limit cannot be counted: {reason}"[:500],
+    }
+    if limit.tool is not None:
+        detail["tool"] = getattr(step, "tool", limit.tool)
+    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, fail_closed=True, details=detail, event=event)
+
+
 def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after: float,
                  reason: str | None = None) -> Decision:
     """The refusal of a step whose window is full (or that cannot be counted): retryable once
-    the window rolls, the session goes on. Recorded as §6's continue (the record has no
-    "deny": the session continues, the step does not)."""
+    the window rolls, the session goes on. Recorded as §6's fallback (the refusal stands in
+    for the step and the session goes on), not `continue`, which would say the step went on."""
     detail: dict[str, Any] = {"step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed"}
     if draw is not None:
         limit = draw.limit
@@ -202,5 +219,5 @@ def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after:
             detail["tool"] = getattr(step, "tool", limit.tool)
     else:
         detail["reason"] = reason or "the step cannot be counted against the rate limits"
-    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.CONTINUE.value, detail)
+    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
     return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail, event=event)

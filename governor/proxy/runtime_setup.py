@@ -54,7 +54,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     from governor.runtime.prices import price_book
     from governor.runtime.core import Runtime
     from governor.runtime.duplicates import watch_duplicates
-    from governor.store import open_store
+    from governor.store import open_store, redacted
 
     path = settings.passport or example_passport_path()
     try:
@@ -98,7 +98,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     try:
         store = open_store(location)
     except Exception as exc:  # StoreError, a bad URL: nothing can be decided without state
-        raise StartupError(f"state store {location}: {exc}") from None
+        raise StartupError(f"state store {redacted(location)}: {exc}") from None
     transparency_log = None
     if settings.log:
         from governor.evidence.translog import LogError, TransparencyLog, default_origin

@@ -54,7 +54,7 @@ class Settings:
     client_idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # a keep-alive connection with nothing in flight, closed after
     max_client_connections: int = 0  # 0: derived from the file-descriptor limit
     metrics_per_session: int = 0  # budget series labelled by session, for at most this many live sessions
-    tick_interval: float = 1.0
+    tick_interval: float = 1.0  # the proxy's in-flight wall-clock ticks (0: none); not the sweeper's period
     persona_idle: float = 60.0  # a persona instance with no request for this long ends (docs/personas.md)
     review_hold: float = 300.0  # a connection held for a reviewer, at most (docs/oversight.md)
     review_retry_after: float = 10.0  # the Retry-After of the 429 review_pending after it

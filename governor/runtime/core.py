@@ -79,6 +79,7 @@ from governor.runtime.settings import RuntimeSettings, SharedSetting
 from governor.runtime.shared import SharedSteps
 from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
+from governor.runtime.shared_records import SharedRecords
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -109,7 +110,7 @@ class Runtime:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         session_idle_sec: float = 900.0,
-        tick_interval_sec: float = 1.0,
+        sweep_interval_sec: float = 1.0,
         journal_sync: bool = True,
         pinned: Any = None,
         owns_store: bool = False,
@@ -117,7 +118,7 @@ class Runtime:
         transparency_log: Any = None,
         witnessing: Any = None,
     ) -> None:
-        self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, tick_interval_sec=tick_interval_sec,
+        self.settings = settings = RuntimeSettings(limits, journal_sync=journal_sync, sweep_interval_sec=sweep_interval_sec,
                                                    session_idle_sec=session_idle_sec)
         self.pinned = pinned  # the PinnedPassport these limits were compiled from, when known
         self.admission: Any = None  # its admission report, when the caller keeps it (startup banner)
@@ -175,6 +176,8 @@ class Runtime:
                                clock=clock, open_session=self.table.open, apply=self._apply, approvals=self.oversight,
                                personas=self.personas, audit=self.audit, ended=self._session_over,
                                transparency_log=transparency_log, witnessing=witnessing, shared=self.shared)
+        self.shared_records = SharedRecords(records=self.records, steps=self.shared, sessions=self._sessions,  # GET record
+                                            open_session=self.table.open) if self.shared is not None else None
         self.views = Views(sessions=self._sessions, index=self.table.index, store=store, store_call=self._store,
                            settings=settings, agent_id=agent_id, metrics=self.metrics, clock=clock,
                            approvals=self.oversight, shared=SharedRetention(sessions) if sessions is not None else None)
@@ -188,7 +191,7 @@ class Runtime:
     limits = SharedSetting()
     notifier = SharedSetting()
     journal_sync = SharedSetting()
-    tick_interval_sec = SharedSetting()
+    sweep_interval_sec = SharedSetting()
     session_idle_sec = SharedSetting()
 
     # --- lifecycle ---------------------------------------------------------------------

@@ -218,6 +218,41 @@ class _BudgetSeries:
         return families
 
 
+SHARED_SESSIONS_WANTED_SEC = 120.0  # the shared count is refreshed while scraped this recently
+
+
+class _SharedSessionSeries:
+    """`governor_shared_sessions` by state: the sessions of every replica sharing the store, as
+    the store holds them (the same value on every replica, unlike `governor_sessions`, which a
+    session served by several replicas is in on each). Set by the sweeper off the request path
+    (governor.runtime.shared_views.SharedViews.tally), and only while something scrapes it;
+    without a store that shares sessions, or while the store cannot be read, no samples."""
+
+    HELP = ("governor_shared_sessions", "Sessions of every replica sharing this governor's store, by state, as "
+            "the store holds them (ended: records written and kept, ended_ttl); the same on every replica: "
+            "aggregate with max, not sum. No samples without a store that shares sessions")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] | None = None
+        self.scraped_at: float | None = None  # time.monotonic() of the last scrape
+
+    def wanted(self, now: float) -> bool:
+        """Whether the sweeper should count now: never counted yet, or scraped lately."""
+        return self.counts is None or (self.scraped_at is not None and now - self.scraped_at < SHARED_SESSIONS_WANTED_SEC)
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(*self.HELP, labels=["state"])
+
+    def collect(self) -> Iterator[Metric]:
+        self.scraped_at = time.monotonic()
+        family = GaugeMetricFamily(*self.HELP, labels=["state"])
+        counts = self.counts
+        if counts is not None:
+            for state in SESSION_STATES:
+                family.add_metric([state], counts.get(state, 0))
+        yield family
+
+
 class Metrics:
     """The governor's metric objects, registered on `self.registry`."""
 
@@ -260,6 +295,8 @@ class Metrics:
         self._session_counts = {state: 0 for state in SESSION_STATES}
         for state in SESSION_STATES:
             self.sessions.labels(state).set_function(lambda state=state: self._session_counts[state])
+        self.shared_sessions = _SharedSessionSeries()
+        r.register(self.shared_sessions)
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
         self.oldest_pending_at: float | None = None  # wall-clock time the oldest pending step was paused

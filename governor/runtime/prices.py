@@ -9,7 +9,7 @@ Layers, the first that prices a model wins:
 2. the bundled overrides, policies/pricing.yaml: what genai-prices lacks or prices in a way
    the governor's one-token-figure usage cannot use (per-image DALL-E prices, audio seconds,
    characters spoken, training tokens, Realtime and image models at their audio or image
-   rates, embeddings and moderation, Bedrock model ids);
+   rates, embeddings and moderation, the Bedrock model ids genai-prices' aws provider lacks);
 3. genai-prices (PyPI, pydantic/genai-prices), its bundled data (never updated over the
    network here), at the prices in effect on the book's date (`as_of`: the governor's start or
    reload): standard prices, the text rates (an audio or image rate only when a model has no
@@ -27,6 +27,7 @@ Each price names its source (`genai-prices 0.2.3`, `bundled sha256:...`,
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +39,11 @@ from governor.policy.pricing import ModelPrice, PricingError, PricingTable, defa
 
 GENAI_PRICES = "genai-prices"
 MAX_MODEL_NAME = 256  # longer names are no model's: unpriced without a lookup (each costs ~0.2-1 ms)
+# A Bedrock model id (an optional cross-region prefix, then the vendor): genai-prices keeps them
+# under its aws provider, which no name matches by itself (it has no model_match), and another
+# provider's pattern may claim the name first (anthropic's "claude"); so these ask aws first.
+BEDROCK_ID = re.compile(r"(?:(?:us|eu|apac|global|jp|au|ca|us-gov)\.)?"
+                        r"(?:anthropic|meta|amazon|mistral|cohere|ai21|deepseek|qwen|writer|openai)\.", re.I)
 
 
 def genai_prices_version() -> str:
@@ -55,6 +61,7 @@ class GenaiPrices:
         # asked (an agent's invented model names would grow them without bound); the price
         # book's own memo is bounded (governor.policy.pricing)
         self.providers = providers
+        self.aws = next((p for p in providers if p.id == "aws"), None)
         self.as_of = as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=UTC)
         self.source = f"{GENAI_PRICES} {genai_prices_version()}"
 
@@ -64,8 +71,11 @@ class GenaiPrices:
         if not model or len(model) > MAX_MODEL_NAME:
             return None
         try:  # as genai-prices looks a name up without a provider: the first provider whose names match
-            provider = next((p for p in self.providers if p.model_match is not None and p.model_match.is_match(model)),
-                            None)
+            if self.aws is not None and BEDROCK_ID.match(model):
+                provider = self.aws
+            else:
+                provider = next((p for p in self.providers
+                                 if p.model_match is not None and p.model_match.is_match(model)), None)
             info = provider.find_model(model, all_providers=self.providers) if provider is not None else None
         except Exception:  # not a name genai-prices can read
             return None

@@ -1,7 +1,7 @@
 """What the runtime's collaborators share and a caller may replace after construction.
 
 The proxy's start-up sets the webhook notifier; tests swap the limits, the journal's fsync,
-the sweep interval and the idle timeout. One `RuntimeSettings` object, handed to every
+the sweeper's period and the idle timeout. One `RuntimeSettings` object, handed to every
 collaborator and read where it is used, so a replacement reaches all of them at once;
 `Runtime`'s attributes of the same names read and write it (`SharedSetting`).
 """
@@ -20,7 +20,10 @@ class RuntimeSettings:
     limits: Limits  # the pinned passport's, compiled (a session resumed on another passport keeps its own)
     journal_sync: bool = True  # fsync each journal append (tests turn it off)
     notifier: Any = NULL_NOTIFIER  # webhooks (governor.notify): emit() queues, never waits
-    tick_interval_sec: float = 1.0  # the sweeper's pass
+    # the sweeper's period: the bound on its deadlines (wall-clock caps of sessions with no tick
+    # in flight, review expiry, idle ends); `governor run` keeps 1 s whatever `tick_interval`
+    # (the proxy's in-flight ticks), tests shorten it
+    sweep_interval_sec: float = 1.0
     session_idle_sec: float = 900.0  # a session with nothing in flight this long is ended
     duplicates: Any = None  # governor.runtime.duplicates.DuplicateWatch on a shared store, else None
 

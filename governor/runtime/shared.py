@@ -173,7 +173,9 @@ class SharedSteps:
             live.journal.defer(event["cause"], event["action"], now, event.get("detail"))
         return True
 
-    def _load(self, live: LiveSession) -> None:
+    def load_state(self, live: LiveSession) -> None:
+        """The session's state as the last round on any replica saved it (an end another replica
+        made: its chain read again). Blocking."""
         saved = self.store.load_session(live.id)
         if saved is not None:
             self._adopt(live, saved)
@@ -197,7 +199,7 @@ class SharedSteps:
                     return
                 live = await open_session(session)
             if not live.lock.locked():
-                await asyncio.to_thread(self._load, live)
+                await asyncio.to_thread(self.load_state, live)
         except Exception as exc:  # StoreError, a damaged chain: the view shows what this replica knows
             log.warning("session %s: its shared state could not be read for a view: %s", session, exc)
 

@@ -6,6 +6,11 @@ what the store holds of the session (its state as the last round on any replica 
 its chain's length, its budgets, the steps held for it on any replica), so every replica
 gives the same page. A session the store holds no chain head or no readable state for (a
 forged index member, another writer's garbage) is left out and logged, never shown as one.
+
+`tally` counts the shared sessions by state as the listing would show them (the
+`governor_shared_sessions` gauge, the same on every replica): the open ones read one by one
+(O(open sessions), with the same checks), the ended ones counted from the store's index of
+written records.
 """
 
 from __future__ import annotations
@@ -23,6 +28,25 @@ from governor.store import StoreError
 log = logging.getLogger("governor.runtime")
 
 VIEW_SLICE = 50  # views built before letting the proxy run
+TALLY_PAGE = 500  # open sessions read in one pipelined round trip by `tally`
+
+
+def saved_state(session: str, saved: bytes | None) -> SessionState | None:
+    """The state a round saved for `session` (None: none yet); ValueError, KeyError or TypeError
+    when it is unreadable or another session's."""
+    state = SessionState.from_dict(orjson.loads(saved)) if saved is not None else None
+    if state is not None and state.session != session:
+        raise ValueError(f"the state saved under {session} is session {state.session}'s")
+    return state
+
+
+def state_label(state: SessionState | None, recorded: bool, held: bool) -> str:
+    """A listed session's state: ended, halted, paused (a step held for review) or active."""
+    if recorded or (state is not None and state.ended):
+        return "ended"
+    if state is not None and state.halted:
+        return "halted"
+    return "paused" if held else "active"
 
 
 class SharedViews:
@@ -69,22 +93,20 @@ class SharedViews:
     async def view(self, session: str, length: int, saved: bytes | None, recorded: bool, began: str | None,
                    held: list[dict[str, Any]]) -> dict[str, Any] | None:
         try:
-            state = SessionState.from_dict(orjson.loads(saved)) if saved is not None else None
-            if state is not None and state.session != session:
-                raise ValueError(f"the state saved under {session} is session {state.session}'s")
+            state = saved_state(session, saved)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("session %s: its state in the store is unreadable, not listed: %s", session, exc)
             return None
-        ended = recorded or (state is not None and state.ended)
+        label = state_label(state, recorded, bool(held))
+        ended = label == "ended"
         try:
             budgets, store_error = await asyncio.to_thread(self.budgets, session, False), None
         except StoreError as exc:
             budgets, store_error = [], str(exc)
         limits = self.limits()
-        halted = state is not None and state.halted
         view = {
             "session": session,
-            "state": "ended" if ended else "halted" if halted else "paused" if held else "active",
+            "state": label,
             "tier": limits.tier.value,
             "started_at": iso_utc(state.started_at) if state is not None else began,
             "iterations": state.iterations if state is not None else 0,
@@ -99,6 +121,29 @@ class SharedViews:
         if store_error:
             view["store_error"] = store_error
         return view
+
+    async def tally(self) -> dict[str, int]:
+        """How many shared sessions are in each state, as `page` would list them: the open ones
+        (a last activity in the store) each read and checked as the listing checks it (no chain
+        head, an unreadable state: not counted), plus the sessions whose records are written.
+        StoreError when the store cannot be read."""
+        live, ended = await asyncio.to_thread(self.retention.tally_sources)
+        held = await asyncio.to_thread(self.holds)
+        held_sessions = {view.get("session") for view in held if isinstance(view, dict)}
+        counts = {"active": 0, "paused": 0, "halted": 0, "ended": ended}
+        for start in range(0, len(live), TALLY_PAGE):
+            found = await asyncio.to_thread(self.retention.entries, live[start:start + TALLY_PAGE])
+            for n, (session, (_, saved, recorded, _)) in enumerate(found.items(), 1):
+                if n % VIEW_SLICE == 0:
+                    await asyncio.sleep(0)
+                if recorded:  # (a settlement that touched it after its end): counted in `ended` already
+                    continue
+                try:
+                    state = saved_state(session, saved)
+                except (ValueError, KeyError, TypeError):
+                    continue  # the listing leaves it out too (and says so when it lists)
+                counts[state_label(state, False, session in held_sessions)] += 1
+        return counts
 
 
 __all__ = ["SharedViews"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from governor.evidence.errors import JournalClosedError
@@ -45,7 +46,9 @@ SWEEP_STOP_SEC = 5.0  # how long close() lets a sweep pass in progress finish
 
 
 class Sweeper:
-    """The background pass over the runtime's sessions, every `settings.tick_interval_sec`."""
+    """The background pass over the runtime's sessions, every `settings.sweep_interval_sec`
+    (1 s under `governor run`, whatever its `tick_interval`: that option sets only the proxy's
+    in-flight ticks, so no deadline kept here stops firing because of it)."""
 
     def __init__(self, *, sessions: dict[str, LiveSession], index: SessionIndex, metrics: Metrics,
                  clock: Callable[[], float], store_call: StoreCall, save: Callable[[LiveSession], None],
@@ -66,7 +69,7 @@ class Sweeper:
         self.views = views
         self.audit = audit
         self.personas = personas
-        self.settings = settings  # tick_interval_sec, session_idle_sec: the runtime's, as they are now
+        self.settings = settings  # sweep_interval_sec, session_idle_sec: the runtime's, as they are now
         self.task: asyncio.Task | None = None
         self.sweeping = False  # a pass is in progress
         self.stopping = False  # close() asked the sweeper to stop after its pass
@@ -78,7 +81,7 @@ class Sweeper:
 
     async def _sweep_forever(self) -> None:
         while not self.stopping:
-            await asyncio.sleep(self.settings.tick_interval_sec)
+            await asyncio.sleep(self.settings.sweep_interval_sec)
             self.sweeping = True
             try:
                 await self.sweep()
@@ -161,6 +164,7 @@ class Sweeper:
             await self.chain_deferred()
             await self.end_abandoned(now)
             await self.remove_ended(now)
+            await self.count_shared()
         await self._refresh_gauges()
 
     async def end_abandoned(self, now: float) -> None:
@@ -229,6 +233,19 @@ class Sweeper:
             return
         if removed:
             log.info("removed what %d shared session(s) ended long ago left in the store", len(removed))
+
+    async def count_shared(self) -> None:
+        """Refresh `governor_shared_sessions` (every replica's sessions by state, read from the
+        store: O(open sessions)) while something scrapes it; unread, it has no samples rather
+        than an old count."""
+        shared, series = self.views.shared, self.metrics.shared_sessions
+        if shared is None or not series.wanted(time.monotonic()):
+            return
+        try:
+            series.counts = await shared.tally()
+        except StoreError as exc:
+            series.counts = None
+            log.warning("could not count the shared sessions for governor_shared_sessions: %s", exc)
 
     async def _refresh_gauges(self) -> None:
         """Keep the budget gauges current for scrapers, GAUGE_BATCH sessions a tick, round

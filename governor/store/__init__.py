@@ -51,6 +51,7 @@ __all__ = [
     "UnknownReservation",
     "WriteBehindStore",
     "open_store",
+    "redacted",
 ]
 
 
@@ -83,6 +84,16 @@ def open_store(location: str | os.PathLike[str], *, window: RollingWindow = DAY)
     if "://" in location:
         raise ValueError(f"{location}: unknown store scheme (expected memory:, sqlite://, redis://, redis+sentinel://, redis+cluster:// or a path)")
     return WriteBehindStore(location, window=window)
+
+
+def redacted(location: str | os.PathLike[str]) -> str:
+    """The store's location for a message: a URL's userinfo (its password) replaced by ***."""
+    location = os.fspath(location)
+    scheme, sep, rest = location.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        return location
+    return f"{scheme}{sep}***@{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def _shared(location: str, value: str) -> bool:

@@ -93,6 +93,7 @@ from governor.store.redis_calls import (
 )
 from governor.store.redis_client import make_client, parse_options
 from governor.store.redis_sessions import RedisSessions
+from governor.store.redis_tls import connection_hint
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
@@ -109,7 +110,7 @@ from governor.store.redis_scripts import (
     ADJUST_WINDOW,
     TAKE_WINDOW,
 )
-from governor.store.windows import WindowCharge, WindowTake, check_charges, window_index
+from governor.store.windows import WindowCharge, WindowCounterDamaged, WindowTake, check_charges, window_index
 
 log = logging.getLogger("governor.store")
 
@@ -161,7 +162,7 @@ class RedisStore:
         self._lost: str | None = None  # why the store fails closed after losing its data
         self._fence_at_loss: str | None = None  # the fence as it stood when the loss was found
         self.epoch = ""
-        with self._guard():
+        with self._guard(), connection_hint(rest.startswith("rediss")):
             self._client.ping()
             self.epoch = self._open_fence(keys=self._keys, args=(self.prefix, uuid.uuid4().hex))
 
@@ -465,6 +466,9 @@ class RedisStore:
         if int(result[0]) == 1:
             return WindowTake(True, indexes)
         failed = int(result[1]) - 1
+        if int(result[0]) == 2:  # not a count: edited in Redis (fail closed, left as found)
+            found = result[2].decode(errors="replace") if isinstance(result[2], bytes) else str(result[2])
+            raise WindowCounterDamaged(failed, f"w:{charges[failed].counter}@{indexes[failed]}", found)
         return WindowTake(False, failed=failed, observed=float(result[2]),
                           rolls_at=(indexes[failed] + 1) * charges[failed].window_sec)
 

@@ -21,6 +21,16 @@ Options the governor reads (in the query string, any scheme):
   prefix=PREFIX         key prefix (default governor:; on Cluster wrapped in a hash tag,
                         {governor}:, so every key of the store shares one slot and the
                         atomic scripts run there)
+TLS (the rediss schemes only; every connection: the primary's, the Sentinels', each Cluster
+node's; checked when the store opens, governor.store.redis_tls):
+  ssl_ca_certs=PATH     the CA bundle (PEM) the servers' certificates must chain to (default:
+                        the system's trusted CAs)
+  ssl_ca_path=DIR       a directory of CA certificates, likewise
+  ssl_certfile=PATH     the client certificate (PEM) presented to servers that ask for one
+  ssl_keyfile=PATH      its private key (when not in ssl_certfile)
+  ssl_check_hostname=true|false
+                        whether the certificate must name the address dialled (default true;
+                        Sentinel and Cluster name their nodes by IP address)
 Any other query option is redis-py's own (redis://, rediss:// only).
 """
 
@@ -34,6 +44,8 @@ from urllib.parse import parse_qs, unquote, urlencode
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from governor.store.redis_tls import TLS_OPTIONS, tls_settings
 
 SCHEMES = ("redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://", "redis+cluster://",
            "rediss+cluster://")
@@ -54,6 +66,8 @@ class RedisOptions:
     # how long what a shared session leaves in Redis (chain, state, record, book entries) is kept
     # after its record was written (governor.store.redis_retention)
     ended_ttl: float = 86400.0
+    # redis-py's ssl_* arguments of every connection (rediss schemes; governor.store.redis_tls)
+    tls: tuple[tuple[str, str | bool], ...] = ()
 
 
 def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
@@ -65,6 +79,7 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
     kind = "sentinel" if scheme.endswith("+sentinel") else "cluster" if scheme.endswith("+cluster") else "redis"
     raw = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
     ours = {k: raw.pop(k) for k in _OURS if k in raw}
+    tls = tls_settings(_safe(url), scheme.startswith("rediss"), {k: raw.pop(k) for k in TLS_OPTIONS if k in raw})
     if kind != "redis" and raw:
         raise ValueError(f"{_safe(url)}: unknown option(s) {', '.join(sorted(raw))}")
     wait = ours.get("wait", "0")
@@ -87,6 +102,7 @@ def parse_options(url: str) -> tuple[str, RedisOptions, dict[str, str]]:
         wait_timeout=_seconds(url, "wait_timeout", ours.get("wait_timeout", "0.5")),
         prefix=prefix,
         ended_ttl=_seconds(url, "ended_ttl", ours.get("ended_ttl", "86400")),
+        tls=tuple(tls.items()),
     )
     rest = base + ("?" + urlencode(raw) if raw else "")
     return rest, options, {"sentinel_password": ours["sentinel_password"]} if "sentinel_password" in ours else {}
@@ -99,6 +115,7 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
     # a reservation waits for its replicas on top of the command itself
     common: dict[str, Any] = dict(socket_timeout=options.timeout + (options.wait_timeout if options.wait_replicas else 0),
                                   socket_connect_timeout=options.timeout, decode_responses=True)
+    tls_options = dict(options.tls)  # empty without TLS (parse_options refuses them on plain schemes)
     if asynchronous:
         import redis.asyncio as flavour
         from redis.asyncio.retry import Retry as FlavourRetry
@@ -106,7 +123,7 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
         flavour, FlavourRetry = redis, Retry  # type: ignore[assignment]
     if options.kind == "redis":
         return flavour.Redis.from_url(url, retry=FlavourRetry(NoBackoff(), 0), redis_connect_func=on_connect,
-                                      **common)
+                                      **common, **tls_options)
     scheme, _, rest = url.partition("://")
     netloc, _, path = rest.partition("/")
     userinfo, _, hosts = netloc.rpartition("@")
@@ -115,14 +132,14 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
     nodes = [_host_port(url, h) for h in hosts.split(",") if h]
     if not nodes:
         raise ValueError(f"{_safe(url)}: no HOST:PORT")
-    tls = {"ssl": True} if scheme.startswith("rediss") else {}
+    tls = {"ssl": True, **tls_options} if scheme.startswith("rediss") else {}
     if options.kind == "cluster":
         if path.strip("/"):
             raise ValueError(f"{_safe(url)}: Redis Cluster has no databases (no /DB)")
         # not redis-py's RedisCluster: every key of the store is in one slot, so a plain
         # client to the slot's owner (governor.store.redis_slot) serves it, WAIT included
         from governor.store.redis_slot import SlotMap, slot_owner_client
-        connect = {**auth, **common}
+        connect = {**auth, **common, **tls_options}  # every node's connections: the look-ups' and the owner's
         # each client its own map of the slot (an address, asked again when stale)
         slot_map = SlotMap(nodes, f"{options.prefix}fence", connect, tls=bool(tls))
         if asynchronous:
@@ -132,7 +149,8 @@ def make_client(url: str, options: RedisOptions, extra: dict[str, str],
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel
     else:
-        from redis.sentinel import Sentinel  # type: ignore[assignment]
+        # redis-py's, naming each Sentinel's own error when none names the primary
+        from governor.store.redis_sentinel import ExplainedSentinel as Sentinel  # type: ignore[assignment]
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ValueError(f"{_safe(url)}: expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")

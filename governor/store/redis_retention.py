@@ -5,6 +5,10 @@ the chain's first append puts it there, `redis_sessions.APPEND`), so a page afte
 one ZRANGE BYLEX (O(log n + page)), whatever replica served the sessions, and `entries` reads
 each one's chain head and saved state in one pipelined round trip.
 
+Counting (the `governor_shared_sessions` gauge): the open sessions are those with a last
+activity (`act`: set when a session starts, forgotten when it ends), the ended ones those in
+`ended`; `tally_sources` reads both in one round trip, O(open sessions), never the whole index.
+
 Retention. A session's record written, its time is in `ended`; `ended_ttl` later (the store
 URL's `?ended_ttl=`, a day by default) a replica's sweeper removes what it left (`REMOVE_ENDED`:
 chain, head, state, record, round, activity, index), in batches, and the session book's log
@@ -104,6 +108,18 @@ class SharedRetention:
             found[session] = (int(length), state.encode() if isinstance(state, str) else state, bool(recorded),
                               header_start(began.get(session)))
         return found
+
+    def tally_sources(self) -> tuple[list[str], int]:
+        """What the count of shared sessions by state starts from, in one round trip: the sessions
+        with a last activity (the open ones, and any a late settlement touched after its end), in
+        id order, and how many sessions' records are written and kept (`ended`)."""
+        P = self.prefix
+        with self.sessions.guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hkeys(f"{P}act")
+            pipe.zcard(f"{P}ended")
+            live, ended = pipe.execute()
+        return sorted(s.decode() if isinstance(s, bytes) else s for s in live), int(ended)
 
     # --- retention ------------------------------------------------------------------------
 

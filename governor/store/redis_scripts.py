@@ -312,39 +312,55 @@ return redis.call('DEL', P .. 'st:' .. session)
 """
 
 # The rate limits' window counters (governor.store.windows): one string per counter and
-# window, w:<counter>@<index>, expiring two windows after its last write.
-# ARGV: P, n, (counter, index, amount, cap or '', ttl_ms) * n -> {1} or {0, i, current}
-TAKE_WINDOW = r"""
+# window, w:<counter>@<index>, expiring two windows after its last write. A counter that is not
+# a count (edited in Redis: text, nan, a negative or infinite number, a key of another type)
+# is never read as zero nor overwritten: the take is refused naming it, and an adjustment
+# leaves it as it is, for the operator to find.
+WINDOW_COUNT = r"""
+-- the count a window counter holds (0 when absent), or nil and what it holds instead
+local function window_count(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then return nil, 'a key of type ' .. redis.call('TYPE', key).ok end
+  if not v then return 0 end
+  local x = tonumber(v)
+  if x == nil or x ~= x or x < 0 or x == math.huge then return nil, string.sub(v, 1, 64) end
+  return x
+end
+"""
+
+# ARGV: P, n, (counter, index, amount, cap or '', ttl_ms) * n
+#   -> {1} | {0, i, current}: charge i would pass its cap | {2, i, found}: charge i's counter is not a count
+TAKE_WINDOW = WINDOW_COUNT + r"""
 local n = tonumber(ARGV[2])
-local keys, totals = {}, {}
+local keys, totals, counts = {}, {}, {}
 for i = 1, n do
   local j = 3 + 5 * (i - 1)
   keys[i] = P .. 'w:' .. ARGV[j] .. '@' .. ARGV[j + 1]
   totals[keys[i]] = (totals[keys[i]] or 0) + tonumber(ARGV[j + 2])
+  local v, found = window_count(keys[i])
+  if v == nil then return {2, i, found} end
+  counts[i] = v
 end
 for i = 1, n do
   local cap = ARGV[3 + 5 * (i - 1) + 3]
-  if cap ~= '' then
-    local v = tonumber(redis.call('GET', keys[i])) or 0
-    if v + totals[keys[i]] > tonumber(cap) then return {0, i, fmt(v)} end
-  end
+  if cap ~= '' and counts[i] + totals[keys[i]] > tonumber(cap) then return {0, i, fmt(counts[i])} end
 end
 for i = 1, n do
   local j = 3 + 5 * (i - 1)
-  local v = tonumber(redis.call('GET', keys[i])) or 0
+  local v = window_count(keys[i])  -- again: one counter may be charged twice
   redis.call('SET', keys[i], fmt(v + tonumber(ARGV[j + 2])), 'PX', ARGV[j + 4])
 end
 return {1}
 """
 
 # ARGV: P, n, (counter@index, delta) * n: a counter kept is corrected, never below zero
-ADJUST_WINDOW = r"""
+ADJUST_WINDOW = WINDOW_COUNT + r"""
 local n = tonumber(ARGV[2])
 for i = 1, n do
   local key = P .. 'w:' .. ARGV[1 + 2 * i]
-  local v = redis.call('GET', key)
-  if v then
-    local nv = tonumber(v) + tonumber(ARGV[2 + 2 * i])
+  local v = window_count(key)
+  if v ~= nil and redis.call('EXISTS', key) == 1 then
+    local nv = v + tonumber(ARGV[2 + 2 * i])
     if nv < 0 then nv = 0 end
     redis.call('SET', key, fmt(nv), 'KEEPTTL')
   end

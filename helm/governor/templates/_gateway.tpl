@@ -45,6 +45,10 @@ share one governor's state, the store URL with its password from a Secret, and t
 {{- if .Values.dataDir.persistence.enabled -}}
 {{- fail "mode gateway keeps no state in its pods (it is in the Redis store): dataDir.persistence.enabled is for the sidecar" -}}
 {{- end -}}
+{{- $records := $g.records.persistence -}}
+{{- if and $records.enabled (not $records.existingClaim) -}}
+{{- fail "gateway.records.persistence.enabled needs gateway.records.persistence.existingClaim: an existing ReadWriteMany PersistentVolumeClaim that every replica mounts (each pod writes its own subdirectory)" -}}
+{{- end -}}
 {{- if .Values.interception.enabled -}}
 {{- fail "interception.enabled is for the sidecar (it redirects the agent's traffic inside its pod); a gateway's agents are in other pods" -}}
 {{- end -}}
@@ -162,6 +166,10 @@ share one governor's state, the store URL with its password from a Secret, and t
       readOnly: true
     - name: data
       mountPath: {{ .Values.dataDir.mountPath }}
+      {{- if .Values.gateway.records.persistence.enabled }}
+      # this pod's own directory on the shared claim: its records, log and journals outlive it
+      subPathExpr: $(GOVERNOR_POD_NAME)
+      {{- end }}
     - name: tmp
       mountPath: /tmp
     - name: ca

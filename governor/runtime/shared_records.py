@@ -1,0 +1,91 @@
+"""The record every replica serves of a session shared by replicas (`GET
+/v1/sessions/{id}/record`; docs/reference/shared-sessions.md, "Records").
+
+An ended session's record is the one final record written once, by the replica that ended
+it, into the store (`rec:<session>`): every replica serves those bytes, whatever it still
+holds of the session in memory. A replica that served the session before another ended it
+learns the end here (its copy of the chain and state read again first) and stops serving
+its stale copy: its live session is marked ended with that record, as if it had tried to
+end it. With a nonce the record is signed afresh over the whole ended chain, bound to it.
+
+An open session's record is interim: signed now over the chain as it stands in the store
+(every replica's events, in the chain's order) with the outcome so far, and said to be
+interim (`final` False) so the control plane can tell the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from governor.runtime.records import Records
+from governor.runtime.session import LiveSession
+from governor.store import StoreError
+
+
+class RecordUnavailable(Exception):
+    """The store did not answer: no record can be served that is known to be current."""
+
+
+class RecordUnreadable(Exception):
+    """The session's state in the store is no session state (edited there): no record is signed."""
+
+
+class SharedRecords:
+    def __init__(self, *, records: Records, steps: Any, sessions: dict[str, LiveSession],
+                 open_session: Callable[[str], Awaitable[LiveSession]]) -> None:
+        self.records = records  # signs records and takes the record of a session ended elsewhere
+        self.steps = steps  # governor.runtime.shared.SharedSteps: the store's sessions, state reads
+        self.sessions = sessions  # the runtime's live-session table
+        self.open_session = open_session
+
+    async def known(self, session: str) -> bool:
+        """Whether `session` is one this replica or the store holds (RecordUnavailable: the
+        store did not answer)."""
+        if session in self.sessions:
+            return True
+        try:
+            return await asyncio.to_thread(self.steps.sessions.has_chain, session)
+        except StoreError as exc:
+            raise RecordUnavailable(str(exc)) from None
+
+    async def record(self, session: str, nonce: str | None = None) -> tuple[dict[str, Any], bool]:
+        """(the session's record, whether the session has ended). KeyError: no such session;
+        RecordUnavailable: the store did not answer; RecordUnreadable: its state is damaged;
+        EvidenceError: its chain is damaged."""
+        try:
+            return await self._record(session, nonce)
+        except StoreError as exc:
+            raise RecordUnavailable(str(exc)) from None
+
+    async def _record(self, session: str, nonce: str | None) -> tuple[dict[str, Any], bool]:
+        store = self.steps.sessions
+        live = self.sessions.get(session)
+        if live is not None and live.final_record is not None and nonce is None:
+            return live.final_record, True
+        if live is None:  # never served here: the written record, without opening the session
+            written = await asyncio.to_thread(store.get_record, session) if nonce is None else None
+            if written is not None:
+                return written, True
+            if not await asyncio.to_thread(store.has_chain, session):
+                raise KeyError(session)
+            live = await self.open_session(session)
+        async with live.lock:  # (between rounds of this replica: the state and chain as one round left them)
+            await asyncio.to_thread(self._read_again, live)
+            if live.ended or live.journal.ending is not None:
+                final = await self.records.ended_elsewhere(live)  # the one written (signed here if its ender died)
+                return (final, True) if nonce is None else (self.records.signed(live, nonce), True)
+            return self.records.signed(live, nonce), False
+
+    def _read_again(self, live: LiveSession) -> None:
+        """The session's state and chain as the store holds them now (another replica's events,
+        its end). Blocking."""
+        try:
+            self.steps.load_state(live)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RecordUnreadable(f"the session's state in the store is unreadable: {type(exc).__name__}: {exc}") \
+                from None
+        live.journal.refresh()
+
+
+__all__ = ["RecordUnavailable", "RecordUnreadable", "SharedRecords"]
