@@ -2,9 +2,13 @@
 run's own redis-server, sessions opened through the control plane, N plain calls through the
 proxy (8 a session, after one warm-up call each); the commands Redis served for those calls
 divided by N, as MONITOR sees them from clients (commands a Lua script runs are not round
-trips and are left out). Each command is one round trip (the governor pipelines nothing here).
+trips and are left out). With sequential calls each command is one round trip. With
+--parallel P, P sessions call at once (each its calls in turn): the asyncio client's
+pipeline (governor/store/redis_pipeline.py) then sends the commands of one loop turn in one
+write, and the reads redis-server processed per call (INFO stats' total_reads_processed: a
+pipelined write is one read) show the round trips the commands took.
 
-    .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local]
+    .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local] [--parallel P]
 
 Prints the per-command counts, the total per call, and the replica process's CPU per call
 (utime + stime from /proc over the measured calls; sequential calls, so a loaded machine
@@ -83,7 +87,11 @@ class Monitor:
         self._stop.set()  # the thread (a daemon) returns at the next command it sees
 
 
-async def measure(calls: int, sessions: str | None) -> tuple[dict[str, float], float]:
+def reads_processed(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_reads_processed"])
+
+
+async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[dict[str, float], float, float]:
     server = RedisServer()
     mock = MockLLM(prompt_tokens=100, completion_tokens=5)  # its replies count 5 tokens: believed, settled quietly
     await mock.start()
@@ -91,18 +99,27 @@ async def measure(calls: int, sessions: str | None) -> tuple[dict[str, float], f
     with tempfile.TemporaryDirectory() as tmp:
         replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url)
         monitor = Monitor(server.url)
+        stats = redis.Redis.from_url(server.url)
         try:
-            measured, cpu = 0, 0.0
+            measured, cpu, reads = 0, 0.0, 0
             while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
-                opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
-                token = opened.json()["token"]
-                assert (await replica.chat(mock.url, token)).status_code == 200  # warm-up: opens, loads
+                tokens = []
+                for _ in range(parallel):
+                    opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
+                    tokens.append(opened.json()["token"])
+                answers = await asyncio.gather(*(replica.chat(mock.url, token) for token in tokens))
+                assert all(a.status_code == 200 for a in answers)  # warm-up: opens, loads
+
+                async def eight(token: str) -> None:
+                    for _ in range(8):
+                        answer = await replica.chat(mock.url, token)
+                        assert answer.status_code == 200, answer.text
+
                 monitor.counting = True
-                before = cpu_seconds(replica.process.pid)
-                for _ in range(8):
-                    answer = await replica.chat(mock.url, token)
-                    assert answer.status_code == 200, answer.text
-                    measured += 1
+                before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
+                await asyncio.gather(*(eight(token) for token in tokens))
+                measured += 8 * parallel
+                reads += reads_processed(stats) - read_before - 1  # this INFO's own read left out
                 cpu += cpu_seconds(replica.process.pid) - before
                 monitor.counting = False
             calls = measured
@@ -111,19 +128,23 @@ async def measure(calls: int, sessions: str | None) -> tuple[dict[str, float], f
             monitor.stop()
             await replica.stop()
             await mock.stop()
+            stats.close()
             server.stop()
-    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls
+    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--sessions", choices=("local",), default=None, help="?sessions=local (not shared)")
+    parser.add_argument("--parallel", type=int, default=1, help="sessions calling at once (each in turn)")
     args = parser.parse_args()
-    per_call, cpu_ms = asyncio.run(measure(args.calls, args.sessions))
+    per_call, cpu_ms, reads = asyncio.run(measure(args.calls, args.sessions, args.parallel))
     for name, n in per_call.items():
         print(f"{name:24} {n:6.2f}")
-    print(f"{'round trips per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
+    print(f"{'commands per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
+    print(f"{'server reads per call':24} {reads:6.2f}  (round trips: a pipelined write is one read; MONITOR's "
+          "and the book polls' included)")
     print(f"{'replica CPU ms per call':24} {cpu_ms:6.2f}")
 
 

@@ -5,6 +5,7 @@ waits, caps holding across replicas, and the full round taking over when it must
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import uuid
@@ -52,6 +53,7 @@ async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without
     try:
         assert rt.remote is not None
         await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session (its journal, from a thread)
+        await rt.remote.drain()  # its settlement, queued on the pipeline without awaiting, sent
         threads = []
         real_to_thread = asyncio.to_thread
 
@@ -67,6 +69,7 @@ async def test_a_model_call_is_one_round_trip_to_admit_and_one_to_settle_without
         assert evalsha_calls(redis_url) - before == 1  # the snapshot and the reservation together
         await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=40))
         await rt.finish("s", admission.ticket)
+        await rt.remote.drain()  # the settlement is queued, not awaited by the call
         assert evalsha_calls(redis_url) - before == 2  # and the commit
         assert threads == []
         live = rt._sessions["s"]
@@ -168,6 +171,100 @@ async def test_redis_down_refuses_the_call_as_retryable_and_records_it(pinned, t
         await rt.finish("s", again.ticket)
         record = await rt.end_session("s")
         assert [e["cause"] for e in record["events"]][0] == ON_GOVERNOR_ERROR  # the refusal was recorded
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+@pytest.mark.parametrize("outage", ["stopped", "paused"])
+async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settled_by_the_next_step(
+        pinned, tmp_path, own_server, outage):
+    """The settlement is queued, not awaited: the call's usage decided at once. Redis stops
+    answering before the COMMIT's reply (SIGSTOP: the COMMIT may still run when it
+    continues; CLIENT PAUSE WRITE: it never runs, its client gone): the failure is journaled,
+    the reservation keeps counting what it reserved, the next step is refused as retryable
+    while Redis is down, and once it answers the reservation is settled at what was used,
+    once, and the session goes on."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3&sessions=local",
+                                                                prefix=f"t-{uuid.uuid4().hex}:"))
+    observer = redis.Redis.from_url(own_server.url)
+    tokens = [("per_session", None, "tokens")]
+
+    def down() -> None:
+        if outage == "stopped":
+            os.kill(own_server.process.pid, signal.SIGSTOP)
+        else:
+            observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+
+    def up() -> None:
+        if outage == "stopped":
+            os.kill(own_server.process.pid, signal.SIGCONT)
+        else:
+            observer.execute_command("CLIENT", "UNPAUSE")
+
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        live = rt._sessions["s"]
+        clock.t += 1
+        admission = await rt.admit("s", call())
+        assert not admission.decision.blocks
+        down()
+        try:
+            settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                        output_tokens=40))
+            assert not settled.blocks and live.state.in_flight == 0  # decided at once, the COMMIT queued
+            await rt.finish("s", admission.ticket)
+            await asyncio.wait_for(rt.remote.drain(), 5)  # its failure read (the socket timeout) and journaled
+            assert len(live.unsettled) == 1 and live.unsettled[0][1] == settled.charges  # kept to settle again
+            refused = await asyncio.wait_for(rt.admit("s", call()), 10)  # the full round, on a store that is down
+        finally:
+            up()
+        assert refused.decision.blocks and not refused.decision.halts
+        assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
+        assert len(live.unsettled) == 1  # still held: settled once the store answers
+        held = rt.store.snapshot(rt.agent_id, "s", clock.t, tokens)[tokens[0]]
+        if outage == "paused":  # the reservation counts what it reserved (more than the 140 used) until then
+            assert held > 150 + 140
+        clock.t += 1
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)
+        assert not again.decision.blocks and live.unsettled == []
+        await rt.finish("s", again.ticket)  # never used: released
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 140}  # settled once
+        record = await rt.end_session("s")
+        failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+        assert failed[0]["action"] == "continue" and failed[0]["detail"]["deferred_settlement"] is True
+        assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
+    finally:
+        observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_write(pinned, tmp_path, redis_url):
+    """Shared sessions (runtime/shared_fast.py): three calls admitted at once on one session
+    each decide on the version the script before theirs will leave, and go in one write with
+    no conflict; their settlements too; the saved state is what the six scripts left."""
+    from governor.runtime.shared_fast import SharedFastSteps
+
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        assert isinstance(rt.remote, SharedFastSteps)
+        await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session: its version known here
+        live, counters = rt._sessions["s"], rt.store.counters()
+        batches = counters.pipeline.batches
+        clock.t += 1
+        admissions = await asyncio.gather(*(rt.admit("s", call()) for _ in range(3)))
+        assert all(not a.decision.blocks and a.ticket.reservation for a in admissions)
+        assert counters.pipeline.batches - batches == 1  # chained: one write, no conflict (a conflict is a trip)
+        assert live.state.in_flight == 3
+        await asyncio.gather(*(rt.usage("s", a.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                   output_tokens=40)) for a in admissions))
+        assert counters.pipeline.batches - batches == 2
+        assert live.state.in_flight == 0 and live.state.iterations == 4
+        saved = json.loads(redis.Redis.from_url(redis_url).get(f"{rt.store.prefix}st:s"))
+        assert saved["in_flight"] == 0 and saved["iterations"] == 4  # every script's state saved, none lost
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()

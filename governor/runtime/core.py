@@ -202,6 +202,8 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
+        if self.remote is not None:  # settlements queued on the store's pipeline answered, failures journaled
+            await self.remote.drain()
         await self.envelope.close()  # the pending tally reaches the store
         if end_sessions and self.shared is None:  # shared sessions go on on other replicas (or end idle)
             for session in list(self._sessions.values()):

@@ -18,10 +18,16 @@ whatever would record something (a cause, a warning, a cap's refusal), a round t
 the session, a store that does not answer: None, and the caller's full round decides,
 records and fails closed as before.
 
-Steps of one replica on one session take turns for their one round trip (`shared_turn`, not
-the session's lock: a round, and other sessions, never wait on it): without turns, concurrent
-calls on one hot session conflicted with each other, each conflict a trip, until most fell
-back to full rounds (32 concurrent calls on one session: 175 conflicts for 12 steps done)."""
+Steps of one replica on one session chain their scripts: a step decides on the version the
+scripts this replica queued before it will leave (`shared_head` is set to each script's
+state when it is queued: the replica's prediction) and its script is queued behind theirs on
+the store's pipeline (governor.store.redis_pipeline: FIFO on one connection), so the steps of
+a hot session share round trips instead of taking turns for them. A prediction proven wrong
+(a cap refused the script before, another replica wrote, the store failed) is dropped, and
+every script queued behind it finds a version that was never saved: a conflict, whose reply
+brings the state as it stands, decided on again as above. (Without either, concurrent calls
+on one hot session conflicted with each other, each conflict a trip, until most fell back to
+full rounds: 32 concurrent calls on one session, 175 conflicts for 12 steps done.)"""
 
 from __future__ import annotations
 
@@ -67,14 +73,6 @@ class SharedFastSteps:
         self._adopt = adopt
 
     async def admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket | None] | None:
-        async with live.shared_turn:  # one script of this replica on the session at a time (module docstring)
-            return await self._admit(live, step)
-
-    async def settle(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
-        async with live.shared_turn:
-            return await self._settle(live, ticket, report)
-
-    async def _admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket | None] | None:
         if live.ended:
             return None
         limits = live.limits
@@ -101,12 +99,16 @@ class SharedFastSteps:
                 if key not in keys:
                     keys.append(key)
                 bounds.append((keys.index(key) + 1, addend, limit, strict))  # Lua counts from 1
-            try:
+            predicted = _predict(live, saved, bounded[2]) if bounded is not None else None
+            try:  # queued now, behind this replica's earlier scripts (module docstring)
                 code, current, snapshot, held = await counters.shared_admit(
                     self._agent_id, live.id, keys, charges, now, expected, saved, bounds)
             except Exception:
+                _unpredict(live, predicted)
                 log.debug("session %s: admitting a model call in one round trip failed", live.id, exc_info=True)
                 return None
+            if code != DONE:
+                _unpredict(live, predicted)
             if code == CONFLICT:
                 if (failed := self._take_current(live, current, step)) is not None:
                     return failed, None
@@ -121,7 +123,7 @@ class SharedFastSteps:
             return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
         return None
 
-    async def _settle(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
+    async def settle(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
         if not report.final or not ticket.in_flight or ticket.reservation is None or live.ended:
             return None
         counters = self._counters()
@@ -142,12 +144,16 @@ class SharedFastSteps:
                 if settled is None or state.ended:
                     break
                 saved = encode_state(live.saved_state_of(settled[1]))
+            predicted = _predict(live, saved, settled[1]) if settled is not None else None
             try:
                 code, current = await counters.shared_settle(reservation, settled[0].charges if settled else (),
                                                              now, live.id, expected, saved)
             except Exception:
+                _unpredict(live, predicted)
                 log.debug("session %s: settling a model call in one round trip failed", live.id, exc_info=True)
                 break
+            if code != DONE:
+                _unpredict(live, predicted)
             if code == CONFLICT:
                 if self._take_current(live, current, step) is not None:
                     break  # damaged: the full round fails it closed
@@ -162,6 +168,12 @@ class SharedFastSteps:
             return decision
         ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
         return None
+
+    async def drain(self) -> None:
+        """At a stop: every call queued on the store's pipeline answered (none is left unawaited here)."""
+        counters = self._counters()
+        if counters is not None:
+            await counters.drain()
 
     def _take_current(self, live: LiveSession, current: bytes | None, step: Any) -> Decision | None:
         """Adopt the state another writer saved (the conflict's reply); a refusal when it cannot
@@ -198,6 +210,20 @@ class SharedFastSteps:
         if state.seq >= live.state.seq:
             self._advanced(live, state, now)
             live.unsaved = False  # saved by the script
+
+
+def _predict(live: LiveSession, saved: bytes, state: SessionState) -> tuple[str, SessionState]:
+    """The version a script being queued will leave: what the next step decides on."""
+    predicted = (version(saved), state)
+    live.shared_head = predicted
+    return predicted
+
+
+def _unpredict(live: LiveSession, predicted: tuple[str, SessionState] | None) -> None:
+    """A script that did not save its state (or may not have): its prediction dropped, unless
+    a later one replaced it (that one's script then conflicts, and drops its own)."""
+    if predicted is not None and live.shared_head is predicted:
+        live.shared_head = None
 
 
 __all__ = ["MAX_TRIES", "SharedFastSteps", "version"]
