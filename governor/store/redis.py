@@ -86,6 +86,7 @@ from governor.store.redis_calls import (
     ReserveWithin,
     charge_args,
     commit_args,
+    counter_damaged,
     encode_totals,
     refused,
     reserve_args,
@@ -97,6 +98,7 @@ from governor.store.redis_tls import connection_hint
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
+    DAMAGED_ERROR,
     DELETE_SESSION,
     EXTEND,
     FENCE_ERROR,
@@ -186,7 +188,11 @@ class RedisStore:
             raise StoreIntegrityError(self._lost)
 
     def failure(self, exc: Exception) -> StoreUnavailable:
-        """What a backend failure means to the caller (its asyncio client's too)."""
+        """What a backend failure means to the caller (its asyncio client's too): a budget
+        counter a script found damaged is CounterDamaged (fails closed, not retryable)."""
+        damaged = counter_damaged(exc)
+        if damaged is not None:
+            return damaged
         if self._lost is not None:  # a connection found the primary changed
             return StoreIntegrityError(self._lost)
         return self._unavailable(f"Redis store: {type(exc).__name__}: {exc}")
@@ -297,7 +303,7 @@ class RedisStore:
         wrote, after the loss that replaced this store's (acknowledged on another replica)."""
         text = str(exc)
         at = text.find(FENCE_ERROR)
-        if at < 0:
+        if at < 0 or text.startswith(DAMAGED_ERROR):  # a damaged counter's text may quote anything
             return False
         found = text[at + len(FENCE_ERROR):].strip()
         if found.startswith(ACKNOWLEDGED):
