@@ -194,6 +194,7 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         raw.delete(day_key)  # the operator deletes the damaged counter: the agent's steps go on
         answered = await chat(world, "later")
         assert answered.status_code == 200, answered.text
+        assert (await chat(world, "bystander")).status_code == 503  # halted by the damage, it stays halted
     finally:
         raw.close()
         await agent.aclose()

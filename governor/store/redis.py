@@ -33,7 +33,10 @@ operation, so every step is refused (recorded as on_governor_error) rather than
 counted from zero, until `acknowledge()` adopts the fence as it stands (the control
 plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
-fence reads as a loss.
+fence reads as a loss. A counter edited into something that is not a count (text, nan, a
+negative or infinite number, a key of another type) is damage to that key alone: the script
+that reads it writes nothing and answers GOVERNOR_DAMAGED, and the store raises
+CounterDamaged (a StoreIntegrityError that does not fail the whole store) naming it.
 
 Failover (Sentinel, a Cluster slot's owner, or any primary whose replication id changes): replication is
 asynchronous, so a promoted replica may miss the last reservations. Every new connection
