@@ -273,7 +273,8 @@ local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
 local index, values = {}, {}
 for e = 1, held do
   local kv = redis.call('HMGET', rkey, 'k' .. e, 'v' .. e)
-  index[kv[1] or ''], values[e] = e, count(kv[2], rkey, 'v' .. e)
+  if not kv[1] then damaged(rkey, 'k' .. e, 'nothing') end
+  index[kv[1]], values[e] = e, count(kv[2], rkey, 'v' .. e)
 end
 for i = 1, n do
   apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
