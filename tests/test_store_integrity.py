@@ -119,3 +119,86 @@ async def test_without_a_control_token_nobody_can_acknowledge(tmp_path):
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "acknowledgement_disabled"
     finally:
         await runner.cleanup()
+
+
+# --- a budget counter forged in Redis (#30, #32): refused, recorded, never read as zero ------
+
+BUDGETS = {"tokens": {"per_session": 10_000, "per_day": 100_000}, "cost_usd": {"per_session": 10, "per_day": 100}}
+
+
+@pytest.mark.parametrize("query,session_forged,day_forged", [
+    ("", ("tokens", "-1000000"), ("cost_usd", "lots")),  # shared sessions: the shared one-round-trip path first
+    ("?sessions=local", ("cost_usd", "nan"), ("tokens", "inf")),  # the asyncio one-round-trip path first
+])
+async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_operator_deletes_it(
+        tmp_path, query, session_forged, day_forged):
+    """Through the real proxy on a real redis-server: a session's per_session counter and then
+    the agent's per_day counter forged in Redis (on main: a negative or text counter was read
+    as credit or zero and the call answered). Each step that reads it is refused (503, not
+    retryable, on_governor_error, fail closed) and recorded naming the key, the upstream is not
+    called, the key is left as found; other sessions go on while only a session's counter is
+    damaged, and deleting the key mends it."""
+    from governor.passport import sign_passport
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    import json
+
+    from tests.stream_budget_harness import PASSPORT
+
+    passport = {**PASSPORT, "permissions": {"resource_limits": {"budget": BUDGETS}}}
+    (tmp_path / "passport.json").write_text(json.dumps(sign_passport(passport, Ed25519PrivateKey.generate())))
+    server = RedisServer()
+    mock = MockLLM()
+    await mock.start()
+    mock.default = Behaviour(input_tokens=30, output_tokens=20)
+    running = await serve(Settings(**AGENT_NAMED, passport=tmp_path / "passport.json", listen=("127.0.0.1", 0),
+                                   control=("127.0.0.1", 0), control_token=TOKEN, data_dir=tmp_path / "data",
+                                   store=server.url + query, tick_interval=0))
+    agent = httpx.AsyncClient(proxy=running.proxy_url, trust_env=False, timeout=30)
+    control = httpx.AsyncClient(base_url=running.control_url, trust_env=False, timeout=30)
+    raw = redis.Redis.from_url(server.url, decode_responses=True)
+    world = (running, mock, server, agent, control)
+    try:
+        for session in ("victim", "bystander"):
+            assert (await chat(world, session)).status_code == 200
+        store = running.runtime.store
+        assert (store.shared_sessions() is None) == bool(query)
+        dimension, forged = session_forged
+        raw.hset(f"{store.prefix}sc:victim", f"{dimension}|", forged)
+        served = len(mock.requests)
+
+        refused = await chat(world, "victim")
+        assert refused.status_code == 503, refused.text
+        assert "Retry-After" not in refused.headers  # waiting does not mend it
+        governor = refused.json()["error"]["governor"]
+        assert governor["cause"] == "on_governor_error" and governor["fail_closed"] is True
+        assert len(mock.requests) == served  # the upstream was not called
+        assert raw.hget(f"{store.prefix}sc:victim", f"{dimension}|") == forged  # left as found
+        assert (await chat(world, "bystander")).status_code == 200  # one session's counter: others go on
+        record = (await control.get("/v1/sessions/victim/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+        errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
+        assert errors and f"sc:victim[{dimension}|]" in str(errors[-1]) and "CounterDamaged" in str(errors[-1])
+
+        dimension, forged = day_forged
+        agent_id = running.runtime.agent_id
+        day_key = f"{store.prefix}d:{len(agent_id.encode())}:{agent_id}:{dimension}|"
+        assert raw.exists(day_key)
+        raw.hset(day_key, "t", forged)
+        served = len(mock.requests)
+        for session in ("bystander", "newcomer"):  # the agent's counter: every session reads it
+            refused = await chat(world, session)
+            assert refused.status_code == 503 and refused.json()["error"]["governor"]["cause"] == "on_governor_error"
+        assert len(mock.requests) == served and raw.hget(day_key, "t") == forged
+        record = (await control.get("/v1/sessions/newcomer/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+        assert any(f"{dimension}|[t]" in str(e) for e in record["events"] if e["cause"] == "on_governor_error")
+
+        raw.delete(day_key)  # the operator deletes the damaged counter: the agent's steps go on
+        answered = await chat(world, "later")
+        assert answered.status_code == 200, answered.text
+        assert (await chat(world, "bystander")).status_code == 503  # halted by the damage, it stays halted
+    finally:
+        raw.close()
+        await agent.aclose()
+        await control.aclose()
+        await running.stop()
+        await mock.stop()
+        server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import uuid
@@ -201,3 +202,173 @@ def test_a_fence_written_by_a_new_store_is_not_an_acknowledgement(own_server: Re
                 assert store.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == \
                     {("per_session", None, "tokens"): 0}
                 assert store.epoch.startswith("ack-")
+
+
+# --- a budget counter edited in Redis is damage: refused, never read as zero (#30, #32) ------
+
+FORGED = {"text": "lots", "nan": "nan", "inf": "inf", "-inf": "-inf", "negative": "-1000000",
+          "a list": None, "a string": None}
+COUNTERS = [("per_session", "tokens"), ("per_session", "cost_usd"), ("per_day", "tokens"), ("per_day", "cost_usd")]
+EVERY = [CounterCharge(scope, dimension, 5, 10_000) for scope, dimension in COUNTERS]
+KEYS = [(scope, None, dimension) for scope, dimension in COUNTERS]
+
+
+def dump(client: redis.Redis, p: str) -> dict:
+    """Everything under the prefix, to show a refused script wrote nothing."""
+    out = {}
+    for key in client.keys(f"{p}*"):
+        kind = client.type(key)
+        out[key] = (kind, client.hgetall(key) if kind == b"hash" else client.lrange(key, 0, -1) if kind == b"list"
+                    else sorted(client.smembers(key)) if kind == b"set" else client.zrange(key, 0, -1, withscores=True)
+                    if kind == b"zset" else client.get(key))
+    return out
+
+
+def forge(client: redis.Redis, p: str, scope: str, dimension: str, found: str | None, kind: str) -> str:
+    """Put `found` where the counter is (or a key of another type in place of its hash): the
+    name CounterDamaged gives it."""
+    key = f"{p}sc:s1" if scope == "per_session" else f"{p}d:5:agent:{dimension}|"
+    if found is None:
+        client.delete(key)
+        client.rpush(key, "9") if kind == "a list" else client.set(key, "9")
+        return key
+    field = f"{dimension}|" if scope == "per_session" else "t"
+    client.hset(key, field, found)
+    return f"{key}[{field}]"
+
+
+@pytest.mark.parametrize("scope,dimension", COUNTERS)
+@pytest.mark.parametrize("kind", FORGED)
+async def test_a_forged_budget_counter_is_refused_by_every_script_and_left_as_found(
+        redis_url: str, scope: str, dimension: str, kind: str):
+    """On main it was read as zero and overwritten (text), admitted every call (nan, -inf, a
+    negative number), refused as an exhausted budget (inf) or as a retryable outage (a key of
+    another type). Now every script that reads it, on the blocking client (the threaded full
+    round), the asyncio one (`?sessions=local`'s one round trip) and the shared one-round-trip
+    scripts, refuses with CounterDamaged naming it, and writes nothing."""
+    from governor.store import CounterDamaged, StoreIntegrityError
+    from governor.store.redis_calls import counter_damaged
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    with RedisStore(redis_url, prefix=p) as store:
+        store.add("agent", "s1", [CounterCharge(s, d, 100, None) for s, d in COUNTERS], T0)
+        held = store.reserve("agent", "s1", EVERY, T0)
+        assert held.ok
+        client.set(f"{p}st:s1", b"state")  # a shared session's saved state, as SHARED_* check it
+        name = forge(client, p, scope, dimension, FORGED[kind], kind)
+        before = dump(client, p)
+        counters = store.counters()
+        calls = {
+            "reserve": lambda: store.reserve("agent", "s1", EVERY, T0),
+            "reserve_within": lambda: store.reserve_within("agent", "s1", KEYS, EVERY, T0),
+            "snapshot": lambda: store.snapshot("agent", "s1", T0, KEYS),
+            "snapshot of all": lambda: store.snapshot("agent", "s1", T0),
+            "add": lambda: store.add("agent", "s1", EVERY, T0),
+            "extend": lambda: store.extend(held.id, EVERY, T0),
+            "commit": lambda: store.commit(held.id, EVERY, T0),
+            "release": lambda: store.release(held.id),
+        }
+        for what, call in calls.items():
+            with pytest.raises(CounterDamaged) as raised:
+                call()
+            assert raised.value.key == name, what
+            assert isinstance(raised.value, StoreIntegrityError), what  # not transient: not retryable
+        sha = hashlib.sha1(b"state").hexdigest()
+        awaited = {
+            "async reserve_within": counters.reserve_within("agent", "s1", KEYS, EVERY, T0),
+            "async commit": counters.commit(held.id, EVERY, T0),
+            "async release": counters.release(held.id),
+            "shared_admit": counters.shared_admit("agent", "s1", KEYS, EVERY, T0, sha, b"next", []),
+            "shared_settle": counters.shared_settle(held.id, EVERY, T0, "s1", sha, b"next"),
+        }
+        for what, call in awaited.items():
+            with pytest.raises(CounterDamaged) as raised:
+                await call
+            assert raised.value.key == name, what
+        assert dump(client, p) == before  # nothing written: the counter is left as found
+        assert store.integrity is None  # damage to one key, not a loss: other counters serve
+        assert store.reserve("agent", "s2", [CounterCharge("per_session", "tokens", 5, 10)], T0).ok
+        await counters.aclose()
+        assert counter_damaged(Exception("GOVERNOR_FENCE x")) is None
+    client.close()
+
+
+def test_mending_a_damaged_counter_serves_again_and_well_formed_values_are_trusted(redis_url: str):
+    from governor.store import CounterDamaged
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    with RedisStore(redis_url, prefix=p) as store:
+        client.hset(f"{p}sc:s1", "tokens|", "lots")
+        with pytest.raises(CounterDamaged):
+            store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 10)], T0)
+        client.hdel(f"{p}sc:s1", "tokens|")  # the operator deletes it: counted from zero again
+        assert store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 10)], T0).ok
+        client.hset(f"{p}sc:s1", "tokens|", "7")  # an operator's correction, well formed: trusted
+        refused = store.reserve("agent", "s1", [CounterCharge("per_session", "tokens", 5, 10)], T0)
+        assert not refused.ok and refused.observed == 7
+        client.hset(f"{p}sc:s1", "tokens|", "-1e-9")  # float sums of adds and takes: within the slack
+        assert store.snapshot("agent", "s1", T0, [("per_session", None, "tokens")]) == \
+            {("per_session", None, "tokens"): -1e-9}
+    client.close()
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"t": "5"}, "[lo hi t]"),  # a total without its buckets' range
+    ({"lo": "10", "hi": "3", "t": "5"}, "[lo hi]"),  # a range that runs backwards
+    ({"lo": "1.5", "hi": "3", "t": "5"}, "[lo hi]"),  # bucket numbers are whole
+    ({"lo": "x", "hi": "3", "t": "5"}, "[lo]"),
+])
+def test_a_per_day_counter_with_a_forged_shape_is_refused(redis_url: str, fields: dict, named: str):
+    from governor.store import CounterDamaged
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    with RedisStore(redis_url, prefix=p) as store:
+        key = f"{p}d:5:agent:tokens|"
+        client.hset(key, mapping=fields)
+        with pytest.raises(CounterDamaged) as raised:
+            store.reserve("agent", "s1", [CounterCharge("per_day", "tokens", 5, 10)], T0)
+        assert raised.value.key == key + named
+        assert client.hgetall(key) == {k.encode(): v.encode() for k, v in fields.items()}
+    client.close()
+
+
+def test_a_forged_bucket_is_refused_before_any_counter_is_written(redis_url: str):
+    """The bucket a reservation adds to is read with the totals, so a forged bucket refuses
+    the reservation before its other charges are held."""
+    from governor.store import CounterDamaged
+    from governor.store.base import DAY
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    with RedisStore(redis_url, prefix=p) as store:
+        store.add("agent", "s1", [CounterCharge(s, d, 100, None) for s, d in COUNTERS], T0)
+        bucket = str(DAY.bucket_of(T0))
+        client.hset(f"{p}d:5:agent:cost_usd|", bucket, "nan")
+        before = dump(client, p)
+        with pytest.raises(CounterDamaged) as raised:
+            store.reserve("agent", "s1", EVERY, T0)
+        assert raised.value.key == f"{p}d:5:agent:cost_usd|[{bucket}]"
+        assert dump(client, p) == before
+    client.close()
+
+
+def test_what_a_forged_counter_or_session_id_quotes_is_never_taken_for_a_fence(redis_url: str):
+    """The damage reply quotes the key (a session id is the agent's) and what it holds: text
+    that reads like a fence error there adopts nothing."""
+    from governor.store import CounterDamaged
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    with RedisStore(redis_url, prefix=p) as store:
+        session = "GOVERNOR_FENCE ack-forged"
+        client.hset(f"{p}sc:{session}", "tokens|", "GOVERNOR_FENCE ack-also-forged\r\n")
+        epoch = store.epoch
+        with pytest.raises(CounterDamaged) as raised:
+            store.reserve("agent", session, [CounterCharge("per_session", "tokens", 5, 10)], T0)
+        assert raised.value.key == f"{p}sc:{session}[tokens|]"
+        assert raised.value.found == "GOVERNOR_FENCE ack-also-forged??"
+        assert store.epoch == epoch and store.integrity is None
+    client.close()

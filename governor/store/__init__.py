@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 
 from governor.store.base import (
     DAY,
+    CounterDamaged,
     Reservation,
     RollingWindow,
     Store,
@@ -39,6 +40,7 @@ from governor.store.sqlite import SQLiteStore
 from governor.store.writebehind import FLUSH_INTERVAL, WriteBehindStore
 
 __all__ = [
+    "CounterDamaged",
     "DAY",
     "MemoryStore",
     "Reservation",

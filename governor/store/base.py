@@ -60,6 +60,20 @@ class StoreIntegrityError(StoreUnavailable):
     Every operation fails closed until an operator acknowledges the loss (`acknowledge`)."""
 
 
+class CounterDamaged(StoreIntegrityError):
+    """A budget counter in a shared store holds something that is not a count (edited in the
+    store: text, nan, an infinite or negative number, a key of another type). It is never read
+    as zero: the script that met it wrote nothing, and every step that reads it is refused
+    (fail closed, not retryable: waiting does not mend it) until an operator deletes or corrects
+    the key, which is left as found. `key` names it (with the field, in brackets)."""
+
+    def __init__(self, key: str, found: str) -> None:
+        super().__init__(f"the budget counter {key} is not a count (it holds {found!r}): it was edited or damaged "
+                         "in the store and is left as found; every step that reads it is refused until an operator "
+                         "deletes or corrects it")
+        self.key, self.found = key, found
+
+
 class UnknownReservation(StoreError, LookupError):
     """No outstanding reservation has this id (never made, already committed or released)."""
 

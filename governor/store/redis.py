@@ -33,7 +33,10 @@ operation, so every step is refused (recorded as on_governor_error) rather than
 counted from zero, until `acknowledge()` adopts the fence as it stands (the control
 plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
-fence reads as a loss.
+fence reads as a loss. A counter edited into something that is not a count (text, nan, a
+negative or infinite number, a key of another type) is damage to that key alone: the script
+that reads it writes nothing and answers GOVERNOR_DAMAGED, and the store raises
+CounterDamaged (a StoreIntegrityError that does not fail the whole store) naming it.
 
 Failover (Sentinel, a Cluster slot's owner, or any primary whose replication id changes): replication is
 asynchronous, so a promoted replica may miss the last reservations. Every new connection
@@ -86,6 +89,7 @@ from governor.store.redis_calls import (
     ReserveWithin,
     charge_args,
     commit_args,
+    counter_damaged,
     encode_totals,
     refused,
     reserve_args,
@@ -97,6 +101,7 @@ from governor.store.redis_tls import connection_hint
 from governor.store.redis_scripts import (
     ADD,
     COMMIT,
+    DAMAGED_ERROR,
     DELETE_SESSION,
     EXTEND,
     FENCE_ERROR,
@@ -186,7 +191,11 @@ class RedisStore:
             raise StoreIntegrityError(self._lost)
 
     def failure(self, exc: Exception) -> StoreUnavailable:
-        """What a backend failure means to the caller (its asyncio client's too)."""
+        """What a backend failure means to the caller (its asyncio client's too): a budget
+        counter a script found damaged is CounterDamaged (fails closed, not retryable)."""
+        damaged = counter_damaged(exc)
+        if damaged is not None:
+            return damaged
         if self._lost is not None:  # a connection found the primary changed
             return StoreIntegrityError(self._lost)
         return self._unavailable(f"Redis store: {type(exc).__name__}: {exc}")
@@ -297,7 +306,7 @@ class RedisStore:
         wrote, after the loss that replaced this store's (acknowledged on another replica)."""
         text = str(exc)
         at = text.find(FENCE_ERROR)
-        if at < 0:
+        if at < 0 or text.startswith(DAMAGED_ERROR):  # a damaged counter's text may quote anything
             return False
         found = text[at + len(FENCE_ERROR):].strip()
         if found.startswith(ACKNOWLEDGED):

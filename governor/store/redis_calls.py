@@ -4,12 +4,22 @@ the two cannot disagree on what a reservation holds."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store.base import Reservation, RollingWindow, cap_limit, check_keys, counter_key, totals_by_key
+from governor.store.base import (
+    CounterDamaged,
+    Reservation,
+    RollingWindow,
+    cap_limit,
+    check_keys,
+    counter_key,
+    totals_by_key,
+)
+from governor.store.redis_scripts import DAMAGED_ERROR
 
 SCOPE_CODE = {"per_session": "s", "per_day": "d"}
 SCOPE_NAME = {"s": "per_session", "d": "per_day"}
@@ -44,6 +54,21 @@ def reserve_args(window: RollingWindow, ttl_ms: int, agent: str, session: str, r
     args: list[Any] = [agent, session, rid, window.bucket_of(now), window.first_live(now), ttl_ms, repr(now)]
     encoded, capped = charge_args(charges)
     return args + encoded, capped
+
+
+# what Redis appends to an error a script raised (not part of what it found)
+_SCRIPT_SUFFIX = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
+
+
+def counter_damaged(exc: Exception) -> CounterDamaged | None:
+    """The typed error of a script's GOVERNOR_DAMAGED reply ("<length>:<key[field]> <found>":
+    a budget counter that is not a count), or None for any other error."""
+    text = str(exc)
+    if not text.startswith(DAMAGED_ERROR + " "):
+        return None
+    length, _, rest = text[len(DAMAGED_ERROR) + 1:].partition(":")
+    size = int(length) if length.isdigit() else 0
+    return CounterDamaged(rest[:size], _SCRIPT_SUFFIX.sub("", rest[size + 1:]))
 
 
 def refused(capped: Sequence[CounterCharge], index: Any, observed: Any) -> Reservation:

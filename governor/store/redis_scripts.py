@@ -9,6 +9,7 @@ that owns the store's slot.
 # so each script reads its own arguments from ARGV[2] on). Numbers cross into Redis as
 # "%.17g" strings so that no precision is lost (Lua's own tostring keeps 14 digits).
 FENCE_ERROR = "GOVERNOR_FENCE"
+DAMAGED_ERROR = "GOVERNOR_DAMAGED"  # a budget counter that is not a count (redis_calls.counter_damaged)
 PRELUDE = r"""
 local P = ARGV[1]
 local E = table.remove(ARGV, 2)
@@ -21,23 +22,66 @@ local function int(x) return string.format('%d', x) end
 local function day_key(agent, sub) return P .. 'd:' .. #agent .. ':' .. agent .. ':' .. sub end
 local function session_key(session) return P .. 'sc:' .. session end
 
--- the key's live total at first_live, evicting buckets that left the window
-local function day_total(key, first_live)
-  local h = redis.call('HMGET', key, 'lo', 'hi', 't')
-  if not h[1] then return 0 end
-  local lo, hi, t = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+-- A budget counter holds what these scripts wrote: a count. Anything else (text, nan, an
+-- infinite or negative number, a key of another type: edited in Redis) is damage, never read
+-- as zero: the script stops, before it writes a count, with GOVERNOR_DAMAGED naming the key
+-- and what it holds (governor.store.base.CounterDamaged); the key is left as found.
+local SLACK = 1e-6  -- how far below zero float sums of adds and takes may leave a count
+local function damaged(key, field, found)
+  local name = field == '' and key or key .. '[' .. field .. ']'
+  local shown = string.gsub(string.sub(tostring(found), 1, 64), '[^%w%p ]', '?')
+  error({err = 'GOVERNOR_DAMAGED ' .. #name .. ':' .. name .. ' ' .. shown})
+end
+-- a count as read (false: absent, a count of 0)
+local function count(v, key, field)
+  if not v then return 0 end
+  local x = tonumber(v)
+  if x == nil or x ~= x or x < -SLACK or x == math.huge then damaged(key, field, v) end
+  return x
+end
+-- a read through redis.pcall: a key of another type is damage
+local function read(r, key)
+  if type(r) == 'table' and r.err then damaged(key, '', 'a key of type ' .. redis.call('TYPE', key).ok) end
+  return r
+end
+
+-- a per_day key's lo, hi, t and (when b is given) bucket b's value or false, all checked;
+-- nil when the key is absent
+local function day_read(key, b)
+  local h
+  if b then
+    h = read(redis.pcall('HMGET', key, 'lo', 'hi', 't', int(b)), key)
+  else
+    h = read(redis.pcall('HMGET', key, 'lo', 'hi', 't'), key)
+  end
+  if not (h[1] and h[2] and h[3]) then
+    if h[1] or h[2] or h[3] then damaged(key, 'lo hi t', tostring(h[1]) .. ' ' .. tostring(h[2]) .. ' ' .. tostring(h[3])) end
+    return nil
+  end
+  local lo, hi = count(h[1], key, 'lo'), count(h[2], key, 'hi')
+  if lo ~= math.floor(lo) or hi ~= math.floor(hi) or lo > hi then damaged(key, 'lo hi', h[1] .. ' ' .. h[2]) end
+  return lo, hi, count(h[3], key, 't'), h[4] and count(h[4], key, int(b))
+end
+
+-- the key's live total at first_live, evicting buckets that left the window (b: check that
+-- bucket too, before anything is written)
+local function day_total(key, first_live, b)
+  local lo, hi, t = day_read(key, b)
+  if not lo then return 0 end
   if hi < first_live then
     redis.call('DEL', key)
     return 0
   end
   if lo < first_live then
-    for b = lo, first_live - 1 do
-      local v = redis.call('HGET', key, int(b))
+    local gone = {}
+    for e = lo, first_live - 1 do
+      local v = redis.call('HGET', key, int(e))
       if v then
-        t = t - tonumber(v)
-        redis.call('HDEL', key, int(b))
+        t = t - count(v, key, int(e))
+        gone[#gone + 1] = int(e)
       end
     end
+    for _, e in ipairs(gone) do redis.call('HDEL', key, e) end
     redis.call('HSET', key, 'lo', int(first_live), 't', fmt(t))
   end
   return t
@@ -47,33 +91,31 @@ local function day_add(key, b, amount, first_live, ttl)
   if b < first_live then return end  -- dated before the window: no longer counts
   day_total(key, first_live)
   local fb = int(b)
-  local h = redis.call('HMGET', key, 'lo', 'hi', 't', fb)
-  if not h[1] then
+  local lo, hi, t, v = day_read(key, b)
+  if not lo then
     redis.call('HSET', key, 'lo', fb, 'hi', fb, 't', fmt(amount), fb, fmt(amount))
   else
-    redis.call('HSET', key, fb, fmt((tonumber(h[4]) or 0) + amount), 't', fmt(tonumber(h[3]) + amount))
-    if b < tonumber(h[1]) then redis.call('HSET', key, 'lo', fb) end
-    if b > tonumber(h[2]) then redis.call('HSET', key, 'hi', fb) end
+    redis.call('HSET', key, fb, fmt((v or 0) + amount), 't', fmt(t + amount))
+    if b < lo then redis.call('HSET', key, 'lo', fb) end
+    if b > hi then redis.call('HSET', key, 'hi', fb) end
   end
   redis.call('PEXPIRE', key, ttl)
 end
 
-local function day_take(key, b, amount)
-  local fb = int(b)
-  local h = redis.call('HMGET', key, fb, 't')
-  if h[1] then  -- absent: evicted, it no longer counts
-    redis.call('HSET', key, fb, fmt(tonumber(h[1]) - amount), 't', fmt(tonumber(h[2]) - amount))
-  end
+-- a per_session counter's count, or false when absent
+local function session_read(skey, sub)
+  local v = read(redis.pcall('HGET', skey, sub), skey)
+  return v and count(v, skey, sub)
 end
 
 local function session_add(skey, sub, amount)
-  local v = redis.call('HGET', skey, sub)
-  redis.call('HSET', skey, sub, fmt((tonumber(v) or 0) + amount))
+  redis.call('HSET', skey, sub, fmt((session_read(skey, sub) or 0) + amount))
 end
 
-local function session_take(skey, sub, amount)
-  local v = redis.call('HGET', skey, sub)
-  if v then redis.call('HSET', skey, sub, fmt(tonumber(v) - amount)) end
+-- the current value of one counter (b: check its bucket too)
+local function counter(agent, session, scope, sub, first_live, b)
+  if scope == 's' then return session_read(session_key(session), sub) or 0 end
+  return day_total(day_key(agent, sub), first_live, b)
 end
 
 local function apply(agent, session, scope, sub, b, amount, first_live, ttl)
@@ -87,19 +129,16 @@ local function apply(agent, session, scope, sub, b, amount, first_live, ttl)
 end
 
 -- the charges ARGV lists from `at` ((scope, sub, amount) * n, then m, (index, limit) * m),
--- each counter's current value, and the first capped one the charges would overshoot:
+-- each counter's current value (every one read, and so checked, before anything is written),
+-- and the first capped one the charges would overshoot:
 -- scopes, subs, amounts, nil on success; else nil, {0, k, current} (reserve and extend)
-local function charges_within_caps(agent, session, first_live, at)
+local function charges_within_caps(agent, session, first_live, at, b)
   local n = tonumber(ARGV[at])
   local scopes, subs, amounts, current = {}, {}, {}, {}
   for i = 1, n do
     local j = at + 3 * (i - 1)
     scopes[i], subs[i], amounts[i] = ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
-    if scopes[i] == 's' then
-      current[i] = tonumber(redis.call('HGET', session_key(session), subs[i])) or 0
-    else
-      current[i] = day_total(day_key(agent, subs[i]), first_live)
-    end
+    current[i] = counter(agent, session, scopes[i], subs[i], first_live, b)
   end
   local c = at + 1 + 3 * n
   for k = 1, tonumber(ARGV[c]) do
@@ -109,6 +148,17 @@ local function charges_within_caps(agent, session, first_live, at)
     end
   end
   return {scopes, subs, amounts, n}
+end
+
+-- a check before unhold writes (COMMIT, SHARED_SETTLE): the counters of the charges ARGV
+-- lists from `at` ((scope, sub, amount) * n after n) that the reservation does not hold
+local function charges_check(at, first_live)
+  return function(agent, session, b, held)
+    for i = 1, tonumber(ARGV[at]) do
+      local j = at + 3 * (i - 1)
+      if not held[ARGV[j + 1] .. ARGV[j + 2]] then counter(agent, session, ARGV[j + 1], ARGV[j + 2], first_live, b) end
+    end
+  end
 end
 
 -- hold the charges charges_within_caps admitted, as reservation rid
@@ -124,22 +174,32 @@ local function hold(agent, session, rid, b, created, ok, first_live, ttl)
   redis.call('ZADD', P .. 'rt', created, rid)
 end
 
--- take a reservation off its counters and forget it; false when not outstanding
-local function unhold(rid, take)
+-- take a reservation off its counters (each read and checked first, then `check`, then the
+-- writes) and forget it; false when not outstanding
+local function unhold(rid, take, check)
   local rkey = P .. 'r:' .. rid
   local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
   if not h[1] then return false end
-  local agent, session, b, n = h[1], h[2], tonumber(h[3]), tonumber(h[4])
+  local agent, session, b, n = h[1], h[2], count(h[3], rkey, 'b'), count(h[4], rkey, 'n')
   if take then
+    local writes, held = {}, {}
     for i = 1, n do
       local e = redis.call('HMGET', rkey, 'k' .. i, 'v' .. i)
-      local scope, sub, amount = string.sub(e[1], 1, 1), string.sub(e[1], 2), tonumber(e[2])
+      if not e[1] then damaged(rkey, 'k' .. i, 'nothing') end
+      local scope, sub, amount = string.sub(e[1], 1, 1), string.sub(e[1], 2), count(e[2], rkey, 'v' .. i)
+      held[e[1]] = true
       if scope == 's' then
-        session_take(session_key(session), sub, amount)
+        local skey = session_key(session)
+        local v = session_read(skey, sub)
+        if v then writes[#writes + 1] = {skey, sub, fmt(v - amount)} end
       else
-        day_take(day_key(agent, sub), b, amount)
+        local key = day_key(agent, sub)
+        local lo, hi, t, v = day_read(key, b)
+        if v then writes[#writes + 1] = {key, int(b), fmt(v - amount), 't', fmt(t - amount)} end  -- absent: evicted
       end
     end
+    if check then check(agent, session, b, held) end
+    for _, w in ipairs(writes) do redis.call('HSET', unpack(w)) end
   end
   redis.call('DEL', rkey)
   redis.call('SREM', P .. 'sr:' .. session, rid)
@@ -153,7 +213,7 @@ end
 RESERVE = r"""
 local agent, session, rid = ARGV[2], ARGV[3], ARGV[4]
 local b, first_live, ttl, created = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local ok, refused = charges_within_caps(agent, session, first_live, 9)
+local ok, refused = charges_within_caps(agent, session, first_live, 9, b)
 if not ok then return refused end
 hold(agent, session, rid, b, created, ok, first_live, ttl)
 return {1}
@@ -173,14 +233,9 @@ local at = 10 + 3 * n
 at = at + 1 + 2 * tonumber(ARGV[at])
 local out = {1, 0, '0'}
 for i = 1, tonumber(ARGV[at]) do
-  local scope, sub = ARGV[at + 2 * i - 1], ARGV[at + 2 * i]
-  if scope == 's' then
-    out[3 + i] = redis.call('HGET', session_key(session), sub) or '0'
-  else
-    out[3 + i] = fmt(day_total(day_key(agent, sub), first_live))
-  end
+  out[3 + i] = fmt(counter(agent, session, ARGV[at + 2 * i - 1], ARGV[at + 2 * i], first_live))
 end
-local ok, refused = charges_within_caps(agent, session, first_live, 9)
+local ok, refused = charges_within_caps(agent, session, first_live, 9, b)
 if not ok then
   out[1], out[2], out[3] = 0, refused[2], refused[3]
   return out
@@ -192,7 +247,7 @@ return out
 # ARGV: P, rid, first_live, ttl_ms, mode ("held" | "actual"), n, (scope, sub, amount) * n
 COMMIT = r"""
 local first_live, ttl, actual = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == 'actual'
-local held = unhold(ARGV[2], actual)
+local held = unhold(ARGV[2], actual, actual and charges_check(6, first_live))
 if not held then return 0 end
 if actual then
   local agent, session, b = held[1], held[2], held[3]
@@ -211,18 +266,23 @@ local rid, first_live, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rkey = P .. 'r:' .. rid
 local h = redis.call('HMGET', rkey, 'a', 's', 'b', 'n')
 if not h[1] then return {-1} end
-local agent, session, b, held = h[1], h[2], tonumber(h[3]), tonumber(h[4])
-local ok, refused = charges_within_caps(agent, session, first_live, 5)
+local agent, session, b, held = h[1], h[2], count(h[3], rkey, 'b'), count(h[4], rkey, 'n')
+local ok, refused = charges_within_caps(agent, session, first_live, 5, b)
 if not ok then return refused end
 local scopes, subs, amounts, n = ok[1], ok[2], ok[3], ok[4]
-local index = {}
-for e = 1, held do index[redis.call('HGET', rkey, 'k' .. e)] = e end
+local index, values = {}, {}
+for e = 1, held do
+  local kv = redis.call('HMGET', rkey, 'k' .. e, 'v' .. e)
+  if not kv[1] then damaged(rkey, 'k' .. e, 'nothing') end
+  index[kv[1]], values[e] = e, count(kv[2], rkey, 'v' .. e)
+end
 for i = 1, n do
   apply(agent, session, scopes[i], subs[i], b, amounts[i], first_live, ttl)
   local name = scopes[i] .. subs[i]
   local e = index[name]
   if e then
-    redis.call('HSET', rkey, 'v' .. e, fmt(tonumber(redis.call('HGET', rkey, 'v' .. e)) + amounts[i]))
+    values[e] = values[e] + amounts[i]
+    redis.call('HSET', rkey, 'v' .. e, fmt(values[e]))
   else
     held = held + 1
     index[name] = held
@@ -242,6 +302,10 @@ return 0
 ADD = r"""
 local agent, session = ARGV[2], ARGV[3]
 local b, first_live, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+for i = 1, tonumber(ARGV[7]) do  -- every counter read (and so checked) before any is written
+  local j = 7 + 3 * (i - 1)
+  counter(agent, session, ARGV[j + 1], ARGV[j + 2], first_live, b)
+end
 for i = 1, tonumber(ARGV[7]) do
   local j = 7 + 3 * (i - 1)
   apply(agent, session, ARGV[j + 1], ARGV[j + 2], b, tonumber(ARGV[j + 3]), first_live, ttl)
@@ -258,22 +322,17 @@ local function day_value(sub) return fmt(day_total(day_key(agent, sub), first_li
 if n >= 0 then
   for i = 1, n do
     local scope, sub = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-    local v
-    if scope == 's' then
-      v = redis.call('HGET', session_key(session), sub) or '0'
-    else
-      v = day_value(sub)
-    end
-    table.insert(out, scope); table.insert(out, sub); table.insert(out, v)
+    table.insert(out, scope); table.insert(out, sub); table.insert(out, fmt(counter(agent, session, scope, sub, first_live)))
   end
   return out
 end
-local s = redis.call('HGETALL', session_key(session))
+local skey = session_key(session)
+local s = read(redis.pcall('HGETALL', skey), skey)
 for i = 1, #s, 2 do
-  table.insert(out, 's'); table.insert(out, s[i]); table.insert(out, s[i + 1])
+  table.insert(out, 's'); table.insert(out, s[i]); table.insert(out, fmt(count(s[i + 1], skey, s[i])))
 end
 local dk = P .. 'dk:' .. agent
-for _, sub in ipairs(redis.call('SMEMBERS', dk)) do
+for _, sub in ipairs(read(redis.pcall('SMEMBERS', dk), dk)) do
   local v = day_value(sub)
   if redis.call('EXISTS', day_key(agent, sub)) == 1 then
     table.insert(out, 'd'); table.insert(out, sub); table.insert(out, v)

@@ -33,13 +33,7 @@ if not cur then return {-3} end
 if redis.sha1hex(cur) ~= ARGV[t] then return {-1, cur} end
 local out, values = {1, 0, '0'}, {}
 for i = 1, k do
-  local scope, sub = ARGV[at + 2 * i - 1], ARGV[at + 2 * i]
-  local v
-  if scope == 's' then
-    v = tonumber(redis.call('HGET', session_key(session), sub)) or 0
-  else
-    v = day_total(day_key(agent, sub), first_live)
-  end
+  local v = counter(agent, session, ARGV[at + 2 * i - 1], ARGV[at + 2 * i], first_live)
   values[i] = v
   out[3 + i] = fmt(v)
 end
@@ -51,7 +45,7 @@ for j = 1, tonumber(ARGV[t + 3]) do
     return out
   end
 end
-local ok, refused = charges_within_caps(agent, session, first_live, 9)
+local ok, refused = charges_within_caps(agent, session, first_live, 9, b)
 if not ok then
   out[1], out[2], out[3] = 0, refused[2], refused[3]
   return out
@@ -76,7 +70,7 @@ if redis.call('EXISTS', P .. 'lk:' .. session) == 1 then return {-2} end
 local cur = redis.call('GET', skey)
 if not cur then return {-3} end
 if redis.sha1hex(cur) ~= ARGV[t + 1] then return {-1, cur} end
-local held = unhold(ARGV[2], true)
+local held = unhold(ARGV[2], true, charges_check(6, first_live))
 if not held then return {0} end
 for i = 1, n do
   local j = 6 + 3 * (i - 1)
