@@ -75,7 +75,10 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
         governor = refused.json()["error"]["governor"]
         assert governor["cause"] == "on_governor_error"
     assert len(mock.requests) == served
-    record = (await control.get("/v1/sessions/spender/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    answer = await control.get("/v1/sessions/spender/record", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["Governor-Record"] == "local"  # the shared chain is gone: this replica's own copy
+    record = answer.json()
     errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
     assert errors and "lost" in str(errors[0])  # recorded, with why
     ready = await control.get("/readyz")

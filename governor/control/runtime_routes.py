@@ -201,7 +201,8 @@ class RuntimeRoutes:
     async def _shared_record(self, shared: Any, session: str, nonce: str | None) -> web.Response:
         """A shared session's record (runtime/shared_records.py): an ended one's is the final
         record written once, the same bytes on every replica; an open one's is interim, over
-        every replica's events so far. `Governor-Record` says which."""
+        every replica's events so far; after the store lost its data, this replica's own copy
+        (`local`). `Governor-Record` says which."""
         try:
             if not await shared.known(session):
                 return unknown_session(session)
@@ -210,7 +211,7 @@ class RuntimeRoutes:
                     self.nonces.consume(nonce)
                 except NonceError as exc:
                     return error(NONCE_STATUS.get(type(exc), 400), exc.code, str(exc))
-            record, final = await shared.record(session, nonce)
+            record, kind = await shared.record(session, nonce)
         except KeyError:
             return unknown_session(session)
         except RecordUnavailable as exc:
@@ -218,7 +219,7 @@ class RuntimeRoutes:
                          f"shared store now: {exc}", headers={"Retry-After": "1"})
         except (EvidenceError, RecordUnreadable) as exc:  # its chain or state is damaged: say so
             return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
-        return ok(record, headers={"Cache-Control": "no-store", "Governor-Record": "final" if final else "interim"})
+        return ok(record, headers={"Cache-Control": "no-store", "Governor-Record": kind})
 
     async def end_session(self, request: web.Request) -> web.Response:
         if refusal := self._operator_refusal(request):

@@ -10,7 +10,12 @@ end it. With a nonce the record is signed afresh over the whole ended chain, bou
 
 An open session's record is interim: signed now over the chain as it stands in the store
 (every replica's events, in the chain's order) with the outcome so far, and said to be
-interim (`final` False) so the control plane can tell the caller.
+interim so the control plane can tell the caller.
+
+When the store lost its data (a fence gone: FLUSHALL, a lossy failover), the shared chain is
+gone for good and waiting will not bring it back: a replica that holds the session serves its
+own copy, signed now and said to be `local` (this replica's events only; the loss and the
+refusals since are among them), rather than nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from governor.runtime.records import Records
 from governor.runtime.session import LiveSession
-from governor.store import StoreError
+from governor.store import StoreError, StoreIntegrityError
 
 
 class RecordUnavailable(Exception):
@@ -49,12 +54,19 @@ class SharedRecords:
         except StoreError as exc:
             raise RecordUnavailable(str(exc)) from None
 
-    async def record(self, session: str, nonce: str | None = None) -> tuple[dict[str, Any], bool]:
-        """(the session's record, whether the session has ended). KeyError: no such session;
-        RecordUnavailable: the store did not answer; RecordUnreadable: its state is damaged;
-        EvidenceError: its chain is damaged."""
+    async def record(self, session: str, nonce: str | None = None) -> tuple[dict[str, Any], str]:
+        """(the session's record, its kind: "final", "interim" or "local"). KeyError: no such
+        session; RecordUnavailable: the store did not answer; RecordUnreadable: its state is
+        damaged; EvidenceError: its chain is damaged."""
         try:
-            return await self._record(session, nonce)
+            record, ended = await self._record(session, nonce)
+            return record, "final" if ended else "interim"
+        except StoreIntegrityError as exc:
+            live = self.sessions.get(session)
+            if live is None:
+                raise RecordUnavailable(str(exc)) from None
+            async with live.lock:  # the store lost the chain: this replica's own copy (module docstring)
+                return self.records.signed(live, nonce), "local"
         except StoreError as exc:
             raise RecordUnavailable(str(exc)) from None
 
