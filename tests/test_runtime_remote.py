@@ -244,7 +244,8 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
 async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_write(pinned, tmp_path, redis_url):
     """Shared sessions (runtime/shared_fast.py): three calls admitted at once on one session
     each decide on the version the script before theirs will leave, and go in one write with
-    no conflict; their settlements too; the saved state is what the six scripts left."""
+    no conflict; their settlements too, decided at once and not awaited; the saved state is
+    what the six scripts left."""
     from governor.runtime.shared_fast import SharedFastSteps
 
     clock = Clock()
@@ -252,6 +253,7 @@ async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_writ
     try:
         assert isinstance(rt.remote, SharedFastSteps)
         await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session: its version known here
+        await rt.remote.drain()  # its settlement, queued without awaiting, sent
         live, counters = rt._sessions["s"], rt.store.counters()
         batches = counters.pipeline.batches
         clock.t += 1
@@ -261,8 +263,9 @@ async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_writ
         assert live.state.in_flight == 3
         await asyncio.gather(*(rt.usage("s", a.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
                                                                    output_tokens=40)) for a in admissions))
-        assert counters.pipeline.batches - batches == 2
-        assert live.state.in_flight == 0 and live.state.iterations == 4
+        assert live.state.in_flight == 0 and live.state.iterations == 4  # decided at once, the scripts queued
+        await rt.remote.drain()
+        assert counters.pipeline.batches - batches == 2 and live.unsettled == []  # one write, no conflict
         saved = json.loads(redis.Redis.from_url(redis_url).get(f"{rt.store.prefix}st:s"))
         assert saved["in_flight"] == 0 and saved["iterations"] == 4  # every script's state saved, none lost
     finally:
