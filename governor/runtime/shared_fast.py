@@ -77,7 +77,7 @@ class SharedFastSteps:
         self._adopt = adopt
 
     async def admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket | None] | None:
-        if live.ended or live.unsettled:  # a settlement being settled after its response: the full round
+        if live.ended or live.unsettled:  # a settlement the store failed to take, being settled again: the full round
             return None
         limits = live.limits
         charges = expected_charges(limits, step)
@@ -166,7 +166,8 @@ class SharedFastSteps:
             if code == DONE:
                 return
             _unpredict(live, predicted)
-            live.unsettled.append(late)  # the session's next steps take the full round until it is settled
+            if failure is not None:  # the store failed: the session's next steps take the full round until it is settled
+                live.unsettled.append(late)
             task = asyncio.get_running_loop().create_task(
                 self._settle_late(live, ticket, report, step, late, code, current, failure))
             self._late.add(task)
@@ -199,8 +200,9 @@ class SharedFastSteps:
                     if counters is not None:
                         decision = await self._settle_rounds(live, counters, reservation, step)
             if decision is None:
-                log.warning("session %s: a call's settlement did not apply after its response (%s); the full "
-                            "round settles it", live.id, failure or f"answer {code}")
+                log.log(logging.WARNING if failure is not None else logging.DEBUG,
+                        "session %s: a call's settlement did not apply after its response (%s); the full round "
+                        "settles it", live.id, failure or f"answer {code}")
                 ticket.reservation, ticket.in_flight = reservation, True
                 await self._settle_round(live, ticket, report)
         except Exception:  # the full round records what it can; what is left is in the log
