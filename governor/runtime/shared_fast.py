@@ -27,7 +27,16 @@ a hot session share round trips instead of taking turns for them. A prediction p
 every script queued behind it finds a version that was never saved: a conflict, whose reply
 brings the state as it stands, decided on again as above. (Without either, concurrent calls
 on one hot session conflicted with each other, each conflict a trip, until most fell back to
-full rounds: 32 concurrent calls on one session, 175 conflicts for 12 steps done.)"""
+full rounds: 32 concurrent calls on one session, 175 conflicts for 12 steps done.) A step
+that finds a round of this replica on the session waits for it before sending its script.
+
+The settlement is not awaited (`_settle_soon`): decided on the predicted state, its script
+queued, the state moved on and the decision returned at once; the script's check still guards
+the save. A reply other than done takes it up after the response (`_settle_late`): decided
+again on the state as it stands, else the runtime's full round settles it, recording what it
+decides (with the store down: fails closed, its refusal kept to be chained, the reservation
+counting what it reserved). While a settlement the store failed to take is pending
+(`live.unsettled`), the session's next steps take the full round."""
 
 from __future__ import annotations
 
@@ -86,6 +95,9 @@ class SharedFastSteps:
             return None
         keys = list(limits.counter_keys(step))
         for _ in range(MAX_TRIES):
+            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
+                async with live.lock:  # find the round's hold and then its new state; after it, on that state
+                    pass
             head = live.shared_head
             now = self._clock()
             if head is None:  # not seen yet: the first reply brings it
@@ -215,6 +227,9 @@ class SharedFastSteps:
                              step: UsageReport) -> Decision | None:
         """Settle in one awaited trip a try, re-deciding on conflicts; None: the full round's."""
         for _ in range(MAX_TRIES):
+            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
+                async with live.lock:  # find the round's hold and then its new state; after it, on that state
+                    pass
             head = live.shared_head
             now = self._clock()
             settled = None
