@@ -35,8 +35,8 @@ queued, the state moved on and the decision returned at once; the script's check
 the save. A reply other than done takes it up after the response (`_settle_late`): decided
 again on the state as it stands, else the runtime's full round settles it, recording what it
 decides (with the store down: fails closed, its refusal kept to be chained, the reservation
-counting what it reserved). While a settlement the store failed to take is pending
-(`live.unsettled`), the session's next steps take the full round."""
+counting what it reserved). Until the full round has taken a settlement the store failed to
+take (`live.unsettled`), the session's next steps take the full round too."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ class SharedFastSteps:
             if code == DONE:
                 return
             _unpredict(live, predicted)
-            if failure is not None:  # the store failed: the session's next steps take the full round until it is settled
+            if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
                 live.unsettled.append(late)
             task = asyncio.get_running_loop().create_task(
                 self._settle_late(live, ticket, report, step, late, code, current, failure))
