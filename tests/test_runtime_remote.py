@@ -296,6 +296,7 @@ async def test_a_shared_settlement_that_conflicts_after_the_response_is_decided_
         settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
                                                                     output_tokens=40))
         assert not settled.blocks and live.state.in_flight == 0  # decided at once, on the predicted state
+        assert json.loads(server.get(key))["in_flight"] == 1  # its script queued, not yet run: not awaited
         await rt.finish("s", admission.ticket)
         await asyncio.wait_for(rt.remote.drain(), 10)  # the conflict read, decided again, applied
         assert live.unsettled == []
@@ -357,5 +358,30 @@ async def test_a_shared_settlement_redis_does_not_answer_after_the_response_is_r
         assert [e["detail"].get("step") for e in failed][:1] == ["usage_report"], failed  # the settlement's, first
     finally:
         observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_a_shared_step_waits_for_its_own_replicas_round_before_sending_its_script(pinned, tmp_path, redis_url):
+    """While a round of this replica holds the session (a tick, another step's full round: its
+    lock), the one-round-trip admission sends nothing (its script would only meet the round's
+    hold); after the round it is admitted with one script, on the state the round left."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live, counters = rt._sessions["s"], rt.store.counters()
+        batches = counters.pipeline.batches
+        clock.t += 1
+        async with live.lock:  # a round in progress
+            admitting = asyncio.ensure_future(rt.admit("s", call()))
+            await asyncio.sleep(0.05)
+            assert not admitting.done() and counters.pipeline.batches == batches  # waiting, nothing sent
+        admission = await asyncio.wait_for(admitting, 10)
+        assert not admission.decision.blocks and admission.ticket.reservation
+        assert counters.pipeline.batches - batches == 1 and live.state.in_flight == 1  # one script, no conflict
+        await rt.finish("s", admission.ticket)
+    finally:
         await rt.close(end_sessions=False)
         rt.store.close()
