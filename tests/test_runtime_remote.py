@@ -244,7 +244,8 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
 async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_write(pinned, tmp_path, redis_url):
     """Shared sessions (runtime/shared_fast.py): three calls admitted at once on one session
     each decide on the version the script before theirs will leave, and go in one write with
-    no conflict; their settlements too; the saved state is what the six scripts left."""
+    no conflict; their settlements too, decided at once and not awaited; the saved state is
+    what the six scripts left."""
     from governor.runtime.shared_fast import SharedFastSteps
 
     clock = Clock()
@@ -252,6 +253,7 @@ async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_writ
     try:
         assert isinstance(rt.remote, SharedFastSteps)
         await model_step(rt, "s", 100, 50, expected_out=100)  # opens the session: its version known here
+        await rt.remote.drain()  # its settlement, queued without awaiting, sent
         live, counters = rt._sessions["s"], rt.store.counters()
         batches = counters.pipeline.batches
         clock.t += 1
@@ -261,10 +263,125 @@ async def test_on_a_shared_session_calls_at_once_chain_their_scripts_in_one_writ
         assert live.state.in_flight == 3
         await asyncio.gather(*(rt.usage("s", a.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
                                                                    output_tokens=40)) for a in admissions))
-        assert counters.pipeline.batches - batches == 2
-        assert live.state.in_flight == 0 and live.state.iterations == 4
+        assert live.state.in_flight == 0 and live.state.iterations == 4  # decided at once, the scripts queued
+        await rt.remote.drain()
+        assert counters.pipeline.batches - batches == 2 and live.unsettled == []  # one write, no conflict
         saved = json.loads(redis.Redis.from_url(redis_url).get(f"{rt.store.prefix}st:s"))
         assert saved["in_flight"] == 0 and saved["iterations"] == 4  # every script's state saved, none lost
+    finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_a_shared_settlement_that_conflicts_after_the_response_is_decided_again_and_applied_once(
+        pinned, tmp_path, redis_url):
+    """Shared sessions settle without awaiting the store (runtime/shared_fast.py): the
+    settlement is decided on the state this replica predicted and queued. Another writer saved
+    the session's state meanwhile (a version this replica never saw): the script's optimistic
+    check refuses it, and after the response the settlement is decided again on the state as
+    it stands and applied, once, with no failure recorded."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    server = redis.Redis.from_url(redis_url)
+    tokens = [("per_session", None, "tokens")]
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live, key = rt._sessions["s"], f"{rt.store.prefix}st:s"
+        clock.t += 1
+        admission = await rt.admit("s", call())
+        assert not admission.decision.blocks
+        saved = json.loads(server.get(key))
+        server.set(key, json.dumps(saved, indent=1))  # the same state, other bytes: another version
+        settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                    output_tokens=40))
+        assert not settled.blocks and live.state.in_flight == 0  # decided at once, on the predicted state
+        assert json.loads(server.get(key))["in_flight"] == 1  # its script queued, not yet run: not awaited
+        await rt.finish("s", admission.ticket)
+        await asyncio.wait_for(rt.remote.drain(), 10)  # the conflict read, decided again, applied
+        assert live.unsettled == []
+        after = json.loads(server.get(key))
+        assert after["in_flight"] == 0 and after["iterations"] == saved["iterations"]
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 140}  # settled once, as used
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # the session goes on
+        assert not again.decision.blocks
+        await rt.finish("s", again.ticket)
+        record = await rt.end_session("s")
+        assert ON_GOVERNOR_ERROR not in [e["cause"] for e in record["events"]]  # it applied: no failure recorded
+    finally:
+        server.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_a_shared_settlement_redis_does_not_answer_after_the_response_is_recorded_and_holds_the_cap(
+        pinned, tmp_path, own_server):
+    """The queued settlement of a shared session meets a Redis that holds writes (CLIENT PAUSE
+    WRITE: the script never runs, its client gone after the socket timeout): after the
+    response the runtime's full round takes it, fails closed and records the refusal (kept to
+    be chained once the store answers); the reservation keeps counting what it reserved (more
+    than the call used); the next step is refused as retryable while Redis is down, and the
+    session goes on once it answers."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3",
+                                                                prefix=f"t-{uuid.uuid4().hex}:"))
+    observer = redis.Redis.from_url(own_server.url)
+    tokens = [("per_session", None, "tokens")]
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live = rt._sessions["s"]
+        clock.t += 1
+        admission = await rt.admit("s", call())
+        assert not admission.decision.blocks
+        observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                        output_tokens=40))
+            assert not settled.blocks and live.state.in_flight == 0  # decided at once, the script queued
+            await rt.finish("s", admission.ticket)
+            await asyncio.wait_for(rt.remote.drain(), 15)  # its failure read, the full round refused, recorded
+            assert live.unsettled == [] and admission.ticket.reservation is None
+            refused = await asyncio.wait_for(rt.admit("s", call()), 10)
+        finally:
+            observer.execute_command("CLIENT", "UNPAUSE")
+        assert refused.decision.blocks and not refused.decision.halts
+        assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
+        # never settled: the reservation counts the 200 it reserved, not the 140 used
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 200}
+        clock.t += 1
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # the session goes on
+        assert not again.decision.blocks
+        await rt.finish("s", again.ticket)
+        record = await rt.end_session("s")
+        failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+        assert [e["detail"].get("step") for e in failed][:1] == ["usage_report"], failed  # the settlement's, first
+    finally:
+        observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_a_shared_step_waits_for_its_own_replicas_round_before_sending_its_script(pinned, tmp_path, redis_url):
+    """While a round of this replica holds the session (a tick, another step's full round: its
+    lock), the one-round-trip admission sends nothing (its script would only meet the round's
+    hold); after the round it is admitted with one script, on the state the round left."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live, counters = rt._sessions["s"], rt.store.counters()
+        batches = counters.pipeline.batches
+        clock.t += 1
+        async with live.lock:  # a round in progress
+            admitting = asyncio.ensure_future(rt.admit("s", call()))
+            await asyncio.sleep(0.05)
+            assert not admitting.done() and counters.pipeline.batches == batches  # waiting, nothing sent
+        admission = await asyncio.wait_for(admitting, 10)
+        assert not admission.decision.blocks and admission.ticket.reservation
+        assert counters.pipeline.batches - batches == 1 and live.state.in_flight == 1  # one script, no conflict
+        await rt.finish("s", admission.ticket)
     finally:
         await rt.close(end_sessions=False)
         rt.store.close()

@@ -147,7 +147,8 @@ class Runtime:
         counters = getattr(store, "counters", None)
         steps = dict(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced)
         self.remote = (RemoteSteps(**steps) if self.shared is None else SharedFastSteps(
-            **steps, adopt=self.shared.adopt_saved)) if self._store_in_thread and counters else None
+            **steps, adopt=self.shared.adopt_saved, settle_round=self._settle_round)
+        ) if self._store_in_thread and counters else None
         # a local store's: the model call decided at once (runtime/local_steps.py)
         self.local = LocalSteps(store=store, agent_id=agent_id, clock=clock, advanced=self._advanced,
                                 release=self._release_quietly
@@ -308,19 +309,23 @@ class Runtime:
         elif self.remote is not None:
             decision = await self.remote.settle(live, ticket, report)
         if decision is None:
-            async with live.lock:
-                # the final usage is the call's end: the same step frees its in-flight slot
-                # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
-                ends_call = report.final and ticket.in_flight and not live.ended
-                before = live.state
-                decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
-                if ends_call:
-                    ticket.in_flight = False
-                    if live.state is before and not live.ended:  # not applied (it could not be recorded)
-                        await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
+            decision = await self._settle_round(live, ticket, report)
         if live.limits.enforce_anomaly:
             self.envelope.observed(report, decision, live.limits)
         self.metrics.decided(decision, time.perf_counter() - started)
+        return decision
+
+    async def _settle_round(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision:
+        async with live.lock:
+            # the final usage is the call's end: the same step frees its in-flight slot
+            # (UsageReport.ends_call) rather than a StepDone after it or a finish() round
+            ends_call = report.final and ticket.in_flight and not live.ended
+            before = live.state
+            decision, _ = await self._apply(live, report.with_reserved(ticket.charges, ends_call), ticket)
+            if ends_call:
+                ticket.in_flight = False
+                if live.state is before and not live.ended:  # not applied (it could not be recorded)
+                    await self._apply(live, StepDone(ticket.kind, ticket.persona), None)
         return decision
 
     def covers(self, ticket: Any, report: UsageReport) -> bool:

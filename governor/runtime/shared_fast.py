@@ -27,14 +27,23 @@ a hot session share round trips instead of taking turns for them. A prediction p
 every script queued behind it finds a version that was never saved: a conflict, whose reply
 brings the state as it stands, decided on again as above. (Without either, concurrent calls
 on one hot session conflicted with each other, each conflict a trip, until most fell back to
-full rounds: 32 concurrent calls on one session, 175 conflicts for 12 steps done.)"""
+full rounds: 32 concurrent calls on one session, 175 conflicts for 12 steps done.) A step
+that finds a round of this replica on the session waits for it before sending its script.
+
+The settlement is not awaited (`_settle_soon`): decided on the predicted state, its script
+queued, the state moved on and the decision returned at once; the script's check still guards
+the save. A reply other than done takes it up after the response (`_settle_late`): decided
+again on the state as it stands, else the runtime's full round settles it, recording what it
+decides (with the store down: fails closed, its refusal kept to be chained, the reservation
+counting what it reserved). Until the full round has taken a settlement the store failed to
+take (`live.unsettled`), the session's next steps take the full round too."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 
@@ -61,19 +70,23 @@ def version(saved: bytes) -> str:
 class SharedFastSteps:
     """The model call's one-round-trip path on shared sessions; `counters()` gives the store's
     asyncio client for the running loop (None: there is none, the full round is used);
-    `adopt(live, saved, head_only)` takes a state another replica saved (SharedSteps.adopt_saved)."""
+    `adopt(live, saved, head_only)` takes a state another replica saved (SharedSteps.adopt_saved);
+    `settle_round(live, ticket, report)` is the runtime's full round for a usage report."""
 
     def __init__(self, *, counters: Callable[[], Any], agent_id: str, clock: Callable[[], float],
                  advanced: Callable[[LiveSession, SessionState, float], None],
-                 adopt: Callable[[LiveSession, bytes, bool], None]) -> None:
+                 adopt: Callable[[LiveSession, bytes, bool], None],
+                 settle_round: Callable[[LiveSession, Ticket, UsageReport], Awaitable[Any]]) -> None:
         self._counters = counters
+        self._settle_round = settle_round  # the runtime's full round for a usage report
+        self._late: set[asyncio.Task] = set()  # settlements being settled again after their response
         self._agent_id = agent_id
         self._clock = clock
         self._advanced = advanced
         self._adopt = adopt
 
     async def admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket | None] | None:
-        if live.ended:
+        if live.ended or live.unsettled:  # a settlement the store failed to take, being settled again: the full round
             return None
         limits = live.limits
         charges = expected_charges(limits, step)
@@ -82,6 +95,9 @@ class SharedFastSteps:
             return None
         keys = list(limits.counter_keys(step))
         for _ in range(MAX_TRIES):
+            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
+                async with live.lock:  # find the round's hold and then its new state; after it, on that state
+                    pass
             head = live.shared_head
             now = self._clock()
             if head is None:  # not seen yet: the first reply brings it
@@ -119,7 +135,7 @@ class SharedFastSteps:
             if code != DONE or bounded is None or held is None or held.id is None:
                 return None  # refused by a cap, not quiet on these counters, a round holds it: the full round
             _, decision, next_state = bounded
-            self._saved(live, saved, next_state, next_state.evolve(counters=snapshot), now)
+            self._saved(live, predicted[0], next_state, next_state.evolve(counters=snapshot), now)  # type: ignore[index]
             return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
         return None
 
@@ -130,9 +146,90 @@ class SharedFastSteps:
         if counters is None:
             return None
         step = report.with_reserved(ticket.charges, True)
+        if (decision := self._settle_soon(live, counters, ticket, report, step)) is not None:
+            return decision
         reservation = ticket.reservation
         ticket.reservation, ticket.in_flight = None, False  # claimed: finish() holds nothing now
+        decision = await self._settle_rounds(live, counters, reservation, step)
+        if decision is None:
+            ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
+        return decision
+
+    def _settle_soon(self, live: LiveSession, counters: Any, ticket: Ticket, report: UsageReport,
+                     step: UsageReport) -> Decision | None:
+        """Settle on the predicted state without awaiting the store (module docstring): the
+        script queued now, the state moved on at once, the decision returned; a reply other
+        than done hands the settlement to `_settle_late`. None: not here (no state known, not
+        a quiet settlement on it, a round on the session, a late settlement of it under way)."""
+        head = live.shared_head
+        if head is None or live.unsettled or live.lock.locked():
+            return None
+        expected, state = head
+        settled = quiet_settlement(live.limits, state, step) if not state.ended else None
+        if settled is None:
+            return None
+        decision, next_state = settled
+        saved = encode_state(live.saved_state_of(next_state))
+        reservation, now = ticket.reservation, self._clock()
+        predicted = _predict(live, saved, next_state)
+        late = (reservation, decision.charges, now)
+
+        def replied(code: int | None, current: bytes | None, failure: Exception | None) -> None:
+            if code == DONE:
+                return
+            _unpredict(live, predicted)
+            if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
+                live.unsettled.append(late)
+            task = asyncio.get_running_loop().create_task(
+                self._settle_late(live, ticket, report, step, late, code, current, failure))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+
+        try:  # queued before anything this session does next; not awaited
+            counters.shared_settle_soon(reservation, decision.charges, now, live.id, expected, saved, replied)
+        except Exception:  # not usable: settled the awaited way (which fails to the full round)
+            _unpredict(live, predicted)
+            log.debug("session %s: settling a model call at once failed", live.id, exc_info=True)
+            return None
+        ticket.reservation, ticket.in_flight = None, False  # claimed: finish() holds nothing now
+        self._saved(live, predicted[0], next_state, next_state, now)
+        return decision
+
+    async def _settle_late(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
+                           late: tuple, code: int | None, current: bytes | None, failure: Exception | None) -> None:
+        """A settlement queued by `_settle_soon` that did not apply, after its response: decided
+        again on the state as it stands (one trip a try, as `settle`), else by the full round,
+        which records what it decides and, with the store down, fails closed as for any step
+        (its event kept to be chained, the reservation counting what it reserved)."""
+        reservation = late[0]
+        try:
+            decision = None
+            if failure is None and code in (CONFLICT, ROUND) and not live.ended:
+                if code == ROUND:
+                    await self._round_over(live)
+                if code != CONFLICT or self._take_current(live, current, step) is None:
+                    counters = self._counters()
+                    if counters is not None:
+                        decision = await self._settle_rounds(live, counters, reservation, step)
+            if decision is None:
+                log.log(logging.WARNING if failure is not None else logging.DEBUG,
+                        "session %s: a call's settlement did not apply after its response (%s); the full round "
+                        "settles it", live.id, failure or f"answer {code}")
+                ticket.reservation, ticket.in_flight = reservation, True
+                await self._settle_round(live, ticket, report)
+        except Exception:  # the full round records what it can; what is left is in the log
+            log.exception("session %s: settling reservation %s after its response failed", live.id, reservation)
+        finally:
+            if late in live.unsettled:
+                live.unsettled.remove(late)
+
+    async def _settle_rounds(self, live: LiveSession, counters: Any, reservation: str,
+                             step: UsageReport) -> Decision | None:
+        """Settle in one awaited trip a try, re-deciding on conflicts; None: the full round's."""
         for _ in range(MAX_TRIES):
+            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
+                async with live.lock:  # find the round's hold and then its new state; after it, on that state
+                    pass
             head = live.shared_head
             now = self._clock()
             settled = None
@@ -164,16 +261,20 @@ class SharedFastSteps:
             if code != DONE or settled is None:
                 break
             decision, next_state = settled
-            self._saved(live, saved, next_state, next_state, now)
+            self._saved(live, predicted[0], next_state, next_state, now)  # type: ignore[index]
             return decision
-        ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
         return None
 
     async def drain(self) -> None:
-        """At a stop: every call queued on the store's pipeline answered (none is left unawaited here)."""
-        counters = self._counters()
-        if counters is not None:
-            await counters.drain()
+        """At a stop: every call queued on the store's pipeline answered, and every settlement
+        that then did not apply settled (or failed, recorded) by `_settle_late`."""
+        while True:
+            counters = self._counters()
+            if counters is not None:
+                await counters.drain()
+            if not self._late:
+                return
+            await asyncio.gather(*self._late, return_exceptions=True)
 
     def _take_current(self, live: LiveSession, current: bytes | None, step: Any) -> Decision | None:
         """Adopt the state another writer saved (the conflict's reply); a refusal when it cannot
@@ -199,14 +300,15 @@ class SharedFastSteps:
         else:
             await asyncio.sleep(ROUND_PAUSE_SEC)
 
-    def _saved(self, live: LiveSession, saved: bytes, head: SessionState, state: SessionState, now: float) -> None:
-        """The script saved `head` (as `saved`): the newest this replica knows, unless a later
-        version reached it first (replies of concurrent steps can come in any order)."""
+    def _saved(self, live: LiveSession, saved: str, head: SessionState, state: SessionState, now: float) -> None:
+        """The script saved `head` (version `saved`: hashed once, when predicted): the newest
+        this replica knows, unless a later version reached it first (replies of concurrent
+        steps can come in any order)."""
         if live.lock.locked():  # a round began after the script: it adopts what the store holds
             return
         known = live.shared_head
         if known is None or head.seq >= known[1].seq:
-            live.shared_head = (version(saved), head)
+            live.shared_head = (saved, head)
         if state.seq >= live.state.seq:
             self._advanced(live, state, now)
             live.unsaved = False  # saved by the script

@@ -209,6 +209,40 @@ class AsyncCounters:
         except (TypeError, ValueError, IndexError, AttributeError) as exc:
             raise self._malformed(result, exc) from exc
 
+    def shared_settle_soon(self, reservation_id: str, actual: Sequence[CounterCharge], now: float, session: str,
+                           expected: str, state: bytes,
+                           done: Callable[[int | None, bytes | None, Exception | None], None]) -> None:
+        """`shared_settle`, queued now (before any call made after it) and not awaited: `done`
+        gets (code, the state on a conflict, None) or (None, None, what failed) once the reply
+        is read. Raises at once when the store is not usable (nothing queued)."""
+        self._store.check_usable()
+        args = [*commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now), session, expected, state,
+                repr(now)]
+        self._shared_settle_soon(args, done, 1)
+
+    def _shared_settle_soon(self, args: list[Any], done: Callable[[int | None, bytes | None, Exception | None], None],
+                            attempt: int) -> None:
+        def replied(future: asyncio.Future) -> None:
+            try:
+                if future.cancelled():
+                    raise redis.ConnectionError("Redis store: the settlement was cancelled")
+                exc = future.exception()
+                if exc is None:
+                    result = future.result()
+                    try:
+                        code = int(result[0])
+                        current = _bytes(result[1]) if code == -1 else None
+                    except (TypeError, ValueError, IndexError, AttributeError) as bad:
+                        raise self._malformed(result, bad) from bad
+                    done(code, current, None)
+                elif self._again(exc, attempt):  # type: ignore[arg-type]
+                    self._store.check_usable()
+                    self._shared_settle_soon(args, done, 2)
+            except Exception as failure:
+                done(None, None, failure)
+
+        self._call(self._shared_settle, args).add_done_callback(replied)
+
     async def drain(self) -> None:
         """Every call queued so far sent and its reply handled."""
         await self.pipeline.drain()
