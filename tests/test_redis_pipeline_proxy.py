@@ -83,6 +83,12 @@ async def test_64_calls_at_once_twice_stay_within_a_small_day_cap(tmp_path, serv
         for wave in range(2):
             answers += await asyncio.wait_for(asyncio.gather(
                 *(chat(agent, mock, f"agent-{i % 8}") for i in range(64))), 60)
+        # then one call at a time until the cap refuses one: each settlement is applied before the
+        # next admission (FIFO), so what the waves reserved beyond their use comes back
+        for _ in range(CAP // 25 + 1):
+            answers.append(await chat(agent, mock, "one-at-a-time"))
+            if answers[-1].status_code != 200:
+                break
         agent_id = running.runtime.agent_id  # the last settlements may still be queued: the stop sends them
     finally:
         await agent.aclose()
@@ -92,7 +98,8 @@ async def test_64_calls_at_once_twice_stay_within_a_small_day_cap(tmp_path, serv
     delivered = sum(a.json()["usage"]["total_tokens"] for a in answers if a.status_code == 200)
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(429) > 0 and delivered <= CAP  # the cap ended it, and held
-    assert delivered > CAP // 2  # what was reserved beyond the use came back to later calls
+    print(f"delivered {delivered} of {CAP}")
+    assert delivered > CAP - 100, delivered  # what was reserved beyond the use came back to later calls
     assert day_tokens(server.url, prefix, agent_id) == delivered  # every settlement reached Redis (the stop's drain), once
 
 
