@@ -70,9 +70,11 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     chars = 0
+    status = None
     try:
         async with client.stream("POST", url, json=body, headers={"ADL-Session": session}) as response:
-            tally.statuses.append(response.status_code)
+            status = response.status_code
+            tally.statuses.append(status)
             if response.status_code != 200:
                 await response.aread()
                 return
@@ -88,7 +90,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
                 for choice in data.get("choices") or ():
                     chars += len((choice.get("delta") or {}).get("content") or "")
     except httpx.HTTPError as exc:  # a broken connection still counts what arrived
-        tally.errors.append(f"{type(exc).__name__}: {exc}")
+        # whether it broke before the response or mid-body tells an unaccepted connection from a cut
+        tally.errors.append(f"{type(exc).__name__} {'after ' + str(status) if status else 'before a response'}: {exc!r}")
     finally:
         tally.delivered.append(-(-chars // len(PIECE)))
 

@@ -76,10 +76,14 @@ async def test_a_burst_of_connections_while_the_loop_is_busy_is_queued_and_serve
 
 
 async def test_the_widened_backlog_is_idempotent_and_leaves_the_listener_open():
+    from mitmproxy.proxy import mode_servers
+
     from governor.proxy import backlog
 
     backlog.install()
+    installed = mode_servers.AsyncioServerInstance.listen
     backlog.install()  # a second serve() in one process: not wrapped twice
+    assert mode_servers.AsyncioServerInstance.listen is installed
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     try:
         assert backlog.widen(server) == 1
