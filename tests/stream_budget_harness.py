@@ -70,9 +70,11 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     chars = 0
+    status = None
     try:
         async with client.stream("POST", url, json=body, headers={"ADL-Session": session}) as response:
-            tally.statuses.append(response.status_code)
+            status = response.status_code
+            tally.statuses.append(status)
             if response.status_code != 200:
                 await response.aread()
                 return
@@ -88,7 +90,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, session: str, max_toke
                 for choice in data.get("choices") or ():
                     chars += len((choice.get("delta") or {}).get("content") or "")
     except httpx.HTTPError as exc:  # a broken connection still counts what arrived
-        tally.errors.append(f"{type(exc).__name__}: {exc}")
+        # whether it broke before the response or mid-body tells an unaccepted connection from a cut
+        tally.errors.append(f"{type(exc).__name__} {'after ' + str(status) if status else 'before a response'}: {exc!r}")
     finally:
         tally.delivered.append(-(-chars // len(PIECE)))
 
@@ -115,7 +118,7 @@ async def parallel_streams(proxies: list[str], upstream: str, streams: int, max_
 # --- governors as separate processes ------------------------------------------------------
 
 REPLICA = """
-import asyncio, json, sys
+import asyncio, json, logging, os, sys
 from pathlib import Path
 from governor.adapters.base import AdapterConfig
 from governor.policy.steps import Tier
@@ -124,6 +127,8 @@ from tests.proxy_harness import AGENT_NAMED
 
 async def main():
     cfg = json.loads(sys.argv[1])
+    logging.basicConfig(level=os.environ.get("GOVERNOR_TEST_REPLICA_LOG", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     running = await serve(Settings(**AGENT_NAMED, passport=Path(cfg["passport"]), listen=("127.0.0.1", 0), control=None,
                                    data_dir=Path(cfg["data_dir"]), store=cfg["store"], tier=Tier.R2,
                                    tick_interval=0, adapters=AdapterConfig(default_output_tokens=cfg["guess"], fit_output=False)))
@@ -147,9 +152,12 @@ class Replica:
     async def start(cls, passport: Path, data_dir: Path, store: str, guess: int = 4096) -> "Replica":
         config = {"passport": str(passport), "data_dir": str(data_dir), "store": store, "guess": guess}
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", REPLICA, json.dumps(config), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # the governor's log stays in its data directory: a failed case shows what the governor saw
+        with open(data_dir / "governor.log", "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", REPLICA, json.dumps(config), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=log, env=env)
         assert process.stdout is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

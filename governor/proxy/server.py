@@ -25,7 +25,7 @@ from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
 from governor.adapters import AdapterRegistry
-from governor.proxy import heads, tracing
+from governor.proxy import backlog, heads, tracing
 from governor.proxy.chain import Chain, assemble
 from governor.proxy.connections import ConnectionGuard, ConnectionLimits
 from governor.proxy.egress import EgressHosts
@@ -206,6 +206,7 @@ async def serve(settings: Settings, runtime: RuntimeAPI | None = None, *, metric
 
     started = Started()
     heads.install()  # mitmproxy reads HTTP/1 heads without a bound (governor/proxy/heads.py)
+    backlog.install()  # mitmproxy listens with a backlog of 100 (governor/proxy/backlog.py)
     master = Master(options.Options())
     # the connection guard's hooks are called by the chain, first (governor/proxy/dispatch.py)
     master.addons.add(core.Core(), mitm_proxyserver, next_layer.NextLayer(), tlsconfig.TlsConfig(),
