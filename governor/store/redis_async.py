@@ -139,25 +139,27 @@ class AsyncCounters:
         None or what failed (the store's failure, UnknownReservation: not outstanding) once
         the reply is read. Raises at once when the store is not usable (nothing queued)."""
         self._store.check_usable()
-        self._commit_soon(commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now),
-                          reservation_id, done, 1)
+        self._soon(self._commit, commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now),
+                   lambda result: done(self._committed(result, reservation_id)), done)
 
-    def _commit_soon(self, args: list[Any], reservation_id: str, done: Callable[[Exception | None], None],
-                     attempt: int) -> None:
+    def _soon(self, script: Script, args: list[Any], reply: Callable[[Any], None],
+              failed: Callable[[Exception], None], attempt: int = 1) -> None:
+        """`script` queued now and not awaited: `reply` gets its answer once read, `failed` what
+        failed (a call `_again` allows runs once more, as `_run` does)."""
         def replied(future: asyncio.Future) -> None:
             try:
                 if future.cancelled():
-                    raise redis.ConnectionError("Redis store: the commit was cancelled")
+                    raise redis.ConnectionError("Redis store: a queued call was cancelled")
                 exc = future.exception()
                 if exc is None:
-                    done(self._committed(future.result(), reservation_id))
+                    reply(future.result())
                 elif self._again(exc, attempt):  # type: ignore[arg-type]
                     self._store.check_usable()
-                    self._commit_soon(args, reservation_id, done, 2)
+                    self._soon(script, args, reply, failed, 2)
             except Exception as failure:
-                done(failure)
+                failed(failure)
 
-        self._call(self._commit, args).add_done_callback(replied)
+        self._call(script, args).add_done_callback(replied)
 
     def _committed(self, result: Any, reservation_id: str) -> Exception | None:
         """COMMIT's answer: None (committed), UnknownReservation (not outstanding: committed
@@ -202,7 +204,10 @@ class AsyncCounters:
         conditions: (code, the state as it stands on a conflict)."""
         args = [*commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now), session, expected, state,
                 repr(now)]
-        result = await self._run(self._shared_settle, args)
+        return self._shared_settled(await self._run(self._shared_settle, args))
+
+    def _shared_settled(self, result: Any) -> tuple[int, bytes | None]:
+        """SHARED_SETTLE's answer: (code, the state as it stands on a conflict)."""
         try:
             code = int(result[0])
             return code, _bytes(result[1]) if code == -1 else None
@@ -218,30 +223,8 @@ class AsyncCounters:
         self._store.check_usable()
         args = [*commit_args(self._store.window, self._ttl_ms, reservation_id, actual, now), session, expected, state,
                 repr(now)]
-        self._shared_settle_soon(args, done, 1)
-
-    def _shared_settle_soon(self, args: list[Any], done: Callable[[int | None, bytes | None, Exception | None], None],
-                            attempt: int) -> None:
-        def replied(future: asyncio.Future) -> None:
-            try:
-                if future.cancelled():
-                    raise redis.ConnectionError("Redis store: the settlement was cancelled")
-                exc = future.exception()
-                if exc is None:
-                    result = future.result()
-                    try:
-                        code = int(result[0])
-                        current = _bytes(result[1]) if code == -1 else None
-                    except (TypeError, ValueError, IndexError, AttributeError) as bad:
-                        raise self._malformed(result, bad) from bad
-                    done(code, current, None)
-                elif self._again(exc, attempt):  # type: ignore[arg-type]
-                    self._store.check_usable()
-                    self._shared_settle_soon(args, done, 2)
-            except Exception as failure:
-                done(None, None, failure)
-
-        self._call(self._shared_settle, args).add_done_callback(replied)
+        self._soon(self._shared_settle, args, lambda result: done(*self._shared_settled(result), None),
+                   lambda failure: done(None, None, failure))
 
     async def drain(self) -> None:
         """Every call queued so far sent and its reply handled."""
