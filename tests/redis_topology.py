@@ -195,9 +195,16 @@ class Cluster:
         self.nodes.append(node)
         with self.node(primary).client() as c:
             primary_id = c.execute_command("CLUSTER", "MYID")
-        subprocess.run([REDIS_CLI, *(self.tls.cli_args() if self.tls else []), "--cluster", "add-node", f"127.0.0.1:{node.port}", f"127.0.0.1:{primary}",
-                        "--cluster-slave", "--cluster-master-id", primary_id], check=True, timeout=30,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command = [REDIS_CLI, *(self.tls.cli_args() if self.tls else []), "--cluster", "add-node",
+                   f"127.0.0.1:{node.port}", f"127.0.0.1:{primary}", "--cluster-slave", "--cluster-master-id", primary_id]
+        deadline = time.monotonic() + 30
+        while True:  # right after a failover the nodes may not agree yet ("[ERR] Nodes don't agree"): again
+            done = subprocess.run(command, timeout=30, capture_output=True, text=True)
+            if done.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-cli --cluster add-node failed: {done.stdout[-2000:]}{done.stderr[-1000:]}")
+            time.sleep(0.5)
         with node.client() as c:
             wait_until(lambda: c.info("replication").get("master_link_status") == "up", 15,
                        f"the new replica on {node.port} did not sync")
