@@ -95,9 +95,7 @@ class SharedFastSteps:
             return None
         keys = list(limits.counter_keys(step))
         for _ in range(MAX_TRIES):
-            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
-                async with live.lock:  # find the round's hold and then its new state; after it, on that state
-                    pass
+            await _after_own_round(live)  # its script would find the round's hold, then its new state
             head = live.shared_head
             now = self._clock()
             if head is None:  # not seen yet: the first reply brings it
@@ -227,9 +225,7 @@ class SharedFastSteps:
                              step: UsageReport) -> Decision | None:
         """Settle in one awaited trip a try, re-deciding on conflicts; None: the full round's."""
         for _ in range(MAX_TRIES):
-            if live.lock.locked():  # a round of this replica on it (a tick, a step's full round): its script would
-                async with live.lock:  # find the round's hold and then its new state; after it, on that state
-                    pass
+            await _after_own_round(live)  # its script would find the round's hold, then its new state
             head = live.shared_head
             now = self._clock()
             settled = None
@@ -295,8 +291,7 @@ class SharedFastSteps:
         another's: a moment later), the step tries again rather than queueing a round of its
         own behind it (rounds queued behind rounds kept a hot session off this path)."""
         if live.lock.locked():
-            async with live.lock:
-                pass
+            await _after_own_round(live)
         else:
             await asyncio.sleep(ROUND_PAUSE_SEC)
 
@@ -312,6 +307,14 @@ class SharedFastSteps:
         if state.seq >= live.state.seq:
             self._advanced(live, state, now)
             live.unsaved = False  # saved by the script
+
+
+async def _after_own_round(live: LiveSession) -> None:
+    """After the decision round this replica holds on the session, if any (a tick, a step's
+    full round): a step then decides on the state that round left."""
+    if live.lock.locked():
+        async with live.lock:
+            pass
 
 
 def _predict(live: LiveSession, saved: bytes, state: SessionState) -> tuple[str, SessionState]:
