@@ -234,6 +234,7 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
         record = await rt.end_session("s")
         failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
         assert failed[0]["action"] == "continue" and failed[0]["detail"]["deferred_settlement"] is True
+        assert failed[0]["detail"]["fail_closed"] is False  # a note: the call was answered, nothing refused
         assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
     finally:
         observer.close()

@@ -157,7 +157,7 @@ class RemoteSteps:
         detail = {
             "step": "usage_report",
             "error": f"{type(failure).__name__}: {failure}"[:500],
-            "fail_closed": True,
+            "fail_closed": False,  # a note: the call was answered, nothing refused (the reservation keeps counting)
             "deferred_settlement": True,
             "reservation": reservation,
             "reason": "the call's usage could not be written to the store after its response was delivered: "
