@@ -188,16 +188,10 @@ def uncountable_refusal(step: Any, draw: RateDraw, reason: str) -> Decision:
     store): fail closed, at every tier, not retryable (waiting does not mend it: an operator
     deletes the counter); the session goes on, recorded as a rate refusal's fallback."""
     limit = draw.limit
-    detail: dict[str, Any] = {
-        "step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
-        "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
-        "limit": limit.limit, "window": limit.window_sec, "fail_closed": True, "retryable": False,
-        "reason": f"the {limit.scope} {limit.dimension} rate limit cannot be counted: {reason}"[:500],
-    }
-    if limit.tool is not None:
-        detail["tool"] = getattr(step, "tool", limit.tool)
-    event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
-    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, fail_closed=True, details=detail, event=event)
+    detail = _limit_detail(step, limit)
+    detail.update({"fail_closed": True, "retryable": False,
+                   "reason": f"the {limit.scope} {limit.dimension} rate limit cannot be counted: {reason}"[:500]})
+    return _refused(detail, fail_closed=True)
 
 
 def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after: float,
@@ -205,19 +199,34 @@ def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after:
     """The refusal of a step whose window is full (or that cannot be counted): retryable once
     the window rolls, the session goes on. Recorded as §6's fallback (the refusal stands in
     for the step and the session goes on), not `continue`, which would say the step went on."""
-    detail: dict[str, Any] = {"step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed"}
-    if draw is not None:
-        limit = draw.limit
-        detail.update({
-            "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
-            "limit": limit.limit, "window": limit.window_sec, "observed": observed,
-            "projected": observed + draw.amount, "retryable": True, "retry_after": max(1, math.ceil(retry_after)),
-            "reason": reason or f"the {limit.scope} {limit.dimension} rate limit ({_number(limit.limit)} per "
-                                f"{_number(limit.window_sec)} s) is reached: retry when the window rolls",
-        })
-        if limit.tool is not None:
-            detail["tool"] = getattr(step, "tool", limit.tool)
-    else:
-        detail["reason"] = reason or "the step cannot be counted against the rate limits"
+    if draw is None:
+        detail = {"step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
+                  "reason": reason or "the step cannot be counted against the rate limits"}
+        return _refused(detail)
+    limit = draw.limit
+    detail = _limit_detail(step, limit)
+    detail.update({
+        "observed": observed, "projected": observed + draw.amount, "retryable": True,
+        "retry_after": max(1, math.ceil(retry_after)),
+        "reason": reason or f"the {limit.scope} {limit.dimension} rate limit ({_number(limit.limit)} per "
+                            f"{_number(limit.window_sec)} s) is reached: retry when the window rolls",
+    })
+    return _refused(detail)
+
+
+def _limit_detail(step: Any, limit: RateLimit) -> dict[str, Any]:
+    """What every rate refusal's event says of the step and the limit it met."""
+    detail: dict[str, Any] = {
+        "step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
+        "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
+        "limit": limit.limit, "window": limit.window_sec,
+    }
+    if limit.tool is not None:
+        detail["tool"] = getattr(step, "tool", limit.tool)
+    return detail
+
+
+def _refused(detail: dict[str, Any], fail_closed: bool = False) -> Decision:
     event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
-    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail, event=event)
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, fail_closed=fail_closed, details=detail,
+                    event=event)
