@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)  # a test may have SIGSTOPped it: SIGTERM would wait
             self.process.terminate()
             try:
                 self.process.wait(5)

@@ -28,9 +28,7 @@ def own_server() -> Iterator[RedisServer]:
     """A server this test may stop or kill."""
     server = RedisServer()
     yield server
-    if server.process.poll() is None:
-        os.kill(server.process.pid, signal.SIGCONT)
-    server.stop()
+    server.stop()  # continued first if a test stopped it
 
 
 def prefix() -> str:

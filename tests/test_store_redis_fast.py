@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import uuid
 from typing import Iterator
 
 import pytest
@@ -14,33 +13,20 @@ import redis
 
 from governor.policy.steps import CounterCharge
 from governor.store import MemoryStore, StoreIntegrityError, StoreUnavailable, UnknownReservation
+from tests.redis_counters import DAY_TOKENS, KEYS, SESSION_COST, T0, charges, prefix
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer, redis_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 
 from governor.store.redis import RedisStore  # noqa: E402  (after the skip: needs the client only)
 
-T0 = 1_699_999_980.0
-DAY_TOKENS = ("per_day", None, "tokens")
-SESSION_COST = ("per_session", None, "cost_usd")
-KEYS = [DAY_TOKENS, SESSION_COST]
-
-
-def charges(tokens: float, cost: float, *, cap: float | None = 1000) -> list[CounterCharge]:
-    return [CounterCharge("per_day", "tokens", tokens, cap), CounterCharge("per_session", "cost_usd", cost, None)]
-
-
-def prefix() -> str:
-    return f"test-{uuid.uuid4().hex}:"
 
 
 @pytest.fixture
 def own_server() -> Iterator[RedisServer]:
     server = RedisServer()
     yield server
-    if server.process.poll() is None:
-        os.kill(server.process.pid, signal.SIGCONT)
-    server.stop()
+    server.stop()  # continued first if a test stopped it
 
 
 def evalsha_calls(url: str) -> int:
