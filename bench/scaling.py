@@ -3,7 +3,7 @@ Redis, several governor processes sharing budgets through Redis, and LiteLLM's p
 same number of workers, side by side in one run.
 
     .venv/bin/python bench/scaling.py [--quick] [--rounds N] [--duration S] [--concurrency C]
-                                      [--workers 1,2,4] [--litellm PATH]
+                                      [--workers 1,2,4] [--litellm PATH] [--paths embedded,redis,...]
 
 Paths (plain chat completions, closed loop, C kept-alive connections in all, default 32):
 - `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
@@ -13,6 +13,9 @@ Paths (plain chat completions, closed loop, C kept-alive connections in all, def
   (each process its own sessions, budgets shared);
 - `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
   (SO_REUSEPORT), sharing budgets through the store;
+- `redis@base`, `redis-local@base`: `redis` and `redis-local` with another tree's governor
+  (--base: its venv's `governor` executable, e.g. a `git worktree` of main), measured in the
+  same rounds, for a comparison of two revisions on one load;
 - `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
   upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
   one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
@@ -29,6 +32,7 @@ Throughput is requests answered 200 per second. Targets (the issue's): `redis` c
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -134,11 +138,35 @@ class LiteLLM(Role):
         raise RuntimeError("litellm did not answer in time")
 
 
+SHARED_FAMILIES = ("governor_shared_rounds_total", "governor_shared_retries_total")
+
+
+def shared_counts(control_urls: list[str]) -> dict[str, float]:
+    """The shared sessions' rounds and retries (by label) the governors at `control_urls` counted
+    so far, from their /metrics (an older tree's governor has none: {})."""
+    import urllib.request
+
+    counts: dict[str, float] = {}
+    for url in control_urls:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(SHARED_FAMILIES):
+                name, value = line.rsplit(" ", 1)
+                key = name.replace("governor_shared_", "").replace("_total", "").replace('"', "")
+                counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
 def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list[int], concurrency: int,
             duration: float, warmup: float, redis_pid: int | None,
-            headers: dict[str, str] | None = None) -> dict[str, Any]:
+            headers: dict[str, str] | None = None, controls: list[str] | None = None) -> dict[str, Any]:
     """One segment: the connections split over `targets` ((proxy, url) each), one load
-    generator per target, all at once; CPU of `pids` (and their children) around it."""
+    generator per target, all at once; CPU of `pids` (and their children) around it, and the
+    shared sessions' rounds and retries the governors at `controls` counted in it."""
     share = [concurrency // len(targets) + (1 if i < concurrency % len(targets) else 0) for i in range(len(targets))]
     answers: list[dict[str, Any] | None] = [None] * len(targets)
     body = chat_body()
@@ -150,6 +178,7 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
     # CPU is read around the whole segment, warm-up included (per request of both, below)
+    shared_before = shared_counts(controls or [])
     cpu_before, redis_before = sum(tree_cpu(p) for p in pids), tree_cpu(redis_pid) if redis_pid else 0.0
     began = time.perf_counter()
     for t in threads:
@@ -159,16 +188,20 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
     wall = time.perf_counter() - began
     cpu = sum(tree_cpu(p) for p in pids) - cpu_before
     redis_cpu = (tree_cpu(redis_pid) - redis_before) if redis_pid else None
+    shared = {k: v - shared_before.get(k, 0.0) for k, v in shared_counts(controls or []).items()}
     ok = sum(a["statuses"].get("200", 0) for a in answers if a)
     other = {s: n for a in answers if a for s, n in a["statuses"].items() if s != "200"}
     elapsed = max(a["elapsed"] for a in answers if a)
     requests_all = ok + sum(other.values()) + sum(a["warmup_count"] for a in answers if a)
     return {"ok": ok, "other": other, "elapsed": elapsed, "wall": wall, "cpu": cpu, "redis_cpu": redis_cpu,
-            "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3]}
+            "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3],
+            "load": os.getloadavg()[0],  # the machine's 1-minute load average as the segment ended
+            "shared": {k: v for k, v in shared.items() if v}}
 
 
 def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: list[int],
-        litellm: Path | None, log=print) -> dict[str, Any]:
+        litellm: Path | None, log=print, only: set[str] | None = None, base: Path | None = None) -> dict[str, Any]:
+    """`only`: the paths to start and measure (None: all); `base`: another tree's governor executable."""
     from tests.redis_server import RedisServer
 
     segments: dict[str, list[dict[str, Any]]] = {}
@@ -181,10 +214,14 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             started.append(upstream)
             passport = write_passport(work / "passport.json")
             url = upstream_url(upstream.port)
-            embedded = Governor(passport, work / "embedded")
-            started.append(embedded)
+            wanted = (lambda name: True) if only is None else only.__contains__
+            embedded = Governor(passport, work / "embedded") if wanted("embedded") else None
+            if embedded is not None:
+                started.append(embedded)
             on_redis = {}
             for n in sorted({1, 2, *workers}):
+                if not wanted("redis" if n == 1 else f"redis-x{n}"):
+                    continue
                 g = Governor(passport, work / f"redis-x{n}",
                              # each its own id: two governors with one id on one store are refused (#32)
                              extra=["--store", server.url, "--id", f"did:web:localhost:bench-redis-x{n}",
@@ -196,26 +233,44 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             local_sessions = server.url + ("&" if "?" in server.url else "?") + "sessions=local"
             on_local = {}
             for n in sorted({1, max(workers)}):
+                if not wanted("redis-local" if n == 1 else f"redis-local-x{n}"):
+                    continue
                 g = Governor(passport, work / f"redis-local-x{n}",
                              extra=["--store", local_sessions, "--id", f"did:web:localhost:bench-redis-local-x{n}",
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
                 on_local[n] = g
+            on_base = {}
+            if base is not None:
+                for name, extra in (("redis@base", ["--store", server.url]), ("redis-local@base", ["--store", local_sessions])):
+                    if wanted(name):
+                        # its own session name: the two trees' replicas never share one session's state
+                        g = Governor(passport, work / name.replace("@", "-"), executable=base, session="bench-base",
+                                     extra=[*extra, "--id", f"did:web:localhost:bench-{name.replace('@', '-')}"])
+                        started.append(g)
+                        on_base[name] = g
             loads = []
             for _ in range(loaders):
                 load = Role("load")
                 started.append(load)
                 loads.append(load)
-            paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {
-                "embedded": ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid]),
-            }
+            paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {}
+            controls: dict[str, list[str]] = {}  # the governors whose shared rounds and retries are counted
+            if embedded is not None:
+                paths["embedded"] = ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid])
             for n, g in on_redis.items():
                 paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
+                controls["redis" if n == 1 else f"redis-x{n}"] = [g.control_url]
             for n, g in on_local.items():
                 paths["redis-local" if n == 1 else f"redis-local-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders,
                                                                            [g.pid])
+            for name, g in on_base.items():
+                paths[name] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
+                controls[name] = [g.control_url]
             if litellm is not None:
                 for n in workers:
+                    if not wanted(f"litellm-x{n}"):
+                        continue
                     try:
                         proxy = LiteLLM(litellm, work, upstream.port, n)
                     except RuntimeError as exc:
@@ -232,11 +287,14 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                     targets, pids = paths[name]
                     segment = measure(loads, targets, pids, concurrency, duration, warmup,
                                       server.process.pid if name.startswith("redis") else None,
-                                      {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None)
+                                      {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None,
+                                      controls.get(name))
                     segments.setdefault(name, []).append(segment)
                     log(f"    {name}: {segment['ok'] / segment['elapsed']:.0f}/s, "
-                        f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request"
-                        + (f", other {segment['other']}" if segment["other"] else ""))
+                        f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request, "
+                        f"load {segment['load']:.1f}"
+                        + (f", other {segment['other']}" if segment["other"] else "")
+                        + (f", shared {segment['shared']}" if segment["shared"] else ""))
         finally:
             for role in reversed(started):
                 role.stop()
@@ -261,11 +319,17 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
             "redis_cpu_ms_per_request": round(1000 * sum(redis_cpu) / requests_all, 3) if redis_cpu else None,
             "other_statuses": {k: v for s in segs for k, v in s["other"].items()},
             "errors": [e for s in segs for e in s["errors"]][:3],
+            "load": [round(s["load"], 2) for s in segs if "load" in s],
+            # the shared sessions' decision rounds and retried scripts, per 1,000 requests
+            "shared_per_1000": {k: round(1000 * sum(s["shared"].get(k, 0.0) for s in segs) / requests_all, 2)
+                                for k in sorted({k for s in segs for k in s["shared"]})} if requests_all else {},
         }
     embedded = paths.get("embedded", {})
     ratios = {
         "cpu_per_request_redis_over_embedded": ratio(paths.get("redis", {}).get("cpu_ms_per_request"),
                                                      embedded.get("cpu_ms_per_request")),
+        "cpu_per_request_redis_base_over_embedded": ratio(paths.get("redis@base", {}).get("cpu_ms_per_request"),
+                                                          embedded.get("cpu_ms_per_request")),
         "cpu_per_request_redis_local_over_embedded": ratio(paths.get("redis-local", {}).get("cpu_ms_per_request"),
                                                            embedded.get("cpu_ms_per_request")),
         "throughput_redis_over_embedded": ratio(paths.get("redis", {}).get("throughput_rps"),
@@ -296,6 +360,9 @@ def report(result: dict[str, Any]) -> str:
             met = value <= target if name.startswith("cpu") else value >= target
             verdict = f" (target {'<=' if name.startswith('cpu') else '>='} {target}: {'met' if met else 'NOT met'})"
         lines.append(f"{name}: {value}{verdict}")
+    for name, p in result["paths"].items():
+        if p.get("shared_per_1000"):
+            lines.append(f"{name}: shared rounds and retries per 1,000 requests: {p['shared_per_1000']}")
     return "\n".join(lines)
 
 
@@ -309,6 +376,10 @@ def main() -> None:
     parser.add_argument("--litellm", type=Path, help=f"LiteLLM's executable (default {LITELLM_DEFAULT} when present)")
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    parser.add_argument("--base", type=Path, help="another tree's `governor` executable: adds redis@base and "
+                                                  "redis-local@base (compare two revisions in one run)")
+    parser.add_argument("--paths", help="only these paths, comma-separated (embedded, redis, redis-local, redis-x2, "
+                                        "redis-local-x2, litellm-x1, ...): a shorter run")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started on the way out
     if shutil.which("redis-server") is None:
@@ -319,7 +390,10 @@ def main() -> None:
     if litellm is None and not args.no_litellm:
         print("no LiteLLM (see --litellm): its rows are left out")
     workers = sorted({int(w) for w in args.workers.split(",") if w.strip()})
-    result = run(args.rounds, args.duration, args.warmup, args.concurrency, workers, litellm)
+    only = {p.strip() for p in args.paths.split(",") if p.strip()} if args.paths else None
+    result = run(args.rounds, args.duration, args.warmup, args.concurrency, workers, litellm, only=only,
+                 base=args.base)
+    result["paths_measured"] = sorted(only) if only else "all"
     result["litellm"] = str(litellm) if litellm else None
     if litellm:
         result["litellm_version"] = subprocess.run([str(litellm), "--version"], capture_output=True, text=True,

@@ -8,7 +8,15 @@ pipeline (governor/store/redis_pipeline.py) then sends the commands of one loop 
 write, and the reads redis-server processed per call (INFO stats' total_reads_processed: a
 pipelined write is one read) show the round trips the commands took.
 
+With --hot C, ONE session (the bench's passport: nothing fires) takes N calls from C
+connections at once, with the proxy's in-flight ticks every --tick s (`governor run`'s 1 s):
+issue #30's hot session. Its one-round-trip scripts per call above 1 (SHARED_ADMIT,
+SHARED_SETTLE) are the conflicts and the "a round holds the session" answers, each a retry;
+BEGIN_ROUND per call counts the decision rounds (the ticks', the sweeper's and the steps that
+fell back to a full round).
+
     .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local] [--parallel P]
+                                                 [--hot C [--tick S]]
 
 Prints the per-command counts, the total per call, and the replica process's CPU per call
 (utime + stime from /proc over the measured calls; sequential calls, so a loaded machine
@@ -26,7 +34,9 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 import redis  # noqa: E402
 
 from governor.demo.mock_llm import MockLLM  # noqa: E402
@@ -43,10 +53,10 @@ def script_names() -> dict[str, str]:
     """sha1 -> the name of each Lua script the Redis store and its shared sessions run."""
     import hashlib
 
-    from governor.store import redis_scripts, redis_sessions
+    from governor.store import redis_scripts, redis_sessions, redis_shared_scripts
 
     names = {}
-    for module in (redis_scripts, redis_sessions):
+    for module in (redis_scripts, redis_sessions, redis_shared_scripts):
         for name, text in vars(module).items():
             if name.isupper() and isinstance(text, str) and "redis.call" in text:
                 for body in (text, redis_scripts.PRELUDE + text):
@@ -133,13 +143,66 @@ async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[
     return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
 
 
+async def measure_hot(calls: int, connections: int, tick: float,
+                      sessions: str | None = None) -> tuple[dict[str, float], float, float]:
+    """`calls` calls on one session from `connections` at once (after a warm-up of one call
+    each): per call, the commands Redis served and the reads it processed, and the replica's CPU."""
+    from common import write_passport
+
+    server = RedisServer()
+    mock = MockLLM(prompt_tokens=100, completion_tokens=5)
+    await mock.start()
+    url = server.url + (f"?sessions={sessions}" if sessions else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        passport = write_passport(Path(tmp) / "passport.json")  # nothing fires: every call quiet
+        replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url, tick=tick,
+                                      extra={"passport": str(passport)})
+        replica.agent = httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30,
+                                          limits=httpx.Limits(max_connections=connections))
+        monitor = Monitor(server.url)
+        stats = redis.Redis.from_url(server.url)
+        try:
+            opened = await replica.control.post("/v1/sessions", json={"label": "hot"})
+            token = opened.json()["token"]
+            answers = await asyncio.gather(*(replica.chat(mock.url, token) for _ in range(connections)))
+            assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
+            left = calls
+
+            async def caller() -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    answer = await replica.chat(mock.url, token)
+                    assert answer.status_code == 200, answer.text
+
+            monitor.counting = True
+            before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
+            await asyncio.gather(*(caller() for _ in range(connections)))
+            reads = reads_processed(stats) - read_before - 1
+            cpu = cpu_seconds(replica.process.pid) - before
+            monitor.counting = False
+            counts = dict(monitor.counts)
+        finally:
+            monitor.stop()
+            await replica.stop()
+            await mock.stop()
+            stats.close()
+            server.stop()
+    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--sessions", choices=("local",), default=None, help="?sessions=local (not shared)")
     parser.add_argument("--parallel", type=int, default=1, help="sessions calling at once (each in turn)")
+    parser.add_argument("--hot", type=int, default=0, help="C connections calling ONE session at once")
+    parser.add_argument("--tick", type=float, default=1.0, help="with --hot: the in-flight tick interval (0: none)")
     args = parser.parse_args()
-    per_call, cpu_ms, reads = asyncio.run(measure(args.calls, args.sessions, args.parallel))
+    if args.hot:
+        per_call, cpu_ms, reads = asyncio.run(measure_hot(args.calls, args.hot, args.tick, args.sessions))
+    else:
+        per_call, cpu_ms, reads = asyncio.run(measure(args.calls, args.sessions, args.parallel))
     for name, n in per_call.items():
         print(f"{name:24} {n:6.2f}")
     print(f"{'commands per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
