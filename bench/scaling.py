@@ -161,9 +161,24 @@ def shared_counts(control_urls: list[str]) -> dict[str, float]:
     return counts
 
 
+def redis_reads(url: str | None) -> int:
+    """The reads redis-server has processed (a pipelined write of several commands is one):
+    the round trips of every client, this path's governor and the idle ones."""
+    if url is None:
+        return 0
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_reads_processed"])
+    finally:
+        client.close()
+
+
 def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list[int], concurrency: int,
             duration: float, warmup: float, redis_pid: int | None,
-            headers: dict[str, str] | None = None, controls: list[str] | None = None) -> dict[str, Any]:
+            headers: dict[str, str] | None = None, controls: list[str] | None = None,
+            redis_url: str | None = None) -> dict[str, Any]:
     """One segment: the connections split over `targets` ((proxy, url) each), one load
     generator per target, all at once; CPU of `pids` (and their children) around it, and the
     shared sessions' rounds and retries the governors at `controls` counted in it."""
@@ -179,6 +194,7 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
     # CPU is read around the whole segment, warm-up included (per request of both, below)
     shared_before = shared_counts(controls or [])
+    reads_before = redis_reads(redis_url)
     cpu_before, redis_before = sum(tree_cpu(p) for p in pids), tree_cpu(redis_pid) if redis_pid else 0.0
     began = time.perf_counter()
     for t in threads:
@@ -189,6 +205,7 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
     cpu = sum(tree_cpu(p) for p in pids) - cpu_before
     redis_cpu = (tree_cpu(redis_pid) - redis_before) if redis_pid else None
     shared = {k: v - shared_before.get(k, 0.0) for k, v in shared_counts(controls or []).items()}
+    reads = redis_reads(redis_url) - reads_before - 1 if redis_url else None  # that INFO's own read left out
     ok = sum(a["statuses"].get("200", 0) for a in answers if a)
     other = {s: n for a in answers if a for s, n in a["statuses"].items() if s != "200"}
     elapsed = max(a["elapsed"] for a in answers if a)
@@ -196,7 +213,7 @@ def measure(loads: list[Role], targets: list[tuple[str | None, str]], pids: list
     return {"ok": ok, "other": other, "elapsed": elapsed, "wall": wall, "cpu": cpu, "redis_cpu": redis_cpu,
             "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3],
             "load": os.getloadavg()[0],  # the machine's 1-minute load average as the segment ended
-            "shared": {k: v for k, v in shared.items() if v}}
+            "shared": {k: v for k, v in shared.items() if v}, "redis_reads": reads}
 
 
 def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: list[int],
@@ -288,12 +305,14 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                     segment = measure(loads, targets, pids, concurrency, duration, warmup,
                                       server.process.pid if name.startswith("redis") else None,
                                       {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None,
-                                      controls.get(name))
+                                      controls.get(name), server.url if name.startswith("redis") else None)
                     segments.setdefault(name, []).append(segment)
                     log(f"    {name}: {segment['ok'] / segment['elapsed']:.0f}/s, "
                         f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request, "
                         f"load {segment['load']:.1f}"
                         + (f", other {segment['other']}" if segment["other"] else "")
+                        + (f", redis reads/request {segment['redis_reads'] / max(1, segment['requests_all']):.2f}"
+                           if segment["redis_reads"] is not None else "")
                         + (f", shared {segment['shared']}" if segment["shared"] else ""))
         finally:
             for role in reversed(started):
@@ -320,6 +339,8 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
             "other_statuses": {k: v for s in segs for k, v in s["other"].items()},
             "errors": [e for s in segs for e in s["errors"]][:3],
             "load": [round(s["load"], 2) for s in segs if "load" in s],
+            "redis_reads_per_request": (round(sum(s["redis_reads"] for s in segs) / requests_all, 3)
+                                        if requests_all and all(s.get("redis_reads") is not None for s in segs) else None),
             # the shared sessions' decision rounds and retried scripts, per 1,000 requests
             "shared_per_1000": {k: round(1000 * sum(s["shared"].get(k, 0.0) for s in segs) / requests_all, 2)
                                 for k in sorted({k for s in segs for k in s["shared"]})} if requests_all else {},
@@ -350,8 +371,9 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
 
 def report(result: dict[str, Any]) -> str:
     rows = [(name, p["throughput_rps"], p["cpu_ms_per_request"], p["redis_cpu_ms_per_request"] or "",
-             sum(p["other_statuses"].values()) or "") for name, p in result["paths"].items()]
-    lines = [table(rows, ("path", "req/s", "CPU ms/req", "redis CPU ms/req", "not 200"))]
+             p.get("redis_reads_per_request") or "", sum(p["other_statuses"].values()) or "")
+            for name, p in result["paths"].items()]
+    lines = [table(rows, ("path", "req/s", "CPU ms/req", "redis CPU ms/req", "redis reads/req", "not 200"))]
     r = result["ratios"]
     for name, value in r.items():
         target = TARGETS.get(name)
