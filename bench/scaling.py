@@ -20,7 +20,9 @@ Paths (plain chat completions, closed loop, C kept-alive connections in all, def
   upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
   one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
 
-Two load generator processes split the connections of every path (one alone would be the
+Each governor drives a session of its own (`--session`: `bench` on the embedded store,
+`bench-x1` for `redis`, ...): governors sharing one session on one Redis ticked the one being
+measured while idle. Two load generator processes split the connections of every path (one alone would be the
 bottleneck on a small host). Every path is measured in every round, in an order that alternates between rounds. CPU per
 request is the serving processes' own CPU (utime + stime of each process and its children,
 from /proc) over the measured part; redis-server's CPU is reported beside it, not in it.
@@ -239,8 +241,9 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             for n in sorted({1, 2, *workers}):
                 if not wanted("redis" if n == 1 else f"redis-x{n}"):
                     continue
-                g = Governor(passport, work / f"redis-x{n}",
-                             # each its own id: two governors with one id on one store are refused (#32)
+                # each its own id: two governors with one id on one store are refused (#32); each
+                # its own session: the idle ones ticked the one being measured when they shared it
+                g = Governor(passport, work / f"redis-x{n}", session=f"bench-x{n}",
                              extra=["--store", server.url, "--id", f"did:web:localhost:bench-redis-x{n}",
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
@@ -252,7 +255,7 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             for n in sorted({1, max(workers)}):
                 if not wanted("redis-local" if n == 1 else f"redis-local-x{n}"):
                     continue
-                g = Governor(passport, work / f"redis-local-x{n}",
+                g = Governor(passport, work / f"redis-local-x{n}", session=f"bench-local-x{n}",
                              extra=["--store", local_sessions, "--id", f"did:web:localhost:bench-redis-local-x{n}",
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
@@ -261,8 +264,8 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             if base is not None:
                 for name, extra in (("redis@base", ["--store", server.url]), ("redis-local@base", ["--store", local_sessions])):
                     if wanted(name):
-                        # its own session name: the two trees' replicas never share one session's state
-                        g = Governor(passport, work / name.replace("@", "-"), executable=base, session="bench-base",
+                        g = Governor(passport, work / name.replace("@", "-"), executable=base,
+                                     session=f"bench-{name.replace('@', '-')}",
                                      extra=[*extra, "--id", f"did:web:localhost:bench-{name.replace('@', '-')}"])
                         started.append(g)
                         on_base[name] = g
