@@ -18,7 +18,8 @@ fell back to a full round).
     .venv/bin/python bench/shared_round_trips.py [--calls N] [--sessions local] [--parallel P]
                                                  [--hot C [--tick S]]
 
-Prints the per-command counts, the total per call, and the replica process's CPU per call
+Prints the per-command counts, the total per call, the replica's shared-session rounds and
+retried scripts per call (its governor_shared_*_total), and the replica process's CPU per call
 (utime + stime from /proc over the measured calls; sequential calls, so a loaded machine
 inflates it less than it does throughput).
 """
@@ -97,6 +98,17 @@ class Monitor:
         self._stop.set()  # the thread (a daemon) returns at the next command it sees
 
 
+async def shared_counts(replica: Replica) -> dict[str, float]:
+    """The replica's governor_shared_rounds_total and governor_shared_retries_total, by label."""
+    answer = await replica.control.get("/metrics")
+    counts = {}
+    for line in answer.text.splitlines():
+        if line.startswith(("governor_shared_rounds_total", "governor_shared_retries_total")):
+            name, value = line.rsplit(" ", 1)
+            counts[name.replace("governor_shared_", "").replace("_total", "").replace('"', "")] = float(value)
+    return counts
+
+
 def reads_processed(client: redis.Redis) -> int:
     return int(client.info("stats")["total_reads_processed"])
 
@@ -112,6 +124,7 @@ async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[
         stats = redis.Redis.from_url(server.url)
         try:
             measured, cpu, reads = 0, 0.0, 0
+            shared: dict[str, float] = {}
             while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
                 tokens = []
                 for _ in range(parallel):
@@ -125,6 +138,7 @@ async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[
                         answer = await replica.chat(mock.url, token)
                         assert answer.status_code == 200, answer.text
 
+                shared_before = await shared_counts(replica)
                 monitor.counting = True
                 before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
                 await asyncio.gather(*(eight(token) for token in tokens))
@@ -132,8 +146,11 @@ async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[
                 reads += reads_processed(stats) - read_before - 1  # this INFO's own read left out
                 cpu += cpu_seconds(replica.process.pid) - before
                 monitor.counting = False
+                for name, n in (await shared_counts(replica)).items():
+                    shared[name] = shared.get(name, 0.0) + n - shared_before.get(name, 0.0)
             calls = measured
             counts = dict(monitor.counts)
+            counts.update({f"shared {k}": v for k, v in shared.items() if v})
         finally:
             monitor.stop()
             await replica.stop()
@@ -175,6 +192,7 @@ async def measure_hot(calls: int, connections: int, tick: float,
                     answer = await replica.chat(mock.url, token)
                     assert answer.status_code == 200, answer.text
 
+            shared_before = await shared_counts(replica)
             monitor.counting = True
             before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
             await asyncio.gather(*(caller() for _ in range(connections)))
@@ -182,6 +200,8 @@ async def measure_hot(calls: int, connections: int, tick: float,
             cpu = cpu_seconds(replica.process.pid) - before
             monitor.counting = False
             counts = dict(monitor.counts)
+            counts.update({f"shared {k}": v - shared_before.get(k, 0.0)
+                           for k, v in (await shared_counts(replica)).items() if v - shared_before.get(k, 0.0)})
         finally:
             monitor.stop()
             await replica.stop()
@@ -204,8 +224,13 @@ def main() -> None:
     else:
         per_call, cpu_ms, reads = asyncio.run(measure(args.calls, args.sessions, args.parallel))
     for name, n in per_call.items():
-        print(f"{name:24} {n:6.2f}")
-    print(f"{'commands per call':24} {sum(per_call.values()):6.2f}  (book polls every 0.5 s included)")
+        if not name.startswith("shared "):
+            print(f"{name:24} {n:6.2f}")
+    print(f"{'commands per call':24} {sum(n for k, n in per_call.items() if not k.startswith('shared ')):6.2f}"
+          "  (book polls every 0.5 s included)")
+    for name, n in per_call.items():  # the replica's own counters (governor_shared_*_total), per call
+        if name.startswith("shared "):
+            print(f"{name:40} {n:8.4f}")
     print(f"{'server reads per call':24} {reads:6.2f}  (round trips: a pipelined write is one read; MONITOR's "
           "and the book polls' included)")
     print(f"{'replica CPU ms per call':24} {cpu_ms:6.2f}")
