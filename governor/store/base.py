@@ -296,6 +296,18 @@ def first_overshoot(
     return None
 
 
+COUNT_SLACK = 1e-6  # how far below zero float sums of adds and takes may leave a count (the Lua's SLACK)
+
+
+def stored_count(value: object, where: str) -> float:
+    """A counter value read from the SQLite state file: a count, else CounterDamaged naming
+    `where` (text, inf, a negative number: the file was edited; SQLite keeps text in a REAL
+    column, and its sums read text as zero)."""
+    if type(value) in (float, int) and -COUNT_SLACK <= value < _INF:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    raise CounterDamaged(where, str(value)[:64])
+
+
 def check_keys(keys: Sequence[CounterKey]) -> None:
     for key in keys:
         _check_known(tuple(key))  # type: ignore[arg-type]
