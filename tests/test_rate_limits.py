@@ -256,6 +256,25 @@ async def test_a_rate_limit_on_an_unreachable_redis_is_refused_as_retryable_and_
     await rt.close(end_sessions=False)
 
 
+async def test_a_rate_limit_on_a_redis_that_lost_its_data_fails_closed_as_a_budget_does(pinned, tmp_path, redis_url):
+    """The rate limits' window and a budget's reservation take one route to the record
+    (runtime/refusals.store_refusal): a Redis emptied under the governor is a loss, refused as a
+    governor error (the session halted, as the budget path halts it), not as a retryable outage
+    (which the window's path answered until session 21)."""
+    import redis as redis_client
+
+    from governor.store.redis import RedisStore
+
+    rt = runtime_with(pinned, tmp_path, Clock(), "agent:requests=3/1h", store=RedisStore(redis_url))
+    assert not (await model_step(rt, "s", 10, 5, expected_out=5)).decision.blocks
+    redis_client.Redis.from_url(redis_url).flushall()
+    refused = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1))
+    assert refused.decision.blocks and refused.decision.cause == "on_governor_error"
+    assert refused.decision.action.value == "halt" and refused.governor_object.get("retryable") is not True
+    assert "lost" in refused.decision.details["error"]
+    await rt.close(end_sessions=False)
+
+
 # --- the proxy: 429, Retry-After, the record -----------------------------------------------------
 
 @pytest.fixture
