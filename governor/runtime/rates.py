@@ -21,7 +21,7 @@ from typing import Any, Callable
 from governor.policy import governor_error
 from governor.policy.rates import RateDraw, RateLimit, rate_draws, rate_refusal, usage_corrections
 from governor.policy.steps import Decision, Step, UsageReport
-from governor.runtime.refusals import store_refusal, unrecorded_failure
+from governor.runtime.refusals import store_refusal, transient, unrecorded_failure
 from governor.store import StoreError
 from governor.store.windows import WindowCharge, WindowCounters, windows_for
 
@@ -67,7 +67,7 @@ class RateLimiter:
         except StoreError as exc:  # refused and recorded as a budget reservation's store error is
             if self.metrics is not None:
                 self.metrics.store_error()
-            log.log(logging.WARNING if getattr(exc, "retry_after", None) else logging.ERROR,
+            log.log(logging.WARNING if transient(exc) else logging.ERROR,
                     "session %s: the rate limits could not count a step: %s", live.id, exc)
             decision = store_refusal(live.limits, live.state, step, exc) or \
                 governor_error(live.limits, live.state, step, exc)
