@@ -140,7 +140,8 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
     as credit or zero and the call answered). Each step that reads it is refused (503, not
     retryable, on_governor_error, fail closed) and recorded naming the key, the upstream is not
     called, the key is left as found; other sessions go on while only a session's counter is
-    damaged, and deleting the key mends it."""
+    damaged, and deleting the key mends it: the sessions it refused go on too (not halted, no
+    acknowledgement; until session 21 the damage halted them)."""
     from governor.passport import sign_passport
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     import json
@@ -180,6 +181,10 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         record = (await control.get("/v1/sessions/victim/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
         errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
         assert errors and f"sc:victim[{dimension}|]" in str(errors[-1]) and "CounterDamaged" in str(errors[-1])
+        assert errors[-1]["action"] == "fallback" and errors[-1]["detail"]["retryable"] is False, errors[-1]
+        assert errors[-1]["detail"]["counter"] == f"{store.prefix}sc:victim[{dimension}|]", errors[-1]
+        raw.hset(f"{store.prefix}sc:victim", f"{dimension}|", "0")  # the operator corrects it
+        assert (await chat(world, "victim")).status_code == 200  # the same session goes on
 
         dimension, forged = day_forged
         agent_id = running.runtime.agent_id
@@ -197,7 +202,9 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         raw.delete(day_key)  # the operator deletes the damaged counter: the agent's steps go on
         answered = await chat(world, "later")
         assert answered.status_code == 200, answered.text
-        assert (await chat(world, "bystander")).status_code == 503  # halted by the damage, it stays halted
+        assert (await chat(world, "bystander")).status_code == 200  # refused by the damage, not halted: it goes on
+        assert (await chat(world, "newcomer")).status_code == 200
+        assert (await control.get("/readyz")).status_code == 200  # one key's damage: the store stays ready
     finally:
         raw.close()
         await agent.aclose()

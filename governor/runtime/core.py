@@ -57,7 +57,6 @@ from governor.policy import (
     decide,
     governor_error,
     step_tools,
-    store_unreachable,
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
@@ -72,7 +71,7 @@ from governor.runtime.envelope import EnvelopeWatch
 from governor.runtime.records import Records
 from governor.runtime.local_steps import LocalSteps
 from governor.runtime.remote_steps import RemoteSteps
-from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
+from governor.runtime.refusals import ended_refusal, store_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
@@ -395,10 +394,11 @@ class Runtime:
         except Exception as exc:  # store down, internal error: fail closed and say why
             if isinstance(exc, StoreError):
                 self.metrics.store_error()
-            if transient(exc):  # refused as retryable: the session goes on once the store answers
-                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING,  # ticks retry each pass
-                        "session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
-                decision = store_unreachable(live.limits, live.state, step, str(exc), exc.retry_after)  # type: ignore[attr-defined]
+            refusal = store_refusal(live.limits, live.state, step, exc)
+            if refusal is not None:  # unreachable or a damaged counter: refused, the session goes on
+                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING if transient(exc) else logging.ERROR,
+                        "session %s: %s refused, the store could not count it: %s", live.id, type(step).__name__, exc)
+                decision = refusal  # ticks retry each pass, logged quietly
                 if type(step) is UsageReport and ticket is not None:
                     # not settled: what it reserved keeps counting (the store errs on counting),
                     # never released as if unused

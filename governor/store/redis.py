@@ -34,9 +34,10 @@ counted from zero, until `acknowledge()` adopts the fence as it stands (the cont
 plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
 fence reads as a loss. A counter edited into something that is not a count (text, nan, a
-negative or infinite number, a key of another type) is damage to that key alone: the script
-that reads it writes nothing and answers GOVERNOR_DAMAGED, and the store raises
-CounterDamaged (a StoreIntegrityError that does not fail the whole store) naming it.
+negative or infinite number, a key of another type), a budget counter or a rate limit's window
+counter alike, is damage to that key alone: the script that reads it writes nothing and answers
+GOVERNOR_DAMAGED, and the store raises CounterDamaged naming it (not a loss: the store goes on;
+every step that reads the key is refused until an operator deletes or corrects it).
 
 Failover (Sentinel, a Cluster slot's owner, or any primary whose replication id changes): replication is
 asynchronous, so a promoted replica may miss the last reservations. Every new connection
@@ -74,6 +75,7 @@ from governor.store.base import (
     DAY,
     Reservation,
     RollingWindow,
+    StoreError,
     StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
@@ -115,7 +117,7 @@ from governor.store.redis_scripts import (
     ADJUST_WINDOW,
     TAKE_WINDOW,
 )
-from governor.store.windows import WindowCharge, WindowCounterDamaged, WindowTake, check_charges, window_index
+from governor.store.windows import WindowCharge, WindowTake, check_charges, window_index
 
 log = logging.getLogger("governor.store")
 
@@ -190,9 +192,9 @@ class RedisStore:
         if self._lost is not None and not self._acknowledged_elsewhere():
             raise StoreIntegrityError(self._lost)
 
-    def failure(self, exc: Exception) -> StoreUnavailable:
-        """What a backend failure means to the caller (its asyncio client's too): a budget
-        counter a script found damaged is CounterDamaged (fails closed, not retryable)."""
+    def failure(self, exc: Exception) -> StoreError:
+        """What a backend failure means to the caller (its asyncio client's too): a counter
+        a script found damaged is CounterDamaged (fails closed, not retryable)."""
         damaged = counter_damaged(exc)
         if damaged is not None:
             return damaged
@@ -340,7 +342,7 @@ class RedisStore:
             return
         try:
             self._run(self._release, rid)
-        except StoreUnavailable:  # it keeps counting: the store errs on counting
+        except StoreError:  # it keeps counting: the store errs on counting
             log.warning("Redis store: could not drop unacknowledged reservation %s", rid)
         raise self._unavailable(f"Redis store: the reservation was acknowledged by {acked} of "
                                 f"{self.options.wait_replicas} replica(s) within {self.options.wait_timeout:g}s")
@@ -474,10 +476,7 @@ class RedisStore:
         result = self._run(self._take_window, *args)
         if int(result[0]) == 1:
             return WindowTake(True, indexes)
-        failed = int(result[1]) - 1
-        if int(result[0]) == 2:  # not a count: edited in Redis (fail closed, left as found)
-            found = result[2].decode(errors="replace") if isinstance(result[2], bytes) else str(result[2])
-            raise WindowCounterDamaged(failed, f"w:{charges[failed].counter}@{indexes[failed]}", found)
+        failed = int(result[1]) - 1  # (a counter that is not a count: CounterDamaged, from _run)
         return WindowTake(False, failed=failed, observed=float(result[2]),
                           rolls_at=(indexes[failed] + 1) * charges[failed].window_sec)
 
