@@ -303,8 +303,8 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                     harness = {"load": load_pids, "upstream": [upstream.pid]}
                     if name.startswith("redis"):
                         harness["redis"] = [server.process.pid]
-                    segment = measure(loads, targets, pids, concurrency, duration, warmup, harness,
-                                      {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None,
+                    auth = {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None
+                    segment = measure(loads, targets, pids, concurrency, duration, warmup, harness, auth,
                                       counted_by=counters.get(name))
                     segments.setdefault(name, []).append(segment)
                     cores = ", ".join(f"{k} {v / segment['wall']:.2f}" for k, v in segment["harness_cpu"].items())

@@ -153,3 +153,32 @@ def test_the_lean_upstream_refuses_what_it_cannot_read_and_closes(lean_upstream:
     # and it still serves the next connection
     assert raw_exchange(lean_upstream.port, b"GET /stats HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(
         b"HTTP/1.1 200 OK")
+
+
+def _segment(requests: int, cpu_ms: float, harness_ms: dict[str, float], other: dict[str, int] | None = None) -> dict:
+    """One second of `requests` answered 200 at `cpu_ms` a request, the harness's at its own."""
+    return {"ok": requests, "other": other or {}, "elapsed": 1.0, "wall": 1.0, "cpu": requests * cpu_ms / 1000,
+            "redis_cpu": requests * harness_ms["redis"] / 1000 if "redis" in harness_ms else None,
+            "harness_cpu": {k: requests * v / 1000 for k, v in harness_ms.items()}, "machine_busy": 2.0,
+            "steps_counted": requests, "requests_all": requests, "errors": []}
+
+
+def test_the_bound_is_the_hosts_cores_over_the_cpu_per_request_of_the_path_and_its_harness() -> None:
+    harness = {"load": 0.05, "upstream": 0.1}
+    result = scaling.aggregate({
+        "embedded": [_segment(800, 1.0, harness), _segment(800, 1.0, harness)],
+        "redis-local-x2": [_segment(1000, 1.5, {**harness, "redis": 0.2}, {"503": 2}),
+                           _segment(1000, 1.5, {**harness, "redis": 0.2}, {"503": 1, "error": 4})],
+    }, rounds=2, duration=1.0, concurrency=32, nproc=2)
+    embedded, workers = result["paths"]["embedded"], result["paths"]["redis-local-x2"]
+    assert embedded["cores"] == {"governor": 0.8, "load": 0.04, "upstream": 0.08, "redis": 0.0, "host_busy": 2.0}
+    # 2 cores over 1.15 ms a request, over the 800/s measured and the 1,000/s of one full core
+    assert embedded["bound_per_request"] == round(2 / 1.15e-3 / 800, 3)
+    assert embedded["bound_over_one_core"] == round(2 * 1.0 / 1.15, 3)
+    assert embedded["bound_as_measured"] == round((2 - 0.12) / 1e-3 / 800, 3)
+    assert workers["bound_over_one_core"] == round(2 * 1.0 / (1.5 + 0.15 + 0.2), 3)
+    assert workers["harness_cpu_ms_per_request"] == {"load": 0.05, "upstream": 0.1, "redis": 0.2}
+    assert workers["other_statuses"] == {"503": 3, "error": 4}  # every segment's, summed
+    assert workers["governed"] == {"steps_counted": 2000, "requests_answered": 2000}
+    printed = scaling.report(result)
+    assert "redis-local-x2" in printed and "FEWER STEPS" not in printed
