@@ -2,7 +2,7 @@
 aiohttp `upstream` role (the same OpenAI-shaped chat completion, with the usage the
 request allows), from a bare asyncio protocol: HTTP/1.1 with keep-alive, one request
 parsed per response, the answer to a body it has seen before sent from a cache. Its CPU per
-request is a fraction of aiohttp's, which leaves more of a small host to the governors.
+request is about half of aiohttp's, which leaves more of a small host to the governors.
 
     python bench/lean_upstream.py [--port P] [--completion-tokens N]
 
