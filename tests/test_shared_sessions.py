@@ -12,12 +12,15 @@ import hashlib
 import json
 import threading
 import time
+from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 import redis
 
 from governor.cli import main as governor_cli
+from governor.evidence.translog import record_sha256
 from governor.store.redis_scripts import PRELUDE
 from governor.store.redis_sessions import BEGIN_ROUND
 from governor.store.redis_shared_scripts import SHARED_ADMIT, SHARED_SETTLE
@@ -106,7 +109,8 @@ async def open_session(replica: Replica, **body) -> tuple[str, str]:
 
 async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in_one_chain(tmp_path, redis_url, llm,
                                                                                            capsys):
-    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    # (checkpoints every 0.5 s: a proof is published within a sweep or two of its session's end)
+    a, b, c = replicas = await start_three(tmp_path, redis_url, extra={"log_checkpoint_seconds": 0.5})
     try:
         session, token = await open_session(a, label="across replicas")
         # round robin over the three replicas: every one serves the session it never opened
@@ -148,6 +152,7 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
         await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session, capsys=capsys)
         await one_record_on_every_replica(replicas, llm, redis_url, tmp_path, capsys)
+        await one_proof_on_every_replica(replicas, llm, redis_url, tmp_path, capsys, ended_on_a=session)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
 
@@ -267,6 +272,109 @@ async def one_record_on_every_replica(replicas: list[Replica], llm, redis_url: s
         missing = await c.control.get(f"/v1/sessions/{quote(unknown, safe='')}/record")
         assert missing.status_code == 404, (unknown, missing.text)
         assert missing.json()["error"]["code"] == "unknown_session"
+
+
+async def proof_served(replica: Replica, session: str, within: float = 15.0) -> httpx.Response:
+    """`?proof=1` on `replica` until the proof is published (503 proof_pending meanwhile)."""
+    deadline = time.monotonic() + within
+    while True:
+        answer = await replica.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        if answer.status_code != 503 or time.monotonic() > deadline:
+            return answer
+        assert answer.json()["error"]["code"] == "proof_pending" and answer.headers["Retry-After"], answer.text
+        await asyncio.sleep(0.2)
+
+
+def verify_proof(tmp_path, answer: httpx.Response, log_key: Path, capsys) -> dict:
+    """`governor verify RECORD --proof PROOF --log-key` on what a replica served."""
+    session = answer.json()["record"]["session"]
+    record, proof = tmp_path / f"proved-{session}.json", tmp_path / f"proved-{session}.tlog-proof"
+    record.write_text(json.dumps(answer.json()["record"]))
+    proof.write_text(answer.json()["tlog_proof"])
+    capsys.readouterr()
+    code = governor_cli(["verify", str(record), "--offline", "--key", str(public_key(tmp_path / "gateway-keys" / "keys")),
+                         "--proof", str(proof), "--log-key", str(log_key), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3 and report["log_proof"]["valid"], report  # the proof valid; the key pinned, not resolved
+    return report
+
+
+async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: str, tmp_path, capsys,
+                                     ended_on_a: str) -> None:
+    """`?proof=1` of a shared session on any replica: 409 while it runs; once C ended it, C's log
+    holds its record and C publishes the proof in Redis, which A and B serve (the record Redis
+    holds, the proof `governor verify --proof` accepts with C's log key), and `POST end?proof=1`
+    on B answers it too. Hostile: a proof edited in Redis (another session's, a wrong index,
+    cut short, made by a forger's log with another key) is refused by A (500 proof_invalid)
+    while C, whose log holds the record, still proves it; with no proof and none awaited the
+    answer is 404 not_logged; an awaited one is published again by C's sweeper."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from governor.evidence.translog import TransparencyLog
+
+    a, b, c = replicas
+    session, token = await open_session(b, label="proved on every replica")
+    assert (await b.chat(llm.url, token)).status_code == 200
+    for replica in (a, c):  # open: no final record, so no proof (true here)
+        running = await replica.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert running.status_code == 409 and running.json()["error"]["code"] == "session_running", running.text
+    end = await c.control.post(f"/v1/sessions/{session}/end")
+    assert end.status_code == 200, end.text
+    first = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # at once: pending or served
+    assert first.status_code in (200, 503), first.text
+    assert first.status_code == 200 or first.json()["error"]["code"] == "proof_pending", first.text
+    served = {replica.name: await proof_served(replica, session) for replica in (a, b, c)}
+    for name, answer in served.items():
+        assert answer.status_code == 200, (name, answer.text)
+        assert answer.json()["record"] == end.json(), name  # the record Redis holds, the one C wrote
+        verify_proof(tmp_path, answer, c.data_dir / "log" / "log.vkey", capsys)
+    # one governor key, one origin: every replica's log key is C's (a counterparty needs one)
+    assert {(r.data_dir / "log" / "log.vkey").read_text() for r in replicas} == {(c.data_dir / "log" / "log.vkey").read_text()}
+    ended_again = await b.control.post(f"/v1/sessions/{session}/end", params={"proof": "1"})
+    assert ended_again.status_code == 200, ended_again.text
+    assert ended_again.json()["record"] == end.json()
+    verify_proof(tmp_path, ended_again, a.data_dir / "log" / "log.vkey", capsys)
+    # the session A ended earlier: B serves its proof too, and it is another session's
+    other = await proof_served(b, ended_on_a)
+    assert other.status_code == 200, other.text
+
+    server = redis.Redis.from_url(redis_url)
+    try:
+        published = server.get(f"governor:prf:{session}")
+        assert published is not None and published.decode() in {answer.json()["tlog_proof"] for answer in served.values()}
+        head, _, note = published.partition(b"\n\n")
+        lines = head.split(b"\n")
+        wrong_index = b"\n".join(line if not line.startswith(b"index ") else
+                                 b"index " + str(int(line[6:]) + 1).encode() for line in lines) + b"\n\n" + note
+        forger = TransparencyLog(tmp_path / "forger", Ed25519PrivateKey.generate(),
+                                 note.split(b"\n", 1)[0].decode(), sync=False)
+        forger.append(end.json())
+        forged = forger.prove(end.json())
+        edits = {"another session's": other.json()["tlog_proof"].encode(), "a wrong index": wrong_index,
+                 "cut short": published[: len(published) // 2], "another key's": forged, "not a proof": b"\x00" * 40}
+        for what, edited in edits.items():
+            server.set(f"governor:prf:{session}", edited)
+            refused = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert refused.status_code == 500, (what, refused.text)
+            assert refused.json()["error"]["code"] == "proof_invalid", (what, refused.text)
+            assert "edited or damaged in the store" in refused.json()["error"]["message"], what
+            own = await c.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # C proves it itself
+            assert own.status_code == 200, (what, own.text)
+        # no proof and none awaited: a replica that keeps no log wrote the record
+        server.delete(f"governor:prf:{session}")
+        none = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert none.status_code == 404 and none.json()["error"]["code"] == "not_logged", none.text
+        assert "keeps no transparency log" in none.json()["error"]["message"]
+        # awaited again (as after C's restart): C's sweeper publishes it once more
+        server.hset("governor:unproved", session, record_sha256(end.json()))
+        again = await proof_served(a, session)
+        assert again.status_code == 200, again.text
+        assert server.hget("governor:unproved", session) is None
+        # an unknown session has no proof on any replica
+        missing = await a.control.get("/v1/sessions/no-such-session/record", params={"proof": "1"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_session", missing.text
+    finally:
+        server.close()
 
 
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):

@@ -22,6 +22,7 @@ from governor.runtime.approvals import Apply, Approvals
 from governor.runtime.audit import AuditTrail
 from governor.runtime.refusals import ended_refusal
 from governor.runtime.session import LiveSession
+from governor.runtime.shared_proofs import SharedProofs
 
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
@@ -50,6 +51,9 @@ class Records:
         self.transparency_log = transparency_log
         self.witnessing = witnessing  # proofs only at checkpoints a quorum of witnesses cosigned
         self.write_final = transparency_log.write_record if transparency_log is not None else write_record
+        # a shared session's record may be asked for with its proof on any replica (runtime/shared_proofs.py)
+        self.proofs = SharedProofs(sessions=shared.sessions, key=key, transparency_log=transparency_log,
+                                   witnessing=witnessing) if shared is not None else None
         self.data_dir = data_dir
         self.key = key
         self.metrics = metrics
@@ -102,8 +106,9 @@ class Records:
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, session), record)
             live.final_record = record
-            if self.shared is not None:  # any replica serves it
-                await asyncio.to_thread(self.shared.sessions.put_record, session, record)
+            if self.shared is not None:  # any replica serves it (and its proof, once published)
+                await asyncio.to_thread(self.shared.sessions.put_record, session, record,
+                                        self.proofs.marker(record))  # type: ignore[union-attr]
         self.ended(session, live.state.halt_cause if live.state.halted else None)
         return record
 
@@ -126,7 +131,7 @@ class Records:
             await asyncio.to_thread(live.journal.refresh)
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, live.id), record)
-            await asyncio.to_thread(sessions.put_record, live.id, record)
+            await asyncio.to_thread(sessions.put_record, live.id, record, self.proofs.marker(record))  # type: ignore[union-attr]
             record = await asyncio.to_thread(sessions.get_record, live.id) or record  # the first one written stands
         live.final_record = record
         await asyncio.to_thread(sessions.forget_activity, live.id)
