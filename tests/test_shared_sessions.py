@@ -285,15 +285,16 @@ async def proof_served(replica: Replica, session: str, within: float = 15.0) -> 
         await asyncio.sleep(0.2)
 
 
-def verify_proof(tmp_path, answer: httpx.Response, log_key: Path, capsys) -> dict:
-    """`governor verify RECORD --proof PROOF --log-key` on what a replica served."""
+def verify_proof(tmp_path, answer: httpx.Response, log_key: Path, capsys, *witness: str) -> dict:
+    """`governor verify RECORD --proof PROOF --log-key [--witness-key]` on what a replica served."""
     session = answer.json()["record"]["session"]
     record, proof = tmp_path / f"proved-{session}.json", tmp_path / f"proved-{session}.tlog-proof"
     record.write_text(json.dumps(answer.json()["record"]))
     proof.write_text(answer.json()["tlog_proof"])
     capsys.readouterr()
     code = governor_cli(["verify", str(record), "--offline", "--key", str(public_key(tmp_path / "gateway-keys" / "keys")),
-                         "--proof", str(proof), "--log-key", str(log_key), "--json"])
+                         "--proof", str(proof), "--log-key", str(log_key), "--json",
+                         *[arg for key in witness for arg in ("--witness-key", key)]])
     report = json.loads(capsys.readouterr().out)
     assert code == 3 and report["log_proof"]["valid"], report  # the proof valid; the key pinned, not resolved
     return report
@@ -375,6 +376,49 @@ async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: st
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_session", missing.text
     finally:
         server.close()
+
+
+async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_replica_serves_a_cosigned_proof(
+        tmp_path, redis_url, llm, capsys):
+    """Two replicas, each logging under its own origin (one log per replica: under one origin a
+    witness would see two forks of one log), one real `governor witness` knowing both logs'
+    keys, quorum 1: a session served through both and ended on A has its proof published by A
+    once the witness cosigned a checkpoint holding it; B serves it, and it verifies offline with
+    A's log key and the witness's key."""
+    from governor.evidence import ensure_governor_key
+    from governor.evidence.tlog.note import Ed25519Signer
+    from tests.test_witness import WitnessProcess
+
+    keys = shared_keys(tmp_path)
+    key, _ = ensure_governor_key(keys.parent, None)
+    origins = {name: f"gateway.example/log/{name}" for name in "ab"}
+    witness = WitnessProcess(tmp_path / "witness", *[Ed25519Signer(o, key).vkey() for o in origins.values()]).start()
+    replicas: list[Replica] = []
+    try:
+        for name in "ab":
+            replicas.append(await Replica.start(name, tmp_path, keys, redis_url, extra={
+                "log_origin": origins[name], "witnesses": [[witness.url, witness.vkey()]], "witness_quorum": 1,
+                "log_checkpoint_seconds": 0.5}))
+        a, b = replicas
+        session, token = await open_session(b, label="witnessed")
+        for replica in (a, b):
+            assert (await replica.chat(llm.url, token)).status_code == 200
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code == 200, end.text
+        served = await proof_served(b, session, within=30)  # published once the witness cosigned
+        assert served.status_code == 200, served.text
+        assert served.json()["record"] == end.json()
+        report = verify_proof(tmp_path, served, a.data_dir / "log" / "log.vkey", capsys,
+                              str(tmp_path / "witness" / "witness.vkey"))
+        assert report["log_proof"]["origin"] == origins["a"] and report["log_proof"]["witnesses"], report
+        own = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert own.status_code == 200, own.text
+        for replica in replicas:  # neither log was refused by the witness: no fork between them
+            ready = (await replica.control.get("/readyz")).json()
+            assert ready["witnessing"]["refused"] is None, (replica.name, ready["witnessing"])
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+        witness.stop()
 
 
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):

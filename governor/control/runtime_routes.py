@@ -243,7 +243,9 @@ class RuntimeRoutes:
         """The final record as logged, with its C2SP tlog-proof (docs/transparency-log.md)."""
         shared = getattr(self.runtime, "shared_records", None)
         if shared is not None:  # replicas share sessions: any of them serves the proof
-            return await self._shared_proof(shared, session)
+            answer = await self._shared_proof(shared, session)
+            if answer is not None:
+                return answer  # (else gone from the store: this replica's own records, below)
         prove = getattr(self.runtime, "final_record_with_proof", None)
         if prove is None or getattr(self.runtime, "transparency_log", None) is None:
             return error(404, "no_log", "this governor keeps no transparency log, so it has no proofs (--log off)")
@@ -261,14 +263,15 @@ class RuntimeRoutes:
         return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
 
 
-    async def _shared_proof(self, shared: Any, session: str) -> web.Response:
+    async def _shared_proof(self, shared: Any, session: str) -> web.Response | None:
         """A shared session's final record with its proof (runtime/shared_proofs.py): made by
         the replica whose log holds the record, published in the store for the others, which
-        check it before serving it."""
+        check it before serving it. None: the store holds no such session (never one, or past
+        retention: the replica that logged it still has it in its records)."""
         try:
             record, proof = await shared.proved(session)
         except KeyError:
-            return unknown_session(session)
+            return None
         except NotFinal as exc:
             if exc.kind == "local":
                 return error(409, "record_not_final", f"the shared store lost its data, so the final record of "
