@@ -66,16 +66,21 @@ UNFITTABLE = {"max_tokens": 30_000, "answers": 100}
 
 
 @pytest.fixture
-def redis_url():
+def redis_process():
     from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
 
     if REDIS_SERVER is None:
         pytest.skip(NOT_INSTALLED)
     server = RedisServer()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_process):
+    return redis_process.url
 
 
 async def start_three(tmp_path, url, **options) -> list[Replica]:
@@ -379,12 +384,18 @@ async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: st
 
 
 async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_replica_serves_a_cosigned_proof(
-        tmp_path, redis_url, llm, capsys):
+        tmp_path, redis_process, llm, capsys):
     """Two replicas, each logging under its own origin (one log per replica: under one origin a
     witness would see two forks of one log), one real `governor witness` knowing both logs'
-    keys, quorum 1: a session served through both and ended on A has its proof published by A
-    once the witness cosigned a checkpoint holding it; B serves it, and it verifies offline with
-    A's log key and the witness's key."""
+    keys, quorum 1, and a third replica that keeps no log: a session served through A and B
+    and ended on A has its proof published by A once the witness cosigned a checkpoint holding
+    it; B and C serve it, and it verifies offline with A's log key and the witness's key. A
+    session ended on C has no proof anywhere: 404 not_logged on every replica. With Redis frozen, B cannot read the proof (503
+    store_unavailable, retryable) while A, whose log holds the record, still proves it."""
+    import os
+    import signal
+
+    redis_url = redis_process.url
     from governor.evidence import ensure_governor_key
     from governor.evidence.tlog.note import Ed25519Signer
     from tests.test_witness import WitnessProcess
@@ -393,13 +404,14 @@ async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_rep
     key, _ = ensure_governor_key(keys.parent, None)
     origins = {name: f"gateway.example/log/{name}" for name in "ab"}
     witness = WitnessProcess(tmp_path / "witness", *[Ed25519Signer(o, key).vkey() for o in origins.values()]).start()
-    replicas: list[Replica] = []
+    witnessed = {"witnesses": [[witness.url, witness.vkey()]], "witness_quorum": 1, "log_checkpoint_seconds": 0.5}
+    started = await asyncio.gather(*[Replica.start(name, tmp_path, keys, redis_url, extra=extra) for name, extra in (
+        ("a", {"log_origin": origins["a"], **witnessed}), ("b", {"log_origin": origins["b"], **witnessed}),
+        ("c", {"log": False}))], return_exceptions=True)
+    replicas: list[Replica] = [r for r in started if not isinstance(r, BaseException)]
     try:
-        for name in "ab":
-            replicas.append(await Replica.start(name, tmp_path, keys, redis_url, extra={
-                "log_origin": origins[name], "witnesses": [[witness.url, witness.vkey()]], "witness_quorum": 1,
-                "log_checkpoint_seconds": 0.5}))
-        a, b = replicas
+        assert len(replicas) == 3, started
+        a, b, c = replicas
         session, token = await open_session(b, label="witnessed")
         for replica in (a, b):
             assert (await replica.chat(llm.url, token)).status_code == 200
@@ -413,9 +425,30 @@ async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_rep
         assert report["log_proof"]["origin"] == origins["a"] and report["log_proof"]["witnesses"], report
         own = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
         assert own.status_code == 200, own.text
-        for replica in replicas:  # neither log was refused by the witness: no fork between them
+        unlogged = await c.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # C keeps no log
+        assert unlogged.status_code == 200 and unlogged.json()["tlog_proof"] == served.json()["tlog_proof"], \
+            unlogged.text
+        # a session ended on C, which keeps no log: no replica has a proof of it, and each says why
+        other, other_token = await open_session(a, label="ended where nothing is logged")
+        assert (await a.chat(llm.url, other_token)).status_code == 200
+        assert (await c.control.post(f"/v1/sessions/{other}/end")).status_code == 200
+        for replica in (a, b, c):
+            none = await replica.control.get(f"/v1/sessions/{other}/record", params={"proof": "1"})
+            assert none.status_code == 404 and none.json()["error"]["code"] == "not_logged", (replica.name, none.text)
+            assert "keeps no transparency log" in none.json()["error"]["message"]
+        for replica in (a, b):  # neither log was refused by the witness: no fork between them
             ready = (await replica.control.get("/readyz")).json()
             assert ready["witnessing"]["refused"] is None, (replica.name, ready["witnessing"])
+        os.kill(redis_process.process.pid, signal.SIGSTOP)
+        try:
+            frozen = await b.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert frozen.status_code == 503, frozen.text
+            assert frozen.json()["error"]["code"] == "store_unavailable" and frozen.headers["Retry-After"], frozen.text
+            own = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert own.status_code == 200, own.text
+            assert own.json()["record"] == end.json()
+        finally:
+            os.kill(redis_process.process.pid, signal.SIGCONT)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
         witness.stop()
