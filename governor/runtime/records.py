@@ -107,8 +107,7 @@ class Records:
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, session), record)
             live.final_record = record
             if self.shared is not None:  # any replica serves it (and its proof, once published)
-                await asyncio.to_thread(self.shared.sessions.put_record, session, record,
-                                        self.proofs.marker(record))  # type: ignore[union-attr]
+                await asyncio.to_thread(self.proofs.put_record, session, record)  # type: ignore[union-attr]
         self.ended(session, live.state.halt_cause if live.state.halted else None)
         return record
 
@@ -131,7 +130,7 @@ class Records:
             await asyncio.to_thread(live.journal.refresh)
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, live.id), record)
-            await asyncio.to_thread(sessions.put_record, live.id, record, self.proofs.marker(record))  # type: ignore[union-attr]
+            await asyncio.to_thread(self.proofs.put_record, live.id, record)  # type: ignore[union-attr]
             record = await asyncio.to_thread(sessions.get_record, live.id) or record  # the first one written stands
         live.final_record = record
         await asyncio.to_thread(sessions.forget_activity, live.id)

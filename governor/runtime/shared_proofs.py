@@ -64,9 +64,11 @@ class SharedProofs:
         self.log = transparency_log  # this replica's log (governor.evidence.translog), or None
         self.witnessing = witnessing
 
-    def marker(self, record: Mapping[str, Any]) -> str | None:
-        """What `put_record` marks as awaited for a record this replica just logged (None: no log)."""
-        return record_sha256(as_logged(record)) if self.log is not None else None
+    def put_record(self, session: str, record: Mapping[str, Any]) -> bool:
+        """Write a final record this replica just wrote (and logged, with a log) to the store,
+        its proof marked as awaited when it is the record that stands there."""
+        logged = record_sha256(as_logged(record)) if self.log is not None else None
+        return self.sessions.put_record(session, dict(record), logged)
 
     def proof(self, session: str, record: Mapping[str, Any]) -> bytes:
         """The C2SP tlog-proof of `record`, the session's final record: made here when this
