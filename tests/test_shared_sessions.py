@@ -390,7 +390,10 @@ async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_rep
     keys, quorum 1, and a third replica that keeps no log: a session served through A and B
     and ended on A has its proof published by A once the witness cosigned a checkpoint holding
     it; B and C serve it, and it verifies offline with A's log key and the witness's key. A
-    session ended on C has no proof anywhere: 404 not_logged on every replica. With Redis frozen, B cannot read the proof (503
+    session ended on C has no proof anywhere: 404 not_logged on every replica. A fourth replica
+    that signs a checkpoint once an hour leaves its proof pending (503 proof_pending) until its
+    graceful stop publishes it; C serves it, B (whose witnesses never saw D's log) answers 503
+    not_witnessed. With Redis frozen, B cannot read the proof (503
     store_unavailable, retryable) while A, whose log holds the record, still proves it."""
     import os
     import signal
@@ -407,11 +410,11 @@ async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_rep
     witnessed = {"witnesses": [[witness.url, witness.vkey()]], "witness_quorum": 1, "log_checkpoint_seconds": 0.5}
     started = await asyncio.gather(*[Replica.start(name, tmp_path, keys, redis_url, extra=extra) for name, extra in (
         ("a", {"log_origin": origins["a"], **witnessed}), ("b", {"log_origin": origins["b"], **witnessed}),
-        ("c", {"log": False}))], return_exceptions=True)
+        ("c", {"log": False}), ("d", {"log_checkpoint_seconds": 3600}))], return_exceptions=True)
     replicas: list[Replica] = [r for r in started if not isinstance(r, BaseException)]
     try:
-        assert len(replicas) == 3, started
-        a, b, c = replicas
+        assert len(replicas) == 4, started
+        a, b, c, d = replicas
         session, token = await open_session(b, label="witnessed")
         for replica in (a, b):
             assert (await replica.chat(llm.url, token)).status_code == 200
@@ -439,6 +442,23 @@ async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_rep
         for replica in (a, b):  # neither log was refused by the witness: no fork between them
             ready = (await replica.control.get("/readyz")).json()
             assert ready["witnessing"]["refused"] is None, (replica.name, ready["witnessing"])
+        # D signs a checkpoint once an hour: the proof of a session it ended waits, until D stops
+        stopped, stopped_token = await open_session(d, label="ended on a replica that then stops")
+        assert (await b.chat(llm.url, stopped_token)).status_code == 200
+        ended_on_d = await d.control.post(f"/v1/sessions/{stopped}/end")
+        assert ended_on_d.status_code == 200, ended_on_d.text
+        waiting = await b.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "proof_pending", waiting.text
+        await d.stop()  # a graceful stop publishes what only its log can prove
+        published = await c.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert published.status_code == 200, published.text
+        # B asks its witnesses' quorum of any proof it serves: D has no witnesses, so not from B
+        unwitnessed = await b.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert unwitnessed.status_code == 503, unwitnessed.text
+        assert unwitnessed.json()["error"]["code"] == "not_witnessed", unwitnessed.text
+        assert "0 of the required 1 witness cosignatures" in unwitnessed.json()["error"]["message"]
+        assert published.json()["record"] == ended_on_d.json()
+        verify_proof(tmp_path, published, d.data_dir / "log" / "log.vkey", capsys)
         os.kill(redis_process.process.pid, signal.SIGSTOP)
         try:
             frozen = await b.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -23,11 +24,14 @@ from governor.runtime.audit import AuditTrail
 from governor.runtime.refusals import ended_refusal
 from governor.runtime.session import LiveSession
 from governor.runtime.shared_proofs import SharedProofs
+from governor.store import StoreError
 
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
     from governor.runtime.personas import PersonaInstances
 
+
+log = logging.getLogger("governor.runtime")
 
 # a shared session another replica ended: how long its record is waited for before it is
 # signed here (that replica may have died between its end line and its record)
@@ -139,6 +143,17 @@ class Records:
                                   "session_ended")
         self.ended(live.id, live.state.halt_cause if live.state.halted else None)
         return record
+
+    async def publish_proofs(self) -> None:
+        """At a stop: the proofs of shared records this replica logged and has not published
+        yet (runtime/shared_proofs.py), so that no other replica waits for them in vain."""
+        if self.proofs is None or self.transparency_log is None:
+            return
+        try:
+            await asyncio.to_thread(self.proofs.publish, stopping=True)
+        except StoreError:
+            log.warning("the proofs of the shared records this replica logged could not be published at its stop: "
+                        "they are published at its next start on this data directory")
 
     async def end_by_principal(self, session: str) -> dict[str, Any]:
         """A principal ends `session` (the control plane): one opened but never used gets

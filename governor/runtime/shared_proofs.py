@@ -14,7 +14,8 @@ Every other replica serves the published proof only after checking it, as `gover
 --proof` would, against the record in the store and the governor's own key (replicas of one
 gateway share it; the checkpoint's origin is the one the proof names) and this replica's
 witnesses: a proof edited in the store (another session's, a wrong index, cut short, signed
-by another key) is refused as what it is, never served as valid.
+by another key) is refused as what it is, never served as valid; one without this replica's
+witness quorum is not witnessed, as a proof made here would be.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from governor.evidence.tlog.merkle import ProofError
 from governor.evidence.tlog.note import Ed25519Signer, NoteError
 from governor.evidence.tlog.proof import parse_proof
 from governor.evidence.translog import record_sha256
+from governor.evidence.witnessing import NotWitnessed
 from governor.store import StoreError
 
 log = logging.getLogger("governor.runtime")
@@ -74,7 +76,7 @@ class SharedProofs:
         """The C2SP tlog-proof of `record`, the session's final record: made here when this
         replica's log holds it (then published), else the one published in the store, checked.
         ProofPending, ProofNotLogged, ProofInvalid, ProofStoreUnavailable; NotWitnessed (made
-        here: no quorum-cosigned checkpoint holds it in time)."""
+        here: no quorum-cosigned checkpoint holds it in time; published: without the quorum)."""
         if self.log is not None and self.log.index_of(record) is not None:
             proof = self.witnessing.prove(record) if self.witnessing is not None else self.log.prove(record)
             try:
@@ -100,23 +102,31 @@ class SharedProofs:
 
     def check(self, proof: bytes, record: Mapping[str, Any]) -> None:
         """ProofInvalid unless `proof` shows `record` in a log signed with the governor's key
-        (at the origin its checkpoint names), cosigned by this replica's witness quorum."""
+        (at the origin its checkpoint names); NotWitnessed unless its checkpoint carries this
+        replica's witness quorum (a proof from a replica without witnesses, say)."""
         try:
             note = parse_proof(proof).checkpoint_note
             origin = note.split(b"\n", 1)[0].decode("utf-8")
             verifier = Ed25519Signer(origin, self.key).verifier()
-            witnessing = self.witnessing
-            witnesses = [w.key for w in witnessing.witnesses] if witnessing is not None else []
-            verify_logged_record(record, proof, verifier, witnesses=witnesses,
-                                 quorum=witnessing.quorum if witnessing is not None else 0)
+            verify_logged_record(record, proof, verifier)
         except (ProofError, NoteError, UnicodeDecodeError, ValueError) as exc:
             raise ProofInvalid(f"the proof in the shared store does not prove the record there ({exc}): it was "
                                "edited or damaged in the store") from None
+        witnessing = self.witnessing
+        if witnessing is not None:
+            try:
+                verify_logged_record(record, proof, verifier, witnesses=[w.key for w in witnessing.witnesses],
+                                     quorum=witnessing.quorum)
+            except ProofError as exc:
+                raise NotWitnessed(f"the proof published in the shared store does not carry the cosignatures of "
+                                   f"{witnessing.quorum} of this replica's witnesses ({exc})") from None
 
-    def publish(self) -> int:
+    def publish(self, *, stopping: bool = False) -> int:
         """From the sweeper: publish the awaited proofs of records this replica's log holds, at a
         checkpoint that holds them (never one made for it: the log's period makes those).
-        How many were published. StoreError: the store did not answer."""
+        `stopping`: this replica stops (and may never run on its data directory again): a
+        checkpoint is signed now for the entries that wait (with witnesses, only what they
+        cosigned is published). How many were published. StoreError: the store did not answer."""
         if self.log is None:
             return 0
         published = 0
@@ -124,6 +134,8 @@ class SharedProofs:
             index = self.log.by_record.get(digest)
             if index is None:
                 continue  # another replica's (or one this log lost: nothing here can prove it)
+            if stopping and self.witnessing is None and self.log.checkpoint_size <= index:
+                self.log.make_checkpoint()
             at = self._checkpoint_holding(index)
             if at is False:
                 continue  # not yet
