@@ -376,6 +376,21 @@ async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: st
         again = await proof_served(a, session)
         assert again.status_code == 200, again.text
         assert server.hget("governor:unproved", session) is None
+        # the record edited in Redis while its proof is awaited: C's sweeper publishes none for it
+        # (and goes on publishing the others' proofs)
+        edited_record = {**end.json(), "outcome": "completed" if end.json()["outcome"] != "completed" else "halted"}
+        server.delete(f"governor:prf:{session}")
+        server.set(f"governor:rec:{session}", json.dumps(edited_record))
+        server.hset("governor:unproved", session, record_sha256(end.json()))
+        later, later_token = await open_session(c, label="ended after an edit")
+        assert (await c.chat(llm.url, later_token)).status_code == 200
+        assert (await c.control.post(f"/v1/sessions/{later}/end")).status_code == 200
+        assert (await proof_served(a, later)).status_code == 200  # C's sweeper published it
+        assert server.hget("governor:unproved", session) is None  # dropped, not published
+        assert server.get(f"governor:prf:{session}") is None
+        edited = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert edited.status_code == 404 and edited.json()["error"]["code"] == "not_logged", edited.text
+        assert "not the one that replica logged" in edited.json()["error"]["message"]
         # an unknown session has no proof on any replica
         missing = await a.control.get("/v1/sessions/no-such-session/record", params={"proof": "1"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_session", missing.text

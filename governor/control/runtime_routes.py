@@ -262,7 +262,6 @@ class RuntimeRoutes:
             return error(404, "not_logged", f"the final record of session {session!r} is not in the log: {exc}")
         return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
 
-
     async def _shared_proof(self, shared: Any, session: str) -> web.Response | None:
         """A shared session's final record with its proof (runtime/shared_proofs.py): made by
         the replica whose log holds the record, published in the store for the others, which

@@ -95,8 +95,9 @@ class SharedProofs:
                     "of its log holds the entry (within --log-checkpoint-seconds of the end, and a quorum of its "
                     "witnesses' cosignatures when it has witnesses); if this lasts, that replica is not running: "
                     "its next start publishes it")
-            raise ProofNotLogged("the replica that wrote its final record keeps no transparency log (--log off), "
-                                 "so no proof of it exists")
+            raise ProofNotLogged("no proof of it is published and none is awaited: the replica that wrote its final "
+                                 "record keeps no transparency log (--log off), or the record in the store is not the "
+                                 "one that replica logged")
         self.check(proof, record)
         return proof
 
@@ -109,7 +110,7 @@ class SharedProofs:
             origin = note.split(b"\n", 1)[0].decode("utf-8")
             verifier = Ed25519Signer(origin, self.key).verifier()
             verify_logged_record(record, proof, verifier)
-        except (ProofError, NoteError, UnicodeDecodeError, ValueError) as exc:
+        except (ProofError, NoteError, ValueError, TypeError, AttributeError, KeyError) as exc:  # (a record edited too)
             raise ProofInvalid(f"the proof in the shared store does not prove the record there ({exc}): it was "
                                "edited or damaged in the store") from None
         witnessing = self.witnessing
@@ -139,15 +140,23 @@ class SharedProofs:
             at = self._checkpoint_holding(index)
             if at is False:
                 continue  # not yet
-            record = self.sessions.get_record(session)
-            if record is None or record_sha256(record) != digest:
-                log.warning("session %s: the record whose proof was awaited is not the one in the store; "
-                            "no proof published", session)
-                self.sessions.drop_unproved(session)
-                continue
-            self.sessions.put_proof(session, self.log.prove(record, at=at))
-            published += 1
+            try:
+                published += self._publish(session, digest, at)
+            except StoreError:
+                raise
+            except Exception:  # one session's trouble (its record edited in the store) stops no other's
+                log.exception("session %s: its proof could not be published", session)
         return published
+
+    def _publish(self, session: str, digest: str, at: bytes | None) -> int:
+        record = self.sessions.get_record(session)
+        if not isinstance(record, dict) or record_sha256(record) != digest:
+            log.warning("session %s: the record whose proof was awaited is not the one in the store; "
+                        "no proof published", session)
+            self.sessions.drop_unproved(session)
+            return 0
+        self.sessions.put_proof(session, self.log.prove(record, at=at))
+        return 1
 
     def _checkpoint_holding(self, index: int) -> bytes | None | bool:
         """The checkpoint to prove entry `index` at: None the log's latest, a cosigned note with
