@@ -58,10 +58,11 @@ async def tokens_used(running, session: str) -> float:
                 if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
 
 
-async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledges(world):
+async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledges(world, monkeypatch):
     running, mock, server, agent, control = world
     runtime = running.runtime
     assert (await chat(world, "spender")).status_code == 200  # the session is live
+    await integrity_errors_that_are_no_loss(running, control, monkeypatch)
     runtime.store.add(runtime.agent_id, "spender", [CounterCharge("per_session", "tokens", 9_995 - 50, None)],
                       time.time())
     assert await tokens_used(running, "spender") == 9_995
@@ -81,6 +82,9 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
     record = answer.json()
     errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
     assert errors and "lost" in str(errors[0])  # recorded, with why
+    proof = await control.get("/v1/sessions/spender/record", params={"proof": "1"},
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+    assert proof.status_code == 409 and proof.json()["error"]["code"] == "record_not_final", proof.text
     ready = await control.get("/readyz")
     assert ready.status_code == 503 and "lost" in ready.text
 
@@ -103,6 +107,34 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
     assert (await control.get("/readyz")).status_code == 200
     again = await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"}, json={})
     assert again.json()["acknowledged"] is False  # nothing was lost since
+
+
+async def integrity_errors_that_are_no_loss(running, control, monkeypatch) -> None:
+    """The record's fallback to this replica's own copy (`local`) is for a store that lost its
+    data only: a forged budget counter met by the record's reads is answered as what it is (500
+    store_damaged, naming the key), and an integrity error while the store names no loss (one
+    acknowledged elsewhere meanwhile) as retryable; neither is served as `local`."""
+    from governor.store import CounterDamaged, StoreIntegrityError
+
+    store = running.runtime.store
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for raised, status, code in ((CounterDamaged("governor:c:forged[tokens]", "lots"), 500, "store_damaged"),
+                                 (StoreIntegrityError("the loss was acknowledged on another replica"), 503,
+                                  "store_unavailable")):
+        def failing(session, raised=raised):
+            raise raised
+
+        assert store.integrity is None
+        monkeypatch.setattr(store, "load_session", failing)  # what the record's read of the state meets
+        answer = await control.get("/v1/sessions/spender/record", headers=auth)
+        monkeypatch.undo()
+        assert answer.status_code == status, answer.text
+        assert answer.json()["error"]["code"] == code and "Governor-Record" not in answer.headers, answer.text
+        if code == "store_damaged":
+            assert "governor:c:forged[tokens]" in answer.json()["error"]["message"]
+        else:
+            assert answer.headers["Retry-After"]
+    assert (await control.get("/v1/sessions/spender/record", headers=auth)).headers["Governor-Record"] == "interim"
 
 
 async def test_without_a_control_token_nobody_can_acknowledge(tmp_path):

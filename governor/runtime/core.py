@@ -202,6 +202,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
+        await self.records.publish_proofs()  # the shared records' proofs only this replica's log can make
         if self.remote is not None:  # settlements queued on the store's pipeline answered, failures journaled
             await self.remote.drain()
         await self.envelope.close()  # the pending tally reaches the store
