@@ -70,8 +70,8 @@ class LiveSession:
     # a shared session (runtime/shared.py): its state as last seen in the store, with that
     # state's version (the SHA-1 of its saved bytes); None: not known (runtime/shared_fast.py)
     shared_head: tuple[str, SessionState] | None = None
-    # settlements queued without awaiting that the store then failed (runtime/late_settlement.py's
-    # Unsettled), each still counting what it reserved until settled again
+    # settlements queued without awaiting that the store then failed (runtime/remote_steps.py):
+    # runtime/late_settlement.py's Unsettled (either session mode), counting until settled again
     unsettled: list[Any] = field(default_factory=list)
 
     def restate(self, metrics: Metrics) -> None:
