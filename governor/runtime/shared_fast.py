@@ -181,7 +181,8 @@ class SharedFastSteps:
             if code == DONE:
                 return
             _unpredict(live, predicted)
-            if failure is not None:  # the store failed: the route local sessions take too (runtime/late_settlement.py)
+            if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
+                # the route local sessions take too (runtime/late_settlement.py)
                 self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
                     live, ticket, report, step, reservation)), failure)
                 return
