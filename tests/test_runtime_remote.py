@@ -233,7 +233,7 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
         failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
         assert failed[0]["action"] == "continue" and failed[0]["detail"]["deferred_settlement"] is True
         assert failed[0]["detail"]["fail_closed"] is False  # a note: the call was answered, nothing refused
-        assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
+        assert "once the call was answered" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
     finally:
         observer.close()
         await rt.close(end_sessions=False)
@@ -381,7 +381,55 @@ async def test_a_settlement_redis_does_not_take_after_the_response_takes_one_rou
     for key in ("step", "fail_closed", "deferred_settlement", "reason"):
         assert local["detail"][key] == shared["detail"][key], key
     assert local["detail"]["fail_closed"] is False and local["detail"]["deferred_settlement"] is True
-    assert "after its response" in local["detail"]["reason"]
+    assert "once the call was answered" in local["detail"]["reason"]
+
+
+async def test_a_shared_settlement_awaited_while_redis_holds_writes_takes_the_same_route(pinned, tmp_path, own_server):
+    """Two calls in flight on a shared session when Redis holds writes: the first one's
+    settlement is queued and fails after its response; the second's is then awaited (the
+    session has one unsettled) and fails too. Both take the one route: two notes, no usage
+    refused, each reservation settled at what was used by the next step once Redis answers,
+    and the saved state has both slots freed."""
+    clock = Clock()
+    prefix = f"t-{uuid.uuid4().hex}:"
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3", prefix=prefix))
+    observer = redis.Redis.from_url(own_server.url)
+    tokens = [("per_session", None, "tokens")]
+    used = UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=40)
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live = rt._sessions["s"]
+        clock.t += 1
+        first, second = await asyncio.gather(rt.admit("s", call()), rt.admit("s", call()))
+        assert not first.decision.blocks and not second.decision.blocks
+        observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            assert not (await rt.usage("s", first.ticket, used)).blocks  # queued
+            await asyncio.wait_for(rt.remote.drain(), 15)  # its failure read: one unsettled
+            assert len(live.unsettled) == 1
+            settled = await asyncio.wait_for(rt.usage("s", second.ticket, used), 15)  # awaited, and failed
+            assert not settled.blocks and second.ticket.reservation is None
+            await asyncio.wait_for(rt.remote.drain(), 15)
+            assert len(live.unsettled) == 2 and live.state.in_flight == 0
+        finally:
+            observer.execute_command("CLIENT", "UNPAUSE")
+        for admission in (first, second):
+            await rt.finish("s", admission.ticket)  # claimed by the settlements: releases nothing
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 2 * 200}  # as reserved
+        clock.t += 1
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # both settled first, then the session goes on
+        assert not again.decision.blocks and live.unsettled == []
+        await rt.finish("s", again.ticket)
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 2 * 140}  # as used, once
+        assert json.loads(observer.get(f"{prefix}st:s"))["in_flight"] == 0
+        record = await rt.end_session("s")
+        failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+        assert [e["detail"].get("deferred_settlement") for e in failed] == [True, True], failed  # two notes only
+    finally:
+        observer.close()
+        await rt.close(end_sessions=False)
+        rt.store.close()
 
 
 async def test_a_shared_step_waits_for_its_own_replicas_round_before_sending_its_script(pinned, tmp_path, redis_url):

@@ -2,9 +2,10 @@
 Redis's session modes (docs/reference/stores.md, "Settling after the response").
 
 The usual model call's settlement is queued on the store's pipeline and not awaited
-(runtime/remote_steps.py for `sessions=local`, runtime/shared_fast.py for shared sessions).
-When the store then fails (down, paused, its fence lost), the call was already answered and
-nothing is refused: `failed` logs it, records one note in the session's journal
+(runtime/remote_steps.py for `sessions=local`, runtime/shared_fast.py for shared sessions;
+a shared session's settlement that could not be queued is awaited, and takes this route too
+when the store fails it). When the store then fails (down, paused, its fence lost), the call
+was already answered and nothing is refused: `failed` logs it, records one note in the session's journal
 (`on_governor_error`, action `continue`, detail `deferred_settlement: true`, `fail_closed:
 false`, the reservation and the error) and keeps the settlement in `live.unsettled`, its
 reservation counting what it reserved (never less than the settlement: the store errs on
@@ -52,7 +53,7 @@ def deferred_settlement_note(reservation: str, failure: Exception, held: bool) -
         "fail_closed": False,  # a note: the call was answered, nothing refused (the reservation keeps counting)
         "deferred_settlement": True,
         "reservation": reservation,
-        "reason": "the call's usage could not be written to the store after its response was delivered: "
+        "reason": "the call's usage could not be written to the store once the call was answered: "
                   + ("its reservation keeps counting what it reserved, and the session's next step settles "
                      "it again" if held else "the store no longer holds its reservation"),
     }

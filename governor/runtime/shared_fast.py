@@ -34,10 +34,10 @@ The settlement is not awaited (`_settle_soon`): decided on the predicted state, 
 queued, the state moved on and the decision returned at once; the script's check still guards
 the save. A conflict or a round in its reply takes it up after the response (`_settle_late`):
 decided again on the state as it stands, else by the runtime's full round, which records what
-it decides. A store that failed to take it sends it the route local sessions take too
-(governor.runtime.late_settlement: a note recorded, the reservation counting what it reserved,
-the session's next step settling it again first, here on the shared state as it stands, and
-taking the full round)."""
+it decides. A store that failed to take it (or an awaited one: `settle` when it could not be
+queued) sends it the route local sessions take too (governor.runtime.late_settlement: a note
+recorded, the reservation counting what it reserved, the session's next step settling it
+again first, here on the shared state as it stands, and taking the full round)."""
 
 from __future__ import annotations
 
@@ -154,9 +154,30 @@ class SharedFastSteps:
             return decision
         reservation = ticket.reservation
         ticket.reservation, ticket.in_flight = None, False  # claimed: finish() holds nothing now
-        decision = await self._settle_rounds(live, counters, reservation, step)
+        answers: list = []
+        decision = await self._settle_rounds(live, counters, reservation, step, answers)
+        if decision is None and answers and isinstance(answers[-1], Exception):
+            decision = await self._store_failed(live, ticket, report, step, reservation, answers[-1])
         if decision is None:
             ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
+        return decision
+
+    async def _store_failed(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
+                            reservation: str, failure: Exception) -> Decision | None:
+        """An awaited settlement the store failed to take: the route of one that failed after
+        its response (runtime/late_settlement.py), decided on this replica's state, rather than
+        the full round refusing the usage of a call already answered (and leaving its slot taken
+        in the saved state). None: no quiet settlement on that state (the full round decides)."""
+        if live.lock.locked():  # a round may be between deciding and advancing: after it
+            await _after_own_round(live)
+        settled = quiet_settlement(live.limits, live.state, step) if not (live.ended or live.state.ended) else None
+        if settled is None:
+            return None
+        decision, state = settled
+        now = self._clock()
+        self._advanced(live, state, now)
+        self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
+            live, ticket, report, step, reservation)), failure)
         return decision
 
     def _settle_soon(self, live: LiveSession, counters: Any, ticket: Ticket, report: UsageReport,
