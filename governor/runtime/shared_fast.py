@@ -52,7 +52,7 @@ from governor.policy import Decision, ModelCall, SessionState, UsageReport, quie
 from governor.policy.expected import expected_charges
 from governor.policy.quiet_bounds import quiet_model_call_bounds
 from governor.runtime.late_settlement import LateSettlements, Unsettled
-from governor.runtime.refusals import unrecorded_failure
+from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import LiveSession, Ticket
 from governor.store.base import encode_state
 
@@ -156,7 +156,7 @@ class SharedFastSteps:
         ticket.reservation, ticket.in_flight = None, False  # claimed: finish() holds nothing now
         answers: list = []
         decision = await self._settle_rounds(live, counters, reservation, step, answers)
-        if decision is None and answers and isinstance(answers[-1], Exception):
+        if decision is None and answers and isinstance(answers[-1], Exception) and transient(answers[-1]):
             decision = await self._store_failed(live, ticket, report, step, reservation, answers[-1])
         if decision is None:
             ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
@@ -167,7 +167,9 @@ class SharedFastSteps:
         """An awaited settlement the store failed to take: the route of one that failed after
         its response (runtime/late_settlement.py), decided on this replica's state, rather than
         the full round refusing the usage of a call already answered (and leaving its slot taken
-        in the saved state). None: no quiet settlement on that state (the full round decides)."""
+        in the saved state). None: no quiet settlement on that state (the full round decides).
+        Only for a store that is unreachable: one that lost data fails closed in the full round,
+        as a local session's settlement does when the loss is known before it is queued."""
         if live.lock.locked():  # a round may be between deciding and advancing: after it
             await _after_own_round(live)
         settled = quiet_settlement(live.limits, live.state, step) if not (live.ended or live.state.ended) else None
