@@ -79,6 +79,7 @@ from governor.runtime.shared import SharedSteps
 from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.shared_records import SharedRecords
+from governor.runtime.store_calls import StoreCalls
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -133,7 +134,11 @@ class Runtime:
         self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
-        self._store_in_thread = bool(getattr(store, "remote", False))
+        # how the store is called from the loop (inline or from a thread), and the saves and
+        # releases whose failure is only logged (runtime/store_calls.py)
+        self.store_calls = calls = StoreCalls(store, self.metrics)
+        self._store, self._save, self._release_quietly = calls.call, calls.save, calls.release_quietly
+        self._store_in_thread = calls.in_thread
         # a store that shares sessions between replicas (Redis, unless its URL says sessions=local):
         # rounds on shared state (runtime/shared.py)
         shared_sessions = getattr(store, "shared_sessions", None)
@@ -476,27 +481,6 @@ class Runtime:
             if held.ok:
                 return state, decision, held.id
         raise RuntimeError("budget counters kept changing under concurrent steps; refusing rather than guessing")
-
-    async def _store(self, call: Callable[..., Any], *args: Any) -> Any:
-        """Call the store: inline when local, from a worker thread when it crosses the network."""
-        if self._store_in_thread:
-            return await asyncio.to_thread(call, *args)
-        return call(*args)
-
-    def _save(self, live: LiveSession) -> None:
-        try:
-            self.store.save_session(live.id, live.saved_state())
-            live.unsaved = False
-        except StoreError:  # the next step's snapshot will fail closed if the store stays down
-            self.metrics.store_error()
-            log.exception("session %s: could not save session state", live.id)
-
-    def _release_quietly(self, reservation: str) -> None:
-        try:
-            self.store.release(reservation)
-        except StoreError:
-            self.metrics.store_error()
-            log.exception("could not release reservation %s", reservation)
 
     def halted(self, session: str) -> str | None:
         """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""
