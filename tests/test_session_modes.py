@@ -1,0 +1,111 @@
+"""Two session modes on one Redis, and the identities of one governor's processes (issue #30).
+
+Real `governor run` processes on one real redis-server. A `?sessions=local` governor beside a
+shared-session governor of the same agent, under the same session name, keeps its own session
+(its state, counters and reservations in a space of their own: governor.store.redis
+LOCAL_SESSIONS): neither takes up the other's state, no step of either is lost from the other's
+count, a local stop ends only its own session, and the per-day budget stays one budget.
+`governor run --workers 2` gives each worker's transparency log an origin of its own, so its
+workers are one governor to the duplicate-identity watch (governor.runtime.duplicates), while a
+process that keeps a log under a worker's origin is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis as redis_client
+
+from tests.capped_passport_harness import write_passport
+from tests.governor_process import GovernorProcess
+from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
+from tests.upstreams import Behaviour, MockLLM
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
+
+CHAT = {"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+TOKENS_PER_CALL = 25  # the mock's 5 in and 20 out
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def upstream():
+    mock = MockLLM()
+    await mock.start()
+    mock.default = Behaviour(input_tokens=5, output_tokens=20)
+    yield mock
+    await mock.stop()
+
+
+async def calls(governor: GovernorProcess, upstream: MockLLM, session: str, n: int) -> None:
+    assert governor.proxy is not None
+    async with httpx.AsyncClient(proxy=f"http://{governor.proxy[0]}:{governor.proxy[1]}", trust_env=False,
+                                 timeout=30) as agent:
+        for _ in range(n):
+            answer = await agent.post(f"{upstream.base_url}/v1/chat/completions", headers={"ADL-Session": session},
+                                      json=CHAT)
+            assert answer.status_code == 200, answer.text
+
+
+async def view(governor: GovernorProcess, session: str) -> dict:
+    token = (governor.data_dir / "control-token").read_text().strip()
+    async with httpx.AsyncClient(base_url=governor.control_url, trust_env=False, timeout=30,
+                                 headers={"Authorization": f"Bearer {token}"}) as control:
+        answer = await control.get(f"/v1/sessions/{session}")
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+
+def tokens_today(url: str, prefix: str) -> float:
+    """The agent's per-day token total in the store (every governor's, either mode)."""
+    client = redis_client.Redis.from_url(url, decode_responses=True)
+    try:
+        return sum(float(client.hget(key, "t") or 0) for key in client.scan_iter(f"{prefix}d:*:tokens|*"))
+    finally:
+        client.close()
+
+
+async def test_a_local_governor_beside_a_shared_one_under_one_session_name_loses_none_of_its_steps(
+        tmp_path, redis_server, upstream):
+    """On main before this change, the local governor took up the shared session's saved state
+    (its count of steps) and wrote it back about a second later, after the shared governor's
+    next steps: those were lost from the shared session's `iterations` (a fail-open of
+    max_iterations), and the local governor's stop wrote the shared session's state as ended."""
+    prefix = "modes:"
+    passport = write_passport(tmp_path / "passport.json")  # one agent for both
+    shared = GovernorProcess(tmp_path / "shared", ["--passport", str(passport), "--id", "did:web:localhost:shared",
+                                                   "--store", f"{redis_server.url}?prefix={prefix}"])
+    local = GovernorProcess(tmp_path / "local", ["--passport", str(passport), "--id", "did:web:localhost:local",
+                                                 "--store", f"{redis_server.url}?prefix={prefix}&sessions=local"])
+    try:
+        await asyncio.gather(shared.start(timeout=90), local.start(timeout=90))
+        await calls(shared, upstream, "mix", 3)
+        await calls(local, upstream, "mix", 1)  # opens its own "mix": it must not take up the shared one
+        await calls(shared, upstream, "mix", 5)  # before the local governor's state is written behind
+        await asyncio.sleep(2.5)  # its sweeper (every second) has written its state since
+        await calls(shared, upstream, "mix", 1)
+        assert (await view(shared, "mix"))["iterations"] == 9
+        assert (await view(local, "mix"))["iterations"] == 1
+        assert await local.stop(timeout=60) == 0  # ends its own "mix" on the way out, not the shared one
+        await calls(shared, upstream, "mix", 1)
+        after = await view(shared, "mix")
+        assert (after["state"], after["iterations"]) == ("active", 10), after
+        # the per-day budget is still one budget for the agent, whatever mode served the call
+        assert tokens_today(redis_server.url, prefix) == 11 * TOKENS_PER_CALL
+        # and each mode's keys: the shared session's, the local one's in a space of its own
+        client = redis_client.Redis.from_url(redis_server.url)
+        try:
+            assert client.exists(f"{prefix}st:mix", f"{prefix}st:local\x1fmix") == 2
+        finally:
+            client.close()
+    finally:
+        await asyncio.gather(shared.stop(timeout=60), local.stop(timeout=60))
