@@ -12,6 +12,7 @@ process that keeps a log under a worker's origin is reported."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 
@@ -109,3 +110,46 @@ async def test_a_local_governor_beside_a_shared_one_under_one_session_name_loses
             client.close()
     finally:
         await asyncio.gather(shared.stop(timeout=60), local.stop(timeout=60))
+
+
+async def test_the_workers_of_one_governor_run_are_one_governor_and_a_process_forking_a_workers_log_is_not(
+        tmp_path, redis_server):
+    """`governor run --workers 2`: each worker keeps its transparency log under its own origin
+    ("/worker-K"), so the workers (one id, one key) do not report each other as duplicates (on
+    main before this change they did: their logs shared one origin, and forked). A process with
+    their id and key that keeps its log under worker 0's origin is reported, by worker 0's
+    `/readyz` and `governor_duplicate_identities` (the control plane's worker), and by itself."""
+    store = f"{redis_server.url}?prefix=workers:&sessions=local"
+    passport = write_passport(tmp_path / "passport.json")
+    workers = GovernorProcess(tmp_path / "data", ["--passport", str(passport), "--store", store, "--workers", "2"])
+    intruder = None
+    try:
+        await workers.start(timeout=120)
+        origins = [(workers.data_dir / "workers" / str(k) / "log" / "log.vkey").read_text().split("+")[0]
+                   for k in (0, 1)]
+        assert origins == ["localhost/governor/log/worker-0", "localhost/governor/log/worker-1"]
+        # a worker's first duplicate check is at its first sweep: worker 1's saw worker 0
+        await asyncio.sleep(2.0)
+        assert "shares this governor's" not in workers.log.read_text()
+        (tmp_path / "intruder").mkdir()
+        shutil.copytree(workers.data_dir / "keys", tmp_path / "intruder" / "keys")  # one id and key
+        intruder = GovernorProcess(tmp_path / "intruder", ["--passport", str(passport), "--store", store,
+                                                           "--log-origin", origins[0]])
+        await intruder.start(timeout=90)
+        token = (workers.data_dir / "control-token").read_text().strip()
+        async with httpx.AsyncClient(base_url=workers.control_url, trust_env=False, timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"}) as control:
+            deadline = time.monotonic() + 30  # worker 0 checks at most every 10 s
+            while "duplicate_identity" not in (ready := (await control.get("/readyz")).json()):
+                assert time.monotonic() < deadline, ready
+                await asyncio.sleep(0.25)
+            [duplicate] = ready["duplicate_identity"]  # the intruder, and not worker 1
+            assert duplicate["pid"] == intruder.pid and duplicate["shares"] == ["governor_id", "key", "log_origin"]
+            assert "governor_duplicate_identities 1.0" in (await control.get("/metrics")).text
+        intruder_log = intruder.log.read_text()
+        assert "shares this governor's governor_id and key and log_origin" in intruder_log
+        assert "give each process its own --log-origin" in intruder_log
+    finally:
+        if intruder is not None:
+            await intruder.stop(timeout=60)
+        assert await workers.stop(timeout=60) == 0

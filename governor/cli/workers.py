@@ -50,8 +50,9 @@ BANNER_END = "Ctrl-C stops."  # the last line of `governor run`'s start-up instr
 def apply_worker_settings(settings: Any, value: Callable[[str], Any]) -> None:
     """--workers: how many workers `governor run` supervises (settings.workers). In a worker
     it is 1, and the proxy's listening socket is shared with the others (SO_REUSEPORT)."""
-    if os.environ.get(WORKER_ENV) is not None:
+    if (index := os.environ.get(WORKER_ENV)) is not None:
         settings.workers = 1
+        settings.worker = int(index) if index.isdigit() else None
         share_listening_port()
         return
     given = value("workers")
