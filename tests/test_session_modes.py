@@ -4,7 +4,8 @@ Real `governor run` processes on one real redis-server. A `?sessions=local` gove
 shared-session governor of the same agent, under the same session name, keeps its own session
 (its state, counters and reservations in a space of their own: governor.store.redis
 LOCAL_SESSIONS): neither takes up the other's state, no step of either is lost from the other's
-count, a local stop ends only its own session, and the per-day budget stays one budget.
+count, a switch of a governor from one mode to the other leaves the other's sessions alone, and
+the per-day budget stays one budget.
 `governor run --workers 2` gives each worker's transparency log an origin of its own, so its
 workers are one governor to the duplicate-identity watch (governor.runtime.duplicates), while a
 process that keeps a log under a worker's origin is reported."""
@@ -80,7 +81,8 @@ async def test_a_local_governor_beside_a_shared_one_under_one_session_name_loses
     """On main before this change, the local governor took up the shared session's saved state
     (its count of steps) and wrote it back about a second later, after the shared governor's
     next steps: those were lost from the shared session's `iterations` (a fail-open of
-    max_iterations), and the local governor's stop wrote the shared session's state as ended."""
+    max_iterations). A governor switched from local to shared sessions finalizes the local
+    session it left from its journal, and the shared session of the same name goes on."""
     prefix = "modes:"
     passport = write_passport(tmp_path / "passport.json")  # one agent for both
     shared = GovernorProcess(tmp_path / "shared", ["--passport", str(passport), "--id", "did:web:localhost:shared",
@@ -96,18 +98,30 @@ async def test_a_local_governor_beside_a_shared_one_under_one_session_name_loses
         await calls(shared, upstream, "mix", 1)
         assert (await view(shared, "mix"))["iterations"] == 9
         assert (await view(local, "mix"))["iterations"] == 1
-        assert await local.stop(timeout=60) == 0  # ends its own "mix" on the way out, not the shared one
-        await calls(shared, upstream, "mix", 1)
-        after = await view(shared, "mix")
-        assert (after["state"], after["iterations"]) == ("active", 10), after
-        # the per-day budget is still one budget for the agent, whatever mode served the call
-        assert tokens_today(redis_server.url, prefix) == 11 * TOKENS_PER_CALL
-        # and each mode's keys: the shared session's, the local one's in a space of its own
+        # each mode's keys: the shared session's, the local one's in a space of their own
         client = redis_client.Redis.from_url(redis_server.url)
         try:
             assert client.exists(f"{prefix}st:mix", f"{prefix}st:local\x1fmix") == 2
         finally:
             client.close()
+        # the local governor dies with its "mix" open, and its operator switches it to shared
+        # sessions: it finalizes its local "mix" from the journal at start (its record written),
+        # and the shared "mix" goes on, on both
+        local.proc.kill()
+        await asyncio.to_thread(local.proc.wait)
+        switched = GovernorProcess(tmp_path / "local", ["--passport", str(passport), "--id", "did:web:localhost:local",
+                                                        "--store", f"{redis_server.url}?prefix={prefix}"])
+        await switched.start(timeout=90)
+        try:
+            assert (switched.data_dir / "records" / "mix.json").is_file()
+            await calls(shared, upstream, "mix", 1)
+            await calls(switched, upstream, "mix", 1)
+            after = await view(shared, "mix")
+            assert (after["state"], after["iterations"]) == ("active", 11), after
+        finally:
+            assert await switched.stop(timeout=60) == 0
+        # the per-day budget is still one budget for the agent, whatever mode served the call
+        assert tokens_today(redis_server.url, prefix) == 12 * TOKENS_PER_CALL
     finally:
         await asyncio.gather(shared.stop(timeout=60), local.stop(timeout=60))
 
