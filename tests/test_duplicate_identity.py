@@ -78,7 +78,8 @@ def test_processes_of_one_governor_are_not_duplicates_unless_their_logs_share_an
     local = watch(redis_url + "?sessions=local", "did:web:gateway.example", key, log_origin="gateway.example/log/w-1")
     unlogged = watch(redis_url + "?sessions=local", "did:web:gateway.example", key)  # --log off
     assert [w.check() for w in (replica_a, replica_b, local, unlogged, replica_a)] == [[]] * 5
-    forked = watch(redis_url + "?sessions=local", "did:web:gateway.example", key, log_origin="gateway.example/log/pod-a")
+    forked = watch(redis_url + "?sessions=local", "did:web:gateway.example", key,
+                   log_origin="gateway.example/log/pod-a")
     assert {d["instance"]: d["shares"] for d in forked.check()} == {
         replica_a.instance: ["governor_id", "key", "log_origin"]}
     assert {d["instance"] for d in replica_a.check()} == {forked.instance}

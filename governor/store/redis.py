@@ -154,7 +154,7 @@ class RedisStore:
         self.options = options
         self.window = window
         self.prefix = options.prefix
-        self._space = LOCAL_SESSIONS if options.sessions == "local" else ""
+        self.session_space = LOCAL_SESSIONS if options.sessions == "local" else ""
         self._keys = [f"{self.prefix}fence"]  # each script's one declared key: its slot on Cluster
         self._closed = False
         self._ttl_ms = math.ceil((window.length + 2 * window.bucket) * 1000)
@@ -396,7 +396,7 @@ class RedisStore:
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         rid = uuid.uuid4().hex
-        args, capped = reserve_args(self.window, self._ttl_ms, agent, self._space + session, rid, charges, now)
+        args, capped = reserve_args(self.window, self._ttl_ms, agent, self.session_space + session, rid, charges, now)
         result, acked = self._held(self._reserve, rid, args)
         if int(result[0]) == 1:
             self._short(acked, rid)
@@ -406,7 +406,7 @@ class RedisStore:
     def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                        charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
         """The snapshot of `keys` and the reservation of `charges` in one script (one round trip)."""
-        call = ReserveWithin.of(self.window, self._ttl_ms, agent, self._space + session, keys, charges, now)
+        call = ReserveWithin.of(self.window, self._ttl_ms, agent, self.session_space + session, keys, charges, now)
         result, acked = self._held(self._reserve_within, call.rid, call.args)
         snapshot, held = call.answer(result)
         if held.ok:
@@ -450,7 +450,7 @@ class RedisStore:
         return refused(capped, result[1], result[2])
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
-        args: list[Any] = [agent, self._space + session, self.window.bucket_of(now), self.window.first_live(now),
+        args: list[Any] = [agent, self.session_space + session, self.window.bucket_of(now), self.window.first_live(now),
                            self._ttl_ms]
         _, acked = self._run_acknowledged(self._add, *args, *encode_totals(totals_by_key(charges)))
         self._noted(acked)
@@ -458,7 +458,7 @@ class RedisStore:
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
     ) -> dict[CounterKey, float]:
-        args: list[Any] = [agent, self._space + session, self.window.first_live(now)]
+        args: list[Any] = [agent, self.session_space + session, self.window.first_live(now)]
         if keys is None:
             args.append(-1)
         else:
@@ -524,11 +524,11 @@ class RedisStore:
     # --- sessions ----------------------------------------------------------------------
     def session_key(self, session: str) -> str:
         """The name `session`'s keys are made from: its own, or in local sessions' space."""
-        return self._space + session
+        return self.session_space + session
 
     def save_session(self, session: str, state: dict) -> None:
         encoded = encode_state(state)
-        session = self._space + session
+        session = self.session_space + session
         with self._guard():
             pipe = self._client.pipeline(transaction=True)
             pipe.set(f"{self.prefix}st:{session}", encoded)
@@ -537,7 +537,7 @@ class RedisStore:
 
     def load_session(self, session: str) -> dict | None:
         with self._guard():
-            raw = self._client.get(f"{self.prefix}st:{self._space}{session}")
+            raw = self._client.get(f"{self.prefix}st:{self.session_space}{session}")
         return None if raw is None else orjson.loads(raw)
 
     def shared_sessions(self) -> RedisSessions | None:
@@ -552,12 +552,12 @@ class RedisStore:
         """The saved sessions of this store's mode (shared, or local: see LOCAL_SESSIONS)."""
         with self._guard():
             names = self._client.smembers(f"{self.prefix}sessions")
-        if self._space:
-            return sorted(name[len(self._space):] for name in names if name.startswith(self._space))
+        if self.session_space:
+            return sorted(name[len(self.session_space):] for name in names if name.startswith(self.session_space))
         return sorted(name for name in names if not name.startswith(LOCAL_SESSIONS))
 
     def delete_session(self, session: str) -> bool:
-        return int(self._run(self._delete_session, self._space + session)) > 0
+        return int(self._run(self._delete_session, self.session_space + session)) > 0
 
     # --- nonces ------------------------------------------------------------------------
     def put_nonce(self, nonce: str, expires_at: float, now: float) -> None:
