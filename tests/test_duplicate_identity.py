@@ -93,6 +93,42 @@ def test_processes_of_one_governor_are_not_duplicates_unless_their_logs_share_an
     assert {d["instance"]: d["shares"] for d in squatter.check()} == {replica_b.instance: ["log_origin"]}
 
 
+def test_a_governor_of_the_same_agent_in_the_other_session_mode_is_warned_of_once_and_not_counted(redis_url, caplog):
+    """The two session modes keep their sessions apart (tests/test_session_modes.py): another
+    live governor of this agent in the other mode is no duplicate, but a session name both use
+    is two sessions, which the operator is told once per instance; another agent, the same
+    mode, or a hostile entry without the members says nothing."""
+    from governor.store.redis import RedisStore
+
+    def governor(query: str, agent) -> DuplicateWatch:
+        found = watch_duplicates(RedisStore(redis_url + query), governor_id=f"did:web:{agent}.example:{query.strip('?')}",
+                                 public_key=Ed25519PrivateKey.generate().public_key(), agent=agent, metrics=Metrics())
+        assert found is not None
+        return found
+
+    shared = governor("", "agent-a")
+    same_mode, other_agent = governor("?prefix=governor:", "agent-a"), governor("?sessions=local", "agent-b")
+    client = redis_client.Redis.from_url(redis_url)
+    client.set(f"{shared.store.prefix}gi:odd", b'{"instance": ["x"], "agent": "agent-a", "sessions": {"a": 1}}')
+    client.sadd(f"{shared.store.prefix}gis", "odd")
+    for w in (same_mode, other_agent):
+        w.check()
+    assert shared.check() == [] and not [r for r in caplog.records if "keeps its sessions" in r.getMessage()]
+    local = governor("?sessions=local", "agent-a")
+    assert local.check() == [] and shared.check() == []
+    assert shared.metrics.duplicate_identities._value.get() == 0
+    warned = [r.getMessage() for r in caplog.records if "keeps its sessions" in r.getMessage()]
+    # local of the two shared governors of agent-a, shared of local
+    assert len(warned) == 3 and {r.levelname for r in caplog.records if "keeps its sessions" in r.getMessage()} == {
+        "WARNING"}
+    assert any(f"keeps its sessions shared (did:web:agent-a.example:, instance {shared.instance}" in w for w in warned)
+    assert any(f"keeps its sessions local (did:web:agent-a.example:sessions=local, instance {local.instance}" in w
+               for w in warned)
+    shared.check()
+    local.check()  # once per instance
+    assert len([r for r in caplog.records if "keeps its sessions" in r.getMessage()]) == 3
+
+
 def test_a_stopped_instance_is_forgotten_and_garbage_is_ignored(redis_url):
     key = Ed25519PrivateKey.generate()
     first = watch(redis_url, "did:web:example.com:governor", key, interval=0.1)

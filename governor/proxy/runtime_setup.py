@@ -135,7 +135,7 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     runtime.limit_rates(settings.rate_limits)
     runtime.settings.duplicates = watch_duplicates(store, governor_id=governor_id, public_key=key.public_key(),
                                                    log_origin=transparency_log and transparency_log.origin,
-                                                   metrics=metrics)
+                                                   agent=runtime.agent_id, metrics=metrics)
     if settings.envelope is not None:
         runtime.envelope.config = settings.envelope
     runtime.start()

@@ -18,6 +18,11 @@ there are now), and listed in `/readyz`'s `duplicate_identity` member (readiness
 not fail: which of the two is the impostor is the operator's call). A store without `announce`
 (memory, SQLite: one process owns it) has no other governor to compare with.
 
+Beside them, another live governor of the same agent whose sessions are in the store's other
+mode (`?sessions=local` beside shared ones) is logged once as a warning, not counted: the modes
+keep their sessions apart (store/redis.py LOCAL_SESSIONS), so a session name both use is two
+sessions, each with its own step count and per-session budgets (per-day budgets are one).
+
 Forks of one log are also caught by its witnesses (a witness refuses a checkpoint inconsistent
 with one it cosigned: `governor_witness_refusals_total`, docs/transparency-log.md).
 """
@@ -46,7 +51,7 @@ def key_fingerprint(public_key: Any) -> str:
 
 class DuplicateWatch:
     def __init__(self, store: Any, *, governor_id: str, public_key: Any, log_origin: str | None = None,
-                 metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
+                 agent: str | None = None, metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.metrics = metrics
@@ -55,9 +60,11 @@ class DuplicateWatch:
         self.instance = uuid.uuid4().hex
         self.identity = {"instance": self.instance, "governor_id": governor_id, "key": key_fingerprint(public_key),
                          "log_origin": log_origin, "host": socket.gethostname()[:200], "pid": os.getpid(),
-                         "started": clock(), "sessions": getattr(getattr(store, "options", None), "sessions", None)}
+                         "started": clock(), "sessions": getattr(getattr(store, "options", None), "sessions", None),
+                         "agent": agent}
         self.found: list[dict[str, Any]] = []
         self._reported: set[str] = set()
+        self._other_modes: set[str] = set()  # instances of this agent in the other session mode, warned of
         self._last = -float("inf")
 
     def check(self) -> list[dict[str, Any]]:
@@ -68,6 +75,7 @@ class DuplicateWatch:
         for other in others:
             if not isinstance(other, dict) or other.get("instance") == self.instance:
                 continue
+            self._other_mode(other)
             shared = [what for what in ("governor_id", "key", "log_origin")
                       if mine[what] is not None and other.get(what) == mine[what]]
             if shared == ["governor_id", "key"]:
@@ -91,6 +99,19 @@ class DuplicateWatch:
                           "pid %s): %s", " and ".join(shares), duplicate["governor_id"], duplicate["instance"],
                           duplicate["host"], duplicate["pid"], advice)
         return found
+
+    def _other_mode(self, other: dict[str, Any]) -> None:
+        mine = self.identity
+        mode = other.get("sessions")
+        if (mine["agent"] is None or other.get("agent") != mine["agent"] or mode not in ("shared", "local")
+                or mode == mine["sessions"] or str(other.get("instance")) in self._other_modes):
+            return
+        self._other_modes.add(str(other.get("instance")))
+        log.warning("another live governor of agent %s on this store keeps its sessions %s (%s, instance %s on %s, "
+                    "pid %s), this one %s: a session name both use is two sessions, each counting its own steps and "
+                    "per-session budgets (per-day budgets are one); docs/reference/shared-sessions.md",
+                    mine["agent"], other.get("sessions"), other.get("governor_id"), other.get("instance"),
+                    other.get("host"), other.get("pid"), mine["sessions"])
 
     async def tick(self, call: Callable[..., Any]) -> None:
         """From the sweeper: a check when `interval` has passed (`call` runs it off the loop);
