@@ -14,15 +14,14 @@ Layout, under a key prefix (default "governor:"):
   dk:<agent>                       set of the agent's per_day "<dimension>|<persona>"
   r:<id>, sr:<session>, rt         a reservation; a session's reservations; all by time
   st:<session>, sessions           saved session state; the set of saved sessions
-(a session's keys name it as `session_key` does: with `?sessions=local` "local" + US + the
-session, a space of their own, see LOCAL_SESSIONS)
   n:<nonce>                        a nonce's expiry
   fence                            the epoch written by the first store opened on this Redis
   w:<counter>@<window>             a rate limit's count in one tumbling window (governor.store.windows)
   gi:<instance>, gis               a live governor's identity (expiring); the instances announced
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
-so no two names collide.) Per-day keys expire two buckets past the window after
-their last write. The scripts derive key names from their arguments and name the fence
+so no two names collide. <session> is `session_key(session)`: with `?sessions=local` the
+name in local sessions' own space, LOCAL_SESSIONS.) Per-day keys expire two buckets past the
+window after their last write. The scripts derive key names from their arguments and name the fence
 as their one declared key (KEYS[1]): on Redis Cluster the prefix is a hash tag
 ({governor}:), so every key the store writes lives in the fence's slot and each script
 runs atomically on the one node that owns it. URLs and options: governor.store.redis_client.
