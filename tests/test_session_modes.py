@@ -132,38 +132,40 @@ async def test_the_workers_of_one_governor_run_are_one_governor_and_a_process_fo
     ("/worker-K"), so the workers (one id, one key) do not report each other as duplicates (on
     main before this change they did: their logs shared one origin, and forked). A process with
     their id and key that keeps its log under worker 0's origin is reported, by worker 0's
-    `/readyz` and `governor_duplicate_identities` (the control plane's worker), and by itself."""
+    `/readyz` and `governor_duplicate_identities` (the control plane's worker) and its log."""
+    from governor.evidence import ensure_governor_key
+
     store = f"{redis_server.url}?prefix=workers:&sessions=local"
     passport = write_passport(tmp_path / "passport.json")
+    ensure_governor_key(tmp_path / "data")  # the supervisor hands DATA_DIR/keys to its workers
+    shutil.copytree(tmp_path / "data" / "keys", tmp_path / "intruder" / "keys")  # one id and key
+    # started first, so that worker 0's first check (at its first sweep) finds it
+    intruder = GovernorProcess(tmp_path / "intruder", ["--passport", str(passport), "--store", store,
+                                                       "--log-origin", "localhost/governor/log/worker-0"])
     workers = GovernorProcess(tmp_path / "data", ["--passport", str(passport), "--store", store, "--workers", "2"])
-    intruder = None
     try:
+        await intruder.start(timeout=90)
         await workers.start(timeout=120)
         origins = [(workers.data_dir / "workers" / str(k) / "log" / "log.vkey").read_text().split("+")[0]
                    for k in (0, 1)]
         assert origins == ["localhost/governor/log/worker-0", "localhost/governor/log/worker-1"]
-        # a worker's first duplicate check is at its first sweep: worker 1's saw worker 0
-        await asyncio.sleep(2.0)
-        assert "shares this governor's" not in workers.log.read_text()
-        (tmp_path / "intruder").mkdir()
-        shutil.copytree(workers.data_dir / "keys", tmp_path / "intruder" / "keys")  # one id and key
-        intruder = GovernorProcess(tmp_path / "intruder", ["--passport", str(passport), "--store", store,
-                                                           "--log-origin", origins[0]])
-        await intruder.start(timeout=90)
         token = (workers.data_dir / "control-token").read_text().strip()
         async with httpx.AsyncClient(base_url=workers.control_url, trust_env=False, timeout=30,
                                      headers={"Authorization": f"Bearer {token}"}) as control:
-            deadline = time.monotonic() + 30  # worker 0 checks at most every 10 s
+            deadline = time.monotonic() + 30  # at worker 0's first sweep, or 10 s later
             while "duplicate_identity" not in (ready := (await control.get("/readyz")).json()):
                 assert time.monotonic() < deadline, ready
                 await asyncio.sleep(0.25)
             [duplicate] = ready["duplicate_identity"]  # the intruder, and not worker 1
             assert duplicate["pid"] == intruder.pid and duplicate["shares"] == ["governor_id", "key", "log_origin"]
             assert "governor_duplicate_identities 1.0" in (await control.get("/metrics")).text
-        intruder_log = intruder.log.read_text()
-        assert "shares this governor's governor_id and key and log_origin" in intruder_log
-        assert "give each process its own --log-origin" in intruder_log
+        # worker 1's first check (at its first sweep, past worker 0's start) found worker 0 and the
+        # intruder: neither shares its log's origin
+        await asyncio.sleep(1.5)
+        reported = [line for line in workers.log.read_text().splitlines() if "shares this governor's" in line]
+        assert len(reported) == 1 and f"pid {intruder.pid})" in reported[0], reported
+        assert "shares this governor's governor_id and key and log_origin" in reported[0]
+        assert "give each process its own --log-origin" in reported[0]
     finally:
-        if intruder is not None:
-            await intruder.stop(timeout=60)
+        await intruder.stop(timeout=60)
         assert await workers.stop(timeout=60) == 0
