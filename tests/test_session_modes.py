@@ -126,16 +126,18 @@ async def test_a_local_governor_beside_a_shared_one_under_one_session_name_loses
         await asyncio.gather(shared.stop(timeout=60), local.stop(timeout=60))
 
 
+@pytest.mark.parametrize("sessions", ["local", "shared"])
 async def test_the_workers_of_one_governor_run_are_one_governor_and_a_process_forking_a_workers_log_is_not(
-        tmp_path, redis_server):
+        tmp_path, redis_server, sessions):
     """`governor run --workers 2`: each worker keeps its transparency log under its own origin
     ("/worker-K"), so the workers (one id, one key) do not report each other as duplicates (on
     main before this change they did: their logs shared one origin, and forked). A process with
     their id and key that keeps its log under worker 0's origin is reported, by worker 0's
-    `/readyz` and `governor_duplicate_identities` (the control plane's worker) and its log."""
+    `/readyz` and `governor_duplicate_identities` (the control plane's worker) and its log. In
+    both session modes (on main, shared-session workers were not reported, and forked too)."""
     from governor.evidence import ensure_governor_key
 
-    store = f"{redis_server.url}?prefix=workers:&sessions=local"
+    store = f"{redis_server.url}?prefix=workers-{sessions}:&sessions={sessions}"
     passport = write_passport(tmp_path / "passport.json")
     ensure_governor_key(tmp_path / "data")  # the supervisor hands DATA_DIR/keys to its workers
     shutil.copytree(tmp_path / "data" / "keys", tmp_path / "intruder" / "keys")  # one id and key
