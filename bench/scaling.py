@@ -257,9 +257,9 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             local_sessions = server.url + ("&" if "?" in server.url else "?") + "sessions=local"
             on_local = {}
             for n in sorted({1, max(workers)}):
-                # a session name of their own: a process-local session "bench" beside the shared
-                # one of the same agent on the same Redis would write over the shared one's count
-                # of steps (budgets are unaffected; the report of session 21's leanload slice)
+                # a session name of their own, for the reader: a process-local session "bench"
+                # beside the shared one would be another session anyway (store/redis.py
+                # LOCAL_SESSIONS; before, it wrote over the shared one's count of steps)
                 g = Governor(passport, work / f"redis-local-x{n}", session=f"bench-local-x{n}",
                              extra=["--store", local_sessions, "--id", f"did:web:localhost:bench-redis-local-x{n}",
                                     *(["--workers", str(n)] if n > 1 else [])])

@@ -199,7 +199,8 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         store = running.runtime.store
         assert (store.shared_sessions() is None) == bool(query)
         dimension, forged = session_forged
-        raw.hset(f"{store.prefix}sc:victim", f"{dimension}|", forged)
+        victim = f"{store.prefix}sc:{store.session_key('victim')}"  # a local session's keys: a space of their own
+        raw.hset(victim, f"{dimension}|", forged)
         served = len(mock.requests)
 
         refused = await chat(world, "victim")
@@ -208,14 +209,15 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         governor = refused.json()["error"]["governor"]
         assert governor["cause"] == "on_governor_error" and governor["fail_closed"] is True
         assert len(mock.requests) == served  # the upstream was not called
-        assert raw.hget(f"{store.prefix}sc:victim", f"{dimension}|") == forged  # left as found
+        assert raw.hget(victim, f"{dimension}|") == forged  # left as found
         assert (await chat(world, "bystander")).status_code == 200  # one session's counter: others go on
         record = (await control.get("/v1/sessions/victim/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
         errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
-        assert errors and f"sc:victim[{dimension}|]" in str(errors[-1]) and "CounterDamaged" in str(errors[-1])
+        named = victim.replace("\x1f", "\\x1f")  # named as redis-cli reads it between double quotes
+        assert errors and "CounterDamaged" in str(errors[-1]) and f"{named}[{dimension}|]" in errors[-1]["detail"]["error"]
         assert errors[-1]["action"] == "fallback" and errors[-1]["detail"]["retryable"] is False, errors[-1]
-        assert errors[-1]["detail"]["counter"] == f"{store.prefix}sc:victim[{dimension}|]", errors[-1]
-        raw.hset(f"{store.prefix}sc:victim", f"{dimension}|", "0")  # the operator corrects it
+        assert errors[-1]["detail"]["counter"] == f"{named}[{dimension}|]", errors[-1]
+        raw.hset(victim, f"{dimension}|", "0")  # the operator corrects it
         assert (await chat(world, "victim")).status_code == 200  # the same session goes on
 
         dimension, forged = day_forged

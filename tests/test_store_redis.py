@@ -45,6 +45,36 @@ def test_replicas_share_counters(redis_url: str):
         assert a.snapshot("agent", "s3", T0, [DAY_TOKENS]) == {DAY_TOKENS: 100}
 
 
+async def test_a_local_and_a_shared_session_of_one_name_are_two_sessions_under_one_day_budget(redis_url: str):
+    """`?sessions=local` keeps its sessions in a space of their own (LOCAL_SESSIONS): a local
+    and a shared session named alike have their own state, per-session counters, reservations
+    and listing, on the blocking and the asyncio path; per-day counters are the agent's."""
+    p = prefix()
+    session_tokens = ("per_session", None, "tokens")
+    both = [DAY_TOKENS, session_tokens]
+    with RedisStore(redis_url, prefix=p) as shared, RedisStore(redis_url + "?sessions=local", prefix=p) as local:
+        shared.save_session("s1", {"iterations": 7})
+        assert local.load_session("s1") is None
+        local.save_session("s1", {"iterations": 1})
+        assert shared.load_session("s1") == {"iterations": 7} and local.load_session("s1") == {"iterations": 1}
+        assert shared.list_sessions() == ["s1"] and local.list_sessions() == ["s1"]
+        charge = [CounterCharge("per_day", "tokens", 100, 1000), CounterCharge("per_session", "tokens", 100, 150)]
+        assert shared.reserve("agent", "s1", charge, T0).ok
+        shared.add("agent", "s1", [CounterCharge("per_session", "tokens", 50, None)], T0)
+        held = local.reserve("agent", "s1", charge, T0)  # the shared s1's 150 is not the local s1's
+        assert held.ok
+        _, refused = local.reserve_within("agent", "s1", both, charge, T0)
+        assert not refused.ok and refused.failed.scope == "per_session" and refused.observed == 100
+        snapshot, again = await local.counters().reserve_within("agent", "s1", both, [charge[0]], T0)
+        assert again.ok and snapshot == {DAY_TOKENS: 200, session_tokens: 100}
+        assert shared.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 150}
+        assert local.delete_session("s1") is True
+        assert local.load_session("s1") is None and local.list_sessions() == []
+        assert shared.load_session("s1") == {"iterations": 7} and shared.list_sessions() == ["s1"]
+        assert shared.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 150}
+        assert local.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 0}
+
+
 def test_open_store_opens_redis_urls(redis_url: str):
     store = open_store(redis_url)
     try:

@@ -72,6 +72,9 @@ class CounterDamaged(StoreError):
     the field, in brackets), `found` is what it holds."""
 
     def __init__(self, key: str, found: str) -> None:
+        # a process-local session's keys hold a control character (store/redis.py LOCAL_SESSIONS):
+        # named as redis-cli reads it between double quotes
+        key = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in key)
         super().__init__(f"the counter {key} is not a count (it holds {found!r}): it was edited or damaged in the "
                          "store and is left as found; every step that reads it is refused until an operator "
                          "deletes or corrects it")

@@ -19,8 +19,9 @@ Layout, under a key prefix (default "governor:"):
   w:<counter>@<window>             a rate limit's count in one tumbling window (governor.store.windows)
   gi:<instance>, gis               a live governor's identity (expiring); the instances announced
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
-so no two names collide.) Per-day keys expire two buckets past the window after
-their last write. The scripts derive key names from their arguments and name the fence
+so no two names collide. <session> is `session_key(session)`: with `?sessions=local` the
+name in local sessions' own space, LOCAL_SESSIONS.) Per-day keys expire two buckets past the
+window after their last write. The scripts derive key names from their arguments and name the fence
 as their one declared key (KEYS[1]): on Redis Cluster the prefix is a hash tag
 ({governor}:), so every key the store writes lives in the fence's slot and each script
 runs atomically on the one node that owns it. URLs and options: governor.store.redis_client.
@@ -122,6 +123,13 @@ from governor.store.windows import WindowCharge, WindowTake, check_charges, wind
 log = logging.getLogger("governor.store")
 
 ACKNOWLEDGED = "ack-"  # how a fence an operator's acknowledgement wrote begins
+# Where a process-local session (`?sessions=local`) keeps its state, counters and reservations:
+# "local" and a unit separator before its name. No session name of the shared mode holds a
+# control character (agent-named sessions are printable, --session refuses them, the others are
+# generated), so the two modes never read or write each other's sessions, even under one name:
+# a local governor beside shared replicas of the same agent once took up a shared session's
+# state and wrote it back later, and the replicas' steps made meanwhile were lost from its count.
+LOCAL_SESSIONS = "local\x1f"
 
 
 class RedisStore:
@@ -145,6 +153,7 @@ class RedisStore:
         self.options = options
         self.window = window
         self.prefix = options.prefix
+        self.session_space = LOCAL_SESSIONS if options.sessions == "local" else ""
         self._keys = [f"{self.prefix}fence"]  # each script's one declared key: its slot on Cluster
         self._closed = False
         self._ttl_ms = math.ceil((window.length + 2 * window.bucket) * 1000)
@@ -386,7 +395,7 @@ class RedisStore:
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         rid = uuid.uuid4().hex
-        args, capped = reserve_args(self.window, self._ttl_ms, agent, session, rid, charges, now)
+        args, capped = reserve_args(self.window, self._ttl_ms, agent, self.session_space + session, rid, charges, now)
         result, acked = self._held(self._reserve, rid, args)
         if int(result[0]) == 1:
             self._short(acked, rid)
@@ -396,7 +405,7 @@ class RedisStore:
     def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                        charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
         """The snapshot of `keys` and the reservation of `charges` in one script (one round trip)."""
-        call = ReserveWithin.of(self.window, self._ttl_ms, agent, session, keys, charges, now)
+        call = ReserveWithin.of(self.window, self._ttl_ms, agent, self.session_space + session, keys, charges, now)
         result, acked = self._held(self._reserve_within, call.rid, call.args)
         snapshot, held = call.answer(result)
         if held.ok:
@@ -440,14 +449,15 @@ class RedisStore:
         return refused(capped, result[1], result[2])
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
-        args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]
+        args: list[Any] = [agent, self.session_space + session, self.window.bucket_of(now), self.window.first_live(now),
+                           self._ttl_ms]
         _, acked = self._run_acknowledged(self._add, *args, *encode_totals(totals_by_key(charges)))
         self._noted(acked)
 
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
     ) -> dict[CounterKey, float]:
-        args: list[Any] = [agent, session, self.window.first_live(now)]
+        args: list[Any] = [agent, self.session_space + session, self.window.first_live(now)]
         if keys is None:
             args.append(-1)
         else:
@@ -511,8 +521,13 @@ class RedisStore:
         return found
 
     # --- sessions ----------------------------------------------------------------------
+    def session_key(self, session: str) -> str:
+        """The name `session`'s keys are made from: its own, or in local sessions' space."""
+        return self.session_space + session
+
     def save_session(self, session: str, state: dict) -> None:
         encoded = encode_state(state)
+        session = self.session_space + session
         with self._guard():
             pipe = self._client.pipeline(transaction=True)
             pipe.set(f"{self.prefix}st:{session}", encoded)
@@ -521,7 +536,7 @@ class RedisStore:
 
     def load_session(self, session: str) -> dict | None:
         with self._guard():
-            raw = self._client.get(f"{self.prefix}st:{session}")
+            raw = self._client.get(f"{self.prefix}st:{self.session_space}{session}")
         return None if raw is None else orjson.loads(raw)
 
     def shared_sessions(self) -> RedisSessions | None:
@@ -533,11 +548,15 @@ class RedisStore:
                              self.options.wait_timeout, self.options.retry_after, ended_ttl=self.options.ended_ttl)
 
     def list_sessions(self) -> list[str]:
+        """The saved sessions of this store's mode (shared, or local: see LOCAL_SESSIONS)."""
         with self._guard():
-            return sorted(self._client.smembers(f"{self.prefix}sessions"))
+            names = self._client.smembers(f"{self.prefix}sessions")
+        if self.session_space:
+            return sorted(name[len(self.session_space):] for name in names if name.startswith(self.session_space))
+        return sorted(name for name in names if not name.startswith(LOCAL_SESSIONS))
 
     def delete_session(self, session: str) -> bool:
-        return int(self._run(self._delete_session, session)) > 0
+        return int(self._run(self._delete_session, self.session_space + session)) > 0
 
     # --- nonces ------------------------------------------------------------------------
     def put_nonce(self, nonce: str, expires_at: float, now: float) -> None:

@@ -120,7 +120,8 @@ class AsyncCounters:
     async def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                              charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
         """The store's reserve_within, awaited."""
-        call = ReserveWithin.of(self._store.window, self._ttl_ms, agent, session, keys, charges, now)
+        call = ReserveWithin.of(self._store.window, self._ttl_ms, agent, self._store.session_space + session, keys,
+                                charges, now)
         result = await self._run(self._reserve_within, call.args)
         try:
             return call.answer(result)
