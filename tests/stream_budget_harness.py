@@ -131,6 +131,7 @@ async def main():
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     running = await serve(Settings(**AGENT_NAMED, passport=Path(cfg["passport"]), listen=("127.0.0.1", 0), control=None,
                                    data_dir=Path(cfg["data_dir"]), store=cfg["store"], tier=Tier.R2,
+                                   governor_id=cfg["governor_id"],
                                    tick_interval=0, adapters=AdapterConfig(default_output_tokens=cfg["guess"], fit_output=False)))
     print(json.dumps({"proxy": running.proxy_url}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes stdin
@@ -141,16 +142,25 @@ asyncio.run(main())
 
 
 class Replica:
-    """A governor process (`serve()` on the test passport) with its own data directory, output
-    fitting off: these tests measure a stream growing past its reservation (docs/budgets.md)."""
+    """A governor process (`serve()` on the test passport) with its own data directory and its
+    own id (two governors on one store with one id are reported as duplicates, unless they are
+    the workers of one `governor run --workers`: governor.runtime.duplicates), output fitting
+    off: these tests measure a stream growing past its reservation (docs/budgets.md)."""
 
-    def __init__(self, process: asyncio.subprocess.Process, proxy: str) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, proxy: str, data_dir: Path) -> None:
         self.process = process
         self.proxy = proxy
+        self.data_dir = data_dir
+
+    def duplicates_reported(self) -> list[str]:
+        """The lines of its log that report another live governor with its id or key."""
+        text = (self.data_dir / "governor.log").read_text(errors="replace")
+        return [line for line in text.splitlines() if "another live governor on this store" in line]
 
     @classmethod
     async def start(cls, passport: Path, data_dir: Path, store: str, guess: int = 4096) -> "Replica":
-        config = {"passport": str(passport), "data_dir": str(data_dir), "store": store, "guess": guess}
+        config = {"passport": str(passport), "data_dir": str(data_dir), "store": store, "guess": guess,
+                  "governor_id": f"did:web:localhost:{data_dir.name}"}  # its own, as bench/scaling.py gives each
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         data_dir.mkdir(parents=True, exist_ok=True)
         # the governor's log stays in its data directory: a failed case shows what the governor saw
@@ -165,7 +175,7 @@ class Replica:
             if not line:
                 raise RuntimeError(f"governor replica exited with {await process.wait()}")
             if line.startswith(b"{"):
-                return cls(process, json.loads(line)["proxy"])
+                return cls(process, json.loads(line)["proxy"], data_dir)
         raise RuntimeError("governor replica did not start in time")
 
     async def stop(self) -> None:

@@ -30,11 +30,11 @@ def redis_url():
     server.stop()
 
 
-def watch(url: str, governor_id: str, key, interval: float = 10.0) -> DuplicateWatch:
+def watch(url: str, governor_id: str, key, interval: float = 10.0, log_origin: str | None = None) -> DuplicateWatch:
     from governor.store.redis import RedisStore
 
     found = watch_duplicates(RedisStore(url), governor_id=governor_id, public_key=key.public_key(),
-                             metrics=Metrics(), interval=interval)
+                             metrics=Metrics(), interval=interval, log_origin=log_origin)
     assert found is not None
     return found
 
@@ -66,21 +66,67 @@ def test_one_id_or_one_key_is_found_on_both_sides_and_distinct_ones_are_not(redi
     assert len([r for r in caplog.records if "shares this governor's" in r.getMessage()]) == before
 
 
-def test_replicas_of_one_gateway_sharing_sessions_id_and_key_are_not_duplicates(redis_url):
-    """A gateway's replicas are one governor (docs/reference/shared-sessions.md): on the store's
-    shared sessions, the same id and key is expected; with ?sessions=local it is still reported,
-    and so is one sharing only the id or only the key."""
+def test_processes_of_one_governor_are_not_duplicates_unless_their_logs_share_an_origin(redis_url, caplog):
+    """A gateway's replicas and `governor run --workers N`'s workers are one governor (one id and
+    key; docs/reference/shared-sessions.md), whatever the store's session mode, as long as each
+    keeps its log under an origin of its own (the chart's pod name, the worker's "/worker-K") or
+    none: two logs under one origin and key fork each other's checkpoints, and that is reported,
+    as is any instance sharing only the id, only the key, or only the origin."""
     key = Ed25519PrivateKey.generate()
-    replica_a = watch(redis_url, "did:web:gateway.example", key)
-    replica_b = watch(redis_url, "did:web:gateway.example", key)
-    assert replica_a.check() == [] and replica_b.check() == [] and replica_a.check() == []
-    local = watch(redis_url + "?sessions=local", "did:web:gateway.example", key)
-    assert {d["instance"]: d["shares"] for d in local.check()} == {replica_a.instance: ["governor_id", "key"],
-                                                                   replica_b.instance: ["governor_id", "key"]}
-    assert {d["instance"] for d in replica_a.check()} == {local.instance}
+    replica_a = watch(redis_url, "did:web:gateway.example", key, log_origin="gateway.example/log/pod-a")
+    replica_b = watch(redis_url, "did:web:gateway.example", key, log_origin="gateway.example/log/pod-b")
+    local = watch(redis_url + "?sessions=local", "did:web:gateway.example", key, log_origin="gateway.example/log/w-1")
+    unlogged = watch(redis_url + "?sessions=local", "did:web:gateway.example", key)  # --log off
+    assert [w.check() for w in (replica_a, replica_b, local, unlogged, replica_a)] == [[]] * 5
+    forked = watch(redis_url + "?sessions=local", "did:web:gateway.example", key,
+                   log_origin="gateway.example/log/pod-a")
+    assert {d["instance"]: d["shares"] for d in forked.check()} == {
+        replica_a.instance: ["governor_id", "key", "log_origin"]}
+    assert {d["instance"] for d in replica_a.check()} == {forked.instance}
+    assert any("fork each other's checkpoints; give each process its own --log-origin" in r.getMessage()
+               for r in caplog.records)
     impostor = watch(redis_url, "did:web:gateway.example", Ed25519PrivateKey.generate())
     assert {d["instance"]: d["shares"] for d in impostor.check()} == {
-        replica_a.instance: ["governor_id"], replica_b.instance: ["governor_id"], local.instance: ["governor_id"]}
+        w.instance: ["governor_id"] for w in (replica_a, replica_b, local, unlogged, forked)}
+    squatter = watch(redis_url, "did:web:other.example", Ed25519PrivateKey.generate(),
+                     log_origin="gateway.example/log/pod-b")
+    assert {d["instance"]: d["shares"] for d in squatter.check()} == {replica_b.instance: ["log_origin"]}
+
+
+def test_a_governor_of_the_same_agent_in_the_other_session_mode_is_warned_of_once_and_not_counted(redis_url, caplog):
+    """The two session modes keep their sessions apart (tests/test_session_modes.py): another
+    live governor of this agent in the other mode is no duplicate, but a session name both use
+    is two sessions, which the operator is told once per instance; another agent, the same
+    mode, or a hostile entry without the members says nothing."""
+    from governor.store.redis import RedisStore
+
+    def governor(query: str, agent) -> DuplicateWatch:
+        found = watch_duplicates(RedisStore(redis_url + query), governor_id=f"did:web:{agent}.example:{query.strip('?')}",
+                                 public_key=Ed25519PrivateKey.generate().public_key(), agent=agent, metrics=Metrics())
+        assert found is not None
+        return found
+
+    shared = governor("", "agent-a")
+    same_mode, other_agent = governor("?prefix=governor:", "agent-a"), governor("?sessions=local", "agent-b")
+    client = redis_client.Redis.from_url(redis_url)
+    client.set(f"{shared.store.prefix}gi:odd", b'{"instance": ["x"], "agent": "agent-a", "sessions": {"a": 1}}')
+    client.sadd(f"{shared.store.prefix}gis", "odd")
+    for w in (same_mode, other_agent):
+        w.check()
+    assert shared.check() == [] and not [r for r in caplog.records if "keeps its sessions" in r.getMessage()]
+    local = governor("?sessions=local", "agent-a")
+    assert local.check() == [] and shared.check() == []
+    assert shared.metrics.duplicate_identities._value.get() == 0
+    warned = [r.getMessage() for r in caplog.records if "keeps its sessions" in r.getMessage()]
+    # local of the two shared governors of agent-a, shared of local
+    assert len(warned) == 3 and {r.levelname for r in caplog.records if "keeps its sessions" in r.getMessage()} == {
+        "WARNING"}
+    assert any(f"keeps its sessions shared (did:web:agent-a.example:, instance {shared.instance}" in w for w in warned)
+    assert any(f"keeps its sessions local (did:web:agent-a.example:sessions=local, instance {local.instance}" in w
+               for w in warned)
+    shared.check()
+    local.check()  # once per instance
+    assert len([r for r in caplog.records if "keeps its sessions" in r.getMessage()]) == 3
 
 
 def test_a_stopped_instance_is_forgotten_and_garbage_is_ignored(redis_url):
@@ -120,7 +166,9 @@ async def test_two_governors_with_one_id_on_one_redis_report_each_other(redis_ur
                     break
                 await asyncio.sleep(0.1)
             [duplicate] = ready["duplicate_identity"]
-            assert duplicate["shares"] == ["governor_id"] and duplicate["governor_id"] == started[0].runtime.governor_id
+            # one default id, and so one default origin of their logs (under two keys)
+            assert duplicate["shares"] == ["governor_id", "log_origin"]
+            assert duplicate["governor_id"] == started[0].runtime.governor_id
             metrics = (await control.get("/metrics", headers={
                 "Authorization": "Bearer control-token-duplicates-0123456789"})).text
             assert "governor_duplicate_identities 1.0" in metrics

@@ -3,7 +3,9 @@ fresh-clone run's flaky 256-stream case, tests/test_stream_budget_replicas.py): 
 queues every one for the governor to accept (the proxy listens with a wide backlog,
 governor/proxy/backlog.py) and each is served through the real proxy. With mitmproxy's own
 backlog of 100 the handshakes past the accept queue were dropped, and some reset (a SYN cookie
-the kernel no longer honoured): the agent saw ECONNRESET from a governor that never saw it."""
+the kernel no longer honoured): the agent saw ECONNRESET from a governor that never saw it.
+The control plane's listener likewise (aiohttp's own backlog is 128): one governor, with its
+control plane, serves the module."""
 
 from __future__ import annotations
 
@@ -14,13 +16,31 @@ import time
 from urllib.parse import urlsplit
 
 import orjson
+import pytest
+import pytest_asyncio
 
+from governor.control.app import CONTROL_MAX_CONNECTIONS
 from governor.proxy.server import Settings, serve
 from tests.proxy_harness import AGENT_NAMED
 from tests.stream_budget_harness import write_passport
 from tests.upstreams import MockLLM
 
-BURST = 200  # twice mitmproxy's backlog of 100
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BURST = 200  # twice mitmproxy's backlog of 100, past aiohttp's 128
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def governor(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("backlog")
+    mock = MockLLM()
+    await mock.start()
+    running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp / "passport.json"),
+                                   listen=("127.0.0.1", 0), control=("127.0.0.1", 0), data_dir=tmp / "data",
+                                   tick_interval=0))
+    yield running, mock
+    await running.stop()
+    await mock.stop()
 
 
 def connect_all(address: tuple[str, int], count: int, wait: float) -> tuple[list[socket.socket], int]:
@@ -50,29 +70,44 @@ async def exchange(sock: socket.socket, request: bytes) -> bytes:
         writer.close()
 
 
-async def test_a_burst_of_connections_while_the_loop_is_busy_is_queued_and_served(tmp_path):
-    mock = MockLLM()
-    await mock.start()
-    running = await serve(Settings(**AGENT_NAMED, passport=write_passport(tmp_path / "passport.json"),
-                                   listen=("127.0.0.1", 0), control=None, data_dir=tmp_path / "data", tick_interval=0))
-    try:
-        proxy = urlsplit(running.proxy_url)
-        sockets, connected = connect_all((proxy.hostname, proxy.port), BURST, wait=1.5)
-        # a dropped handshake is retried by the client after a second: 1.5 s would let one retry in,
-        # which the still-full queue drops again; with the wide backlog none was dropped
-        assert connected == BURST, f"{connected} of {BURST} handshakes completed while the loop was busy"
-        body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})
-        url = f"{mock.base_url}/v1/chat/completions"
-        request = (f"POST {url} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\nContent-Type: application/json\r\n"
-                   f"ADL-Session: burst\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-        answers = await asyncio.gather(*[exchange(s, request) for s in sockets], return_exceptions=True)
-        broken = [a for a in answers if isinstance(a, BaseException)]
-        assert not broken, broken[:3]
-        statuses = [a.split(b"\r\n", 1)[0] for a in answers if isinstance(a, bytes)]
-        assert statuses == [b"HTTP/1.1 200 OK"] * BURST, sorted(set(statuses))
-    finally:
-        await running.stop()
-        await mock.stop()
+async def test_a_burst_of_connections_while_the_loop_is_busy_is_queued_and_served(governor):
+    running, mock = governor
+    proxy = urlsplit(running.proxy_url)
+    sockets, connected = connect_all((proxy.hostname, proxy.port), BURST, wait=1.5)
+    # a dropped handshake is retried by the client after a second: 1.5 s would let one retry in,
+    # which the still-full queue drops again; with the wide backlog none was dropped
+    assert connected == BURST, f"{connected} of {BURST} handshakes completed while the loop was busy"
+    body = orjson.dumps({"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})
+    url = f"{mock.base_url}/v1/chat/completions"
+    request = (f"POST {url} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\nContent-Type: application/json\r\n"
+               f"ADL-Session: burst\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    answers = await asyncio.gather(*[exchange(s, request) for s in sockets], return_exceptions=True)
+    broken = [a for a in answers if isinstance(a, BaseException)]
+    assert not broken, broken[:3]
+    statuses = [a.split(b"\r\n", 1)[0] for a in answers if isinstance(a, bytes)]
+    assert statuses == [b"HTTP/1.1 200 OK"] * BURST, sorted(set(statuses))
+
+
+async def test_a_burst_of_connections_to_the_control_plane_while_the_loop_is_busy_is_queued(governor):
+    """Every handshake completes while the loop accepts nothing (the kernel queues them; with
+    aiohttp's backlog of 128, 129 did); once it runs, the control plane accepts them all and
+    its own cap (64 connections: the oldest idle one closed past it) bounds what it serves at
+    once; a request after the burst is answered."""
+    running, _ = governor
+    control = urlsplit(running.control_url)
+    sockets, connected = connect_all((control.hostname, control.port), BURST, wait=1.5)
+    assert connected == BURST, f"{connected} of {BURST} handshakes completed while the loop was busy"
+    request = f"GET /healthz HTTP/1.1\r\nHost: {control.netloc}\r\nConnection: close\r\n\r\n".encode()
+    answers = await asyncio.gather(*[exchange(s, request) for s in sockets], return_exceptions=True)
+    served = [a for a in answers if isinstance(a, bytes) and a.startswith(b"HTTP/1.1 200 OK")]
+    # at least as many as its cap serves at once; one closed by the cap (busy past it) reads nothing or a reset
+    assert len(served) >= CONTROL_MAX_CONNECTIONS, sorted({repr(a)[:60] for a in answers})
+    others = [a for a in answers if not (isinstance(a, bytes) and a.startswith(b"HTTP/1.1 200 OK"))]
+    assert all(a == b"" or isinstance(a, ConnectionResetError) for a in others), others[:3]
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(control.hostname, control.port), 10)
+    writer.write(request)
+    assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200 OK")
+    writer.close()
 
 
 async def test_the_widened_backlog_is_idempotent_and_leaves_the_listener_open():

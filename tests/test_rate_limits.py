@@ -211,12 +211,12 @@ async def test_two_governors_on_one_redis_share_the_agent_and_fleet_windows(pinn
 
 def test_a_counter_edited_in_redis_is_never_read_as_zero_nor_overwritten(redis_url):
     """The store's side of tests/test_rate_limits_fleet.py's forged counters: a take naming one
-    raises WindowCounterDamaged (nothing taken, on any of its counters), an adjustment leaves
+    raises CounterDamaged, as a budget counter does (nothing taken, on any of its counters), an adjustment leaves
     it as found, and a sound counter charged twice in one take still counts both."""
     import redis as redis_client
 
     from governor.store.redis import RedisStore
-    from governor.store.windows import WindowCounterDamaged
+    from governor.store import CounterDamaged
 
     store, server = RedisStore(redis_url), redis_client.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -225,15 +225,15 @@ def test_a_counter_edited_in_redis_is_never_read_as_zero_nor_overwritten(redis_u
         assert store.take_window([sound, sound], NOW).ok and server.get(f"governor:w:{sound.counter}@{index}") == "2"
         for value in ("many", "nan", "-5", "inf", "1e999"):
             server.set(f"governor:w:{forged.counter}@{index}", value)
-            with pytest.raises(WindowCounterDamaged, match="is not a count") as caught:
+            with pytest.raises(CounterDamaged, match="is not a count") as caught:
                 store.take_window([sound, forged], NOW)
-            assert caught.value.charge == 1 and caught.value.key == f"w:{forged.counter}@{index}"
+            assert caught.value.key == f"governor:w:{forged.counter}@{index}" and caught.value.found == value
             store.adjust_window([(forged, index, -1.0), (sound, index, 1.0)])
             assert server.get(f"governor:w:{forged.counter}@{index}") == value  # left as found
         assert server.get(f"governor:w:{sound.counter}@{index}") == "7"  # 2, and +1 per adjustment; no take
         server.delete(f"governor:w:{forged.counter}@{index}")
         server.hset(f"governor:w:{forged.counter}@{index}", "n", "1")
-        with pytest.raises(WindowCounterDamaged, match="type hash"):
+        with pytest.raises(CounterDamaged, match="type hash"):
             store.take_window([forged], NOW)
         store.adjust_window([(forged, index, 1.0)])  # another type: left as found, no error
         assert server.hgetall(f"governor:w:{forged.counter}@{index}") == {"n": "1"}
@@ -253,6 +253,25 @@ async def test_a_rate_limit_on_an_unreachable_redis_is_refused_as_retryable_and_
     redis_client.Redis.from_url(redis_url).shutdown(nosave=True)
     refused = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1))
     assert refused.decision.blocks and refused.governor_object.get("retryable") is True
+    await rt.close(end_sessions=False)
+
+
+async def test_a_rate_limit_on_a_redis_that_lost_its_data_fails_closed_as_a_budget_does(pinned, tmp_path, redis_url):
+    """The rate limits' window and a budget's reservation take one route to the record
+    (runtime/refusals.store_refusal): a Redis emptied under the governor is a loss, refused as a
+    governor error (the session halted, as the budget path halts it), not as a retryable outage
+    (which the window's path answered until session 21)."""
+    import redis as redis_client
+
+    from governor.store.redis import RedisStore
+
+    rt = runtime_with(pinned, tmp_path, Clock(), "agent:requests=3/1h", store=RedisStore(redis_url))
+    assert not (await model_step(rt, "s", 10, 5, expected_out=5)).decision.blocks
+    redis_client.Redis.from_url(redis_url).flushall()
+    refused = await rt.admit("s", ModelCall(model="gpt-4o-mini", expected_input_tokens=1, expected_output_tokens=1))
+    assert refused.decision.blocks and refused.decision.cause == "on_governor_error"
+    assert refused.decision.action.value == "halt" and refused.governor_object.get("retryable") is not True
+    assert "lost" in refused.decision.details["error"]
     await rt.close(end_sessions=False)
 
 

@@ -28,6 +28,7 @@ import pytest_asyncio
 import redis
 
 from governor.cli import main as governor_cli
+from governor.policy import ON_GOVERNOR_ERROR
 from governor.policy.rates import ON_GOVERNOR_RATE_LIMIT, parse_rate_limit
 from tests.governor_process import GovernorProcess
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER
@@ -256,7 +257,9 @@ FORGED = [("text", "lots"), ("nan", "nan"), ("negative", "-1000"), ("infinite", 
 async def test_a_forged_window_counter_fails_closed_and_is_recorded(fleet, kind, forged):
     """Someone who can write to Redis garbles a counter (a value that is not a count, or a key
     of another type): the step is refused and recorded on every replica, never admitted on a
-    count read as zero, and the forged value is left for the operator to find."""
+    count read as zero, and the forged value is left for the operator to find. It is refused as
+    a damaged budget counter is (one outcome for "a count in the store is not a count": 503
+    on_governor_error, not retryable, the key named); the session goes on once it is deleted."""
     fleet.empty_windows()
     await in_one_window()
     tag = f"forged-{kind}"
@@ -272,15 +275,17 @@ async def test_a_forged_window_counter_fails_closed_and_is_recorded(fleet, kind,
     before = fleet.redis.dump(key)
     session, token = await governor.open_session(f"forged {kind}")
     refused = await governor.chat(fleet.upstream, token, tag)
-    detail = rate_refusal(refused)
-    assert detail["rate_limit"].startswith(f"{scope}:requests=") and detail["fail_closed"] is True, detail
-    assert "not a count" in detail["reason"] and key.removeprefix(PREFIX) in detail["reason"], detail
+    assert refused.status_code == 503, refused.text
+    detail = refused.json()["error"]["governor"]
+    assert detail["cause"] == ON_GOVERNOR_ERROR and detail["fail_closed"] is True, detail
+    assert "not a count" in detail["reason"] and key in detail["reason"], detail
     assert "retry-after" not in refused.headers and refused.headers["x-should-retry"] == "false"
     assert fleet.reached(tag) == 0 and fleet.redis.dump(key) == before  # not admitted, not overwritten
-    record = await ended_record(governor, session)
-    [event] = rate_events(record)
-    assert event["action"] == "fallback" and event["detail"]["fail_closed"] is True
-    fleet.redis.delete(key)  # the operator removes it: the window counts again
-    session, token = await governor.open_session(f"after {kind}")
+    fleet.redis.delete(key)  # the operator removes it: the window counts again, the same session goes on
     assert (await governor.chat(fleet.upstream, token, tag)).status_code == 200
     assert fleet.reached(tag) == 1
+    record = await ended_record(governor, session)
+    [event] = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+    assert event["action"] == "fallback" and event["detail"]["fail_closed"] is True, event
+    assert event["detail"]["counter"] == key and event["detail"]["retryable"] is False, event
+    assert not rate_events(record) and record["outcome"] != "halted", record["outcome"]

@@ -4,7 +4,7 @@ per-day token cap deliver no more than the cap (settlements queued without await
 admissions behind them on the same connection); a settlement that Redis does not answer
 after the response was delivered is recorded in the session's record, the next call is
 refused 503 with Retry-After while Redis is down, and the session goes on once it answers,
-its usage counted once."""
+its usage counted once; a shared session's settlement takes the same route."""
 
 from __future__ import annotations
 
@@ -137,3 +137,54 @@ async def test_a_settlement_redis_does_not_answer_after_the_response_is_recorded
     failures = [e for e in record["events"] if e["cause"] == "on_governor_error"]
     assert failures[0]["detail"]["deferred_settlement"] is True, failures  # after the response: recorded
     assert failures[1]["detail"]["retryable"] is True and len(failures) == 2  # and the refusal while down
+
+
+async def test_on_shared_sessions_a_settlement_redis_does_not_take_after_the_response_takes_the_same_route(
+        tmp_path, server):
+    """The same through a shared session (runtime/late_settlement.py): Redis holds writes (CLIENT
+    PAUSE WRITE: the queued script never runs, its client gone) when the call's settlement is
+    queued; the call is answered, the note recorded (chained once Redis answers), the next call
+    refused 503 with Retry-After while it holds them, and once it answers the next call settles
+    it first and goes on: each call's usage counted once, the session's saved state freed."""
+    import redis
+
+    prefix = f"p-{uuid.uuid4().hex}:"
+    running, mock, agent = await governor(tmp_path, f"{server.url}?timeout=0.3&retry_after=1&prefix={prefix}")
+    observer = redis.Redis.from_url(server.url)
+    session = "deferred-shared"
+    try:
+        assert (await chat(agent, mock, session)).status_code == 200
+        await asyncio.wait_for(running.runtime.remote.drain(), 5)
+        mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)  # admitted, then answered later
+        seen = len(mock.requests)
+        answering = asyncio.create_task(chat(agent, mock, session))
+        deadline = time.monotonic() + 10
+        while len(mock.requests) == seen:  # admitted (its reservation held): at the upstream now
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            delivered = await asyncio.wait_for(answering, 10)
+            assert delivered.status_code == 200 and delivered.json()["usage"]["total_tokens"] == 25
+            await asyncio.wait_for(running.runtime.remote.drain(), 5)  # the queued script's timeout read
+            refused = await asyncio.wait_for(chat(agent, mock, session), 10)
+        finally:
+            observer.execute_command("CLIENT", "UNPAUSE")
+        assert refused.status_code == 503 and refused.headers.get("Retry-After") == "1"
+        mock.default = Behaviour(input_tokens=5, output_tokens=20)
+        assert (await chat(agent, mock, session)).status_code == 200  # the held reservation settled first
+        await asyncio.wait_for(running.runtime.remote.drain(), 5)
+        record = await running.runtime.end_session(session)  # shared sessions outlive a replica's stop
+        agent_id = running.runtime.agent_id
+        saved = json.loads(observer.get(f"{prefix}st:{session}"))
+    finally:
+        observer.close()
+        await agent.aclose()
+        await running.stop()
+        await mock.stop()
+    assert day_tokens(server.url, prefix, agent_id) == 3 * 25  # each call's usage once, nothing held over
+    assert saved["in_flight"] == 0
+    failures = [e for e in record["events"] if e["cause"] == "on_governor_error"]
+    assert failures[0]["action"] == "continue" and failures[0]["detail"]["deferred_settlement"] is True, failures
+    assert failures[0]["detail"]["fail_closed"] is False
+    assert failures[1]["detail"]["retryable"] is True and len(failures) == 2  # and the refusal while paused

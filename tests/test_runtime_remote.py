@@ -233,7 +233,7 @@ async def test_a_settlement_that_fails_after_the_response_is_recorded_and_settle
         failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
         assert failed[0]["action"] == "continue" and failed[0]["detail"]["deferred_settlement"] is True
         assert failed[0]["detail"]["fail_closed"] is False  # a note: the call was answered, nothing refused
-        assert "after its response" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
+        assert "once the call was answered" in failed[0]["detail"]["reason"] and len(failed) == 2  # and the refusal
     finally:
         observer.close()
         await rt.close(end_sessions=False)
@@ -313,48 +313,119 @@ async def test_a_shared_settlement_that_conflicts_after_the_response_is_decided_
         rt.store.close()
 
 
-async def test_a_shared_settlement_redis_does_not_answer_after_the_response_is_recorded_and_holds_the_cap(
+async def paused_settlement(rt, observer, clock) -> dict:
+    """One call settled while Redis holds writes (CLIENT PAUSE WRITE: the queued settlement never
+    runs, its client gone after the socket timeout), the next call refused while it does, the
+    one after it once it answers; the session's record."""
+    tokens = [("per_session", None, "tokens")]
+    await model_step(rt, "s", 100, 50, expected_out=100)
+    await rt.remote.drain()
+    live = rt._sessions["s"]
+    clock.t += 1
+    admission = await rt.admit("s", call())
+    assert not admission.decision.blocks
+    observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+    try:
+        settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
+                                                                    output_tokens=40))
+        assert not settled.blocks and live.state.in_flight == 0  # decided at once, the settlement queued
+        await rt.finish("s", admission.ticket)
+        await asyncio.wait_for(rt.remote.drain(), 15)  # its failure read, its note recorded
+        assert [late.charges for late in live.unsettled] == [settled.charges]  # kept to settle again
+        refused = await asyncio.wait_for(rt.admit("s", call()), 10)  # settled again first: fails, kept
+        assert len(live.unsettled) == 1
+    finally:
+        observer.execute_command("CLIENT", "UNPAUSE")
+    assert refused.decision.blocks and not refused.decision.halts
+    assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
+    # never settled yet: the reservation counts the 200 it reserved, not the 140 used
+    assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 200}
+    clock.t += 1
+    again = await asyncio.wait_for(rt.admit("s", call()), 10)  # settled first, then the session goes on
+    assert not again.decision.blocks and live.unsettled == []
+    await rt.finish("s", again.ticket)  # never used: released
+    assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 140}  # settled once, as used
+    return await rt.end_session("s")
+
+
+async def test_a_settlement_redis_does_not_take_after_the_response_takes_one_route_in_both_session_modes(
         pinned, tmp_path, own_server):
-    """The queued settlement of a shared session meets a Redis that holds writes (CLIENT PAUSE
-    WRITE: the script never runs, its client gone after the socket timeout): after the
-    response the runtime's full round takes it, fails closed and records the refusal (kept to
-    be chained once the store answers); the reservation keeps counting what it reserved (more
-    than the call used); the next step is refused as retryable while Redis is down, and the
-    session goes on once it answers."""
+    """Local and shared sessions (runtime/late_settlement.py): a settlement queued after the
+    response that Redis does not take (CLIENT PAUSE WRITE) is recorded as the same note in
+    both, its reservation counts what it reserved, and the session's next step settles it
+    again once Redis answers (the shared session's saved state gets it too), once."""
+    observer = redis.Redis.from_url(own_server.url)
+    notes = {}
+    try:
+        for sessions in ("local", "shared"):
+            clock = Clock()
+            prefix = f"t-{uuid.uuid4().hex}:"
+            rt = make_runtime(pinned, tmp_path / sessions, clock, store=RedisStore(
+                own_server.url + "?timeout=0.3" + ("&sessions=local" if sessions == "local" else ""), prefix=prefix))
+            try:
+                record = await paused_settlement(rt, observer, clock)
+                if sessions == "shared":
+                    saved = json.loads(observer.get(f"{prefix}st:s"))
+                    assert saved["in_flight"] == 0 and saved["iterations"] == 3  # the settlement reached it
+            finally:
+                await rt.close(end_sessions=False)
+                rt.store.close()
+            failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
+            assert len(failed) == 2 and failed[1]["detail"]["retryable"] is True, failed  # the note, the refusal
+            notes[sessions] = failed[0]
+    finally:
+        observer.close()
+    local, shared = notes["local"], notes["shared"]
+    assert local["action"] == shared["action"] == "continue"
+    assert set(local) == set(shared) and set(local["detail"]) == set(shared["detail"])  # one shape
+    for key in ("step", "fail_closed", "deferred_settlement", "reason"):
+        assert local["detail"][key] == shared["detail"][key], key
+    assert local["detail"]["fail_closed"] is False and local["detail"]["deferred_settlement"] is True
+    assert "once the call was answered" in local["detail"]["reason"]
+
+
+async def test_a_shared_settlement_awaited_while_redis_holds_writes_takes_the_same_route(pinned, tmp_path, own_server):
+    """Two calls in flight on a shared session when Redis holds writes: the first one's
+    settlement is queued and fails after its response; the second's is then awaited (the
+    session has one unsettled) and fails too. Both take the one route: two notes, no usage
+    refused, each reservation settled at what was used by the next step once Redis answers,
+    and the saved state has both slots freed."""
     clock = Clock()
-    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3",
-                                                                prefix=f"t-{uuid.uuid4().hex}:"))
+    prefix = f"t-{uuid.uuid4().hex}:"
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(own_server.url + "?timeout=0.3", prefix=prefix))
     observer = redis.Redis.from_url(own_server.url)
     tokens = [("per_session", None, "tokens")]
+    used = UsageReport(model="gpt-4o-mini", input_tokens=100, output_tokens=40)
     try:
         await model_step(rt, "s", 100, 50, expected_out=100)
         await rt.remote.drain()
         live = rt._sessions["s"]
         clock.t += 1
-        admission = await rt.admit("s", call())
-        assert not admission.decision.blocks
+        first, second = await asyncio.gather(rt.admit("s", call()), rt.admit("s", call()))
+        assert not first.decision.blocks and not second.decision.blocks
         observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
         try:
-            settled = await rt.usage("s", admission.ticket, UsageReport(model="gpt-4o-mini", input_tokens=100,
-                                                                        output_tokens=40))
-            assert not settled.blocks and live.state.in_flight == 0  # decided at once, the script queued
-            await rt.finish("s", admission.ticket)
-            await asyncio.wait_for(rt.remote.drain(), 15)  # its failure read, the full round refused, recorded
-            assert live.unsettled == [] and admission.ticket.reservation is None
-            refused = await asyncio.wait_for(rt.admit("s", call()), 10)
+            assert not (await rt.usage("s", first.ticket, used)).blocks  # queued
+            await asyncio.wait_for(rt.remote.drain(), 15)  # its failure read: one unsettled
+            assert len(live.unsettled) == 1
+            settled = await asyncio.wait_for(rt.usage("s", second.ticket, used), 15)  # awaited, and failed
+            assert not settled.blocks and second.ticket.reservation is None
+            await asyncio.wait_for(rt.remote.drain(), 15)
+            assert len(live.unsettled) == 2 and live.state.in_flight == 0
         finally:
             observer.execute_command("CLIENT", "UNPAUSE")
-        assert refused.decision.blocks and not refused.decision.halts
-        assert refused.governor_object["cause"] == ON_GOVERNOR_ERROR and refused.governor_object["retryable"]
-        # never settled: the reservation counts the 200 it reserved, not the 140 used
-        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 200}
+        for admission in (first, second):
+            await rt.finish("s", admission.ticket)  # claimed by the settlements: releases nothing
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 2 * 200}  # as reserved
         clock.t += 1
-        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # the session goes on
-        assert not again.decision.blocks
+        again = await asyncio.wait_for(rt.admit("s", call()), 10)  # both settled first, then the session goes on
+        assert not again.decision.blocks and live.unsettled == []
         await rt.finish("s", again.ticket)
+        assert rt.store.snapshot(rt.agent_id, "s", clock.t, tokens) == {tokens[0]: 150 + 2 * 140}  # as used, once
+        assert json.loads(observer.get(f"{prefix}st:s"))["in_flight"] == 0
         record = await rt.end_session("s")
         failed = [e for e in record["events"] if e["cause"] == ON_GOVERNOR_ERROR]
-        assert [e["detail"].get("step") for e in failed][:1] == ["usage_report"], failed  # the settlement's, first
+        assert [e["detail"].get("deferred_settlement") for e in failed] == [True, True], failed  # two notes only
     finally:
         observer.close()
         await rt.close(end_sessions=False)

@@ -159,6 +159,8 @@ def test_agent_named_cap_is_a_rolling_day_and_its_hit_is_recorded_once():
     assert book.resolve("n8").audit is not None  # a new saturation: recorded again
     assert book.resolve("x" * 201).code == "session_name_malformed"
     assert book.resolve("tab\there").code == "session_name_malformed"
+    # no agent-named session reaches a process-local session's space in Redis (store/redis.py LOCAL_SESSIONS)
+    assert book.resolve("local\x1fn0").code == "session_name_malformed"
 
 
 def test_an_agent_name_cannot_claim_a_principal_or_default_session():

@@ -12,12 +12,15 @@ import hashlib
 import json
 import threading
 import time
+from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 import redis
 
 from governor.cli import main as governor_cli
+from governor.evidence.translog import record_sha256
 from governor.store.redis_scripts import PRELUDE
 from governor.store.redis_sessions import BEGIN_ROUND
 from governor.store.redis_shared_scripts import SHARED_ADMIT, SHARED_SETTLE
@@ -63,16 +66,21 @@ UNFITTABLE = {"max_tokens": 30_000, "answers": 100}
 
 
 @pytest.fixture
-def redis_url():
+def redis_process():
     from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer
 
     if REDIS_SERVER is None:
         pytest.skip(NOT_INSTALLED)
     server = RedisServer()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_process):
+    return redis_process.url
 
 
 async def start_three(tmp_path, url, **options) -> list[Replica]:
@@ -106,7 +114,8 @@ async def open_session(replica: Replica, **body) -> tuple[str, str]:
 
 async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in_one_chain(tmp_path, redis_url, llm,
                                                                                            capsys):
-    a, b, c = replicas = await start_three(tmp_path, redis_url)
+    # (checkpoints every 0.5 s: a proof is published within a sweep or two of its session's end)
+    a, b, c = replicas = await start_three(tmp_path, redis_url, extra={"log_checkpoint_seconds": 0.5})
     try:
         session, token = await open_session(a, label="across replicas")
         # round robin over the three replicas: every one serves the session it never opened
@@ -148,6 +157,7 @@ async def test_a_session_opened_on_a_is_served_through_b_and_c_and_ended_on_a_in
         assert not list((b.data_dir / "records").glob("*.json")) if (b.data_dir / "records").exists() else True
         await listed_alike_on_every_replica(replicas, llm, redis_url, ended=session, capsys=capsys)
         await one_record_on_every_replica(replicas, llm, redis_url, tmp_path, capsys)
+        await one_proof_on_every_replica(replicas, llm, redis_url, tmp_path, capsys, ended_on_a=session)
     finally:
         await asyncio.gather(*[r.stop() for r in replicas])
 
@@ -267,6 +277,216 @@ async def one_record_on_every_replica(replicas: list[Replica], llm, redis_url: s
         missing = await c.control.get(f"/v1/sessions/{quote(unknown, safe='')}/record")
         assert missing.status_code == 404, (unknown, missing.text)
         assert missing.json()["error"]["code"] == "unknown_session"
+
+
+async def proof_served(replica: Replica, session: str, within: float = 15.0) -> httpx.Response:
+    """`?proof=1` on `replica` until the proof is published (503 proof_pending meanwhile)."""
+    deadline = time.monotonic() + within
+    while True:
+        answer = await replica.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        if answer.status_code != 503 or time.monotonic() > deadline:
+            return answer
+        assert answer.json()["error"]["code"] == "proof_pending" and answer.headers["Retry-After"], answer.text
+        await asyncio.sleep(0.2)
+
+
+def verify_proof(tmp_path, answer: httpx.Response, log_key: Path, capsys, *witness: str) -> dict:
+    """`governor verify RECORD --proof PROOF --log-key [--witness-key]` on what a replica served."""
+    session = answer.json()["record"]["session"]
+    record, proof = tmp_path / f"proved-{session}.json", tmp_path / f"proved-{session}.tlog-proof"
+    record.write_text(json.dumps(answer.json()["record"]))
+    proof.write_text(answer.json()["tlog_proof"])
+    capsys.readouterr()
+    code = governor_cli(["verify", str(record), "--offline", "--key", str(public_key(tmp_path / "gateway-keys" / "keys")),
+                         "--proof", str(proof), "--log-key", str(log_key), "--json",
+                         *[arg for key in witness for arg in ("--witness-key", key)]])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3 and report["log_proof"]["valid"], report  # the proof valid; the key pinned, not resolved
+    return report
+
+
+async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: str, tmp_path, capsys,
+                                     ended_on_a: str) -> None:
+    """`?proof=1` of a shared session on any replica: 409 while it runs; once C ended it, C's log
+    holds its record and C publishes the proof in Redis, which A and B serve (the record Redis
+    holds, the proof `governor verify --proof` accepts with C's log key), and `POST end?proof=1`
+    on B answers it too. Hostile: a proof edited in Redis (another session's, a wrong index,
+    cut short, made by a forger's log with another key) is refused by A (500 proof_invalid)
+    while C, whose log holds the record, still proves it; with no proof and none awaited the
+    answer is 404 not_logged; an awaited one is published again by C's sweeper."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from governor.evidence.translog import TransparencyLog
+
+    a, b, c = replicas
+    session, token = await open_session(b, label="proved on every replica")
+    assert (await b.chat(llm.url, token)).status_code == 200
+    for replica in (a, c):  # open: no final record, so no proof (true here)
+        running = await replica.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert running.status_code == 409 and running.json()["error"]["code"] == "session_running", running.text
+    end = await c.control.post(f"/v1/sessions/{session}/end")
+    assert end.status_code == 200, end.text
+    first = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # at once: pending or served
+    assert first.status_code in (200, 503), first.text
+    assert first.status_code == 200 or first.json()["error"]["code"] == "proof_pending", first.text
+    served = {replica.name: await proof_served(replica, session) for replica in (a, b, c)}
+    for name, answer in served.items():
+        assert answer.status_code == 200, (name, answer.text)
+        assert answer.json()["record"] == end.json(), name  # the record Redis holds, the one C wrote
+        verify_proof(tmp_path, answer, c.data_dir / "log" / "log.vkey", capsys)
+    # one governor key, one origin: every replica's log key is C's (a counterparty needs one)
+    assert {(r.data_dir / "log" / "log.vkey").read_text() for r in replicas} == {(c.data_dir / "log" / "log.vkey").read_text()}
+    ended_again = await b.control.post(f"/v1/sessions/{session}/end", params={"proof": "1"})
+    assert ended_again.status_code == 200, ended_again.text
+    assert ended_again.json()["record"] == end.json()
+    verify_proof(tmp_path, ended_again, a.data_dir / "log" / "log.vkey", capsys)
+    # the session A ended earlier: B serves its proof too, and it is another session's
+    other = await proof_served(b, ended_on_a)
+    assert other.status_code == 200, other.text
+
+    server = redis.Redis.from_url(redis_url)
+    try:
+        published = server.get(f"governor:prf:{session}")
+        assert published is not None and published.decode() in {answer.json()["tlog_proof"] for answer in served.values()}
+        head, _, note = published.partition(b"\n\n")
+        lines = head.split(b"\n")
+        wrong_index = b"\n".join(line if not line.startswith(b"index ") else
+                                 b"index " + str(int(line[6:]) + 1).encode() for line in lines) + b"\n\n" + note
+        forger = TransparencyLog(tmp_path / "forger", Ed25519PrivateKey.generate(),
+                                 note.split(b"\n", 1)[0].decode(), sync=False)
+        forger.append(end.json())
+        forged = forger.prove(end.json())
+        edits = {"another session's": other.json()["tlog_proof"].encode(), "a wrong index": wrong_index,
+                 "cut short": published[: len(published) // 2], "another key's": forged, "not a proof": b"\x00" * 40}
+        for what, edited in edits.items():
+            server.set(f"governor:prf:{session}", edited)
+            refused = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert refused.status_code == 500, (what, refused.text)
+            assert refused.json()["error"]["code"] == "proof_invalid", (what, refused.text)
+            assert "edited or damaged in the store" in refused.json()["error"]["message"], what
+            own = await c.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # C proves it itself
+            assert own.status_code == 200, (what, own.text)
+        # no proof and none awaited: a replica that keeps no log wrote the record
+        server.delete(f"governor:prf:{session}")
+        none = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert none.status_code == 404 and none.json()["error"]["code"] == "not_logged", none.text
+        assert "keeps no transparency log" in none.json()["error"]["message"]
+        # awaited again (as after C's restart): C's sweeper publishes it once more
+        server.hset("governor:unproved", session, record_sha256(end.json()))
+        again = await proof_served(a, session)
+        assert again.status_code == 200, again.text
+        assert server.hget("governor:unproved", session) is None
+        # the record edited in Redis while its proof is awaited: C's sweeper publishes none for it
+        # (and goes on publishing the others' proofs)
+        edited_record = {**end.json(), "outcome": "completed" if end.json()["outcome"] != "completed" else "halted"}
+        server.delete(f"governor:prf:{session}")
+        server.set(f"governor:rec:{session}", json.dumps(edited_record))
+        server.hset("governor:unproved", session, record_sha256(end.json()))
+        later, later_token = await open_session(c, label="ended after an edit")
+        assert (await c.chat(llm.url, later_token)).status_code == 200
+        assert (await c.control.post(f"/v1/sessions/{later}/end")).status_code == 200
+        assert (await proof_served(a, later)).status_code == 200  # C's sweeper published it
+        assert server.hget("governor:unproved", session) is None  # dropped, not published
+        assert server.get(f"governor:prf:{session}") is None
+        edited = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert edited.status_code == 404 and edited.json()["error"]["code"] == "not_logged", edited.text
+        assert "not the one that replica logged" in edited.json()["error"]["message"]
+        # an unknown session has no proof on any replica
+        missing = await a.control.get("/v1/sessions/no-such-session/record", params={"proof": "1"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_session", missing.text
+    finally:
+        server.close()
+
+
+async def test_with_a_witness_each_replica_logs_under_its_own_origin_and_any_replica_serves_a_cosigned_proof(
+        tmp_path, redis_process, llm, capsys):
+    """Two replicas, each logging under its own origin (one log per replica: under one origin a
+    witness would see two forks of one log), one real `governor witness` knowing both logs'
+    keys, quorum 1, and a third replica that keeps no log: a session served through A and B
+    and ended on A has its proof published by A once the witness cosigned a checkpoint holding
+    it; B and C serve it, and it verifies offline with A's log key and the witness's key. A
+    session ended on C has no proof anywhere: 404 not_logged on every replica. A fourth replica
+    that signs a checkpoint once an hour leaves its proof pending (503 proof_pending) until its
+    graceful stop publishes it; C serves it, B (whose witnesses never saw D's log) answers 503
+    not_witnessed. With Redis frozen, B cannot read the proof (503
+    store_unavailable, retryable) while A, whose log holds the record, still proves it."""
+    import os
+    import signal
+
+    redis_url = redis_process.url
+    from governor.evidence import ensure_governor_key
+    from governor.evidence.tlog.note import Ed25519Signer
+    from tests.test_witness import WitnessProcess
+
+    keys = shared_keys(tmp_path)
+    key, _ = ensure_governor_key(keys.parent, None)
+    origins = {name: f"gateway.example/log/{name}" for name in "ab"}
+    witness = WitnessProcess(tmp_path / "witness", *[Ed25519Signer(o, key).vkey() for o in origins.values()]).start()
+    witnessed = {"witnesses": [[witness.url, witness.vkey()]], "witness_quorum": 1, "log_checkpoint_seconds": 0.5}
+    started = await asyncio.gather(*[Replica.start(name, tmp_path, keys, redis_url, extra=extra) for name, extra in (
+        ("a", {"log_origin": origins["a"], **witnessed}), ("b", {"log_origin": origins["b"], **witnessed}),
+        ("c", {"log": False}), ("d", {"log_checkpoint_seconds": 3600}))], return_exceptions=True)
+    replicas: list[Replica] = [r for r in started if not isinstance(r, BaseException)]
+    try:
+        assert len(replicas) == 4, started
+        a, b, c, d = replicas
+        session, token = await open_session(b, label="witnessed")
+        for replica in (a, b):
+            assert (await replica.chat(llm.url, token)).status_code == 200
+        end = await a.control.post(f"/v1/sessions/{session}/end")
+        assert end.status_code == 200, end.text
+        served = await proof_served(b, session, within=30)  # published once the witness cosigned
+        assert served.status_code == 200, served.text
+        assert served.json()["record"] == end.json()
+        report = verify_proof(tmp_path, served, a.data_dir / "log" / "log.vkey", capsys,
+                              str(tmp_path / "witness" / "witness.vkey"))
+        assert report["log_proof"]["origin"] == origins["a"] and report["log_proof"]["witnesses"], report
+        own = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+        assert own.status_code == 200, own.text
+        unlogged = await c.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})  # C keeps no log
+        assert unlogged.status_code == 200 and unlogged.json()["tlog_proof"] == served.json()["tlog_proof"], \
+            unlogged.text
+        # a session ended on C, which keeps no log: no replica has a proof of it, and each says why
+        other, other_token = await open_session(a, label="ended where nothing is logged")
+        assert (await a.chat(llm.url, other_token)).status_code == 200
+        assert (await c.control.post(f"/v1/sessions/{other}/end")).status_code == 200
+        for replica in (a, b, c):
+            none = await replica.control.get(f"/v1/sessions/{other}/record", params={"proof": "1"})
+            assert none.status_code == 404 and none.json()["error"]["code"] == "not_logged", (replica.name, none.text)
+            assert "keeps no transparency log" in none.json()["error"]["message"]
+        for replica in (a, b):  # neither log was refused by the witness: no fork between them
+            ready = (await replica.control.get("/readyz")).json()
+            assert ready["witnessing"]["refused"] is None, (replica.name, ready["witnessing"])
+        # D signs a checkpoint once an hour: the proof of a session it ended waits, until D stops
+        stopped, stopped_token = await open_session(d, label="ended on a replica that then stops")
+        assert (await b.chat(llm.url, stopped_token)).status_code == 200
+        ended_on_d = await d.control.post(f"/v1/sessions/{stopped}/end")
+        assert ended_on_d.status_code == 200, ended_on_d.text
+        waiting = await b.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "proof_pending", waiting.text
+        await d.stop()  # a graceful stop publishes what only its log can prove
+        published = await c.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert published.status_code == 200, published.text
+        # B asks its witnesses' quorum of any proof it serves: D has no witnesses, so not from B
+        unwitnessed = await b.control.get(f"/v1/sessions/{stopped}/record", params={"proof": "1"})
+        assert unwitnessed.status_code == 503, unwitnessed.text
+        assert unwitnessed.json()["error"]["code"] == "not_witnessed", unwitnessed.text
+        assert "0 of the required 1 witness cosignatures" in unwitnessed.json()["error"]["message"]
+        assert published.json()["record"] == ended_on_d.json()
+        verify_proof(tmp_path, published, d.data_dir / "log" / "log.vkey", capsys)
+        os.kill(redis_process.process.pid, signal.SIGSTOP)
+        try:
+            frozen = await b.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert frozen.status_code == 503, frozen.text
+            assert frozen.json()["error"]["code"] == "store_unavailable" and frozen.headers["Retry-After"], frozen.text
+            own = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
+            assert own.status_code == 200, own.text
+            assert own.json()["record"] == end.json()
+        finally:
+            os.kill(redis_process.process.pid, signal.SIGCONT)
+    finally:
+        await asyncio.gather(*[r.stop() for r in replicas])
+        witness.stop()
 
 
 async def test_an_unknown_token_is_refused_on_every_replica(tmp_path, redis_url, llm):

@@ -58,10 +58,11 @@ async def tokens_used(running, session: str) -> float:
                 if b["dimension"] == "tokens" and b["scope"] == "per_session" and b["persona"] is None)
 
 
-async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledges(world):
+async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledges(world, monkeypatch):
     running, mock, server, agent, control = world
     runtime = running.runtime
     assert (await chat(world, "spender")).status_code == 200  # the session is live
+    await integrity_errors_that_are_no_loss(running, control, monkeypatch)
     runtime.store.add(runtime.agent_id, "spender", [CounterCharge("per_session", "tokens", 9_995 - 50, None)],
                       time.time())
     assert await tokens_used(running, "spender") == 9_995
@@ -81,6 +82,9 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
     record = answer.json()
     errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
     assert errors and "lost" in str(errors[0])  # recorded, with why
+    proof = await control.get("/v1/sessions/spender/record", params={"proof": "1"},
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+    assert proof.status_code == 409 and proof.json()["error"]["code"] == "record_not_final", proof.text
     ready = await control.get("/readyz")
     assert ready.status_code == 503 and "lost" in ready.text
 
@@ -103,6 +107,34 @@ async def test_an_emptied_redis_refuses_every_step_until_an_operator_acknowledge
     assert (await control.get("/readyz")).status_code == 200
     again = await control.post("/v1/store/acknowledge", headers={"Authorization": f"Bearer {TOKEN}"}, json={})
     assert again.json()["acknowledged"] is False  # nothing was lost since
+
+
+async def integrity_errors_that_are_no_loss(running, control, monkeypatch) -> None:
+    """The record's fallback to this replica's own copy (`local`) is for a store that lost its
+    data only: a forged budget counter met by the record's reads is answered as what it is (500
+    store_damaged, naming the key), and an integrity error while the store names no loss (one
+    acknowledged elsewhere meanwhile) as retryable; neither is served as `local`."""
+    from governor.store import CounterDamaged, StoreIntegrityError
+
+    store = running.runtime.store
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for raised, status, code in ((CounterDamaged("governor:c:forged[tokens]", "lots"), 500, "store_damaged"),
+                                 (StoreIntegrityError("the loss was acknowledged on another replica"), 503,
+                                  "store_unavailable")):
+        def failing(session, raised=raised):
+            raise raised
+
+        assert store.integrity is None
+        monkeypatch.setattr(store, "load_session", failing)  # what the record's read of the state meets
+        answer = await control.get("/v1/sessions/spender/record", headers=auth)
+        monkeypatch.undo()
+        assert answer.status_code == status, answer.text
+        assert answer.json()["error"]["code"] == code and "Governor-Record" not in answer.headers, answer.text
+        if code == "store_damaged":
+            assert "governor:c:forged[tokens]" in answer.json()["error"]["message"]
+        else:
+            assert answer.headers["Retry-After"]
+    assert (await control.get("/v1/sessions/spender/record", headers=auth)).headers["Governor-Record"] == "interim"
 
 
 async def test_without_a_control_token_nobody_can_acknowledge(tmp_path):
@@ -140,7 +172,8 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
     as credit or zero and the call answered). Each step that reads it is refused (503, not
     retryable, on_governor_error, fail closed) and recorded naming the key, the upstream is not
     called, the key is left as found; other sessions go on while only a session's counter is
-    damaged, and deleting the key mends it."""
+    damaged, and deleting the key mends it: the sessions it refused go on too (not halted, no
+    acknowledgement; until session 21 the damage halted them)."""
     from governor.passport import sign_passport
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     import json
@@ -166,7 +199,8 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         store = running.runtime.store
         assert (store.shared_sessions() is None) == bool(query)
         dimension, forged = session_forged
-        raw.hset(f"{store.prefix}sc:victim", f"{dimension}|", forged)
+        victim = f"{store.prefix}sc:{store.session_key('victim')}"  # a local session's keys: a space of their own
+        raw.hset(victim, f"{dimension}|", forged)
         served = len(mock.requests)
 
         refused = await chat(world, "victim")
@@ -175,11 +209,16 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         governor = refused.json()["error"]["governor"]
         assert governor["cause"] == "on_governor_error" and governor["fail_closed"] is True
         assert len(mock.requests) == served  # the upstream was not called
-        assert raw.hget(f"{store.prefix}sc:victim", f"{dimension}|") == forged  # left as found
+        assert raw.hget(victim, f"{dimension}|") == forged  # left as found
         assert (await chat(world, "bystander")).status_code == 200  # one session's counter: others go on
         record = (await control.get("/v1/sessions/victim/record", headers={"Authorization": f"Bearer {TOKEN}"})).json()
         errors = [e for e in record["events"] if e["cause"] == "on_governor_error"]
-        assert errors and f"sc:victim[{dimension}|]" in str(errors[-1]) and "CounterDamaged" in str(errors[-1])
+        named = victim.replace("\x1f", "\\x1f")  # named as redis-cli reads it between double quotes
+        assert errors and "CounterDamaged" in str(errors[-1]) and f"{named}[{dimension}|]" in errors[-1]["detail"]["error"]
+        assert errors[-1]["action"] == "fallback" and errors[-1]["detail"]["retryable"] is False, errors[-1]
+        assert errors[-1]["detail"]["counter"] == f"{named}[{dimension}|]", errors[-1]
+        raw.hset(victim, f"{dimension}|", "0")  # the operator corrects it
+        assert (await chat(world, "victim")).status_code == 200  # the same session goes on
 
         dimension, forged = day_forged
         agent_id = running.runtime.agent_id
@@ -197,7 +236,9 @@ async def test_a_forged_budget_counter_refuses_the_steps_that_read_it_until_an_o
         raw.delete(day_key)  # the operator deletes the damaged counter: the agent's steps go on
         answered = await chat(world, "later")
         assert answered.status_code == 200, answered.text
-        assert (await chat(world, "bystander")).status_code == 503  # halted by the damage, it stays halted
+        assert (await chat(world, "bystander")).status_code == 200  # refused by the damage, not halted: it goes on
+        assert (await chat(world, "newcomer")).status_code == 200
+        assert (await control.get("/readyz")).status_code == 200  # one key's damage: the store stays ready
     finally:
         raw.close()
         await agent.aclose()

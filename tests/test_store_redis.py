@@ -45,6 +45,36 @@ def test_replicas_share_counters(redis_url: str):
         assert a.snapshot("agent", "s3", T0, [DAY_TOKENS]) == {DAY_TOKENS: 100}
 
 
+async def test_a_local_and_a_shared_session_of_one_name_are_two_sessions_under_one_day_budget(redis_url: str):
+    """`?sessions=local` keeps its sessions in a space of their own (LOCAL_SESSIONS): a local
+    and a shared session named alike have their own state, per-session counters, reservations
+    and listing, on the blocking and the asyncio path; per-day counters are the agent's."""
+    p = prefix()
+    session_tokens = ("per_session", None, "tokens")
+    both = [DAY_TOKENS, session_tokens]
+    with RedisStore(redis_url, prefix=p) as shared, RedisStore(redis_url + "?sessions=local", prefix=p) as local:
+        shared.save_session("s1", {"iterations": 7})
+        assert local.load_session("s1") is None
+        local.save_session("s1", {"iterations": 1})
+        assert shared.load_session("s1") == {"iterations": 7} and local.load_session("s1") == {"iterations": 1}
+        assert shared.list_sessions() == ["s1"] and local.list_sessions() == ["s1"]
+        charge = [CounterCharge("per_day", "tokens", 100, 1000), CounterCharge("per_session", "tokens", 100, 150)]
+        assert shared.reserve("agent", "s1", charge, T0).ok
+        shared.add("agent", "s1", [CounterCharge("per_session", "tokens", 50, None)], T0)
+        held = local.reserve("agent", "s1", charge, T0)  # the shared s1's 150 is not the local s1's
+        assert held.ok
+        _, refused = local.reserve_within("agent", "s1", both, charge, T0)
+        assert not refused.ok and refused.failed.scope == "per_session" and refused.observed == 100
+        snapshot, again = await local.counters().reserve_within("agent", "s1", both, [charge[0]], T0)
+        assert again.ok and snapshot == {DAY_TOKENS: 200, session_tokens: 100}
+        assert shared.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 150}
+        assert local.delete_session("s1") is True
+        assert local.load_session("s1") is None and local.list_sessions() == []
+        assert shared.load_session("s1") == {"iterations": 7} and shared.list_sessions() == ["s1"]
+        assert shared.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 150}
+        assert local.snapshot("agent", "s1", T0, both) == {DAY_TOKENS: 300, session_tokens: 0}
+
+
 def test_open_store_opens_redis_urls(redis_url: str):
     store = open_store(redis_url)
     try:
@@ -244,7 +274,7 @@ async def test_a_forged_budget_counter_is_refused_by_every_script_and_left_as_fo
     another type). Now every script that reads it, on the blocking client (the threaded full
     round), the asyncio one (`?sessions=local`'s one round trip) and the shared one-round-trip
     scripts, refuses with CounterDamaged naming it, and writes nothing."""
-    from governor.store import CounterDamaged, StoreIntegrityError
+    from governor.store import CounterDamaged, StoreUnavailable
     from governor.store.redis_calls import counter_damaged
 
     p = prefix()
@@ -271,7 +301,7 @@ async def test_a_forged_budget_counter_is_refused_by_every_script_and_left_as_fo
             with pytest.raises(CounterDamaged) as raised:
                 call()
             assert raised.value.key == name, what
-            assert isinstance(raised.value, StoreIntegrityError), what  # not transient: not retryable
+            assert not isinstance(raised.value, StoreUnavailable), what  # neither transient nor a loss
         sha = hashlib.sha1(b"state").hexdigest()
         awaited = {
             "async reserve_within": counters.reserve_within("agent", "s1", KEYS, EVERY, T0),
@@ -330,6 +360,48 @@ def test_a_per_day_counter_with_a_forged_shape_is_refused(redis_url: str, fields
             store.reserve("agent", "s1", [CounterCharge("per_day", "tokens", 5, 10)], T0)
         assert raised.value.key == key + named
         assert client.hgetall(key) == {k.encode(): v.encode() for k, v in fields.items()}
+    client.close()
+
+
+@pytest.mark.parametrize("lo", ["0", "-1000000000"])
+async def test_a_per_day_lo_forged_far_into_the_past_answers_at_once(redis_url: str, lo: str):
+    """A per_day hash's `lo` (its oldest bucket) edited far into the past, still a whole number
+    <= hi: on main the eviction walked every bucket index from it to the window's start (from 0:
+    28 million HGETs in one script, Redis blocked for everyone; the 5 s socket timeout below
+    failed the call). Now a gap longer than the hash's fields evicts the buckets the hash holds:
+    0 is a correct eviction (the expired bucket leaves the total, the live one stays); a
+    negative bucket is not a count, damage as any other. The blocking client and the asyncio one."""
+    from governor.store import CounterDamaged
+    from governor.store.base import DAY
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    with RedisStore(redis_url, prefix=p, timeout=5) as store:
+        counters = store.counters()
+        old = T0 - 2 * DAY.length  # left the window: evicted at the next read
+        store.add("agent", "s1", [CounterCharge("per_day", "tokens", 7, None)], old)
+        key = f"{p}d:5:agent:tokens|"
+        client.hset(key, mapping={"lo": str(DAY.bucket_of(old)), "hi": str(DAY.bucket_of(T0)), "t": "12",
+                                  str(DAY.bucket_of(T0)): "5"})  # and 5 within the window, as add leaves it
+        client.hset(key, "lo", lo)
+        step = [CounterCharge("per_day", "tokens", 5, 10)]
+        if lo.startswith("-"):
+            with pytest.raises(CounterDamaged) as raised:
+                store.snapshot("agent", "s1", T0, [DAY_TOKENS])
+            assert raised.value.key == key + "[lo]"
+            with pytest.raises(CounterDamaged) as raised:
+                await counters.reserve_within("agent", "s1", [DAY_TOKENS], step, T0)
+            assert raised.value.key == key + "[lo]" and client.hget(key, "lo") == lo  # left as found
+        else:
+            snapshot, held = await counters.reserve_within("agent", "s1", [DAY_TOKENS], step, T0)
+            assert snapshot == {DAY_TOKENS: 5.0} and held.ok
+            assert client.hgetall(key) == {"lo": str(DAY.first_live(T0)), "hi": str(DAY.bucket_of(T0)), "t": "10",
+                                           str(DAY.bucket_of(T0)): "10"}
+            client.hset(key, "lo", lo)  # again, for the blocking client
+            assert store.snapshot("agent", "s1", T0, [DAY_TOKENS]) == {DAY_TOKENS: 10.0}
+            assert client.hget(key, "lo") == str(DAY.first_live(T0))
+            assert not store.reserve("agent", "s1", [CounterCharge("per_day", "tokens", 1, 10)], T0).ok
+        await counters.aclose()
     client.close()
 
 

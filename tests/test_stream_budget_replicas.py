@@ -3,8 +3,8 @@ the reservations grow in Redis (one Lua script, atomic against the cap across re
 so the streams of one session, spread over the replicas, stay within its 10,000-token cap.
 64 and 256 streams per case, over three replicas and over one of them alone (one governor
 on Redis: the in-process store's case is test_stream_budget.py); both upstream kinds. The
-replicas start once for the module (their start-up is the slow part); each case has its
-own session, and the 256-stream cases their own time bound."""
+replicas start once for the module (their start-up is the slow part), each with its own
+governor id; each case has its own session, and the 256-stream cases their own time bound."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ async def replicas(tmp_path_factory):
         if failed:
             raise failed[0]
         yield started, mock
+        # each replica has its own id: none took another for a duplicate (its first sweep compares)
+        assert not [line for r in started for line in r.duplicates_reported()]
     finally:
         await asyncio.gather(*[r.stop() for r in started if not isinstance(r, BaseException)])
         await mock.stop()

@@ -14,7 +14,7 @@ LOG_OPTIONS: dict[str, tuple[str, str]] = {
     "log": ("GOVERNOR_LOG", "on (default) or off: append every final record's entry to the transparency log in "
             "DATA_DIR/log, served at /log/ (docs/transparency-log.md)"),
     "log_origin": ("GOVERNOR_LOG_ORIGIN", "the log's origin line and key name (default: derived from the governor's "
-                   "id, e.g. localhost/governor/log)"),
+                   "id, e.g. localhost/governor/log); each worker of --workers N appends /worker-K"),
     "log_checkpoint_entries": ("GOVERNOR_LOG_CHECKPOINT_ENTRIES", "sign a new checkpoint at least every this many "
                                "entries (default 256)"),
     "log_checkpoint_seconds": ("GOVERNOR_LOG_CHECKPOINT_SECONDS", "and at least every this many seconds while "

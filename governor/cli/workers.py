@@ -5,8 +5,10 @@ The process started as `governor run --workers N` is a supervisor: it serves not
 It starts N `governor run` workers with the same options, each listening on the same proxy
 address with SO_REUSEPORT (the kernel spreads new connections over them), each in its own
 data directory (DATA_DIR/workers/K: journals, records and the transparency log are one
-process's) with the CA, the governor key and the tokens of DATA_DIR copied in, so an agent
-trusts one CA and every record is signed by one key. Worker 0 also serves the control
+process's; its log's origin the governor's with "/worker-K", so the logs never fork one
+origin and the workers are one governor to the duplicate-identity watch) with the CA, the
+governor key and the tokens of DATA_DIR copied in, so an agent trusts one CA and every record
+is signed by one key. Worker 0 also serves the control
 plane (one listener: SO_REUSEPORT would spread the control plane's requests over processes
 whose sessions, holds and approvals are their own; budgets are in the store, so any
 worker's views of them agree). Signals: SIGTERM and SIGINT are passed to every worker, each
@@ -50,8 +52,9 @@ BANNER_END = "Ctrl-C stops."  # the last line of `governor run`'s start-up instr
 def apply_worker_settings(settings: Any, value: Callable[[str], Any]) -> None:
     """--workers: how many workers `governor run` supervises (settings.workers). In a worker
     it is 1, and the proxy's listening socket is shared with the others (SO_REUSEPORT)."""
-    if os.environ.get(WORKER_ENV) is not None:
+    if (index := os.environ.get(WORKER_ENV)) is not None:
         settings.workers = 1
+        settings.worker = int(index) if index.isdigit() else None
         share_listening_port()
         return
     given = value("workers")

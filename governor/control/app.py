@@ -38,6 +38,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from governor.common.listening import BACKLOG
 from governor.control import envelope_routes, log_routes, personas, probes, reviewer_console, runtime_routes, sessions_api, store_ack
 from governor.control.access_log import ACCESS_LOGGER, ControlAccessLogger
 from governor.control.context import ControlContext
@@ -126,7 +127,7 @@ async def start_control(app: web.Application, host: str = "127.0.0.1", port: int
                            access_log=logging.getLogger(ACCESS_LOGGER))
     await runner.setup()
     cap_connections(runner.server, max_connections)
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=BACKLOG)  # a burst queued, not reset (governor.common.listening)
     try:
         await site.start()
     except OSError:

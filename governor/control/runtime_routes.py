@@ -35,7 +35,8 @@ from governor.control.sessions_api import caught_up, with_entry
 from governor.evidence.errors import EvidenceError
 from governor.evidence.witnessing import NotWitnessed
 from governor.runtime.edit import EditRefused
-from governor.runtime.shared_records import RecordUnavailable, RecordUnreadable
+from governor.runtime.shared_proofs import ProofInvalid, ProofNotLogged, ProofPending
+from governor.runtime.shared_records import NotFinal, RecordStoreDamaged, RecordUnavailable, RecordUnreadable
 
 log = logging.getLogger("governor.control")
 
@@ -219,6 +220,8 @@ class RuntimeRoutes:
                          f"shared store now: {exc}", headers={"Retry-After": "1"})
         except (EvidenceError, RecordUnreadable) as exc:  # its chain or state is damaged: say so
             return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
+        except RecordStoreDamaged as exc:
+            return store_damaged(session, exc)
         return ok(record, headers={"Cache-Control": "no-store", "Governor-Record": kind})
 
     async def end_session(self, request: web.Request) -> web.Response:
@@ -238,6 +241,11 @@ class RuntimeRoutes:
 
     async def _with_proof(self, session: str) -> web.Response:
         """The final record as logged, with its C2SP tlog-proof (docs/transparency-log.md)."""
+        shared = getattr(self.runtime, "shared_records", None)
+        if shared is not None:  # replicas share sessions: any of them serves the proof
+            answer = await self._shared_proof(shared, session)
+            if answer is not None:
+                return answer  # (else gone from the store: this replica's own records, below)
         prove = getattr(self.runtime, "final_record_with_proof", None)
         if prove is None or getattr(self.runtime, "transparency_log", None) is None:
             return error(404, "no_log", "this governor keeps no transparency log, so it has no proofs (--log off)")
@@ -253,6 +261,48 @@ class RuntimeRoutes:
         except LookupError as exc:
             return error(404, "not_logged", f"the final record of session {session!r} is not in the log: {exc}")
         return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
+
+    async def _shared_proof(self, shared: Any, session: str) -> web.Response | None:
+        """A shared session's final record with its proof (runtime/shared_proofs.py): made by
+        the replica whose log holds the record, published in the store for the others, which
+        check it before serving it. None: the store holds no such session (never one, or past
+        retention: the replica that logged it still has it in its records)."""
+        try:
+            record, proof = await shared.proved(session)
+        except KeyError:
+            return None
+        except NotFinal as exc:
+            if exc.kind == "local":
+                return error(409, "record_not_final", f"the shared store lost its data, so the final record of "
+                             f"session {session!r} cannot be read from it; this replica's own copy is not a final "
+                             "record and has no proof")
+            return error(409, "session_running", f"session {session!r} has not ended: only a final record "
+                         "is logged, so only a final record has a proof (end it first)")
+        except RecordUnavailable as exc:
+            return error(503, "store_unavailable", f"the proof of session {session!r} cannot be read from the "
+                         f"shared store now: {exc}", headers={"Retry-After": "1"})
+        except (EvidenceError, RecordUnreadable) as exc:
+            return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
+        except RecordStoreDamaged as exc:
+            return store_damaged(session, exc)
+        except ProofPending as exc:
+            return error(503, "proof_pending", f"the proof of session {session!r} is not published yet: {exc}",
+                         headers={"Retry-After": "2"})
+        except ProofNotLogged as exc:
+            return error(404, "not_logged", f"the final record of session {session!r} is not in a log: {exc}")
+        except ProofInvalid as exc:
+            log.error("session %s: %s", session, exc)
+            return error(500, "proof_invalid", f"no proof of session {session!r} is served: {exc}")
+        except NotWitnessed as exc:  # fail closed: no proof without the witnesses' quorum
+            return error(503, "not_witnessed", f"no proof of session {session!r}: {exc}")
+        except LookupError as exc:  # (this replica's log: the record is not in it)
+            return error(404, "not_logged", f"the final record of session {session!r} is not in the log: {exc}")
+        return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
+
+
+def store_damaged(session: str, exc: Exception) -> web.Response:
+    return error(500, "store_damaged", f"the record of session {session!r} cannot be served: the shared store "
+                 f"holds damaged data: {exc}")
 
 
 def wants_proof(request: web.Request) -> bool:

@@ -204,7 +204,8 @@ class SharedJournal:
 
     def defer(self, cause: str, action: str, at: Timestamp, detail: Mapping[str, Any] | None = None) -> None:
         """Keep the event of a refusal that could not be chained (the store is unreachable), to
-        chain it first once the store answers (`flush`). Only for refusals: a step that goes
+        chain it first once the store answers (`flush`). Only for refusals and notes of what
+        already happened (a settlement the store failed after its response): a step that goes
         ahead is chained before it does."""
         with self._lock:
             event = make_event(cause, action, at, detail)

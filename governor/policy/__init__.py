@@ -14,6 +14,7 @@ from governor.policy.engine import (
     decide,
     governor_error,
     store_unreachable,
+    counter_damaged,
     quiet_model_call,
     quiet_settlement,
     settlement,
@@ -69,7 +70,7 @@ from governor.policy.steps import (
 __all__ = [
     "compile_limits", "Limits", "LimitsError", "PolicyConfig", "SessionState", "decide", "advance", "settlement",
     "quiet_model_call", "quiet_charges", "quiet_settlement", "step_tools",
-    "step_digest", "governor_error", "store_unreachable", "load_pricing", "PricingTable", "PricingError",
+    "step_digest", "governor_error", "store_unreachable", "counter_damaged", "load_pricing", "PricingTable", "PricingError",
     "KNOWN_CAUSES", "ON_ANOMALY", "ON_BUDGET_EXHAUSTED", "ON_DELEGATION_DENIED", "ON_GOVERNOR_ERROR",
     "ON_ITERATION_LIMIT", "ON_OVERSIGHT_TIMEOUT", "ON_OVERSIGHT_TRIGGER", "ON_SESSION_INTEGRITY",
     "ON_SUB_AGENT_DENIED", "ON_SUB_AGENT_SPAWNED", "ON_SUB_AGENT_ENDED", "ON_DELEGATION_ADMITTED", "ON_TOOL_DENIED", "ON_TOOL_ERROR", "PERMIT", "Action", "ApprovalExpired", "ApprovalGranted",

@@ -90,6 +90,7 @@ __all__ = [
     "decide",
     "governor_error",
     "store_unreachable",
+    "counter_damaged",
     "quiet_model_call",
     "quiet_settlement",
     "settlement",
@@ -227,19 +228,36 @@ def store_unreachable(limits: Limits, state: SessionState, step: Any, error: str
     event recorded; a Tick refused so is not recorded (the next one tries again). A declared
     non-halting resolution (continue, fallback) and observe-only tiers resolve as any
     governor error does."""
+    return _store_refusal(limits, state, step, ConnectionError(error), {
+        "error": f"StoreUnavailable: {error}"[:500], "retryable": True, "retry_after": max(1, math.ceil(retry_after)),
+        "reason": "the state store is unreachable: the step is refused, retry after a short wait"})
+
+
+def counter_damaged(limits: Limits, state: SessionState, step: Any, exc: BaseException) -> Decision:
+    """A counter the step reads holds something that is not a count (a budget counter or a
+    rate limit's window counter edited in the store; `exc` the store's CounterDamaged, with the
+    `key` and what it holds, `found`): damage to that key, not a loss. As for an unreachable
+    store, the step is refused and recorded and the session goes on, but not retryable:
+    waiting does not mend it; an operator deleting or correcting the key does, and the next
+    step is then served (docs/reference/stores.md says why it does not halt)."""
+    key = str(getattr(exc, "key", "?"))[:200]
+    return _store_refusal(limits, state, step, exc, {
+        "error": f"{type(exc).__name__}: {exc}"[:500], "retryable": False, "counter": key,
+        "found": str(getattr(exc, "found", "?"))[:64],
+        "reason": f"the counter {key} in the state store is not a count: the step is refused until an operator "
+                  "deletes or corrects it"})
+
+
+def _store_refusal(limits: Limits, state: SessionState, step: Any, exc: BaseException,
+                   what: dict[str, Any]) -> Decision:
+    """A step the store could not count (store_unreachable, counter_damaged): refused under the
+    default fail-closed resolution of on_governor_error, the session going on; a declared
+    non-halting resolution and observe-only tiers resolve as any governor error does."""
     resolution = limits.degradation.get(ON_GOVERNOR_ERROR, _degradation.FAIL_CLOSED)
     if not limits.enforce_hard or resolution.action not in (Action.HALT, Action.PAUSE):
-        return governor_error(limits, state, step, ConnectionError(error))
-    seconds = max(1, math.ceil(retry_after))
-    detail: dict[str, Any] = {
-        "step": STEP_KINDS.get(type(step), type(step).__name__),
-        "error": f"StoreUnavailable: {error}"[:500],
-        "fail_closed": True,
-        "retryable": True,
-        "retry_after": seconds,
-        "reason": "the state store is unreachable: the step is refused, retry after a short wait",
-        "refused_step": "not_executed",
-    }
+        return governor_error(limits, state, step, exc)
+    detail: dict[str, Any] = {"step": STEP_KINDS.get(type(step), type(step).__name__), "error": what.pop("error"),
+                              "fail_closed": True, **what, "refused_step": "not_executed"}
     # recorded as §6's fallback (the refusal stands in for the step, the session goes on), not
     # `continue`: nothing failed open
     event = None if type(step) is Tick else enforcement_event(ON_GOVERNOR_ERROR, Action.FALLBACK.value, detail)

@@ -183,17 +183,6 @@ def usage_corrections(draws: tuple[RateDraw, ...], report: Any, pricing: Any) ->
     return corrections
 
 
-def uncountable_refusal(step: Any, draw: RateDraw, reason: str) -> Decision:
-    """The refusal of a step whose window counter cannot be read as a count (edited in the
-    store): fail closed, at every tier, not retryable (waiting does not mend it: an operator
-    deletes the counter); the session goes on, recorded as a rate refusal's fallback."""
-    limit = draw.limit
-    detail = _limit_detail(step, limit)
-    detail.update({"fail_closed": True, "retryable": False,
-                   "reason": f"the {limit.scope} {limit.dimension} rate limit cannot be counted: {reason}"[:500]})
-    return _refused(detail, fail_closed=True)
-
-
 def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after: float,
                  reason: str | None = None) -> Decision:
     """The refusal of a step whose window is full (or that cannot be counted): retryable once
@@ -226,7 +215,7 @@ def _limit_detail(step: Any, limit: RateLimit) -> dict[str, Any]:
     return detail
 
 
-def _refused(detail: dict[str, Any], fail_closed: bool = False) -> Decision:
+def _refused(detail: dict[str, Any]) -> Decision:
     event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
-    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, fail_closed=fail_closed, details=detail,
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail,
                     event=event)

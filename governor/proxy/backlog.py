@@ -8,7 +8,8 @@ kernel no longer honours is reset. The agent sees its connection broken (ECONNRE
 fresh-clone run's flaky 256-stream case: `TcpExtListenOverflows`, `SyncookiesFailed`).
 Listening again with a large backlog (the kernel caps it at net.core.somaxconn) queues the
 burst instead; the connection guard's cap (governor.proxy.connections) still bounds what is
-served, and refuses past it with a recorded reason.
+served, and refuses past it with a recorded reason. The number is governor.common.listening's,
+which the control plane's listener uses too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from mitmproxy.proxy import mode_servers
 
-BACKLOG = 65535  # listen(2) silently caps it at net.core.somaxconn
+from governor.common.listening import BACKLOG  # shared with the control plane's listener
 _INSTALLED = "_governor_backlog"
 
 

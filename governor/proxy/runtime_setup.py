@@ -103,9 +103,12 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     if settings.log:
         from governor.evidence.translog import LogError, TransparencyLog, default_origin
 
+        origin = settings.log_origin or default_origin(governor_id)
+        if settings.worker is not None:  # each worker its own log (its own data directory): its own origin
+            origin = f"{origin}/worker-{settings.worker}"
         try:  # before the runtime finalizes what a stop left: a record logged but not in place is put there
             transparency_log = TransparencyLog(
-                settings.data_dir, key, settings.log_origin or default_origin(governor_id),
+                settings.data_dir, key, origin,
                 checkpoint_entries=settings.log_checkpoint_entries,
                 checkpoint_seconds=settings.log_checkpoint_seconds)
         except (LogError, EvidenceError, OSError, ValueError) as exc:
@@ -131,7 +134,8 @@ def build_runtime(settings: Settings, metrics: Any = None) -> RuntimeAPI:
     runtime.admission = report  # shown at startup: warnings such as trust on first use
     runtime.limit_rates(settings.rate_limits)
     runtime.settings.duplicates = watch_duplicates(store, governor_id=governor_id, public_key=key.public_key(),
-                                                   log_origin=settings.log_origin, metrics=metrics)
+                                                   log_origin=transparency_log and transparency_log.origin,
+                                                   agent=runtime.agent_id, metrics=metrics)
     if settings.envelope is not None:
         runtime.envelope.config = settings.envelope
     runtime.start()

@@ -71,6 +71,9 @@ class Settings:
     # the transparency log (docs/transparency-log.md): every final record's entry, before the record
     log: bool = True
     log_origin: str | None = None  # None: derived from the governor's id
+    # which worker of `governor run --workers N` this process is (None: not one): its log's
+    # origin is the governor's with "/worker-K", so N logs under one key never fork one origin
+    worker: int | None = None
     log_checkpoint_entries: int = 256
     log_checkpoint_seconds: float = 10.0
     log_require_token: bool = False  # /log/ readable without the control token unless set

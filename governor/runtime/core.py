@@ -57,7 +57,6 @@ from governor.policy import (
     decide,
     governor_error,
     step_tools,
-    store_unreachable,
 )
 from governor.policy.extension import covered
 from governor.policy.steps import ON_GOVERNOR_ERROR, PersonaSpawn
@@ -72,7 +71,7 @@ from governor.runtime.envelope import EnvelopeWatch
 from governor.runtime.records import Records
 from governor.runtime.local_steps import LocalSteps
 from governor.runtime.remote_steps import RemoteSteps
-from governor.runtime.refusals import ended_refusal, transient, unrecorded_failure
+from governor.runtime.refusals import ended_refusal, store_refusal, transient, unrecorded_failure
 from governor.runtime.resume import Resumption
 from governor.runtime.session import LiveSession, SessionTable, Ticket
 from governor.runtime.settings import RuntimeSettings, SharedSetting
@@ -80,6 +79,7 @@ from governor.runtime.shared import SharedSteps
 from governor.runtime.shared_fast import SharedFastSteps
 from governor.runtime.shared_holds import SharedHolds
 from governor.runtime.shared_records import SharedRecords
+from governor.runtime.store_calls import StoreCalls
 from governor.runtime.sweeper import Sweeper
 from governor.runtime.views import Views
 from governor.sessions.book import SessionBook
@@ -134,7 +134,11 @@ class Runtime:
         self.owns_store = owns_store  # close() closes it (and so writes a write-behind store out)
         self._default_generation = itertools.count(1)
         self._default_session = self._new_default_session()
-        self._store_in_thread = bool(getattr(store, "remote", False))
+        # how the store is called from the loop (inline or from a thread), and the saves and
+        # releases whose failure is only logged (runtime/store_calls.py)
+        self.store_calls = calls = StoreCalls(store, self.metrics)
+        self._store, self._save, self._release_quietly = calls.call, calls.save, calls.release_quietly
+        self._store_in_thread = calls.in_thread
         # a store that shares sessions between replicas (Redis, unless its URL says sessions=local):
         # rounds on shared state (runtime/shared.py)
         shared_sessions = getattr(store, "shared_sessions", None)
@@ -203,6 +207,7 @@ class Runtime:
 
     async def close(self, *, end_sessions: bool = True) -> None:
         await self.sweeper.stop()  # a pass in progress records its events first
+        await self.records.publish_proofs()  # the shared records' proofs only this replica's log can make
         if self.remote is not None:  # settlements queued on the store's pipeline answered, failures journaled
             await self.remote.drain()
         await self.envelope.close()  # the pending tally reaches the store
@@ -395,10 +400,11 @@ class Runtime:
         except Exception as exc:  # store down, internal error: fail closed and say why
             if isinstance(exc, StoreError):
                 self.metrics.store_error()
-            if transient(exc):  # refused as retryable: the session goes on once the store answers
-                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING,  # ticks retry each pass
-                        "session %s: %s refused, the store is unreachable: %s", live.id, type(step).__name__, exc)
-                decision = store_unreachable(live.limits, live.state, step, str(exc), exc.retry_after)  # type: ignore[attr-defined]
+            refusal = store_refusal(live.limits, live.state, step, exc)
+            if refusal is not None:  # unreachable or a damaged counter: refused, the session goes on
+                log.log(logging.DEBUG if type(step) is Tick else logging.WARNING if transient(exc) else logging.ERROR,
+                        "session %s: %s refused, the store could not count it: %s", live.id, type(step).__name__, exc)
+                decision = refusal  # ticks retry each pass, logged quietly
                 if type(step) is UsageReport and ticket is not None:
                     # not settled: what it reserved keeps counting (the store errs on counting),
                     # never released as if unused
@@ -475,27 +481,6 @@ class Runtime:
             if held.ok:
                 return state, decision, held.id
         raise RuntimeError("budget counters kept changing under concurrent steps; refusing rather than guessing")
-
-    async def _store(self, call: Callable[..., Any], *args: Any) -> Any:
-        """Call the store: inline when local, from a worker thread when it crosses the network."""
-        if self._store_in_thread:
-            return await asyncio.to_thread(call, *args)
-        return call(*args)
-
-    def _save(self, live: LiveSession) -> None:
-        try:
-            self.store.save_session(live.id, live.saved_state())
-            live.unsaved = False
-        except StoreError:  # the next step's snapshot will fail closed if the store stays down
-            self.metrics.store_error()
-            log.exception("session %s: could not save session state", live.id)
-
-    def _release_quietly(self, reservation: str) -> None:
-        try:
-            self.store.release(reservation)
-        except StoreError:
-            self.metrics.store_error()
-            log.exception("could not release reservation %s", reservation)
 
     def halted(self, session: str) -> str | None:
         """The cause that halted the session (None while it may go on): cheap, for ungoverned traffic."""

@@ -5,13 +5,23 @@ under one origin and key fork each other's checkpoints.
 
 Every governor on a shared store (Redis: the store's `announce`) says, each sweep and at most
 every `interval` seconds, that it is live (an entry that expires after three intervals) with its
-id, its key's fingerprint (base64url SHA-256 of the raw Ed25519 public key) and its log's
-origin, and reads the others'. Another live instance with the same id or the same key is
-reported (except a replica of this governor: both on the store's shared sessions with the same
-id and the same key, as docs/reference/shared-sessions.md asks of a gateway's replicas): logged as an error once per instance, `governor_duplicate_identities` (how many
-there are now), and `/readyz`'s `duplicate_identity` member (readiness itself does not fail:
-which of the two is the impostor is the operator's call). A store without `announce`
+id, its key's fingerprint (base64url SHA-256 of the raw Ed25519 public key) and its
+transparency log's origin (None when it keeps no log), and reads the others'. Reported: another
+live instance with the same id and another key, or the same key and another id, or a log under
+the same origin (two logs under one origin fork each other's checkpoints). Not reported: an
+instance with the same id and key whose log has another origin (or that keeps none): one
+governor's processes, as a gateway's replicas (docs/reference/shared-sessions.md: one id and
+key, each pod's log its own origin) and the workers of `governor run --workers N` (each its
+log's origin "/worker-K") are, whatever their store's session mode. Reported instances are
+logged as an error once per instance, counted in `governor_duplicate_identities` (how many
+there are now), and listed in `/readyz`'s `duplicate_identity` member (readiness itself does
+not fail: which of the two is the impostor is the operator's call). A store without `announce`
 (memory, SQLite: one process owns it) has no other governor to compare with.
+
+Beside them, another live governor of the same agent whose sessions are in the store's other
+mode (`?sessions=local` beside shared ones) is logged once as a warning, not counted: the modes
+keep their sessions apart (store/redis.py LOCAL_SESSIONS), so a session name both use is two
+sessions, each with its own step count and per-session budgets (per-day budgets are one).
 
 Forks of one log are also caught by its witnesses (a witness refuses a checkpoint inconsistent
 with one it cosigned: `governor_witness_refusals_total`, docs/transparency-log.md).
@@ -41,7 +51,7 @@ def key_fingerprint(public_key: Any) -> str:
 
 class DuplicateWatch:
     def __init__(self, store: Any, *, governor_id: str, public_key: Any, log_origin: str | None = None,
-                 metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
+                 agent: str | None = None, metrics: Any = None, interval: float = DEFAULT_INTERVAL_SEC,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.metrics = metrics
@@ -50,9 +60,11 @@ class DuplicateWatch:
         self.instance = uuid.uuid4().hex
         self.identity = {"instance": self.instance, "governor_id": governor_id, "key": key_fingerprint(public_key),
                          "log_origin": log_origin, "host": socket.gethostname()[:200], "pid": os.getpid(),
-                         "started": clock(), "sessions": getattr(getattr(store, "options", None), "sessions", None)}
+                         "started": clock(), "sessions": getattr(getattr(store, "options", None), "sessions", None),
+                         "agent": agent}
         self.found: list[dict[str, Any]] = []
         self._reported: set[str] = set()
+        self._other_modes: set[str] = set()  # instances of this agent in the other session mode, warned of
         self._last = -float("inf")
 
     def check(self) -> list[dict[str, Any]]:
@@ -63,9 +75,11 @@ class DuplicateWatch:
         for other in others:
             if not isinstance(other, dict) or other.get("instance") == self.instance:
                 continue
-            shared = [what for what in ("governor_id", "key") if other.get(what) == mine[what]]
-            if shared == ["governor_id", "key"] and mine["sessions"] == other.get("sessions") == "shared":
-                continue  # a replica of this governor: a gateway's share sessions, id and key by design
+            self._other_mode(other)
+            shared = [what for what in ("governor_id", "key", "log_origin")
+                      if mine[what] is not None and other.get(what) == mine[what]]
+            if shared == ["governor_id", "key"]:
+                continue  # another process of this governor (a replica, a worker), its log its own
             if shared:
                 found.append({"instance": other.get("instance"), "host": other.get("host"), "pid": other.get("pid"),
                               "governor_id": other.get("governor_id"), "shares": shared})
@@ -75,11 +89,29 @@ class DuplicateWatch:
         for duplicate in found:
             if duplicate["instance"] not in self._reported:
                 self._reported.add(str(duplicate["instance"]))
+                shares = duplicate["shares"]
+                advice = ("their transparency logs fork each other's checkpoints; give each process its own "
+                          "--log-origin" if shares == ["governor_id", "key", "log_origin"] else
+                          "their records and transparency logs cannot be told apart; give each its own --id and key"
+                          # (the default origin follows the id)
+                          + (" and --log-origin" if "log_origin" in shares and "governor_id" not in shares else ""))
                 log.error("another live governor on this store shares this governor's %s (%s, instance %s on %s, "
-                          "pid %s): their records and transparency logs cannot be told apart; give each its own "
-                          "--id and key", " and ".join(duplicate["shares"]), duplicate["governor_id"],
-                          duplicate["instance"], duplicate["host"], duplicate["pid"])
+                          "pid %s): %s", " and ".join(shares), duplicate["governor_id"], duplicate["instance"],
+                          duplicate["host"], duplicate["pid"], advice)
         return found
+
+    def _other_mode(self, other: dict[str, Any]) -> None:
+        mine = self.identity
+        mode = other.get("sessions")
+        if (mine["agent"] is None or other.get("agent") != mine["agent"] or mode not in ("shared", "local")
+                or mode == mine["sessions"] or str(other.get("instance")) in self._other_modes):
+            return
+        self._other_modes.add(str(other.get("instance")))
+        log.warning("another live governor of agent %s on this store keeps its sessions %s (%s, instance %s on %s, "
+                    "pid %s), this one %s: a session name both use is two sessions, each counting its own steps and "
+                    "per-session budgets (per-day budgets are one); docs/reference/shared-sessions.md",
+                    mine["agent"], other.get("sessions"), other.get("governor_id"), other.get("instance"),
+                    other.get("host"), other.get("pid"), mine["sessions"])
 
     async def tick(self, call: Callable[..., Any]) -> None:
         """From the sweeper: a check when `interval` has passed (`call` runs it off the loop);

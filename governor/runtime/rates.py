@@ -4,10 +4,11 @@ its end (governor.policy.rates says what a limit is; governor.store.windows keep
 
 A full window refuses the step, retryable (Retry-After: when the window rolls), and the
 refusal is recorded in the session's journal before it is answered; a refusal that cannot
-be recorded is still a refusal (failing closed). A store that cannot be reached refuses the
-step as retryable, as a budget reservation does; a window counter edited in the store (not a
-count) refuses it, not retryable, until an operator deletes the counter. None of this runs when
-no limit is set.
+be recorded is still a refusal (failing closed). A store that cannot count the step refuses
+it through the same route as a budget reservation (governor.runtime.refusals.store_refusal):
+unreachable, as retryable; a window counter edited in the store (not a count), not retryable,
+until an operator deletes the counter (the session goes on); a store that lost its data, as a
+governor error. None of this runs when no limit is set.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from governor.policy import store_unreachable
-from governor.policy.rates import RateDraw, RateLimit, rate_draws, rate_refusal, uncountable_refusal, usage_corrections
+from governor.policy import governor_error
+from governor.policy.rates import RateDraw, RateLimit, rate_draws, rate_refusal, usage_corrections
 from governor.policy.steps import Decision, Step, UsageReport
-from governor.runtime.refusals import unrecorded_failure
+from governor.runtime.refusals import store_refusal, transient, unrecorded_failure
 from governor.store import StoreError
-from governor.store.windows import WindowCharge, WindowCounterDamaged, WindowCounters, windows_for
+from governor.store.windows import WindowCharge, WindowCounters, windows_for
 
 log = logging.getLogger("governor.runtime")
 
@@ -63,13 +64,13 @@ class RateLimiter:
         now = self.clock()
         try:
             taken = await self.call(self.windows.take_window, charges, now)
-        except WindowCounterDamaged as exc:  # edited in the store: refused at every tier, not retryable
-            log.error("session %s: %s", live.id, exc)
-            return None, await self._recorded(live, step, uncountable_refusal(step, draws[exc.charge], str(exc)))
-        except StoreError as exc:  # unreachable: refused as retryable, recorded, as a reservation would be
+        except StoreError as exc:  # refused and recorded as a budget reservation's store error is
             if self.metrics is not None:
                 self.metrics.store_error()
-            decision = store_unreachable(live.limits, live.state, step, str(exc), getattr(exc, "retry_after", 1.0))
+            log.log(logging.WARNING if transient(exc) else logging.ERROR,
+                    "session %s: the rate limits could not count a step: %s", live.id, exc)
+            decision = store_refusal(live.limits, live.state, step, exc) or \
+                governor_error(live.limits, live.state, step, exc)
             return None, await self._recorded(live, step, decision)
         if not taken.ok:
             failed = taken.failed or 0

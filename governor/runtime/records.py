@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -22,11 +23,15 @@ from governor.runtime.approvals import Apply, Approvals
 from governor.runtime.audit import AuditTrail
 from governor.runtime.refusals import ended_refusal
 from governor.runtime.session import LiveSession
+from governor.runtime.shared_proofs import SharedProofs
+from governor.store import StoreError
 
 if TYPE_CHECKING:
     from governor.runtime.metrics import Metrics
     from governor.runtime.personas import PersonaInstances
 
+
+log = logging.getLogger("governor.runtime")
 
 # a shared session another replica ended: how long its record is waited for before it is
 # signed here (that replica may have died between its end line and its record)
@@ -50,6 +55,9 @@ class Records:
         self.transparency_log = transparency_log
         self.witnessing = witnessing  # proofs only at checkpoints a quorum of witnesses cosigned
         self.write_final = transparency_log.write_record if transparency_log is not None else write_record
+        # a shared session's record may be asked for with its proof on any replica (runtime/shared_proofs.py)
+        self.proofs = SharedProofs(sessions=shared.sessions, key=key, transparency_log=transparency_log,
+                                   witnessing=witnessing) if shared is not None else None
         self.data_dir = data_dir
         self.key = key
         self.metrics = metrics
@@ -102,8 +110,8 @@ class Records:
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, session), record)
             live.final_record = record
-            if self.shared is not None:  # any replica serves it
-                await asyncio.to_thread(self.shared.sessions.put_record, session, record)
+            if self.shared is not None:  # any replica serves it (and its proof, once published)
+                await asyncio.to_thread(self.proofs.put_record, session, record)  # type: ignore[union-attr]
         self.ended(session, live.state.halt_cause if live.state.halted else None)
         return record
 
@@ -126,7 +134,7 @@ class Records:
             await asyncio.to_thread(live.journal.refresh)
             record = self.signed(live, None, kind="final")
             await asyncio.to_thread(self.write_final, record_path(self.data_dir, live.id), record)
-            await asyncio.to_thread(sessions.put_record, live.id, record)
+            await asyncio.to_thread(self.proofs.put_record, live.id, record)  # type: ignore[union-attr]
             record = await asyncio.to_thread(sessions.get_record, live.id) or record  # the first one written stands
         live.final_record = record
         await asyncio.to_thread(sessions.forget_activity, live.id)
@@ -135,6 +143,17 @@ class Records:
                                   "session_ended")
         self.ended(live.id, live.state.halt_cause if live.state.halted else None)
         return record
+
+    async def publish_proofs(self) -> None:
+        """At a stop: the proofs of shared records this replica logged and has not published
+        yet (runtime/shared_proofs.py), so that no other replica waits for them in vain."""
+        if self.proofs is None or self.transparency_log is None:
+            return
+        try:
+            await asyncio.to_thread(self.proofs.publish, stopping=True)
+        except StoreError:
+            log.warning("the proofs of the shared records this replica logged could not be published at its stop: "
+                        "they are published at its next start on this data directory")
 
     async def end_by_principal(self, session: str) -> dict[str, Any]:
         """A principal ends `session` (the control plane): one opened but never used gets

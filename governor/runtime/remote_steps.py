@@ -16,12 +16,11 @@ awaiting the store: the COMMIT is queued on the store's pipeline (governor.store
 FIFO on one connection, so the session's next admission, queued later, runs after it) and
 the session's state moves on at once. The reservation and the in-flight slot are claimed
 first, so a concurrent `finish` does not release or free them twice. A commit that then
-fails (the store down, a fence) is logged and recorded in the session's journal
-(on_governor_error, continue: the call was already answered), and its reservation keeps
-counting what it reserved (never less than the settlement: the store errs on counting);
-the session's next step settles it again (a COMMIT of a reservation already settled answers
-0, so a retry never counts twice) and takes the full round, which fails closed and records
-while the store is down (docs/reference/stores.md, "Settling after the response").
+fails (the store down, a fence) takes the route shared sessions take too
+(governor.runtime.late_settlement): logged, recorded as a note, its reservation counting what
+it reserved, settled again by the session's next step (here: the COMMIT again; one of a
+reservation already settled answers 0, so a retry never counts twice), which then takes the
+full round (docs/reference/stores.md, "Settling after the response").
 
 Any failure before that leaves things as they were (what was reserved is released, or kept
 for the full round to settle) and returns None: the full round then decides, and fails
@@ -29,12 +28,10 @@ closed and records it when the store is down."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable
 
 from governor.policy import (
-    ON_GOVERNOR_ERROR,
     Decision,
     ModelCall,
     SessionState,
@@ -44,6 +41,7 @@ from governor.policy import (
     quiet_settlement,
 )
 from governor.policy.expected import expected_charges
+from governor.runtime.late_settlement import LateSettlements, Unsettled
 from governor.runtime.session import LiveSession, Ticket
 from governor.store.base import UnknownReservation
 
@@ -60,13 +58,13 @@ class RemoteSteps:
         self._agent_id = agent_id
         self._clock = clock
         self._advanced = advanced
-        self._recording: set[asyncio.Task] = set()  # failed settlements being journaled
+        self._late = LateSettlements(chain_in_store=False)  # settlements the store failed after their response
 
     async def admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket] | None:
         if live.ended or live.state.halted:
             return None
         if live.unsettled:  # a settlement failed after its response: settled again first, then the full round
-            await self._settle_again(live)
+            await self._late.settle_again(live)
             return None
         limits = live.limits
         charges = expected_charges(limits, step)
@@ -120,7 +118,8 @@ class RemoteSteps:
 
         def committed(failure: Exception | None) -> None:
             if failure is not None:
-                self._commit_failed(live, reservation, charges, now, failure)
+                self._late.failed(live, Unsettled(reservation, charges, now,
+                                                  lambda: self._commit_again(reservation, charges, now)), failure)
 
         try:  # queued before anything this session does next; not awaited
             counters.commit_soon(reservation, charges, now, committed)
@@ -142,60 +141,25 @@ class RemoteSteps:
         state = quiet[1] if quiet is not None else advance(live.limits, live.state, step, decision, now)
         self._advanced(live, state, now)
 
-    # --- a settlement that failed after its response -----------------------------------
-
-    def _commit_failed(self, live: LiveSession, reservation: str, charges: tuple, now: float,
-                       failure: Exception) -> None:
-        """The queued COMMIT failed: its reservation kept for the next step to settle (unless
-        the store no longer holds it), the failure logged and journaled."""
-        held = not isinstance(failure, UnknownReservation)
-        if held:
-            live.unsettled.append((reservation, charges, now))
-        log.warning("session %s: the usage of a call already answered could not be settled (%s: %s); %s", live.id,
-                    type(failure).__name__, failure, "its reservation keeps counting what it reserved until the "
-                    "session's next step settles it" if held else "the store no longer holds its reservation")
-        detail = {
-            "step": "usage_report",
-            "error": f"{type(failure).__name__}: {failure}"[:500],
-            "fail_closed": False,  # a note: the call was answered, nothing refused (the reservation keeps counting)
-            "deferred_settlement": True,
-            "reservation": reservation,
-            "reason": "the call's usage could not be written to the store after its response was delivered: "
-                      + ("its reservation keeps counting what it reserved, and the session's next step settles "
-                         "it again" if held else "the store no longer holds its reservation"),
-        }
-        task = asyncio.get_running_loop().create_task(self._journal(live, detail, now))
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
-
-    async def _journal(self, live: LiveSession, detail: dict, now: float) -> None:
-        async with live.lock:  # between rounds: their events stay in order
-            try:
-                await asyncio.to_thread(live.journal.append, ON_GOVERNOR_ERROR, "continue", now, detail)
-            except Exception:  # ended meanwhile, a full disk: the log line above is what is left
-                log.exception("session %s: could not journal a failed settlement", live.id)
-
-    async def _settle_again(self, live: LiveSession) -> None:
-        """Commit the settlements that failed, in order; what still fails stays for the next step."""
+    async def _commit_again(self, reservation: str, charges: tuple, now: float) -> bool:
+        """Settle again a settlement the store failed to take (runtime/late_settlement.py): a
+        local session's state moved on already, so its COMMIT is all that is left. False: the
+        store failed again."""
         counters = self._counters()
-        held, live.unsettled = live.unsettled, []
-        for at, (reservation, charges, now) in enumerate(held):
-            try:
-                if counters is None:
-                    raise RuntimeError("no asyncio client")
-                await counters.commit(reservation, charges, now)
-            except UnknownReservation:  # settled after all (its reply was lost), or released
-                pass
-            except Exception:
-                log.debug("session %s: settling reservation %s again failed", live.id, reservation, exc_info=True)
-                live.unsettled[:0] = held[at:]
-                return
-            log.info("session %s: reservation %s settled after the store answered again", live.id, reservation)
+        if counters is None:
+            return False
+        try:
+            await counters.commit(reservation, charges, now)
+        except UnknownReservation:  # settled after all (its reply was lost), or released
+            pass
+        except Exception:
+            log.debug("settling reservation %s again failed", reservation, exc_info=True)
+            return False
+        return True
 
     async def drain(self) -> None:
         """At a stop: every queued settlement sent and its reply handled (a failure journaled)."""
         counters = self._counters()
         if counters is not None:
             await counters.drain()
-        while self._recording:
-            await asyncio.gather(*self._recording, return_exceptions=True)
+        await self._late.drain()

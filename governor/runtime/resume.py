@@ -224,11 +224,18 @@ class Resumption:
                                 ended: Callable[[str, str | None], None]) -> FinalizeReport:
         """Finalize every interrupted session (off the event loop) and make each one known to the
         runtime as an ended session (`adopt`: listed, its record served) and to the session book
-        (`ended`)."""
+        (`ended`). A governor that shares sessions now has only process-local sessions on disk
+        (left by a run with `?sessions=local`): their records are written, and they are made
+        known to neither, whose names are the shared sessions' (one may bear the same name)."""
         pin = Pin(self.settings.limits.passport_digest, self.settings.limits.tier.value)
         report = await asyncio.to_thread(finalize_interrupted, self.data_dir, key=self.key, pin=pin,
                                          clock=self.clock, sync=self.settings.journal_sync, write=self.write_final)
-        if report.finalized:
+        if report.finalized and self.shared is not None:
+            log.warning("finalized %d process-local session(s) a run with ?sessions=local left (%s): their records "
+                        "are in %s; this governor shares its sessions through the store, where a session of the "
+                        "same name is another one", len(report.finalized),
+                        ", ".join(f.session for f in report.finalized[:5]), self.data_dir / "records")
+        elif report.finalized:
             states = await asyncio.to_thread(self._halted_states, report)
             for finalized, state in zip(report.finalized, states):
                 adopt(finalized.session, state, finalized.journal, finalized.record)

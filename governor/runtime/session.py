@@ -74,8 +74,8 @@ class LiveSession:
     # other scripts of the same batch bring them again (runtime/shared_fast.py)
     shared_seen: bytes | None = None
     # settlements queued without awaiting that the store then failed (runtime/remote_steps.py):
-    # (reservation, charges, when), each still counting what it reserved until settled again
-    unsettled: list[tuple[str, tuple, float]] = field(default_factory=list)
+    # runtime/late_settlement.py's Unsettled (either session mode), counting until settled again
+    unsettled: list[Any] = field(default_factory=list)
 
     def restate(self, metrics: Metrics) -> None:
         """Keep governor_sessions current on every transition (no walk over sessions per scrape)."""

@@ -32,11 +32,12 @@ that finds a round of this replica on the session waits for it before sending it
 
 The settlement is not awaited (`_settle_soon`): decided on the predicted state, its script
 queued, the state moved on and the decision returned at once; the script's check still guards
-the save. A reply other than done takes it up after the response (`_settle_late`): decided
-again on the state as it stands, else the runtime's full round settles it, recording what it
-decides (with the store down: fails closed, its refusal kept to be chained, the reservation
-counting what it reserved). Until the full round has taken a settlement the store failed to
-take (`live.unsettled`), the session's next steps take the full round too."""
+the save. A conflict or a round in its reply takes it up after the response (`_settle_late`):
+decided again on the state as it stands, else by the runtime's full round, which records what
+it decides. A store that failed to take it (or an awaited one: `settle` when it could not be
+queued) sends it the route local sessions take too (governor.runtime.late_settlement: a note
+recorded, the reservation counting what it reserved, the session's next step settling it
+again first, here on the shared state as it stands, and taking the full round)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ import orjson
 from governor.policy import Decision, ModelCall, SessionState, UsageReport, quiet_settlement
 from governor.policy.expected import expected_charges
 from governor.policy.quiet_bounds import quiet_model_call_bounds
-from governor.runtime.refusals import unrecorded_failure
+from governor.runtime.late_settlement import LateSettlements, Unsettled
+from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import LiveSession, Ticket
 from governor.store.base import encode_state
 
@@ -83,13 +85,17 @@ class SharedFastSteps:
         self._counters = counters
         self._settle_round = settle_round  # the runtime's full round for a usage report
         self._late: set[asyncio.Task] = set()  # settlements being settled again after their response
+        self._unsettled = LateSettlements(chain_in_store=True)  # settlements the store failed after their response
         self._agent_id = agent_id
         self._clock = clock
         self._advanced = advanced
         self._adopt = adopt
 
     async def admit(self, live: LiveSession, step: ModelCall) -> tuple[Decision, Ticket | None] | None:
-        if live.ended or live.unsettled:  # a settlement the store failed to take, being settled again: the full round
+        if live.ended:
+            return None
+        if live.unsettled:  # a settlement the store failed to take: settled again first, then the full round
+            await self._unsettled.settle_again(live)
             return None
         limits = live.limits
         charges = expected_charges(limits, step)
@@ -155,9 +161,32 @@ class SharedFastSteps:
             return decision
         reservation = ticket.reservation
         ticket.reservation, ticket.in_flight = None, False  # claimed: finish() holds nothing now
-        decision = await self._settle_rounds(live, counters, reservation, step)
+        answers: list = []
+        decision = await self._settle_rounds(live, counters, reservation, step, answers)
+        if decision is None and answers and isinstance(answers[-1], Exception) and transient(answers[-1]):
+            decision = await self._store_failed(live, ticket, report, step, reservation, answers[-1])
         if decision is None:
             ticket.reservation, ticket.in_flight = reservation, True  # the full round settles it
+        return decision
+
+    async def _store_failed(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
+                            reservation: str, failure: Exception) -> Decision | None:
+        """An awaited settlement the store failed to take: the route of one that failed after
+        its response (runtime/late_settlement.py), decided on this replica's state, rather than
+        the full round refusing the usage of a call already answered (and leaving its slot taken
+        in the saved state). None: no quiet settlement on that state (the full round decides).
+        Only for a store that is unreachable: one that lost data fails closed in the full round,
+        as a local session's settlement does when the loss is known before it is queued."""
+        if live.lock.locked():  # a round may be between deciding and advancing: after it
+            await _after_own_round(live)
+        settled = quiet_settlement(live.limits, live.state, step) if not (live.ended or live.state.ended) else None
+        if settled is None:
+            return None
+        decision, state = settled
+        now = self._clock()
+        self._advanced(live, state, now)
+        self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
+            live, ticket, report, step, reservation)), failure)
         return decision
 
     def _settle_soon(self, live: LiveSession, counters: Any, ticket: Ticket, report: UsageReport,
@@ -177,7 +206,6 @@ class SharedFastSteps:
         saved = encode_state(live.saved_state_of(next_state))
         reservation, now = ticket.reservation, self._clock()
         predicted = _predict(live, saved, next_state)
-        late = (reservation, decision.charges, now)
 
         def replied(code: int | None, current: bytes | None, failure: Exception | None) -> None:
             if code == DONE:
@@ -185,9 +213,12 @@ class SharedFastSteps:
             _unpredict(live, predicted)
             self._retried("late")
             if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
-                live.unsettled.append(late)
+                # the route local sessions take too (runtime/late_settlement.py)
+                self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
+                    live, ticket, report, step, reservation)), failure)
+                return
             task = asyncio.get_running_loop().create_task(
-                self._settle_late(live, ticket, report, step, late, code, current, failure))
+                self._settle_late(live, ticket, report, step, reservation, code, current))
             self._late.add(task)
             task.add_done_callback(self._late.discard)
 
@@ -202,15 +233,14 @@ class SharedFastSteps:
         return decision
 
     async def _settle_late(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
-                           late: tuple, code: int | None, current: bytes | None, failure: Exception | None) -> None:
-        """A settlement queued by `_settle_soon` that did not apply, after its response: decided
-        again on the state as it stands (one trip a try, as `settle`), else by the full round,
-        which records what it decides and, with the store down, fails closed as for any step
-        (its event kept to be chained, the reservation counting what it reserved)."""
-        reservation = late[0]
+                           reservation: str, code: int | None, current: bytes | None) -> None:
+        """A settlement queued by `_settle_soon` that the store answered but did not apply (a
+        conflict, a round, after its response): decided again on the state as it stands (one
+        trip a try, as `settle`), else by the full round, which records what it decides. (One
+        the store failed to take takes runtime/late_settlement.py's route.)"""
         try:
             decision = None
-            if failure is None and code in (CONFLICT, ROUND) and not live.ended:
+            if code in (CONFLICT, ROUND) and not live.ended:
                 if code == ROUND:
                     await self._round_over(live)
                 if code != CONFLICT or self._take_current(live, current, step) is None:
@@ -218,20 +248,35 @@ class SharedFastSteps:
                     if counters is not None:
                         decision = await self._settle_rounds(live, counters, reservation, step)
             if decision is None:
-                log.log(logging.WARNING if failure is not None else logging.DEBUG,
-                        "session %s: a call's settlement did not apply after its response (%s); the full round "
-                        "settles it", live.id, failure or f"answer {code}")
+                log.debug("session %s: a call's settlement did not apply after its response (answer %s); the full "
+                          "round settles it", live.id, code)
                 ticket.reservation, ticket.in_flight = reservation, True
                 await self._settle_round(live, ticket, report)
         except Exception:  # the full round records what it can; what is left is in the log
             log.exception("session %s: settling reservation %s after its response failed", live.id, reservation)
-        finally:
-            if late in live.unsettled:
-                live.unsettled.remove(late)
+
+    async def _settle_unsettled(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
+                                reservation: str) -> bool:
+        """Settle again a settlement the store failed to take (runtime/late_settlement.py): on
+        the shared state as it stands, which never got it, as `settle` does; else by the full
+        round. True when taken (or its reservation is no longer outstanding: its script ran
+        after all, its reply lost); False when the store failed again (kept for the next step)."""
+        counters = self._counters()
+        if counters is None or live.ended:
+            return live.ended  # an ended session's reservation counts what it reserved until forgotten
+        answers: list = []
+        if await self._settle_rounds(live, counters, reservation, step, answers) is not None or answers[-1:] == [0]:
+            return True
+        if answers and isinstance(answers[-1], Exception):
+            return False
+        ticket.reservation, ticket.in_flight = reservation, True  # not quiet on the state as it stands
+        await self._settle_round(live, ticket, report)
+        return True
 
     async def _settle_rounds(self, live: LiveSession, counters: Any, reservation: str,
-                             step: UsageReport) -> Decision | None:
-        """Settle in one awaited trip a try, re-deciding on conflicts; None: the full round's."""
+                             step: UsageReport, answers: list | None = None) -> Decision | None:
+        """Settle in one awaited trip a try, re-deciding on conflicts; None: the full round's
+        (`answers` gets each trip's code, or what failed)."""
         for _ in range(MAX_TRIES):
             await _after_own_round(live)  # its script would find the round's hold, then its new state
             head = live.shared_head
@@ -249,10 +294,14 @@ class SharedFastSteps:
             try:
                 code, current = await counters.shared_settle(reservation, settled[0].charges if settled else (),
                                                              now, live.id, expected, saved)
-            except Exception:
+            except Exception as exc:
                 _unpredict(live, predicted)
                 log.debug("session %s: settling a model call in one round trip failed", live.id, exc_info=True)
+                if answers is not None:
+                    answers.append(exc)
                 break
+            if answers is not None:
+                answers.append(code)
             if code != DONE:
                 _unpredict(live, predicted)
             if code == CONFLICT:
@@ -274,11 +323,12 @@ class SharedFastSteps:
 
     async def drain(self) -> None:
         """At a stop: every call queued on the store's pipeline answered, and every settlement
-        that then did not apply settled (or failed, recorded) by `_settle_late`."""
+        that then did not apply settled by `_settle_late` (or, failed, recorded)."""
         while True:
             counters = self._counters()
             if counters is not None:
                 await counters.drain()
+            await self._unsettled.drain()
             if not self._late:
                 return
             await asyncio.gather(*self._late, return_exceptions=True)

@@ -12,10 +12,16 @@ An open session's record is interim: signed now over the chain as it stands in t
 (every replica's events, in the chain's order) with the outcome so far, and said to be
 interim so the control plane can tell the caller.
 
-When the store lost its data (a fence gone: FLUSHALL, a lossy failover), the shared chain is
-gone for good and waiting will not bring it back: a replica that holds the session serves its
-own copy, signed now and said to be `local` (this replica's events only; the loss and the
-refusals since are among them), rather than nothing.
+When the store lost its data (a fence gone: FLUSHALL, a lossy failover: the store's
+`integrity` names the loss), the shared chain is gone for good and waiting will not bring it
+back: a replica that holds the session serves its own copy, signed now and said to be `local`
+(this replica's events only; the loss and the refusals since are among them), rather than
+nothing. Any other integrity error (a budget counter forged in the store, CounterDamaged) is
+not that loss and is answered as what it is (RecordStoreDamaged); one raised while the store
+names no loss (an acknowledgement on another replica just cleared it) is retryable.
+
+`proved` is the final record with its transparency-log proof (runtime/shared_proofs.py):
+served by any replica once the session ended on any replica.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import Any, Awaitable, Callable
 
 from governor.runtime.records import Records
 from governor.runtime.session import LiveSession
-from governor.store import StoreError, StoreIntegrityError
+from governor.runtime.shared_proofs import ProofStoreUnavailable
+from governor.store import CounterDamaged, StoreError, StoreIntegrityError
 
 
 class RecordUnavailable(Exception):
@@ -34,6 +41,20 @@ class RecordUnavailable(Exception):
 
 class RecordUnreadable(Exception):
     """The session's state in the store is no session state (edited there): no record is signed."""
+
+
+class RecordStoreDamaged(Exception):
+    """The store holds damaged data the record's reads met (not a loss of the chain): the
+    message names it; waiting does not mend it."""
+
+
+class NotFinal(Exception):
+    """A proof was asked of a session with no final record (`kind` says what it has instead:
+    "interim", an open session; "local", the store lost the shared chain)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
 
 
 class SharedRecords:
@@ -57,17 +78,32 @@ class SharedRecords:
     async def record(self, session: str, nonce: str | None = None) -> tuple[dict[str, Any], str]:
         """(the session's record, its kind: "final", "interim" or "local"). KeyError: no such
         session; RecordUnavailable: the store did not answer; RecordUnreadable: its state is
-        damaged; EvidenceError: its chain is damaged."""
+        damaged; RecordStoreDamaged: the store holds damaged data; EvidenceError: its chain
+        is damaged."""
         try:
             record, ended = await self._record(session, nonce)
             return record, "final" if ended else "interim"
+        except CounterDamaged as exc:  # a forged counter is not a lost chain (module docstring)
+            raise RecordStoreDamaged(str(exc)) from None
         except StoreIntegrityError as exc:
             live = self.sessions.get(session)
-            if live is None:
+            if live is None or getattr(self.steps.store, "integrity", None) is None:
                 raise RecordUnavailable(str(exc)) from None
             async with live.lock:  # the store lost the chain: this replica's own copy (module docstring)
                 return self.records.signed(live, nonce), "local"
         except StoreError as exc:
+            raise RecordUnavailable(str(exc)) from None
+
+    async def proved(self, session: str) -> tuple[dict[str, Any], bytes]:
+        """The session's final record and its C2SP tlog-proof, on any replica. As `record`, and
+        NotFinal (no final record), RecordUnavailable (the store did not answer), and
+        shared_proofs' ProofPending, ProofNotLogged, ProofInvalid; NotWitnessed."""
+        record, kind = await self.record(session)
+        if kind != "final":
+            raise NotFinal(kind)
+        try:
+            return record, await asyncio.to_thread(self.records.proofs.proof, session, record)  # type: ignore[union-attr]
+        except ProofStoreUnavailable as exc:
             raise RecordUnavailable(str(exc)) from None
 
     async def _record(self, session: str, nonce: str | None) -> tuple[dict[str, Any], bool]:
@@ -100,4 +136,4 @@ class SharedRecords:
         live.journal.refresh()
 
 
-__all__ = ["RecordUnavailable", "RecordUnreadable", "SharedRecords"]
+__all__ = ["NotFinal", "RecordStoreDamaged", "RecordUnavailable", "RecordUnreadable", "SharedRecords"]

@@ -125,6 +125,12 @@ class Sweeper:
         if transparency_log is not None and transparency_log.checkpoint_size != transparency_log.size:
             # entries that waited past --log-checkpoint-seconds get their checkpoint without an append
             await asyncio.to_thread(transparency_log.checkpoint)
+        proofs = self.records.proofs
+        if transparency_log is not None and proofs is not None:  # the shared records' proofs this log holds
+            try:
+                await asyncio.to_thread(proofs.publish)
+            except StoreError:  # published at a later pass
+                log.debug("the awaited proofs could not be published now", exc_info=True)
         now = self.clock()
         idle_budget = IDLE_SWEEPS_PER_PASS
         for n, live in enumerate(list(self.sessions.values()), 1):

@@ -60,16 +60,23 @@ class StoreIntegrityError(StoreUnavailable):
     Every operation fails closed until an operator acknowledges the loss (`acknowledge`)."""
 
 
-class CounterDamaged(StoreIntegrityError):
-    """A budget counter in a shared store holds something that is not a count (edited in the
-    store: text, nan, an infinite or negative number, a key of another type). It is never read
-    as zero: the script that met it wrote nothing, and every step that reads it is refused
-    (fail closed, not retryable: waiting does not mend it) until an operator deletes or corrects
-    the key, which is left as found. `key` names it (with the field, in brackets)."""
+class CounterDamaged(StoreError):
+    """A counter in the store holds something that is not a count: a budget counter or a rate
+    limit's window counter edited in Redis (text, nan, an infinite or negative number, a key of
+    another type), or a budget counter edited into the SQLite state file. Damage to that one
+    key, not a loss of the store (neither transient nor a StoreIntegrityError): it is never
+    read as zero, what met it wrote nothing, and the key is left as found. Every step that
+    reads it is refused (fail closed, recorded, not retryable: waiting does not mend it) and
+    the session goes on: once an operator deletes or corrects the key, its steps are served
+    again, with no acknowledgement (docs/reference/stores.md says why). `key` names it (with
+    the field, in brackets), `found` is what it holds."""
 
     def __init__(self, key: str, found: str) -> None:
-        super().__init__(f"the budget counter {key} is not a count (it holds {found!r}): it was edited or damaged "
-                         "in the store and is left as found; every step that reads it is refused until an operator "
+        # a process-local session's keys hold a control character (store/redis.py LOCAL_SESSIONS):
+        # named as redis-cli reads it between double quotes
+        key = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in key)
+        super().__init__(f"the counter {key} is not a count (it holds {found!r}): it was edited or damaged in the "
+                         "store and is left as found; every step that reads it is refused until an operator "
                          "deletes or corrects it")
         self.key, self.found = key, found
 
@@ -290,6 +297,18 @@ def first_overshoot(
         if value + totals[key] > cap_limit(c.cap):
             return c, value
     return None
+
+
+COUNT_SLACK = 1e-6  # how far below zero float sums of adds and takes may leave a count (the Lua's SLACK)
+
+
+def stored_count(value: object, where: str) -> float:
+    """A counter value read from the SQLite state file: a count, else CounterDamaged naming
+    `where` (text, inf, a negative number: the file was edited; SQLite keeps text in a REAL
+    column, and its sums read text as zero)."""
+    if type(value) in (float, int) and -COUNT_SLACK <= value < _INF:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    raise CounterDamaged(where, str(value)[:64])
 
 
 def check_keys(keys: Sequence[CounterKey]) -> None:

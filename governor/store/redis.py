@@ -19,8 +19,9 @@ Layout, under a key prefix (default "governor:"):
   w:<counter>@<window>             a rate limit's count in one tumbling window (governor.store.windows)
   gi:<instance>, gis               a live governor's identity (expiring); the instances announced
 (persona "" is the parent's aggregate; <len> is the agent name's length in bytes,
-so no two names collide.) Per-day keys expire two buckets past the window after
-their last write. The scripts derive key names from their arguments and name the fence
+so no two names collide. <session> is `session_key(session)`: with `?sessions=local` the
+name in local sessions' own space, LOCAL_SESSIONS.) Per-day keys expire two buckets past the
+window after their last write. The scripts derive key names from their arguments and name the fence
 as their one declared key (KEYS[1]): on Redis Cluster the prefix is a hash tag
 ({governor}:), so every key the store writes lives in the fence's slot and each script
 runs atomically on the one node that owns it. URLs and options: governor.store.redis_client.
@@ -34,9 +35,10 @@ counted from zero, until `acknowledge()` adopts the fence as it stands (the cont
 plane's POST /v1/store/acknowledge). A governor that *starts* on an emptied Redis
 cannot tell it from a new one. Run Redis with `maxmemory-policy noeviction`: an evicted
 fence reads as a loss. A counter edited into something that is not a count (text, nan, a
-negative or infinite number, a key of another type) is damage to that key alone: the script
-that reads it writes nothing and answers GOVERNOR_DAMAGED, and the store raises
-CounterDamaged (a StoreIntegrityError that does not fail the whole store) naming it.
+negative or infinite number, a key of another type), a budget counter or a rate limit's window
+counter alike, is damage to that key alone: the script that reads it writes nothing and answers
+GOVERNOR_DAMAGED, and the store raises CounterDamaged naming it (not a loss: the store goes on;
+every step that reads the key is refused until an operator deletes or corrects it).
 
 Failover (Sentinel, a Cluster slot's owner, or any primary whose replication id changes): replication is
 asynchronous, so a promoted replica may miss the last reservations. Every new connection
@@ -74,6 +76,7 @@ from governor.store.base import (
     DAY,
     Reservation,
     RollingWindow,
+    StoreError,
     StoreIntegrityError,
     StoreUnavailable,
     UnknownReservation,
@@ -115,11 +118,18 @@ from governor.store.redis_scripts import (
     ADJUST_WINDOW,
     TAKE_WINDOW,
 )
-from governor.store.windows import WindowCharge, WindowCounterDamaged, WindowTake, check_charges, window_index
+from governor.store.windows import WindowCharge, WindowTake, check_charges, window_index
 
 log = logging.getLogger("governor.store")
 
 ACKNOWLEDGED = "ack-"  # how a fence an operator's acknowledgement wrote begins
+# Where a process-local session (`?sessions=local`) keeps its state, counters and reservations:
+# "local" and a unit separator before its name. No session name of the shared mode holds a
+# control character (agent-named sessions are printable, --session refuses them, the others are
+# generated), so the two modes never read or write each other's sessions, even under one name:
+# a local governor beside shared replicas of the same agent once took up a shared session's
+# state and wrote it back later, and the replicas' steps made meanwhile were lost from its count.
+LOCAL_SESSIONS = "local\x1f"
 
 
 class RedisStore:
@@ -143,6 +153,7 @@ class RedisStore:
         self.options = options
         self.window = window
         self.prefix = options.prefix
+        self.session_space = LOCAL_SESSIONS if options.sessions == "local" else ""
         self._keys = [f"{self.prefix}fence"]  # each script's one declared key: its slot on Cluster
         self._closed = False
         self._ttl_ms = math.ceil((window.length + 2 * window.bucket) * 1000)
@@ -190,9 +201,9 @@ class RedisStore:
         if self._lost is not None and not self._acknowledged_elsewhere():
             raise StoreIntegrityError(self._lost)
 
-    def failure(self, exc: Exception) -> StoreUnavailable:
-        """What a backend failure means to the caller (its asyncio client's too): a budget
-        counter a script found damaged is CounterDamaged (fails closed, not retryable)."""
+    def failure(self, exc: Exception) -> StoreError:
+        """What a backend failure means to the caller (its asyncio client's too): a counter
+        a script found damaged is CounterDamaged (fails closed, not retryable)."""
         damaged = counter_damaged(exc)
         if damaged is not None:
             return damaged
@@ -340,7 +351,7 @@ class RedisStore:
             return
         try:
             self._run(self._release, rid)
-        except StoreUnavailable:  # it keeps counting: the store errs on counting
+        except StoreError:  # it keeps counting: the store errs on counting
             log.warning("Redis store: could not drop unacknowledged reservation %s", rid)
         raise self._unavailable(f"Redis store: the reservation was acknowledged by {acked} of "
                                 f"{self.options.wait_replicas} replica(s) within {self.options.wait_timeout:g}s")
@@ -384,7 +395,7 @@ class RedisStore:
     # --- counters ----------------------------------------------------------------------
     def reserve(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> Reservation:
         rid = uuid.uuid4().hex
-        args, capped = reserve_args(self.window, self._ttl_ms, agent, session, rid, charges, now)
+        args, capped = reserve_args(self.window, self._ttl_ms, agent, self.session_space + session, rid, charges, now)
         result, acked = self._held(self._reserve, rid, args)
         if int(result[0]) == 1:
             self._short(acked, rid)
@@ -394,7 +405,7 @@ class RedisStore:
     def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                        charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
         """The snapshot of `keys` and the reservation of `charges` in one script (one round trip)."""
-        call = ReserveWithin.of(self.window, self._ttl_ms, agent, session, keys, charges, now)
+        call = ReserveWithin.of(self.window, self._ttl_ms, agent, self.session_space + session, keys, charges, now)
         result, acked = self._held(self._reserve_within, call.rid, call.args)
         snapshot, held = call.answer(result)
         if held.ok:
@@ -438,14 +449,15 @@ class RedisStore:
         return refused(capped, result[1], result[2])
 
     def add(self, agent: str, session: str, charges: Sequence[CounterCharge], now: float) -> None:
-        args: list[Any] = [agent, session, self.window.bucket_of(now), self.window.first_live(now), self._ttl_ms]
+        args: list[Any] = [agent, self.session_space + session, self.window.bucket_of(now), self.window.first_live(now),
+                           self._ttl_ms]
         _, acked = self._run_acknowledged(self._add, *args, *encode_totals(totals_by_key(charges)))
         self._noted(acked)
 
     def snapshot(
         self, agent: str, session: str, now: float, keys: Sequence[CounterKey] | None = None
     ) -> dict[CounterKey, float]:
-        args: list[Any] = [agent, session, self.window.first_live(now)]
+        args: list[Any] = [agent, self.session_space + session, self.window.first_live(now)]
         if keys is None:
             args.append(-1)
         else:
@@ -474,10 +486,7 @@ class RedisStore:
         result = self._run(self._take_window, *args)
         if int(result[0]) == 1:
             return WindowTake(True, indexes)
-        failed = int(result[1]) - 1
-        if int(result[0]) == 2:  # not a count: edited in Redis (fail closed, left as found)
-            found = result[2].decode(errors="replace") if isinstance(result[2], bytes) else str(result[2])
-            raise WindowCounterDamaged(failed, f"w:{charges[failed].counter}@{indexes[failed]}", found)
+        failed = int(result[1]) - 1  # (a counter that is not a count: CounterDamaged, from _run)
         return WindowTake(False, failed=failed, observed=float(result[2]),
                           rolls_at=(indexes[failed] + 1) * charges[failed].window_sec)
 
@@ -512,8 +521,13 @@ class RedisStore:
         return found
 
     # --- sessions ----------------------------------------------------------------------
+    def session_key(self, session: str) -> str:
+        """The name `session`'s keys are made from: its own, or in local sessions' space."""
+        return self.session_space + session
+
     def save_session(self, session: str, state: dict) -> None:
         encoded = encode_state(state)
+        session = self.session_space + session
         with self._guard():
             pipe = self._client.pipeline(transaction=True)
             pipe.set(f"{self.prefix}st:{session}", encoded)
@@ -522,7 +536,7 @@ class RedisStore:
 
     def load_session(self, session: str) -> dict | None:
         with self._guard():
-            raw = self._client.get(f"{self.prefix}st:{session}")
+            raw = self._client.get(f"{self.prefix}st:{self.session_space}{session}")
         return None if raw is None else orjson.loads(raw)
 
     def shared_sessions(self) -> RedisSessions | None:
@@ -534,11 +548,15 @@ class RedisStore:
                              self.options.wait_timeout, self.options.retry_after, ended_ttl=self.options.ended_ttl)
 
     def list_sessions(self) -> list[str]:
+        """The saved sessions of this store's mode (shared, or local: see LOCAL_SESSIONS)."""
         with self._guard():
-            return sorted(self._client.smembers(f"{self.prefix}sessions"))
+            names = self._client.smembers(f"{self.prefix}sessions")
+        if self.session_space:
+            return sorted(name[len(self.session_space):] for name in names if name.startswith(self.session_space))
+        return sorted(name for name in names if not name.startswith(LOCAL_SESSIONS))
 
     def delete_session(self, session: str) -> bool:
-        return int(self._run(self._delete_session, session)) > 0
+        return int(self._run(self._delete_session, self.session_space + session)) > 0
 
     # --- nonces ------------------------------------------------------------------------
     def put_nonce(self, nonce: str, expires_at: float, now: float) -> None:

@@ -19,7 +19,7 @@ import redis
 from redis.exceptions import AskError
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store.base import Reservation, RollingWindow, StoreUnavailable, UnknownReservation
+from governor.store.base import Reservation, RollingWindow, StoreError, UnknownReservation
 from governor.store.redis_calls import ReserveWithin, commit_args
 from governor.store.redis_scripts import PRELUDE
 from governor.store.redis_shared_scripts import SHARED_ADMIT, SHARED_SETTLE
@@ -39,7 +39,7 @@ class Fenced(Protocol):
 
     def check_usable(self) -> None: ...
 
-    def failure(self, exc: Exception) -> StoreUnavailable: ...
+    def failure(self, exc: Exception) -> StoreError: ...
 
     def fence_error(self, exc: Exception) -> bool: ...
 
@@ -113,14 +113,15 @@ class AsyncCounters:
                 self._again(exc, attempt)
         raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
 
-    def _malformed(self, result: Any, exc: Exception) -> StoreUnavailable:
+    def _malformed(self, result: Any, exc: Exception) -> StoreError:
         """A reply of the wrong shape (not what the script answers): the store's failure."""
         return self._store.failure(redis.InvalidResponse(f"unexpected reply {str(result)[:80]!r} ({exc})"))
 
     async def reserve_within(self, agent: str, session: str, keys: Sequence[CounterKey],
                              charges: Sequence[CounterCharge], now: float) -> tuple[dict[CounterKey, float], Reservation]:
         """The store's reserve_within, awaited."""
-        call = ReserveWithin.of(self._store.window, self._ttl_ms, agent, session, keys, charges, now)
+        call = ReserveWithin.of(self._store.window, self._ttl_ms, agent, self._store.session_space + session, keys,
+                                charges, now)
         result = await self._run(self._reserve_within, call.args)
         try:
             return call.answer(result)

@@ -30,7 +30,9 @@ REMOVE_ENDED = r"""
 local P = ARGV[1]
 local gone = redis.call('ZRANGEBYSCORE', P .. 'ended', '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, S in ipairs(gone) do
-  redis.call('DEL', P .. 'ch:' .. S, P .. 'chh:' .. S, P .. 'st:' .. S, P .. 'rec:' .. S, P .. 'lk:' .. S)
+  redis.call('DEL', P .. 'ch:' .. S, P .. 'chh:' .. S, P .. 'st:' .. S, P .. 'rec:' .. S, P .. 'lk:' .. S,
+    P .. 'prf:' .. S)
+  redis.call('HDEL', P .. 'unproved', S)
   redis.call('SREM', P .. 'chains', S)
   redis.call('ZREM', P .. 'ids', S)
   redis.call('ZREM', P .. 'ended', S)

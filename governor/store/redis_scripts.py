@@ -74,11 +74,20 @@ local function day_total(key, first_live, b)
   end
   if lo < first_live then
     local gone = {}
-    for e = lo, first_live - 1 do
-      local v = redis.call('HGET', key, int(e))
-      if v then
-        t = t - count(v, key, int(e))
-        gone[#gone + 1] = int(e)
+    local function evict(f, v)
+      t = t - count(v, key, f)
+      gone[#gone + 1] = f
+    end
+    if first_live - lo <= redis.call('HLEN', key) then  -- the usual gap: a bucket or a few
+      for e = lo, first_live - 1 do
+        local v = redis.call('HGET', key, int(e))
+        if v then evict(int(e), v) end
+      end
+    else  -- lo far behind (a long idle key, or lo edited to 0): the buckets it holds, not every index
+      local h = redis.call('HGETALL', key)
+      for i = 1, #h, 2 do
+        local e = tonumber(h[i])
+        if e and e >= lo and e < first_live and int(e) == h[i] then evict(h[i], h[i + 1]) end
       end
     end
     for _, e in ipairs(gone) do redis.call('HDEL', key, e) end
@@ -373,8 +382,8 @@ return redis.call('DEL', P .. 'st:' .. session)
 # The rate limits' window counters (governor.store.windows): one string per counter and
 # window, w:<counter>@<index>, expiring two windows after its last write. A counter that is not
 # a count (edited in Redis: text, nan, a negative or infinite number, a key of another type)
-# is never read as zero nor overwritten: the take is refused naming it, and an adjustment
-# leaves it as it is, for the operator to find.
+# is never read as zero nor overwritten: the take stops with GOVERNOR_DAMAGED naming it, as a
+# budget counter's script does, and an adjustment leaves it as it is, for the operator to find.
 WINDOW_COUNT = r"""
 -- the count a window counter holds (0 when absent), or nil and what it holds instead
 local function window_count(key)
@@ -388,7 +397,7 @@ end
 """
 
 # ARGV: P, n, (counter, index, amount, cap or '', ttl_ms) * n
-#   -> {1} | {0, i, current}: charge i would pass its cap | {2, i, found}: charge i's counter is not a count
+#   -> {1} | {0, i, current}: charge i would pass its cap (a counter that is not a count: GOVERNOR_DAMAGED)
 TAKE_WINDOW = WINDOW_COUNT + r"""
 local n = tonumber(ARGV[2])
 local keys, totals, counts = {}, {}, {}
@@ -397,7 +406,7 @@ for i = 1, n do
   keys[i] = P .. 'w:' .. ARGV[j] .. '@' .. ARGV[j + 1]
   totals[keys[i]] = (totals[keys[i]] or 0) + tonumber(ARGV[j + 2])
   local v, found = window_count(keys[i])
-  if v == nil then return {2, i, found} end
+  if v == nil then damaged(keys[i], '', found) end
   counts[i] = v
 end
 for i = 1, n do

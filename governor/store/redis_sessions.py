@@ -11,6 +11,9 @@ and each script here runs atomically on one node):
   act                hash: session -> its last step's time (any replica's), for idle ends
   lk:<session>       a replica's decision round on the session (SET NX PX, an owner token)
   rec:<session>      the session's signed final record (JSON), written once
+  unproved           hash: session -> the SHA-256 of its final record, logged by the replica that
+                     wrote it and waiting for that replica to publish its proof (runtime/shared_proofs.py)
+  prf:<session>      the C2SP tlog-proof of the session's final record, as its logging replica made it
   book               list: the session book's log entries (governor.sessions.book), in order
   bookgen            how many times the book's log was compacted (readers re-read it whole)
   holds              hash: approval -> a held step's view {session, ...} (what reviewers list)
@@ -98,6 +101,17 @@ if gen ~= tonumber(ARGV[3]) then start = 0 end
 return {gen, redis.call('LRANGE', P .. 'book', start, -1)}
 """
 
+# KEYS[1] the fence; ARGV: prefix, session, the record (JSON), when (epoch seconds), the SHA-256 of
+# the record as logged ('' not logged). Writes the record once; only the record written marks its
+# proof as awaited (a replica whose record lost the race logged another one). 1 written, else 0.
+PUT_RECORD = r"""
+local P, S = ARGV[1], ARGV[2]
+if not redis.call('SET', P .. 'rec:' .. S, ARGV[3], 'NX') then return 0 end
+redis.call('ZADD', P .. 'ended', 'NX', ARGV[4], S)
+if ARGV[5] ~= '' then redis.call('HSET', P .. 'unproved', S, ARGV[5]) end
+return 1
+"""
+
 LOCK_LEASE_MS = 10_000  # a replica that dies in a decision round holds it this long at most
 LOCK_WAIT_SEC = 5.0  # longer than this waiting for another replica's round: refused (retryable)
 
@@ -125,6 +139,7 @@ class RedisSessions:
         self._begin = client.register_script(BEGIN_ROUND)
         self._end = client.register_script(END_ROUND)
         self._book_read = client.register_script(BOOK_READ)
+        self._put_record = client.register_script(PUT_RECORD)
 
     @contextmanager
     def _io(self) -> Iterator[None]:
@@ -232,18 +247,50 @@ class RedisSessions:
 
     # --- final records ------------------------------------------------------------------
 
-    def put_record(self, session: str, record: dict[str, Any]) -> None:
-        """Write the session's final record once; from then on its keys are kept `ended_ttl`."""
+    def put_record(self, session: str, record: dict[str, Any], logged: str | None = None) -> bool:
+        """Write the session's final record once; from then on its keys are kept `ended_ttl`.
+        `logged`: the record's SHA-256 in the writer's transparency log (its proof is then
+        awaited, `unproved`). False: a record was there already (that one stands)."""
         with self.guard():
-            pipe = self.client.pipeline(transaction=False)  # (a crash between: indexed at the next start)
-            pipe.set(f"{self.prefix}rec:{session}", orjson.dumps(record), nx=True)
-            pipe.zadd(f"{self.prefix}ended", {session: time.time()}, nx=True)
-            pipe.execute()
+            return bool(int(self._put_record(keys=self.keys, args=(
+                self.prefix, session, orjson.dumps(record), repr(time.time()), logged or ""))))
 
     def get_record(self, session: str) -> dict[str, Any] | None:
         with self.guard():
             raw = self.client.get(f"{self.prefix}rec:{session}")
         return None if raw is None else orjson.loads(raw)
+
+    # --- proofs of final records (runtime/shared_proofs.py) --------------------------------
+
+    def put_proof(self, session: str, proof: bytes) -> None:
+        """The tlog-proof of the session's final record: served by every replica from now on."""
+        with self.guard():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.set(f"{self.prefix}prf:{session}", proof)
+            pipe.hdel(f"{self.prefix}unproved", session)
+            pipe.execute()
+
+    def get_proof(self, session: str) -> tuple[bytes | None, str | None]:
+        """(the published proof of the session's final record or None, the SHA-256 of the
+        record whose proof is awaited or None)."""
+        with self.guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(f"{self.prefix}prf:{session}")
+            pipe.hget(f"{self.prefix}unproved", session)
+            proof, awaited = pipe.execute()
+        return (proof.encode() if isinstance(proof, str) else proof,
+                awaited.decode() if isinstance(awaited, bytes) else awaited)
+
+    def unproved(self) -> dict[str, str]:
+        """session -> the SHA-256 of its final record, for every record whose proof is awaited."""
+        with self.guard():
+            found = self.client.hgetall(f"{self.prefix}unproved")
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in found.items()}
+
+    def drop_unproved(self, session: str) -> None:
+        with self.guard():
+            self.client.hdel(f"{self.prefix}unproved", session)
 
     # --- the session book's log -----------------------------------------------------------
 

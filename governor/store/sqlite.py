@@ -29,6 +29,7 @@ import orjson
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import (
     DAY,
+    CounterDamaged,
     Reservation,
     RollingWindow,
     StoreError,
@@ -38,6 +39,7 @@ from governor.store.base import (
     encode_state,
     first_overshoot,
     reserve_within,
+    stored_count,
     totals_by_key,
 )
 
@@ -85,8 +87,8 @@ _SESSION_TAKE = "UPDATE session_counters SET value = value - ? WHERE session = ?
 # per_day statements take (agent, persona, dimension) first
 _DAY_KEY = "agent = ? AND persona = ? AND dimension = ?"
 _DAY_TOTAL = f"SELECT total, oldest FROM day_totals WHERE {_DAY_KEY}"
-_DAY_EXPIRE = f"DELETE FROM day_buckets WHERE {_DAY_KEY} AND bucket < ? RETURNING value"
-_DAY_EXPIRED_SUM = f"SELECT TOTAL(value) FROM day_buckets WHERE {_DAY_KEY} AND bucket < ?"
+_DAY_EXPIRE = f"DELETE FROM day_buckets WHERE {_DAY_KEY} AND bucket < ? RETURNING bucket, value"
+_DAY_EXPIRED = f"SELECT bucket, value FROM day_buckets WHERE {_DAY_KEY} AND bucket < ?"
 _DAY_HAS_LIVE = f"SELECT 1 FROM day_buckets WHERE {_DAY_KEY} AND bucket >= ? LIMIT 1"
 _DAY_SET_TOTAL = f"UPDATE day_totals SET total = ?, oldest = ? WHERE {_DAY_KEY}"
 _DAY_ADD = (
@@ -346,7 +348,8 @@ class SQLiteStore:
             if keys is not None:
                 return {key: self._value(conn, agent, session, key, first_live) for key in keys}
             values = {
-                ("per_session", p or None, d): v
+                ("per_session", p or None, d):
+                    stored_count(v, state_row("session_counters", session=session, persona=p, dimension=d))
                 for p, d, v in conn.execute(
                     "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
                 )
@@ -368,13 +371,15 @@ class SQLiteStore:
         persona = persona or AGGREGATE
         if scope == "per_session":
             row = conn.execute(_SESSION_VALUE, (session, persona, dimension)).fetchone()
-            return row[0] if row else 0.0
+            return 0.0 if row is None else \
+                stored_count(row[0], state_row("session_counters", session=session, persona=persona, dimension=dimension))
         row = conn.execute(_DAY_TOTAL, (agent, persona, dimension)).fetchone()
         if row is None:
             return 0.0
-        total, oldest = row
+        total, oldest = _day_total(agent, persona, dimension, row)
         if oldest < first_live:
-            total -= conn.execute(_DAY_EXPIRED_SUM, (agent, persona, dimension, first_live)).fetchone()[0]
+            total -= _expired(agent, persona, dimension, conn.execute(_DAY_EXPIRED, (agent, persona, dimension,
+                                                                                     first_live)).fetchall())
         return total
 
     @classmethod
@@ -393,9 +398,9 @@ class SQLiteStore:
         row = conn.execute(_DAY_TOTAL, day_key).fetchone()
         if row is None:
             return 0.0
-        total, oldest = row
-        if oldest < first_live:
-            total -= sum(v for (v,) in conn.execute(_DAY_EXPIRE, (*day_key, first_live)).fetchall())
+        total, oldest = _day_total(*day_key, row)
+        if oldest < first_live:  # (a damaged row raises before the transaction commits: nothing deleted)
+            total -= _expired(*day_key, conn.execute(_DAY_EXPIRE, (*day_key, first_live)).fetchall())
             conn.execute(_DAY_SET_TOTAL, (total, first_live, *day_key))
         return total
 
@@ -502,3 +507,21 @@ def encode_totals(totals: dict[CounterKey, float]) -> str:
 def decode_totals(text: str) -> dict[CounterKey, float]:
     return {(s, p, d): a for s, p, d, a in orjson.loads(text)}
 
+
+def state_row(table: str, **columns: object) -> str:
+    """A row of the state file, as CounterDamaged names it (what an operator deletes or corrects)."""
+    return f"{table}(" + ", ".join(f"{name}={value!r}" for name, value in columns.items()) + ")"
+
+
+def _day_total(agent: str, persona: str, dimension: str, row: tuple) -> tuple[float, int]:
+    """A day_totals row's total and oldest bucket, checked (CounterDamaged: edited in the file)."""
+    where = state_row("day_totals", agent=agent, persona=persona, dimension=dimension)
+    if type(row[1]) is not int:
+        raise CounterDamaged(where, str(row[1])[:64])
+    return stored_count(row[0], where), row[1]
+
+
+def _expired(agent: str, persona: str, dimension: str, rows: list[tuple]) -> float:
+    """The sum of the bucket rows that left the window, each checked."""
+    return sum(stored_count(value, state_row("day_buckets", agent=agent, persona=persona, dimension=dimension,
+                                             bucket=bucket)) for bucket, value in rows)

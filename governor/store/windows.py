@@ -12,7 +12,7 @@ the take counted in.
 owns those). The Redis store implements the same two methods in Lua (`take_window`,
 `adjust_window`), so replicas on one Redis share every window: `windows_for(store)`. A counter
 found there that is not a count (edited in Redis) is never read as zero: `take_window` raises
-`WindowCounterDamaged` and the step is refused.
+`governor.store.CounterDamaged`, as a budget counter does, and the step is refused.
 
 Time is passed in; nothing here reads the clock.
 """
@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from governor.store.base import StoreError, cap_limit
+from governor.store.base import cap_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +46,6 @@ class WindowTake:
     failed: int | None = None
     observed: float = 0.0
     rolls_at: float = 0.0
-
-
-class WindowCounterDamaged(StoreError):
-    """A window counter in a shared store holds something that is not a count (edited in the
-    store: text, nan, a negative or infinite number, a key of another type). Nothing was taken:
-    the step is refused (fail closed) until an operator deletes the counter, which is left as
-    found. `charge` is the index of the charge whose counter it is."""
-
-    def __init__(self, charge: int, key: str, found: str) -> None:
-        super().__init__(f"the window counter {key} is not a count ({found!r}): it was edited or damaged in the "
-                         "store; it is left as found, and the limit refuses every step until an operator deletes it")
-        self.charge, self.key, self.found = charge, key, found
 
 
 def window_index(now: float, window_sec: float) -> int:

@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
-from governor.store.base import DAY, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable
+from governor.store.base import (
+    DAY, CounterDamaged, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable, stored_count
+)
 from governor.store.memory import DayCounter, HeldReservation, MemoryStore
-from governor.store.sqlite import AGGREGATE, SQLiteStore, StateFileLock, decode_totals, encode_totals
+from governor.store.sqlite import AGGREGATE, SQLiteStore, StateFileLock, decode_totals, encode_totals, state_row
 
 log = logging.getLogger("governor.store")
 
@@ -269,11 +271,13 @@ class WriteBehindStore(MemoryStore):
             rows = conn.execute(
                 "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
             ).fetchall()
+        counters = {(p or None, d): stored_count(v, state_row("session_counters", session=session, persona=p, dimension=d))
+                    for p, d, v in rows}  # a value that is not a count: CounterDamaged, nothing loaded
         with self._lock:
             # loaded meanwhile (by another thread, or forgotten by delete_session): memory is ahead
             if session not in self._loaded_sessions:
-                if rows:
-                    self._session_counters[session] = {(p or None, d): v for p, d, v in rows}
+                if counters:
+                    self._session_counters[session] = counters
                 self._loaded_sessions.add(session)
 
     def _load_agent(self, agent: str) -> None:
@@ -283,6 +287,10 @@ class WriteBehindStore(MemoryStore):
             ).fetchall()
         counters: dict[tuple[str | None, str], DayCounter] = {}
         for persona, dimension, bucket, value in rows:  # the total from the buckets, not from day_totals
+            where = state_row("day_buckets", agent=agent, persona=persona, dimension=dimension, bucket=bucket)
+            if type(bucket) is not int:
+                raise CounterDamaged(where, str(bucket)[:64])
+            value = stored_count(value, where)
             counter = counters.get((persona or None, dimension))
             if counter is None:
                 counter = counters[(persona or None, dimension)] = DayCounter({}, 0.0, bucket)
@@ -297,7 +305,13 @@ class WriteBehindStore(MemoryStore):
         with self._file._read() as conn:
             rows = conn.execute("SELECT id, agent, session, bucket, created, totals FROM reservations").fetchall()
         for rid, agent, session, bucket, created, totals in rows:
-            self._load(agent, session)
+            try:
+                self._load(agent, session)
+            except CounterDamaged as exc:  # settled as reserved (it keeps counting); the steps that read it refused
+                log.error("SQLite store %s: reservation %s settled as reserved at open: %s", self.path, rid, exc)
+                with self._file._write() as conn:
+                    conn.execute("DELETE FROM reservations WHERE id = ?", (rid,))
+                continue
             self._held[rid] = HeldReservation(agent, session, bucket, created, decode_totals(totals))
             self._persisted.add(rid)
 
@@ -507,3 +521,4 @@ class WriteBehindStore(MemoryStore):
 
     def __enter__(self) -> WriteBehindStore:
         return self
+
