@@ -316,14 +316,17 @@ class Governor(Role):
     """`governor run` on a passport, with free loopback ports: how users run it."""
 
     def __init__(self, passport: Path, data_dir: Path, *, tier: str = "R3", session: str = "bench",
-                 extra: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+                 extra: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 executable: Path | None = None) -> None:
+        """executable: another tree's `governor` (its venv's), to compare revisions in one run."""
         args = ["--passport", str(passport), "--data-dir", str(data_dir), "--tier", tier, "--session", session,
                 "--listen", f"{HOST}:0", "--control", f"{HOST}:0", *extra]
         self.data_dir = Path(data_dir)
+        self.executable = executable or Path(PYTHON).with_name("governor")
         super().__init__("governor", *args, env=env)
 
     def command(self, role: str, args: Sequence[str]) -> list[str]:
-        return [str(Path(PYTHON).with_name("governor")), "run", *args]
+        return [str(self.executable), "run", *args]
 
     def ready(self, timeout: float) -> dict[str, Any]:
         """Reads `governor run`'s start-up instructions (proxy and control plane URLs)."""

@@ -5,6 +5,7 @@ same number of workers, side by side in one run.
     .venv/bin/python bench/scaling.py [--quick] [--rounds N] [--duration S] [--concurrency C]
                                       [--workers 1,2,4] [--litellm PATH]
                                       [--load python|wrk] [--upstream aiohttp|lean]
+                                      [--paths embedded,redis,...] [--base GOVERNOR]
 
 Paths (plain chat completions, closed loop, C kept-alive connections in all, default 32):
 - `embedded`: one `governor run` on its embedded store (SQLite, counters written behind);
@@ -14,6 +15,9 @@ Paths (plain chat completions, closed loop, C kept-alive connections in all, def
   (each process its own sessions, budgets shared);
 - `redis-xN`: `governor run --workers N` on that Redis: N worker processes on one port
   (SO_REUSEPORT), sharing budgets through the store;
+- `redis@base`, `redis-local@base`: `redis` and `redis-local` with another tree's governor
+  (--base: its venv's `governor` executable, e.g. a `git worktree` of main), measured in the
+  same rounds, for a comparison of two revisions on one load;
 - `litellm-xN`: LiteLLM's proxy (`litellm --num_workers N`, under gunicorn for N > 1) in front of the same mock
   upstream, when a LiteLLM is given (--litellm: its `litellm` executable; bench/setup of
   one: `python -m venv bench/.venv-litellm && bench/.venv-litellm/bin/pip install 'litellm[proxy]'`).
@@ -28,6 +32,11 @@ the harness's (load generator, upstream) and the host's busy cores, and each pat
 the most throughput over the embedded store's this host allows beside the harness. For the
 governors with one session `bench` (all but `redis-local-xN`), the steps the session counted
 are compared with the requests sent: a request through the proxy must be governed.
+Each governor drives a session of its own (`bench` on the embedded store and for `redis`,
+`bench-x2` for `redis-x2`, ...): governors sharing one session on one Redis ticked the one
+being measured while idle. For the governors on Redis the shared sessions' rounds and retried
+scripts (their governor_shared_*_total) and redis-server's reads per request are reported,
+and the host's load average beside each segment. `--paths` measures a subset.
 Throughput is requests answered 200 per second. Targets (the issue's): `redis` costs at most
 1.3x the CPU per request of `embedded`; `redis-x2` gives at least 1.7x the throughput of
 `embedded`. Prints a table and writes bench/results/scaling.json.
@@ -169,14 +178,54 @@ def session_steps(counter: tuple[Governor, str]) -> int:
         raise
 
 
+SHARED_FAMILIES = ("governor_shared_rounds_total", "governor_shared_retries_total")
+
+
+def shared_counts(control_urls: list[str]) -> dict[str, float]:
+    """The shared sessions' rounds and retries (by label) the governors at `control_urls` counted
+    so far, from their /metrics (an older tree's governor has none: {})."""
+    import urllib.request
+
+    counts: dict[str, float] = {}
+    for url in control_urls:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(SHARED_FAMILIES):
+                name, value = line.rsplit(" ", 1)
+                key = name.replace("governor_shared_", "").replace("_total", "").replace('"', "")
+                counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def redis_reads(url: str | None) -> int:
+    """The reads redis-server has processed (a pipelined write of several commands is one):
+    the round trips of every client, this path's governor and the idle ones."""
+    if url is None:
+        return 0
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_reads_processed"])
+    finally:
+        client.close()
+
+
 def measure(loads: list[Any], targets: list[tuple[str | None, str]], pids: list[int], concurrency: int,
             duration: float, warmup: float, harness: dict[str, list[int]],
             headers: dict[str, str] | None = None,
-            counted_by: tuple[Governor, str] | None = None) -> dict[str, Any]:
+            counted_by: tuple[Governor, str] | None = None, controls: list[str] | None = None,
+            redis_url: str | None = None) -> dict[str, Any]:
     """One segment: the connections split over `targets` ((proxy, url) each), one load
     generator per target, all at once; CPU of `pids` (and their children) around it, and of
     the harness's processes (`harness`: load, upstream, redis -> pids; wrk reports its own).
-    `counted_by`: (governor, session): the session that must count every request sent."""
+    `counted_by`: (governor, session): the session that must count every request sent;
+    `controls`: the control planes whose shared-session rounds and retries are counted;
+    `redis_url`: the redis-server whose reads are counted."""
     share = [concurrency // len(targets) + (1 if i < concurrency % len(targets) else 0) for i in range(len(targets))]
     answers: list[dict[str, Any] | None] = [None] * len(targets)
     failures: list[BaseException] = []
@@ -192,6 +241,8 @@ def measure(loads: list[Any], targets: list[tuple[str | None, str]], pids: list[
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
     steps_before = session_steps(counted_by) if counted_by else None
+    shared_before = shared_counts(controls or [])
+    reads_before = redis_reads(redis_url)
     # CPU is read around the whole segment, warm-up included (per request of both, below)
     cpu_before = sum(tree_cpu(p) for p in pids)
     harness_before = {name: sum(tree_cpu(p) for p in ps) for name, ps in harness.items()}
@@ -205,6 +256,8 @@ def measure(loads: list[Any], targets: list[tuple[str | None, str]], pids: list[
     cpu = sum(tree_cpu(p) for p in pids) - cpu_before
     harness_cpu = {name: sum(tree_cpu(p) for p in ps) - harness_before[name] for name, ps in harness.items()}
     busy = machine_busy_seconds() - busy_before
+    shared = {k: v - shared_before.get(k, 0.0) for k, v in shared_counts(controls or []).items()}
+    reads = redis_reads(redis_url) - reads_before - 1 if redis_url else None  # that INFO's own read left out
     if failures:
         raise failures[0]
     if any("load_cpu_seconds" in a for a in answers if a):  # wrk: its own, from its exit
@@ -221,14 +274,17 @@ def measure(loads: list[Any], targets: list[tuple[str | None, str]], pids: list[
     return {"ok": ok, "other": other, "elapsed": elapsed, "wall": wall, "cpu": cpu,
             "redis_cpu": harness_cpu.get("redis"), "harness_cpu": harness_cpu, "machine_busy": busy,
             "steps_counted": session_steps(counted_by) - steps_before if counted_by else None,
-            "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3]}
+            "requests_all": requests_all, "errors": [e for a in answers if a for e in a["errors"]][:3],
+            "load": os.getloadavg()[0],  # the host's 1-minute load average as the segment ended
+            "shared": {k: v for k, v in shared.items() if v}, "redis_reads": reads}
 
 
 def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: list[int],
         litellm: Path | None, log=print, *, load: str = "python", upstream_kind: str = "aiohttp",
-        wrk_threads: int = 1) -> dict[str, Any]:
+        wrk_threads: int = 1, only: set[str] | None = None, base: Path | None = None) -> dict[str, Any]:
     """load: "python" (two of common.py's load generators) or "wrk" (one wrk run a segment);
-    upstream_kind: "aiohttp" (common.py's) or "lean" (bench/lean_upstream.py)."""
+    upstream_kind: "aiohttp" (common.py's) or "lean" (bench/lean_upstream.py); `only`: the
+    paths to start and measure (None: all); `base`: another tree's governor executable."""
     from tests.redis_server import RedisServer
 
     segments: dict[str, list[dict[str, Any]]] = {}
@@ -242,12 +298,17 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             started.append(upstream)
             passport = write_passport(work / "passport.json")
             url = upstream_url(upstream.port)
-            embedded = Governor(passport, work / "embedded")
-            started.append(embedded)
+            wanted = (lambda name: True) if only is None else only.__contains__
+            embedded = Governor(passport, work / "embedded") if wanted("embedded") else None
+            if embedded is not None:
+                started.append(embedded)
             on_redis = {}
             for n in sorted({1, 2, *workers}):
-                g = Governor(passport, work / f"redis-x{n}",
-                             # each its own id: two governors with one id on one store are refused (#32)
+                if not wanted("redis" if n == 1 else f"redis-x{n}"):
+                    continue
+                # each its own id: two governors with one id on one store are refused (#32); each
+                # its own session: idle workers ticked the one being measured when they shared it
+                g = Governor(passport, work / f"redis-x{n}", session="bench" if n == 1 else f"bench-x{n}",
                              extra=["--store", server.url, "--id", f"did:web:localhost:bench-redis-x{n}",
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
@@ -257,6 +318,8 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             local_sessions = server.url + ("&" if "?" in server.url else "?") + "sessions=local"
             on_local = {}
             for n in sorted({1, max(workers)}):
+                if not wanted("redis-local" if n == 1 else f"redis-local-x{n}"):
+                    continue
                 # a session name of their own, for the reader: a process-local session "bench"
                 # beside the shared one would be another session anyway (store/redis.py
                 # LOCAL_SESSIONS; before, it wrote over the shared one's count of steps)
@@ -265,6 +328,15 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                                     *(["--workers", str(n)] if n > 1 else [])])
                 started.append(g)
                 on_local[n] = g
+            on_base = {}
+            if base is not None:
+                for name, store in (("redis@base", server.url), ("redis-local@base", local_sessions)):
+                    if wanted(name):
+                        own = f"bench-{name.replace('@', '-')}"  # its directory, session and id
+                        g = Governor(passport, work / own, executable=base, session=own,
+                                     extra=["--store", store, "--id", f"did:web:localhost:{own}"])
+                        started.append(g)
+                        on_base[name] = g
             loads: list[Any] = []
             for _ in range(loaders):
                 generator = WrkLoad(wrk_threads) if load == "wrk" else Role("load")
@@ -273,19 +345,31 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
             load_pids = [g.pid for g in loads if isinstance(g, Role)]  # wrk reports its own CPU
             # the session that must count every request sent through a path: one process's, or
             # one its workers share (with ?sessions=local each worker has its own: not checked)
-            counters: dict[str, tuple[Governor, str]] = {"embedded": (embedded, "bench"),
-                                                         "redis-local": (on_local[1], "bench-local-x1")}
-            counters.update({"redis" if n == 1 else f"redis-x{n}": (g, "bench") for n, g in on_redis.items()})
-            paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {
-                "embedded": ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid]),
-            }
+            counters: dict[str, tuple[Governor, str]] = {}
+            if embedded is not None:
+                counters["embedded"] = (embedded, "bench")
+            if 1 in on_local:
+                counters["redis-local"] = (on_local[1], "bench-local-x1")
+            counters.update({"redis" if n == 1 else f"redis-x{n}": (g, "bench" if n == 1 else f"bench-x{n}")
+                             for n, g in on_redis.items()})
+            counters.update({name: (g, f"bench-{name.replace('@', '-')}") for name, g in on_base.items()})
+            # the governors whose shared-session rounds and retries are counted
+            controls = {("redis" if n == 1 else f"redis-x{n}"): [g.control_url] for n, g in on_redis.items()}
+            controls.update({name: [g.control_url] for name, g in on_base.items()})
+            paths: dict[str, tuple[list[tuple[str | None, str]], list[int]]] = {}
+            if embedded is not None:
+                paths["embedded"] = ([(f"{HOST}:{embedded.port}", url)] * loaders, [embedded.pid])
             for n, g in on_redis.items():
                 paths["redis" if n == 1 else f"redis-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
             for n, g in on_local.items():
                 paths["redis-local" if n == 1 else f"redis-local-x{n}"] = ([(f"{HOST}:{g.port}", url)] * loaders,
                                                                            [g.pid])
+            for name, g in on_base.items():
+                paths[name] = ([(f"{HOST}:{g.port}", url)] * loaders, [g.pid])
             if litellm is not None:
                 for n in workers:
+                    if not wanted(f"litellm-x{n}"):
+                        continue
                     try:
                         proxy = LiteLLM(litellm, work, upstream.port, n)
                     except RuntimeError as exc:
@@ -305,14 +389,18 @@ def run(rounds: int, duration: float, warmup: float, concurrency: int, workers: 
                         harness["redis"] = [server.process.pid]
                     auth = {"Authorization": f"Bearer {LITELLM_KEY}"} if name.startswith("litellm") else None
                     segment = measure(loads, targets, pids, concurrency, duration, warmup, harness, auth,
-                                      counted_by=counters.get(name))
+                                      counted_by=counters.get(name), controls=controls.get(name),
+                                      redis_url=server.url if name.startswith("redis") else None)
                     segments.setdefault(name, []).append(segment)
                     cores = ", ".join(f"{k} {v / segment['wall']:.2f}" for k, v in segment["harness_cpu"].items())
                     log(f"    {name}: {segment['ok'] / segment['elapsed']:.0f}/s, "
                         f"{1000 * segment['cpu'] / max(1, segment['requests_all']):.2f} ms CPU/request, "
                         f"cores: governor {segment['cpu'] / segment['wall']:.2f}, {cores}, "
-                        f"host busy {segment['machine_busy'] / segment['wall']:.2f}"
-                        + (f", other {segment['other']}" if segment["other"] else ""))
+                        f"host busy {segment['machine_busy'] / segment['wall']:.2f}, load {segment['load']:.1f}"
+                        + (f", redis reads/request {segment['redis_reads'] / max(1, segment['requests_all']):.2f}"
+                           if segment["redis_reads"] is not None else "")
+                        + (f", other {segment['other']}" if segment["other"] else "")
+                        + (f", shared {segment['shared']}" if segment["shared"] else ""))
         finally:
             for role in reversed(started):
                 role.stop()
@@ -357,12 +445,22 @@ def aggregate(segments: dict[str, list[dict[str, Any]]], *, rounds: int, duratio
                          "requests_answered": sum(s["requests_all"] for s in counted)} if counted else None,
             "other_statuses": other,
             "errors": [e for s in segs for e in s["errors"]][:3],
+            "load": [round(s["load"], 2) for s in segs if "load" in s],
+            "redis_reads_per_request": (round(sum(s["redis_reads"] for s in segs) / requests_all, 3)
+                                        if requests_all and all(s.get("redis_reads") is not None for s in segs)
+                                        else None),
+            # the shared sessions' decision rounds and retried scripts, per 1,000 requests
+            "shared_per_1000": {k: round(1000 * sum(s.get("shared", {}).get(k, 0.0) for s in segs) / requests_all, 2)
+                                for k in sorted({k for s in segs for k in s.get("shared", {})})}
+                               if requests_all else {},
         }
     embedded = paths.get("embedded", {})
     bounds(paths, embedded.get("throughput_rps"), embedded.get("cpu_ms_per_request"), nproc)
     ratios = {
         "cpu_per_request_redis_over_embedded": ratio(paths.get("redis", {}).get("cpu_ms_per_request"),
                                                      embedded.get("cpu_ms_per_request")),
+        "cpu_per_request_redis_base_over_embedded": ratio(paths.get("redis@base", {}).get("cpu_ms_per_request"),
+                                                          embedded.get("cpu_ms_per_request")),
         "cpu_per_request_redis_local_over_embedded": ratio(paths.get("redis-local", {}).get("cpu_ms_per_request"),
                                                            embedded.get("cpu_ms_per_request")),
         "throughput_redis_over_embedded": ratio(paths.get("redis", {}).get("throughput_rps"),
@@ -410,8 +508,9 @@ def bounds(paths: dict[str, Any], embedded_rps: float | None, embedded_ms: float
 
 def report(result: dict[str, Any]) -> str:
     rows = [(name, p["throughput_rps"], p["cpu_ms_per_request"], p["redis_cpu_ms_per_request"] or "",
-             sum(p["other_statuses"].values()) or "") for name, p in result["paths"].items()]
-    lines = [table(rows, ("path", "req/s", "CPU ms/req", "redis CPU ms/req", "not 200"))]
+             p.get("redis_reads_per_request") or "", sum(p["other_statuses"].values()) or "")
+            for name, p in result["paths"].items()]
+    lines = [table(rows, ("path", "req/s", "CPU ms/req", "redis CPU ms/req", "redis reads/req", "not 200"))]
     rows = []
     for name, p in result["paths"].items():
         c, h, g = p["cores"], p["harness_cpu_ms_per_request"], p["governed"]
@@ -434,6 +533,9 @@ def report(result: dict[str, Any]) -> str:
             met = value <= target if name.startswith("cpu") else value >= target
             verdict = f" (target {'<=' if name.startswith('cpu') else '>='} {target}: {'met' if met else 'NOT met'})"
         lines.append(f"{name}: {value}{verdict}")
+    for name, p in result["paths"].items():
+        if p.get("shared_per_1000"):
+            lines.append(f"{name}: shared rounds and retries per 1,000 requests: {p['shared_per_1000']}")
     return "\n".join(lines)
 
 
@@ -452,6 +554,10 @@ def main() -> None:
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument("--upstream", choices=("aiohttp", "lean"), default="aiohttp",
                         help="the mock upstream: bench/common.py's (aiohttp) or bench/lean_upstream.py")
+    parser.add_argument("--paths", help="only these paths, comma-separated (embedded, redis, redis-local, redis-x2, "
+                                        "redis-local-x2, redis@base, litellm-x1, ...): a shorter run")
+    parser.add_argument("--base", type=Path, help="another tree's `governor` executable: adds redis@base and "
+                                                  "redis-local@base (compare two revisions in one run)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started on the way out
     if shutil.which("redis-server") is None:
@@ -464,8 +570,10 @@ def main() -> None:
     workers = sorted({int(w) for w in args.workers.split(",") if w.strip()})
     if args.load == "wrk" and shutil.which("wrk") is None:
         sys.exit("bench/scaling.py --load wrk needs wrk (apt-get install wrk)")
+    only = {p.strip() for p in args.paths.split(",") if p.strip()} if args.paths else None
     result = run(args.rounds, args.duration, args.warmup, args.concurrency, workers, litellm,
-                 load=args.load, upstream_kind=args.upstream, wrk_threads=args.wrk_threads)
+                 load=args.load, upstream_kind=args.upstream, wrk_threads=args.wrk_threads, only=only, base=args.base)
+    result["paths_measured"] = sorted(only) if only else "all"
     result["litellm"] = str(litellm) if litellm else None
     if litellm:
         result["litellm_version"] = subprocess.run([str(litellm), "--version"], capture_output=True, text=True,

@@ -13,10 +13,10 @@ import uuid
 import pytest
 import redis
 
-from governor.policy import ModelCall, UsageReport
+from governor.policy import ModelCall, Tick, UsageReport
 from governor.policy.steps import ON_BUDGET_EXHAUSTED, ON_GOVERNOR_ERROR
 from tests.redis_server import NOT_INSTALLED, REDIS_SERVER, RedisServer, redis_url  # noqa: F401  (fixture)
-from tests.test_runtime import Clock, make_runtime, model_step, pinned  # noqa: F401  (fixture)
+from tests.test_runtime import Clock, make_runtime, metric, model_step, pinned  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=NOT_INSTALLED)
 
@@ -453,5 +453,49 @@ async def test_a_shared_step_waits_for_its_own_replicas_round_before_sending_its
         assert counters.pipeline.batches - batches == 1 and live.state.in_flight == 1  # one script, no conflict
         await rt.finish("s", admission.ticket)
     finally:
+        await rt.close(end_sessions=False)
+        rt.store.close()
+
+
+async def test_calls_at_once_that_all_meet_another_writers_state_conflict_once_each_then_chain(
+        pinned, tmp_path, redis_url):
+    """Another writer saved the shared session's state (a version this replica never saw) and
+    four calls (the passport's max_concurrent) are admitted at once: their scripts, chained on
+    the old version, all conflict, and their replies all bring the same state. The first step
+    adopts it and queues its script again on it; the next three keep that prediction and queue
+    behind it (adopting the same bytes again would undo it: one step a wave got through,
+    4+3+2+1 conflicts; with 32 calls on a hot session, many then out of tries). One
+    conflict a call, two writes, no full round; the saved state counts every call once. The
+    runtime's metrics count the conflicts and the rounds (governor_shared_*_total)."""
+    clock = Clock()
+    rt = make_runtime(pinned, tmp_path, clock, store=RedisStore(redis_url, prefix=f"t-{uuid.uuid4().hex}:"))
+    server = redis.Redis.from_url(redis_url)
+    try:
+        await model_step(rt, "s", 100, 50, expected_out=100)
+        await rt.remote.drain()
+        live, counters, key = rt._sessions["s"], rt.store.counters(), f"{rt.store.prefix}st:s"
+        saved = json.loads(server.get(key))
+        server.set(key, json.dumps(saved, indent=1))  # the same state, other bytes: another version
+        conflicts = metric(rt, "governor_shared_retries_total", reason="conflict")
+        rounds = metric(rt, "governor_shared_rounds_total", step="model_call")
+        batches = counters.pipeline.batches
+        clock.t += 1
+        admissions = await asyncio.wait_for(asyncio.gather(*(rt.admit("s", call()) for _ in range(4))), 20)
+        assert all(not a.decision.blocks and a.ticket.reservation for a in admissions), [
+            (a.decision.action, a.decision.cause, a.decision.details) for a in admissions]
+        assert metric(rt, "governor_shared_retries_total", reason="conflict") - conflicts == 4  # once each
+        assert metric(rt, "governor_shared_rounds_total", step="model_call") == rounds == 0  # none left the path
+        assert metric(rt, "governor_shared_retries_total", reason="fallback") == 0
+        assert counters.pipeline.batches - batches == 2  # the four conflicting, then the four chained
+        after = json.loads(server.get(key))
+        assert after["in_flight"] == 4 and after["iterations"] == saved["iterations"] + 4
+        for admission in admissions:
+            await rt.finish("s", admission.ticket)
+        await rt.remote.drain()
+        ticks = metric(rt, "governor_shared_rounds_total", step="tick")
+        await rt.admit("s", Tick())  # the wall-clock's round, counted
+        assert metric(rt, "governor_shared_rounds_total", step="tick") == ticks + 1
+    finally:
+        server.close()
         await rt.close(end_sessions=False)
         rt.store.close()

@@ -313,3 +313,25 @@ async def test_arguments_with_resp_framing_inside_reach_the_script_intact_and_a_
             await neighbour
         assert await pipeline.call(echo, [], ["after"]) == ["after"]  # the pipeline goes on
         await counters.aclose()
+
+
+async def test_a_batch_answered_in_parts_wakes_its_callers_together(redis_url):
+    """Redis answers a large batch in parts (it reads 16 KB of commands at a time, and the
+    replies come as it goes): the callers get their replies once the whole batch is read, in
+    one turn of the loop, not the first ones while the rest is read (they would queue their next
+    calls into a batch of their own, and so on: bench/FINDINGS.md, session 21). Each still gets
+    its own reply."""
+    from governor.store.redis_pipeline import Script
+
+    with RedisStore(redis_url, prefix=prefix()) as store:
+        counters = store.counters()
+        pipeline, echo = counters.pipeline, Script(ECHO)
+        await pipeline.call(echo, [], ["warm"])  # the connection made, the script loaded
+        woken: list[int] = []  # at each caller's wake-up: how many of the batch were answered
+        futures = [pipeline.call(echo, [], [str(i), "x" * 8192]) for i in range(40)]  # ~330 KB each way
+        for future in futures:
+            future.add_done_callback(lambda _: woken.append(sum(f.done() for f in futures)))
+        answers = await asyncio.wait_for(asyncio.gather(*futures), 10)
+        assert [a[0] for a in answers] == [str(i) for i in range(40)]
+        assert woken == [40] * 40, woken[:5]
+        await counters.aclose()

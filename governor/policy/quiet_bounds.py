@@ -82,8 +82,30 @@ def quiet_model_call_bounds(limits: Limits, state: SessionState, step: ModelCall
     if not charges:
         return None
     decision = permitted(charges, step_tools(limits, None), (), {}, False)
-    return tuple(bounds), decision, state.evolve(seq=state.seq + 1, iterations=state.iterations + 1,
-                                                 in_flight=state.in_flight + 1)
+    return tightest(bounds), decision, state.evolve(seq=state.seq + 1, iterations=state.iterations + 1,
+                                                    in_flight=state.in_flight + 1)
+
+
+def tightest(bounds: list[Bound]) -> tuple[Bound, ...]:
+    """The bounds with those on one counter and one addend merged into the tightest of them:
+    they test the same sum, so they all hold exactly when it does (the lower limit; at one
+    limit, the strict one). A cap, its warning level and a cost trigger on one counter are
+    then one bound: the store's script gets 4 arguments for each (the bench passport's call,
+    14 bounds, became 6). A bound with another addend, or a limit that is not a number, is
+    kept as it is."""
+    kept: dict[CounterKey, Bound] = {}
+    other: list[Bound] = []
+    for bound in bounds:
+        key, addend, limit, strict = bound
+        have = kept.get(key)
+        if have is None:
+            kept[key] = bound
+        elif have[1] == addend and limit == limit and have[2] == have[2]:  # (NaN != NaN)
+            if limit < have[2] or (limit == have[2] and strict):
+                kept[key] = bound
+        else:
+            other.append(bound)
+    return (*kept.values(), *other) if other else tuple(kept.values())
 
 
 def within(bounds: tuple[Bound, ...], counters: dict[CounterKey, float]) -> bool:
@@ -95,4 +117,4 @@ def within(bounds: tuple[Bound, ...], counters: dict[CounterKey, float]) -> bool
     return True
 
 
-__all__ = ["Bound", "quiet_model_call_bounds", "within"]
+__all__ = ["Bound", "quiet_model_call_bounds", "tightest", "within"]

@@ -151,7 +151,7 @@ class Runtime:
         counters = getattr(store, "counters", None)
         steps = dict(counters=counters, agent_id=agent_id, clock=clock, advanced=self._advanced)
         self.remote = (RemoteSteps(**steps) if self.shared is None else SharedFastSteps(
-            **steps, adopt=self.shared.adopt_saved, settle_round=self._settle_round)
+            **steps, adopt=self.shared.adopt_saved, settle_round=self._settle_round, retried=self.metrics.shared_retry)
         ) if self._store_in_thread and counters else None
         # a local store's: the model call decided at once (runtime/local_steps.py)
         self.local = LocalSteps(store=store, agent_id=agent_id, clock=clock, advanced=self._advanced,

@@ -53,6 +53,8 @@ DECISION_BUCKETS = (
 APPROVAL_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
 APPROVAL_OUTCOMES = ("approved", "rejected", "expired", "session_ended")
 REVIEW_HOLD_OUTCOMES = ("attached", "refused_pending", "answered")  # governor.proxy.holds
+SHARED_ROUND_STEPS = ("tick", "model_call", "usage_report", "step_done", "tool_call", "other")  # governor.runtime.shared
+SHARED_RETRY_REASONS = ("conflict", "round", "fallback", "late")  # governor.runtime.shared_fast
 SESSION_STATES = ("active", "paused", "halted", "ended")
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -297,6 +299,19 @@ class Metrics:
             self.sessions.labels(state).set_function(lambda state=state: self._session_counts[state])
         self.shared_sessions = _SharedSessionSeries()
         r.register(self.shared_sessions)
+        self.shared_rounds = Counter(
+            "governor_shared_rounds", "Decision rounds on shared sessions (the session held across replicas while "
+            "one decides), by step: tick (wall-clock), model_call and usage_report (a model call's step that "
+            "left the one-round-trip path), step_done, tool_call, other", ["step"], registry=r)
+        self.shared_retries = Counter(
+            "governor_shared_retries", "One-round-trip scripts on shared sessions answered other than done, by "
+            "reason: conflict (another writer's state: decided again), round (a round held the session), "
+            "fallback (the step went to a decision round), late (a settlement taken up after its response)",
+            ["reason"], registry=r)
+        for step in SHARED_ROUND_STEPS:  # every value exported from the start, at 0
+            self.shared_rounds.labels(step)
+        for reason in SHARED_RETRY_REASONS:
+            self.shared_retries.labels(reason)
         self.pending_approvals = Gauge(
             "governor_pending_approvals", "Steps paused for human review, awaiting an answer", registry=r)
         self.oldest_pending_at: float | None = None  # wall-clock time the oldest pending step was paused
@@ -471,6 +486,14 @@ class Metrics:
 
     def store_error(self) -> None:
         self.store_errors.inc()
+
+    def shared_round(self, step: str) -> None:
+        """A decision round on a shared session: step in SHARED_ROUND_STEPS."""
+        self.shared_rounds.labels(step if step in SHARED_ROUND_STEPS else "other").inc()
+
+    def shared_retry(self, reason: str) -> None:
+        """A one-round-trip script answered other than done: reason in SHARED_RETRY_REASONS."""
+        self.shared_retries.labels(reason).inc()
 
     def record_gap(self) -> None:
         self.record_gaps.inc()

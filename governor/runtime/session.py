@@ -70,6 +70,9 @@ class LiveSession:
     # a shared session (runtime/shared.py): its state as last seen in the store, with that
     # state's version (the SHA-1 of its saved bytes); None: not known (runtime/shared_fast.py)
     shared_head: tuple[str, SessionState] | None = None
+    # the saved bytes a version conflict's reply last brought, as adopted: the replies of the
+    # other scripts of the same batch bring them again (runtime/shared_fast.py)
+    shared_seen: bytes | None = None
     # settlements queued without awaiting that the store then failed (runtime/remote_steps.py):
     # runtime/late_settlement.py's Unsettled (either session mode), counting until settled again
     unsettled: list[Any] = field(default_factory=list)

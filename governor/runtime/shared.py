@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import orjson
 
 from governor.policy import ON_SESSION_INTEGRITY, Action, Decision, SessionState, Step, Tick, UsageReport, store_unreachable
+from governor.policy.digests import STEP_KINDS
 from governor.runtime.refusals import transient, unrecorded_failure
 from governor.runtime.session import PIN_KEY, LiveSession, Ticket
 from governor.runtime.shared_fast import version
@@ -68,6 +69,7 @@ class SharedSteps:
             if isinstance(exc, DamagedState):
                 await asyncio.to_thread(self.damaged, live.id, str(exc), "shared_state_damaged")
             return unrecorded_failure(step, exc), None
+        self.metrics.shared_round(STEP_KINDS.get(type(step), "other"))
         saved: bytes | None = None
         saved_state: SessionState | None = None
         activity: float | None = None

@@ -73,12 +73,15 @@ class SharedFastSteps:
     """The model call's one-round-trip path on shared sessions; `counters()` gives the store's
     asyncio client for the running loop (None: there is none, the full round is used);
     `adopt(live, saved, head_only)` takes a state another replica saved (SharedSteps.adopt_saved);
-    `settle_round(live, ticket, report)` is the runtime's full round for a usage report."""
+    `settle_round(live, ticket, report)` is the runtime's full round for a usage report;
+    `retried(reason)` counts a script answered other than done (Metrics.shared_retry)."""
 
     def __init__(self, *, counters: Callable[[], Any], agent_id: str, clock: Callable[[], float],
                  advanced: Callable[[LiveSession, SessionState, float], None],
                  adopt: Callable[[LiveSession, bytes, bool], None],
-                 settle_round: Callable[[LiveSession, Ticket, UsageReport], Awaitable[Any]]) -> None:
+                 settle_round: Callable[[LiveSession, Ticket, UsageReport], Awaitable[Any]],
+                 retried: Callable[[str], None]) -> None:
+        self._retried = retried
         self._counters = counters
         self._settle_round = settle_round  # the runtime's full round for a usage report
         self._late: set[asyncio.Task] = set()  # settlements being settled again after their response
@@ -130,17 +133,21 @@ class SharedFastSteps:
             if code != DONE:
                 _unpredict(live, predicted)
             if code == CONFLICT:
+                self._retried("conflict")
                 if (failed := self._take_current(live, current, step)) is not None:
                     return failed, None
                 continue
             if code == ROUND:
+                self._retried("round")
                 await self._round_over(live)
                 continue
             if code != DONE or bounded is None or held is None or held.id is None:
+                self._retried("fallback")
                 return None  # refused by a cap, not quiet on these counters, a round holds it: the full round
             _, decision, next_state = bounded
             self._saved(live, predicted[0], next_state, next_state.evolve(counters=snapshot), now)  # type: ignore[index]
             return decision, Ticket("model", None, decision.charges, held.id, in_flight=True)
+        self._retried("fallback")  # out of tries
         return None
 
     async def settle(self, live: LiveSession, ticket: Ticket, report: UsageReport) -> Decision | None:
@@ -204,6 +211,7 @@ class SharedFastSteps:
             if code == DONE:
                 return
             _unpredict(live, predicted)
+            self._retried("late")
             if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
                 # the route local sessions take too (runtime/late_settlement.py)
                 self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
@@ -297,10 +305,12 @@ class SharedFastSteps:
             if code != DONE:
                 _unpredict(live, predicted)
             if code == CONFLICT:
+                self._retried("conflict")
                 if self._take_current(live, current, step) is not None:
                     break  # damaged: the full round fails it closed
                 continue
             if code == ROUND:
+                self._retried("round")
                 await self._round_over(live)
                 continue
             if code != DONE or settled is None:
@@ -308,6 +318,7 @@ class SharedFastSteps:
             decision, next_state = settled
             self._saved(live, predicted[0], next_state, next_state, now)  # type: ignore[index]
             return decision
+        self._retried("fallback")
         return None
 
     async def drain(self) -> None:
@@ -324,15 +335,27 @@ class SharedFastSteps:
 
     def _take_current(self, live: LiveSession, current: bytes | None, step: Any) -> Decision | None:
         """Adopt the state another writer saved (the conflict's reply); a refusal when it cannot
-        be read (recorded as a damaged session by `adopt`)."""
+        be read (recorded as a damaged session by `adopt`).
+
+        The scripts queued behind one that conflicts conflict too, and their replies bring the
+        same bytes: the first reply's step adopted them and queued its script again on them,
+        predicting its new state; the next ones keep that prediction and queue behind it. (Each
+        adopting the same bytes again undid the one before's prediction: of N such steps one
+        got through per wave and the rest conflicted again, about N*N/2 conflicts, many then out
+        of tries and on the full round, whose end began the next storm.) A prediction that does
+        not hold is dropped when its script's reply comes, as any other."""
         if current is None:
             live.shared_head = None
             return None
+        if live.shared_head is not None and current == live.shared_seen:
+            return None  # adopted already: the head is that state, or a prediction queued on it
         try:  # a round of this replica on it keeps its live state: one adopted mid-round would undo its advance
             self._adopt(live, current, live.lock.locked())
         except Exception as exc:
             live.shared_head = None
+            live.shared_seen = None
             return unrecorded_failure(step, exc)
+        live.shared_seen = current
         return None
 
     @staticmethod

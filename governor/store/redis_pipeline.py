@@ -105,24 +105,35 @@ class Pipeline:
     @staticmethod
     async def _exchange(connection: Any, batch: list[tuple[Script, tuple[Any, ...], asyncio.Future]]
                         ) -> list[tuple[Script, tuple[Any, ...], asyncio.Future]]:
-        """Send the batch in one write and give each caller its reply as it is read; the
-        entries answered NOSCRIPT (not run), in order."""
+        """Send the batch in one write and give each caller its reply once every reply of the
+        batch is read (those read before a failure too); the entries answered NOSCRIPT (not
+        run), in order.
+
+        Not each as it is read: Redis answers a batch in parts when it is larger than one
+        read of its (16 KB: a shared session's ~30 scripts carry ~40 KB), and the callers
+        woken by the first part queued their next calls while the rest was read, splitting
+        the next batch, and the next: 16 callers in lockstep took 0.11 batches a call instead
+        of 0.06 (bench/FINDINGS.md, session 21). Woken together, their next calls go together."""
         await connection.send_packed_command(pack(connection.encoder.encode, [command for _, command, _ in batch]),
                                              check_health=False)
         missing = []
-        for entry in batch:
-            future = entry[2]
-            try:
-                reply = await connection.read_response()
-            except NoScriptError:
-                missing.append(entry)
-                continue
-            except redis.ResponseError as exc:  # this command's error: its caller's alone
-                if not future.done():
-                    future.set_exception(exc)
-                continue
-            if not future.done():  # done: its caller was cancelled
-                future.set_result(reply)
+        answers: list[tuple[asyncio.Future, Any, bool]] = []
+        try:
+            for entry in batch:
+                try:
+                    answers.append((entry[2], await connection.read_response(), True))
+                except NoScriptError:
+                    missing.append(entry)
+                except redis.ResponseError as exc:  # this command's error: its caller's alone
+                    answers.append((entry[2], exc, False))
+        finally:
+            for future, answer, ok in answers:
+                if future.done():  # its caller was cancelled
+                    continue
+                if ok:
+                    future.set_result(answer)
+                else:
+                    future.set_exception(answer)
         return missing
 
 
@@ -130,13 +141,21 @@ def pack(encode: Callable[[Any], bytes], commands: Sequence[Sequence[Any]]) -> l
     """The commands in RESP, as one buffer: what redis-py's `pack_commands` sends, at about
     a third of its CPU (it grows a buffer per argument; a shared session's scripts carry ~50
     arguments each, measured 45 us a command there, 18 here: bench/FINDINGS.md, session 20).
-    str and bytes, nearly every argument, are done here; the rest by redis-py's `encode`
-    (numbers as their repr, a bool refused), so the bytes are the same."""
+    str, bytes and int, nearly every argument, are done here (an int with one formatting,
+    not redis-py's checks and repr: a quarter less CPU for a shared session's scripts); the
+    rest by redis-py's `encode` (a float as its repr, a bool refused), so the bytes are the same."""
     parts = []
     for command in commands:
-        args = [arg.encode() if type(arg) is str else arg if type(arg) is bytes else encode(arg) for arg in command]
-        parts.append(b"*%d\r\n" % len(args))
-        parts.append(b"".join([b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args]))
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is str:
+                arg = arg.encode()
+            elif kind is int:  # its repr, as redis-py's (a bool is not an int here: refused by `encode`)
+                arg = b"%d" % arg
+            elif kind is not bytes:
+                arg = encode(arg)
+            parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return [b"".join(parts)]
 
 
