@@ -67,6 +67,18 @@ async def chat(agent: httpx.AsyncClient, mock: MockLLM, session: str) -> httpx.R
                             json={"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})
 
 
+async def call_held_at_the_upstream(agent: httpx.AsyncClient, mock: MockLLM, session: str) -> asyncio.Task:
+    """A call admitted (its reservation held) and at the upstream, answered 0.5 s later (5 + 20 tokens)."""
+    mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)
+    seen = len(mock.requests)
+    answering = asyncio.create_task(chat(agent, mock, session))
+    deadline = time.monotonic() + 10
+    while len(mock.requests) == seen:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    return answering
+
+
 def day_tokens(url: str, prefix: str, agent_id: str) -> float:
     with RedisStore(url, prefix=prefix) as store:
         return store.snapshot(agent_id, "any", time.time(), [DAY_TOKENS])[DAY_TOKENS]
@@ -109,13 +121,7 @@ async def test_a_settlement_redis_does_not_answer_after_the_response_is_recorded
     session = "deferred"
     try:
         assert (await chat(agent, mock, session)).status_code == 200
-        mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)  # admitted, then answered later
-        seen = len(mock.requests)
-        answering = asyncio.create_task(chat(agent, mock, session))
-        deadline = time.monotonic() + 10
-        while len(mock.requests) == seen:  # admitted (its reservation held): at the upstream now
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        answering = await call_held_at_the_upstream(agent, mock, session)
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             delivered = await asyncio.wait_for(answering, 10)
@@ -155,13 +161,7 @@ async def test_on_shared_sessions_a_settlement_redis_does_not_take_after_the_res
     try:
         assert (await chat(agent, mock, session)).status_code == 200
         await asyncio.wait_for(running.runtime.remote.drain(), 5)
-        mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)  # admitted, then answered later
-        seen = len(mock.requests)
-        answering = asyncio.create_task(chat(agent, mock, session))
-        deadline = time.monotonic() + 10
-        while len(mock.requests) == seen:  # admitted (its reservation held): at the upstream now
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        answering = await call_held_at_the_upstream(agent, mock, session)
         observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
         try:
             delivered = await asyncio.wait_for(answering, 10)
