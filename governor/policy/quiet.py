@@ -75,7 +75,7 @@ def quiet_model_call(limits: Limits, state: SessionState, step: ModelCall, count
         if (baseline is not None and baseline.cost_max is not None and session_cost > baseline.cost_max
                 and "cost_above_max" not in state.deviations):
             return None
-    charges = _charges(limits, meters, tokens, cost)
+    charges = model_call_charges(limits, meters, tokens, cost)
     if not charges:
         return None
     decision = permitted(charges, step_tools(limits, None), (), {}, False)
@@ -101,10 +101,13 @@ def quiet_charges(limits: Limits, state: SessionState, step: ModelCall, now: flo
         return ()
     tokens = step.expected_input_tokens + step.expected_output_tokens
     cost = limits.pricing.cost(step.model, step.expected_input_tokens, step.expected_output_tokens, 0, step.units)
-    return _charges(limits, limits.meters[None], tokens, cost)
+    return model_call_charges(limits, limits.meters[None], tokens, cost)
 
 
-def _charges(limits: Limits, meters: tuple[Meter, ...], tokens: int, cost: float | None) -> tuple[CounterCharge, ...]:
+def model_call_charges(limits: Limits, meters: tuple[Meter, ...], tokens: int,
+                       cost: float | None) -> tuple[CounterCharge, ...]:
+    """quiet_charges once its checks passed, on the step's `meters`, tokens and cost (also
+    quiet_model_call_bounds', which has them already)."""
     capped = limits.enforce_hard
     # a list comprehension, not a generator: inlined since Python 3.12 (no frame of its own)
     return tuple([new_tuple(CounterCharge, (m.scope, m.dimension, tokens if m.dimension == TOKENS else cost,
