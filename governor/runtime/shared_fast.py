@@ -177,17 +177,22 @@ class SharedFastSteps:
         in the saved state). None: no quiet settlement on that state (the full round decides).
         Only for a store that is unreachable: one that lost data fails closed in the full round,
         as a local session's settlement does when the loss is known before it is queued."""
-        if live.lock.locked():  # a round may be between deciding and advancing: after it
-            await _after_own_round(live)
+        await _after_own_round(live)  # a round may be between deciding and advancing: after it
         settled = quiet_settlement(live.limits, live.state, step) if not (live.ended or live.state.ended) else None
         if settled is None:
             return None
         decision, state = settled
         now = self._clock()
         self._advanced(live, state, now)
+        self._keep_unsettled(live, ticket, report, step, reservation, decision, now, failure)
+        return decision
+
+    def _keep_unsettled(self, live: LiveSession, ticket: Ticket, report: UsageReport, step: UsageReport,
+                        reservation: str, decision: Decision, now: float, failure: Exception) -> None:
+        """A settlement the store failed to take: runtime/late_settlement.py's route, settled
+        again by `_settle_unsettled`."""
         self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
             live, ticket, report, step, reservation)), failure)
-        return decision
 
     def _settle_soon(self, live: LiveSession, counters: Any, ticket: Ticket, report: UsageReport,
                      step: UsageReport) -> Decision | None:
@@ -213,9 +218,7 @@ class SharedFastSteps:
             _unpredict(live, predicted)
             self._retried("late")
             if failure is not None:  # the store failed: the session's next steps take the full round until it is taken
-                # the route local sessions take too (runtime/late_settlement.py)
-                self._unsettled.failed(live, Unsettled(reservation, decision.charges, now, lambda: self._settle_unsettled(
-                    live, ticket, report, step, reservation)), failure)
+                self._keep_unsettled(live, ticket, report, step, reservation, decision, now, failure)
                 return
             task = asyncio.get_running_loop().create_task(
                 self._settle_late(live, ticket, report, step, reservation, code, current))
