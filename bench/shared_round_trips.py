@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import AsyncIterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -113,57 +115,13 @@ def reads_processed(client: redis.Redis) -> int:
     return int(client.info("stats")["total_reads_processed"])
 
 
-async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[dict[str, float], float, float]:
-    server = RedisServer()
-    mock = MockLLM(prompt_tokens=100, completion_tokens=5)  # its replies count 5 tokens: believed, settled quietly
-    await mock.start()
-    url = server.url + (f"?sessions={sessions}" if sessions else "")
-    with tempfile.TemporaryDirectory() as tmp:
-        replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url)
-        monitor = Monitor(server.url)
-        stats = redis.Redis.from_url(server.url)
-        try:
-            measured, cpu, reads = 0, 0.0, 0
-            shared: dict[str, float] = {}
-            while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
-                tokens = []
-                for _ in range(parallel):
-                    opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
-                    tokens.append(opened.json()["token"])
-                answers = await asyncio.gather(*(replica.chat(mock.url, token) for token in tokens))
-                assert all(a.status_code == 200 for a in answers)  # warm-up: opens, loads
-
-                async def eight(token: str) -> None:
-                    for _ in range(8):
-                        answer = await replica.chat(mock.url, token)
-                        assert answer.status_code == 200, answer.text
-
-                shared_before = await shared_counts(replica)
-                monitor.counting = True
-                before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
-                await asyncio.gather(*(eight(token) for token in tokens))
-                measured += 8 * parallel
-                reads += reads_processed(stats) - read_before - 1  # this INFO's own read left out
-                cpu += cpu_seconds(replica.process.pid) - before
-                monitor.counting = False
-                for name, n in (await shared_counts(replica)).items():
-                    shared[name] = shared.get(name, 0.0) + n - shared_before.get(name, 0.0)
-            calls = measured
-            counts = dict(monitor.counts)
-            counts.update({f"shared {k}": v for k, v in shared.items() if v})
-        finally:
-            monitor.stop()
-            await replica.stop()
-            await mock.stop()
-            stats.close()
-            server.stop()
-    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
-
-
-async def measure_hot(calls: int, connections: int, tick: float,
-                      sessions: str | None = None) -> tuple[dict[str, float], float, float]:
-    """`calls` calls on one session from `connections` at once (after a warm-up of one call
-    each): per call, the commands Redis served and the reads it processed, and the replica's CPU."""
+@contextlib.asynccontextmanager
+async def one_replica(sessions: str | None, *, tick: float = 0.0, bench_passport: bool = False
+                      ) -> AsyncIterator[tuple[MockLLM, Replica, Monitor, redis.Redis]]:
+    """A redis-server, a mock upstream (its replies count 5 tokens: believed, settled quietly),
+    one replica on them (on the bench passport, where nothing fires: every call quiet; else the
+    example passport), a monitor of the commands Redis serves and a client for its stats; all
+    stopped on the way out."""
     from common import write_passport
 
     server = RedisServer()
@@ -171,43 +129,83 @@ async def measure_hot(calls: int, connections: int, tick: float,
     await mock.start()
     url = server.url + (f"?sessions={sessions}" if sessions else "")
     with tempfile.TemporaryDirectory() as tmp:
-        passport = write_passport(Path(tmp) / "passport.json")  # nothing fires: every call quiet
-        replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url, tick=tick,
-                                      extra={"passport": str(passport)})
-        replica.agent = httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30,
-                                          limits=httpx.Limits(max_connections=connections))
+        extra = {"passport": str(write_passport(Path(tmp) / "passport.json"))} if bench_passport else None
+        replica = await Replica.start("a", Path(tmp), shared_keys(Path(tmp)), url, tick=tick, extra=extra)
         monitor = Monitor(server.url)
         stats = redis.Redis.from_url(server.url)
         try:
-            opened = await replica.control.post("/v1/sessions", json={"label": "hot"})
-            token = opened.json()["token"]
-            answers = await asyncio.gather(*(replica.chat(mock.url, token) for _ in range(connections)))
-            assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
-            left = calls
-
-            async def caller() -> None:
-                nonlocal left
-                while left > 0:
-                    left -= 1
-                    answer = await replica.chat(mock.url, token)
-                    assert answer.status_code == 200, answer.text
-
-            shared_before = await shared_counts(replica)
-            monitor.counting = True
-            before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
-            await asyncio.gather(*(caller() for _ in range(connections)))
-            reads = reads_processed(stats) - read_before - 1
-            cpu = cpu_seconds(replica.process.pid) - before
-            monitor.counting = False
-            counts = dict(monitor.counts)
-            counts.update({f"shared {k}": v - shared_before.get(k, 0.0)
-                           for k, v in (await shared_counts(replica)).items() if v - shared_before.get(k, 0.0)})
+            yield mock, replica, monitor, stats
         finally:
             monitor.stop()
             await replica.stop()
             await mock.stop()
             stats.close()
             server.stop()
+
+
+async def measure(calls: int, sessions: str | None, parallel: int = 1) -> tuple[dict[str, float], float, float]:
+    async with one_replica(sessions) as (mock, replica, monitor, stats):
+        measured, cpu, reads = 0, 0.0, 0
+        shared: dict[str, float] = {}
+        while measured < calls:  # sessions of 9 calls: the example passport allows 12 iterations
+            tokens = []
+            for _ in range(parallel):
+                opened = await replica.control.post("/v1/sessions", json={"label": "round trips"})
+                tokens.append(opened.json()["token"])
+            answers = await asyncio.gather(*(replica.chat(mock.url, token) for token in tokens))
+            assert all(a.status_code == 200 for a in answers)  # warm-up: opens, loads
+
+            async def eight(token: str) -> None:
+                for _ in range(8):
+                    answer = await replica.chat(mock.url, token)
+                    assert answer.status_code == 200, answer.text
+
+            shared_before = await shared_counts(replica)
+            monitor.counting = True
+            before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
+            await asyncio.gather(*(eight(token) for token in tokens))
+            measured += 8 * parallel
+            reads += reads_processed(stats) - read_before - 1  # this INFO's own read left out
+            cpu += cpu_seconds(replica.process.pid) - before
+            monitor.counting = False
+            for name, n in (await shared_counts(replica)).items():
+                shared[name] = shared.get(name, 0.0) + n - shared_before.get(name, 0.0)
+        calls = measured
+        counts = dict(monitor.counts)
+        counts.update({f"shared {k}": v for k, v in shared.items() if v})
+    return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
+
+
+async def measure_hot(calls: int, connections: int, tick: float,
+                      sessions: str | None = None) -> tuple[dict[str, float], float, float]:
+    """`calls` calls on one session from `connections` at once (after a warm-up of one call
+    each): per call, the commands Redis served and the reads it processed, and the replica's CPU."""
+    async with one_replica(sessions, tick=tick, bench_passport=True) as (mock, replica, monitor, stats):
+        replica.agent = httpx.AsyncClient(proxy=replica.proxy, trust_env=False, timeout=30,
+                                          limits=httpx.Limits(max_connections=connections))
+        opened = await replica.control.post("/v1/sessions", json={"label": "hot"})
+        token = opened.json()["token"]
+        answers = await asyncio.gather(*(replica.chat(mock.url, token) for _ in range(connections)))
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
+        left = calls
+
+        async def caller() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                answer = await replica.chat(mock.url, token)
+                assert answer.status_code == 200, answer.text
+
+        shared_before = await shared_counts(replica)
+        monitor.counting = True
+        before, read_before = cpu_seconds(replica.process.pid), reads_processed(stats)
+        await asyncio.gather(*(caller() for _ in range(connections)))
+        reads = reads_processed(stats) - read_before - 1
+        cpu = cpu_seconds(replica.process.pid) - before
+        monitor.counting = False
+        counts = dict(monitor.counts)
+        counts.update({f"shared {k}": v - shared_before.get(k, 0.0)
+                       for k, v in (await shared_counts(replica)).items() if v - shared_before.get(k, 0.0)})
     return {name: n / calls for name, n in sorted(counts.items())}, 1000 * cpu / calls, reads / calls
 
 
