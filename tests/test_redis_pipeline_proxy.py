@@ -15,7 +15,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -67,16 +67,27 @@ async def chat(agent: httpx.AsyncClient, mock: MockLLM, session: str) -> httpx.R
                             json={"model": "gpt-4o-mini", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})
 
 
-async def call_held_at_the_upstream(agent: httpx.AsyncClient, mock: MockLLM, session: str) -> asyncio.Task:
-    """A call admitted (its reservation held) and at the upstream, answered 0.5 s later (5 + 20 tokens)."""
-    mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)
+async def answered_while_the_store_is_away(running, agent: httpx.AsyncClient, mock: MockLLM, session: str, *,
+                                          away: Callable[[], Any], back: Callable[[], Any]) -> httpx.Response:
+    """A call admitted, the store made `away` while it is at the upstream: the call is answered
+    whole (5 + 20 tokens), its settlement fails after the response (drained: the queued
+    script's timeout read), and the session's next call's answer, the store still away, is
+    returned; the store is `back` on the way out."""
+    mock.default = Behaviour(input_tokens=5, output_tokens=20, hang=0.5)  # admitted, then answered later
     seen = len(mock.requests)
     answering = asyncio.create_task(chat(agent, mock, session))
     deadline = time.monotonic() + 10
-    while len(mock.requests) == seen:
+    while len(mock.requests) == seen:  # admitted (its reservation held): at the upstream now
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
-    return answering
+    away()
+    try:
+        delivered = await asyncio.wait_for(answering, 10)
+        assert delivered.status_code == 200 and delivered.json()["usage"]["total_tokens"] == 25
+        await asyncio.wait_for(running.runtime.remote.drain(), 5)
+        return await asyncio.wait_for(chat(agent, mock, session), 10)
+    finally:
+        back()
 
 
 def day_tokens(url: str, prefix: str, agent_id: str) -> float:
@@ -121,15 +132,9 @@ async def test_a_settlement_redis_does_not_answer_after_the_response_is_recorded
     session = "deferred"
     try:
         assert (await chat(agent, mock, session)).status_code == 200
-        answering = await call_held_at_the_upstream(agent, mock, session)
-        os.kill(server.process.pid, signal.SIGSTOP)
-        try:
-            delivered = await asyncio.wait_for(answering, 10)
-            assert delivered.status_code == 200 and delivered.json()["usage"]["total_tokens"] == 25
-            await asyncio.wait_for(running.runtime.remote.drain(), 5)  # the queued COMMIT's timeout read
-            refused = await asyncio.wait_for(chat(agent, mock, session), 10)
-        finally:
-            os.kill(server.process.pid, signal.SIGCONT)
+        refused = await answered_while_the_store_is_away(
+            running, agent, mock, session, away=lambda: os.kill(server.process.pid, signal.SIGSTOP),
+            back=lambda: os.kill(server.process.pid, signal.SIGCONT))
         assert refused.status_code == 503 and refused.headers.get("Retry-After") == "1"
         mock.default = Behaviour(input_tokens=5, output_tokens=20)
         assert (await chat(agent, mock, session)).status_code == 200  # the held reservation settled first
@@ -161,15 +166,9 @@ async def test_on_shared_sessions_a_settlement_redis_does_not_take_after_the_res
     try:
         assert (await chat(agent, mock, session)).status_code == 200
         await asyncio.wait_for(running.runtime.remote.drain(), 5)
-        answering = await call_held_at_the_upstream(agent, mock, session)
-        observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
-        try:
-            delivered = await asyncio.wait_for(answering, 10)
-            assert delivered.status_code == 200 and delivered.json()["usage"]["total_tokens"] == 25
-            await asyncio.wait_for(running.runtime.remote.drain(), 5)  # the queued script's timeout read
-            refused = await asyncio.wait_for(chat(agent, mock, session), 10)
-        finally:
-            observer.execute_command("CLIENT", "UNPAUSE")
+        refused = await answered_while_the_store_is_away(
+            running, agent, mock, session, away=lambda: observer.execute_command("CLIENT", "PAUSE", 10_000, "WRITE"),
+            back=lambda: observer.execute_command("CLIENT", "UNPAUSE"))
         assert refused.status_code == 503 and refused.headers.get("Retry-After") == "1"
         mock.default = Behaviour(input_tokens=5, output_tokens=20)
         assert (await chat(agent, mock, session)).status_code == 200  # the held reservation settled first
