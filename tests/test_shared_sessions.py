@@ -357,7 +357,8 @@ async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: st
         forger.append(end.json())
         forged = forger.prove(end.json())
         edits = {"another session's": other.json()["tlog_proof"].encode(), "a wrong index": wrong_index,
-                 "cut short": published[: len(published) // 2], "another key's": forged, "not a proof": b"\x00" * 40}
+                 "cut short": published[: len(published) // 2], "another key's": forged, "not a proof": b"\x00" * 40,
+                 "not UTF-8": b"\xff\xfe" + published[2:]}
         for what, edited in edits.items():
             server.set(f"governor:prf:{session}", edited)
             refused = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
@@ -391,6 +392,28 @@ async def one_proof_on_every_replica(replicas: list[Replica], llm, redis_url: st
         edited = await a.control.get(f"/v1/sessions/{session}/record", params={"proof": "1"})
         assert edited.status_code == 404 and edited.json()["error"]["code"] == "not_logged", edited.text
         assert "not the one that replica logged" in edited.json()["error"]["message"]
+        # the written record edited into what is not a record (not JSON, not UTF-8, not an object):
+        # never served as final by a replica that reads it from the store (A never served this
+        # session), on the record's route or the proof's; an awaited proof of it is dropped by the
+        # sweeper, which goes on publishing the others'
+        garbled, garbled_token = await open_session(c, label="its record garbled in the store")
+        assert (await c.chat(llm.url, garbled_token)).status_code == 200
+        garbled_end = await c.control.post(f"/v1/sessions/{garbled}/end")
+        assert garbled_end.status_code == 200
+        assert (await proof_served(a, garbled)).status_code == 200
+        for garbage in (b"\xff not json", b"[]", b'"a record"'):
+            server.set(f"governor:rec:{garbled}", garbage)
+            for params in ({}, {"proof": "1"}):
+                unreadable = await a.control.get(f"/v1/sessions/{garbled}/record", params=params)
+                assert unreadable.status_code == 500, (garbage, params, unreadable.text)
+                assert unreadable.json()["error"]["code"] == "record_unreadable", (garbage, unreadable.text)
+        server.delete(f"governor:prf:{garbled}")
+        server.hset("governor:unproved", garbled, record_sha256(garbled_end.json()))
+        last, last_token = await open_session(c, label="ended after a record was garbled")
+        assert (await c.chat(llm.url, last_token)).status_code == 200
+        assert (await c.control.post(f"/v1/sessions/{last}/end")).status_code == 200
+        assert (await proof_served(a, last)).status_code == 200
+        assert server.hget("governor:unproved", garbled) is None
         # an unknown session has no proof on any replica
         missing = await a.control.get("/v1/sessions/no-such-session/record", params={"proof": "1"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_session", missing.text

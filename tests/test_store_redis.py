@@ -442,3 +442,22 @@ def test_what_a_forged_counter_or_session_id_quotes_is_never_taken_for_a_fence(r
         assert raised.value.found == "GOVERNOR_FENCE ack-also-forged??"
         assert store.epoch == epoch and store.integrity is None
     client.close()
+
+
+async def test_a_forged_counter_of_a_session_with_a_non_ascii_name_is_named_as_it_is(redis_url: str):
+    """The script gives the key's length in bytes (Lua's `#`): a session name that is not ASCII
+    was cut by characters, naming a key that does not exist (a trailing space) and cutting what
+    it holds. The operator is told to delete exactly that key."""
+    from governor.store import CounterDamaged
+
+    p = prefix()
+    client = redis.Redis.from_url(redis_url)
+    session = "séance-✓"
+    with RedisStore(redis_url, prefix=p) as store:
+        store.add("agent", session, [CounterCharge("per_session", "tokens", 100, None)], T0)
+        client.hset(f"{p}sc:{session}", "tokens|", "abc")
+        with pytest.raises(CounterDamaged) as caught:
+            store.reserve("agent", session, [CounterCharge("per_session", "tokens", 10, 1000)], T0)
+    client.close()
+    assert caught.value.key == f"{p}sc:{session}[tokens|]"
+    assert caught.value.found == "abc"

@@ -31,7 +31,8 @@ from governor.control.auth import bearer
 from governor.control.context import ControlContext
 from governor.control.replies import bearer_refusal, error, ok, operator_refusal, unknown_session
 from governor.evidence.errors import EvidenceError
-from governor.runtime.shared_records import RecordUnavailable, RecordUnreadable
+from governor.control.runtime_routes import shared_record_refusal
+from governor.runtime.shared_records import RecordStoreDamaged, RecordUnavailable, RecordUnreadable
 
 # default-src 'self' covers scripts, styles, images, fetch; nothing inline, nothing framed
 CONTENT_SECURITY_POLICY = (
@@ -116,8 +117,8 @@ class ReviewerConsole:
             record = runtime.record(session) if shared is None else (await shared.record(session))[0]
         except KeyError:
             return unknown_session(session)
-        except (RecordUnavailable, RecordUnreadable, EvidenceError) as exc:  # the shared store: down, or damaged
-            return error(503, "record_unavailable", f"no record of session {session!r} can be read now: {exc}")
+        except (RecordUnavailable, RecordUnreadable, EvidenceError, RecordStoreDamaged) as exc:
+            return shared_record_refusal(session, exc)  # the shared store: down, or damaged
         pinned = getattr(runtime, "pinned", None)
         passport: Any = getattr(pinned, "document", None)
         # schema validation, the chain and the signature: CPU work off the event loop

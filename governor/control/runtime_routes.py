@@ -215,13 +215,8 @@ class RuntimeRoutes:
             record, kind = await shared.record(session, nonce)
         except KeyError:
             return unknown_session(session)
-        except RecordUnavailable as exc:
-            return error(503, "store_unavailable", f"the record of session {session!r} cannot be read from the "
-                         f"shared store now: {exc}", headers={"Retry-After": "1"})
-        except (EvidenceError, RecordUnreadable) as exc:  # its chain or state is damaged: say so
-            return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
-        except RecordStoreDamaged as exc:
-            return store_damaged(session, exc)
+        except (RecordUnavailable, RecordUnreadable, EvidenceError, RecordStoreDamaged) as exc:
+            return shared_record_refusal(session, exc)
         return ok(record, headers={"Cache-Control": "no-store", "Governor-Record": kind})
 
     async def end_session(self, request: web.Request) -> web.Response:
@@ -278,13 +273,8 @@ class RuntimeRoutes:
                              "record and has no proof")
             return error(409, "session_running", f"session {session!r} has not ended: only a final record "
                          "is logged, so only a final record has a proof (end it first)")
-        except RecordUnavailable as exc:
-            return error(503, "store_unavailable", f"the proof of session {session!r} cannot be read from the "
-                         f"shared store now: {exc}", headers={"Retry-After": "1"})
-        except (EvidenceError, RecordUnreadable) as exc:
-            return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
-        except RecordStoreDamaged as exc:
-            return store_damaged(session, exc)
+        except (RecordUnavailable, RecordUnreadable, EvidenceError, RecordStoreDamaged) as exc:
+            return shared_record_refusal(session, exc)
         except ProofPending as exc:
             return error(503, "proof_pending", f"the proof of session {session!r} is not published yet: {exc}",
                          headers={"Retry-After": "2"})
@@ -300,9 +290,17 @@ class RuntimeRoutes:
         return ok({"record": record, "tlog_proof": proof.decode("utf-8")}, headers={"Cache-Control": "no-store"})
 
 
-def store_damaged(session: str, exc: Exception) -> web.Response:
-    return error(500, "store_damaged", f"the record of session {session!r} cannot be served: the shared store "
-                 f"holds damaged data: {exc}")
+def shared_record_refusal(session: str, exc: Exception) -> web.Response:
+    """The answer when a shared session's record cannot be read (runtime/shared_records.py's
+    errors): the store down (retryable), its chain, state or written record damaged, a damaged
+    counter. One mapping for the record, its proof and the console's verification."""
+    if isinstance(exc, RecordUnavailable):
+        return error(503, "store_unavailable", f"the record of session {session!r} cannot be read from the "
+                     f"shared store now: {exc}", headers={"Retry-After": "1"})
+    if isinstance(exc, RecordStoreDamaged):
+        return error(500, "store_damaged", f"the record of session {session!r} cannot be served: the shared store "
+                     f"holds damaged data: {exc}")
+    return error(500, "record_unreadable", f"the journal of session {session!r} cannot be read: {exc}")
 
 
 def wants_proof(request: web.Request) -> bool:

@@ -149,8 +149,11 @@ class SharedProofs:
         return published
 
     def _publish(self, session: str, digest: str, at: bytes | None) -> int:
-        record = self.sessions.get_record(session)
-        if not isinstance(record, dict) or record_sha256(record) != digest:
+        try:
+            record = self.sessions.get_record(session)
+        except ValueError:  # edited in the store into something that is not a record
+            record = None
+        if record is None or record_sha256(record) != digest:
             log.warning("session %s: the record whose proof was awaited is not the one in the store; "
                         "no proof published", session)
             self.sessions.drop_unproved(session)

@@ -93,6 +93,9 @@ class SharedRecords:
                 return self.records.signed(live, nonce), "local"
         except StoreError as exc:
             raise RecordUnavailable(str(exc)) from None
+        except ValueError as exc:  # the written record edited in the store: not JSON (UnicodeDecodeError too)
+            raise RecordUnreadable(f"the session's record in the store is unreadable: {type(exc).__name__}: "
+                                   f"{exc}") from None
 
     async def proved(self, session: str) -> tuple[dict[str, Any], bytes]:
         """The session's final record and its C2SP tlog-proof, on any replica. As `record`, and

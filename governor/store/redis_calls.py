@@ -68,7 +68,9 @@ def counter_damaged(exc: Exception) -> CounterDamaged | None:
         return None
     length, _, rest = text[len(DAMAGED_ERROR) + 1:].partition(":")
     size = int(length) if length.isdigit() else 0
-    return CounterDamaged(rest[:size], _SCRIPT_SUFFIX.sub("", rest[size + 1:]))
+    raw = rest.encode()  # Lua's `#name` counts bytes: an agent or session name need not be ASCII
+    return CounterDamaged(raw[:size].decode(errors="replace"),
+                          _SCRIPT_SUFFIX.sub("", raw[size + 1:].decode(errors="replace")))
 
 
 def refused(capped: Sequence[CounterCharge], index: Any, observed: Any) -> Reservation:

@@ -35,6 +35,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import orjson
 import redis
+from redis.client import NEVER_DECODE
 
 from governor.store.base import StoreUnavailable
 
@@ -256,9 +257,16 @@ class RedisSessions:
                 self.prefix, session, orjson.dumps(record), repr(time.time()), logged or ""))))
 
     def get_record(self, session: str) -> dict[str, Any] | None:
+        """The session's final record as written; ValueError when what the key holds is not one
+        (edited in the store: never served as a record)."""
         with self.guard():
             raw = self.client.get(f"{self.prefix}rec:{session}")
-        return None if raw is None else orjson.loads(raw)
+        if raw is None:
+            return None
+        record = orjson.loads(raw)
+        if not isinstance(record, dict):
+            raise ValueError(f"{self.prefix}rec:{session} holds {type(record).__name__}, not a record")
+        return record
 
     # --- proofs of final records (runtime/shared_proofs.py) --------------------------------
 
@@ -273,20 +281,18 @@ class RedisSessions:
     def get_proof(self, session: str) -> tuple[bytes | None, str | None]:
         """(the published proof of the session's final record or None, the SHA-256 of the
         record whose proof is awaited or None)."""
-        with self.guard():
+        with self.guard():  # read undecoded: bytes edited in the store are the proof check's to refuse
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(f"{self.prefix}prf:{session}")
-            pipe.hget(f"{self.prefix}unproved", session)
+            pipe.execute_command("GET", f"{self.prefix}prf:{session}", **{NEVER_DECODE: True})
+            pipe.execute_command("HGET", f"{self.prefix}unproved", session, **{NEVER_DECODE: True})
             proof, awaited = pipe.execute()
-        return (proof.encode() if isinstance(proof, str) else proof,
-                awaited.decode() if isinstance(awaited, bytes) else awaited)
+        return proof, None if awaited is None else awaited.decode(errors="replace")
 
     def unproved(self) -> dict[str, str]:
         """session -> the SHA-256 of its final record, for every record whose proof is awaited."""
-        with self.guard():
-            found = self.client.hgetall(f"{self.prefix}unproved")
-        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                for k, v in found.items()}
+        with self.guard():  # read undecoded: a field edited into bytes that are not UTF-8 matches nothing
+            found = self.client.execute_command("HGETALL", f"{self.prefix}unproved", **{NEVER_DECODE: True})
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in found.items()}
 
     def drop_unproved(self, session: str) -> None:
         with self.guard():
