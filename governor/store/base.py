@@ -302,13 +302,19 @@ def first_overshoot(
 COUNT_SLACK = 1e-6  # how far below zero float sums of adds and takes may leave a count (the Lua's SLACK)
 
 
-def stored_count(value: object, where: str) -> float:
+def stored_count(value: object, table: str, **row: object) -> float:
     """A counter value read from the SQLite state file: a count, else CounterDamaged naming
-    `where` (text, inf, a negative number: the file was edited; SQLite keeps text in a REAL
-    column, and its sums read text as zero)."""
+    the row (text, inf, a negative number: the file was edited; SQLite keeps text in a REAL
+    column, and its sums read text as zero). The row's name is built only for the error: a
+    shared SQLite store reads counters on every step."""
     if type(value) in (float, int) and -COUNT_SLACK <= value < _INF:  # type: ignore[operator]
         return float(value)  # type: ignore[arg-type]
-    raise CounterDamaged(where, str(value)[:64])
+    raise CounterDamaged(state_row(table, **row), str(value)[:64])
+
+
+def state_row(table: str, **columns: object) -> str:
+    """A row of the state file, as CounterDamaged names it (what an operator deletes or corrects)."""
+    return f"{table}(" + ", ".join(f"{name}={value!r}" for name, value in columns.items()) + ")"
 
 
 def check_keys(keys: Sequence[CounterKey]) -> None:

@@ -171,7 +171,11 @@ class AsyncCounters:
             return self._malformed(result, exc)
 
     async def release(self, reservation_id: str) -> bool:
-        return int(await self._run(self._release, (reservation_id,))) == 1
+        result = await self._run(self._release, (reservation_id,))
+        try:
+            return int(result) == 1
+        except (TypeError, ValueError) as exc:  # not what the script answers: the store's failure, not a crash
+            raise self._malformed(result, exc) from None
 
     # --- a shared session's steps in one round trip (redis_shared_scripts) ------------------
 

@@ -39,6 +39,7 @@ from governor.store.base import (
     encode_state,
     first_overshoot,
     reserve_within,
+    state_row,
     stored_count,
     totals_by_key,
 )
@@ -349,7 +350,7 @@ class SQLiteStore:
                 return {key: self._value(conn, agent, session, key, first_live) for key in keys}
             values = {
                 ("per_session", p or None, d):
-                    stored_count(v, state_row("session_counters", session=session, persona=p, dimension=d))
+                    stored_count(v, "session_counters", session=session, persona=p, dimension=d)
                 for p, d, v in conn.execute(
                     "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
                 )
@@ -372,7 +373,7 @@ class SQLiteStore:
         if scope == "per_session":
             row = conn.execute(_SESSION_VALUE, (session, persona, dimension)).fetchone()
             return 0.0 if row is None else \
-                stored_count(row[0], state_row("session_counters", session=session, persona=persona, dimension=dimension))
+                stored_count(row[0], "session_counters", session=session, persona=persona, dimension=dimension)
         row = conn.execute(_DAY_TOTAL, (agent, persona, dimension)).fetchone()
         if row is None:
             return 0.0
@@ -508,20 +509,16 @@ def decode_totals(text: str) -> dict[CounterKey, float]:
     return {(s, p, d): a for s, p, d, a in orjson.loads(text)}
 
 
-def state_row(table: str, **columns: object) -> str:
-    """A row of the state file, as CounterDamaged names it (what an operator deletes or corrects)."""
-    return f"{table}(" + ", ".join(f"{name}={value!r}" for name, value in columns.items()) + ")"
-
-
 def _day_total(agent: str, persona: str, dimension: str, row: tuple) -> tuple[float, int]:
     """A day_totals row's total and oldest bucket, checked (CounterDamaged: edited in the file)."""
-    where = state_row("day_totals", agent=agent, persona=persona, dimension=dimension)
     if type(row[1]) is not int:
-        raise CounterDamaged(where, str(row[1])[:64])
-    return stored_count(row[0], where), row[1]
+        raise CounterDamaged(state_row("day_totals", agent=agent, persona=persona, dimension=dimension),
+                             str(row[1])[:64])
+    return stored_count(row[0], "day_totals", agent=agent, persona=persona,
+                        dimension=dimension), row[1]
 
 
 def _expired(agent: str, persona: str, dimension: str, rows: list[tuple]) -> float:
     """The sum of the bucket rows that left the window, each checked."""
-    return sum(stored_count(value, state_row("day_buckets", agent=agent, persona=persona, dimension=dimension,
-                                             bucket=bucket)) for bucket, value in rows)
+    return sum(stored_count(value, "day_buckets", agent=agent, persona=persona, dimension=dimension, bucket=bucket)
+               for bucket, value in rows)

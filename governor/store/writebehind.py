@@ -33,10 +33,10 @@ from typing import Iterable, Sequence
 
 from governor.policy.steps import CounterCharge, CounterKey
 from governor.store.base import (
-    DAY, CounterDamaged, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable, stored_count
+    DAY, CounterDamaged, Reservation, RollingWindow, StoreIntegrityError, StoreUnavailable, state_row, stored_count
 )
 from governor.store.memory import DayCounter, HeldReservation, MemoryStore
-from governor.store.sqlite import AGGREGATE, SQLiteStore, StateFileLock, decode_totals, encode_totals, state_row
+from governor.store.sqlite import AGGREGATE, SQLiteStore, StateFileLock, decode_totals, encode_totals
 
 log = logging.getLogger("governor.store")
 
@@ -271,7 +271,7 @@ class WriteBehindStore(MemoryStore):
             rows = conn.execute(
                 "SELECT persona, dimension, value FROM session_counters WHERE session = ?", (session,)
             ).fetchall()
-        counters = {(p or None, d): stored_count(v, state_row("session_counters", session=session, persona=p, dimension=d))
+        counters = {(p or None, d): stored_count(v, "session_counters", session=session, persona=p, dimension=d)
                     for p, d, v in rows}  # a value that is not a count: CounterDamaged, nothing loaded
         with self._lock:
             # loaded meanwhile (by another thread, or forgotten by delete_session): memory is ahead
@@ -287,10 +287,10 @@ class WriteBehindStore(MemoryStore):
             ).fetchall()
         counters: dict[tuple[str | None, str], DayCounter] = {}
         for persona, dimension, bucket, value in rows:  # the total from the buckets, not from day_totals
-            where = state_row("day_buckets", agent=agent, persona=persona, dimension=dimension, bucket=bucket)
+            row = {"agent": agent, "persona": persona, "dimension": dimension, "bucket": bucket}
             if type(bucket) is not int:
-                raise CounterDamaged(where, str(bucket)[:64])
-            value = stored_count(value, where)
+                raise CounterDamaged(state_row("day_buckets", **row), str(bucket)[:64])
+            value = stored_count(value, "day_buckets", **row)
             counter = counters.get((persona or None, dimension))
             if counter is None:
                 counter = counters[(persona or None, dimension)] = DayCounter({}, 0.0, bucket)
