@@ -182,3 +182,5 @@ def test_the_bound_is_the_hosts_cores_over_the_cpu_per_request_of_the_path_and_i
     assert workers["governed"] == {"steps_counted": 2000, "requests_answered": 2000}
     printed = scaling.report(result)
     assert "redis-local-x2" in printed and "FEWER STEPS" not in printed
+    workers["governed"] = {"steps_counted": 1999, "requests_answered": 2000}  # a request that went ungoverned
+    assert "FEWER STEPS THAN REQUESTS" in scaling.report(result)
