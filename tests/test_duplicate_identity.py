@@ -91,6 +91,8 @@ def test_processes_of_one_governor_are_not_duplicates_unless_their_logs_share_an
     squatter = watch(redis_url, "did:web:other.example", Ed25519PrivateKey.generate(),
                      log_origin="gateway.example/log/pod-b")
     assert {d["instance"]: d["shares"] for d in squatter.check()} == {replica_b.instance: ["log_origin"]}
+    told = [r.getMessage() for r in caplog.records if "shares this governor's log_origin (" in r.getMessage()]
+    assert told and all(m.endswith("under one origin; give each its own --log-origin") for m in told), told
 
 
 def test_a_governor_of_the_same_agent_in_the_other_session_mode_is_warned_of_once_and_not_counted(redis_url, caplog):

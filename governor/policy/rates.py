@@ -193,29 +193,20 @@ def rate_refusal(step: Any, draw: RateDraw | None, observed: float, retry_after:
                   "reason": reason or "the step cannot be counted against the rate limits"}
         return _refused(detail)
     limit = draw.limit
-    detail = _limit_detail(step, limit)
-    detail.update({
-        "observed": observed, "projected": observed + draw.amount, "retryable": True,
-        "retry_after": max(1, math.ceil(retry_after)),
-        "reason": reason or f"the {limit.scope} {limit.dimension} rate limit ({_number(limit.limit)} per "
-                            f"{_number(limit.window_sec)} s) is reached: retry when the window rolls",
-    })
-    return _refused(detail)
-
-
-def _limit_detail(step: Any, limit: RateLimit) -> dict[str, Any]:
-    """What every rate refusal's event says of the step and the limit it met."""
     detail: dict[str, Any] = {
         "step": STEP_KINDS.get(type(step), type(step).__name__), "refused_step": "not_executed",
         "rate_limit": limit.text(), "scope": f"rate:{limit.scope}", "dimension": limit.dimension,
         "limit": limit.limit, "window": limit.window_sec,
+        "observed": observed, "projected": observed + draw.amount, "retryable": True,
+        "retry_after": max(1, math.ceil(retry_after)),
+        "reason": reason or f"the {limit.scope} {limit.dimension} rate limit ({_number(limit.limit)} per "
+                            f"{_number(limit.window_sec)} s) is reached: retry when the window rolls",
     }
     if limit.tool is not None:
         detail["tool"] = getattr(step, "tool", limit.tool)
-    return detail
+    return _refused(detail)
 
 
 def _refused(detail: dict[str, Any]) -> Decision:
     event = enforcement_event(ON_GOVERNOR_RATE_LIMIT, Action.FALLBACK.value, detail)
-    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail,
-                    event=event)
+    return Decision(action=Action.DENY, cause=ON_GOVERNOR_RATE_LIMIT, details=detail, event=event)

@@ -90,14 +90,9 @@ class DuplicateWatch:
             if duplicate["instance"] not in self._reported:
                 self._reported.add(str(duplicate["instance"]))
                 shares = duplicate["shares"]
-                advice = ("their transparency logs fork each other's checkpoints; give each process its own "
-                          "--log-origin" if shares == ["governor_id", "key", "log_origin"] else
-                          "their records and transparency logs cannot be told apart; give each its own --id and key"
-                          # (the default origin follows the id)
-                          + (" and --log-origin" if "log_origin" in shares and "governor_id" not in shares else ""))
                 log.error("another live governor on this store shares this governor's %s (%s, instance %s on %s, "
                           "pid %s): %s", " and ".join(shares), duplicate["governor_id"], duplicate["instance"],
-                          duplicate["host"], duplicate["pid"], advice)
+                          duplicate["host"], duplicate["pid"], _advice(shares))
         return found
 
     def _other_mode(self, other: dict[str, Any]) -> None:
@@ -135,3 +130,13 @@ def watch_duplicates(store: Any, **kwargs: Any) -> DuplicateWatch | None:
     if not callable(getattr(store, "announce", None)):
         return None
     return DuplicateWatch(store, **kwargs)
+
+
+def _advice(shares: list[str]) -> str:
+    """What to change, for what two live governors share (the default log origin follows the id)."""
+    if shares == ["governor_id", "key", "log_origin"]:  # processes of one governor, one log origin
+        return "their transparency logs fork each other's checkpoints; give each process its own --log-origin"
+    if "governor_id" in shares or "key" in shares:
+        return ("their records and transparency logs cannot be told apart; give each its own --id and key"
+                + (" and --log-origin" if "log_origin" in shares and "governor_id" not in shares else ""))
+    return "their transparency logs fork each other's checkpoints under one origin; give each its own --log-origin"

@@ -105,22 +105,26 @@ class SharedProofs:
         """ProofInvalid unless `proof` shows `record` in a log signed with the governor's key
         (at the origin its checkpoint names); NotWitnessed unless its checkpoint carries this
         replica's witness quorum (a proof from a replica without witnesses, say)."""
+        witnessing = self.witnessing
         try:
             note = parse_proof(proof).checkpoint_note
             origin = note.split(b"\n", 1)[0].decode("utf-8")
             verifier = Ed25519Signer(origin, self.key).verifier()
-            verify_logged_record(record, proof, verifier)
+            if witnessing is None:
+                verify_logged_record(record, proof, verifier)
+                return
+            try:  # one verification when it holds; the failure's cause told apart below
+                verify_logged_record(record, proof, verifier, witnesses=[w.key for w in witnessing.witnesses],
+                                     quorum=witnessing.quorum)
+                return
+            except ProofError as exc:
+                unwitnessed = exc
+            verify_logged_record(record, proof, verifier)  # it holds without them: only the quorum is missing
         except (ProofError, NoteError, ValueError, TypeError, AttributeError, KeyError) as exc:  # (a record edited too)
             raise ProofInvalid(f"the proof in the shared store does not prove the record there ({exc}): it was "
                                "edited or damaged in the store") from None
-        witnessing = self.witnessing
-        if witnessing is not None:
-            try:
-                verify_logged_record(record, proof, verifier, witnesses=[w.key for w in witnessing.witnesses],
-                                     quorum=witnessing.quorum)
-            except ProofError as exc:
-                raise NotWitnessed(f"the proof published in the shared store does not carry the cosignatures of "
-                                   f"{witnessing.quorum} of this replica's witnesses ({exc})") from None
+        raise NotWitnessed(f"the proof published in the shared store does not carry the cosignatures of "
+                           f"{witnessing.quorum} of this replica's witnesses ({unwitnessed})")
 
     def publish(self, *, stopping: bool = False) -> int:
         """From the sweeper: publish the awaited proofs of records this replica's log holds, at a
