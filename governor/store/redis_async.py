@@ -33,6 +33,7 @@ class Fenced(Protocol):
     prefix: str
     epoch: str
     window: RollingWindow
+    session_space: str  # "" for shared sessions, local sessions' own space otherwise (redis.LOCAL_SESSIONS)
 
     @property
     def keys(self) -> list[str]: ...
